@@ -1,0 +1,29 @@
+# Two commands on a fresh machine: `make preview` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STACK ?= dev
+STAMP := $(VENV)/.installed
+
+.PHONY: preview test lint docs clean
+
+$(STAMP): requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $(STAMP)
+
+preview: $(STAMP)  ## offline preview of STACK (default dev): no cloud account needed
+	$(BIN)/python -m preview --stack $(STACK) $(if $(BASE),--base $(BASE),)
+
+test: $(STAMP)  ## the whole test suite under Pulumi mocks, plus ruff
+	$(BIN)/python -m pytest
+	$(BIN)/ruff check .
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+docs: $(STAMP)  ## regenerate the README's configuration reference from model/schema.yaml
+	$(BIN)/python -m model.docs --write README.md
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache

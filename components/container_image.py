@@ -1,0 +1,55 @@
+"""ContainerImage: build a context under workloads/ with BuildKit and push it, or use a prebuilt reference.
+
+The output `ref` is the pushed image pinned by digest (`HOST/PROJECT/REPO/NAME@sha256:...`), so a
+workload never runs a tag that moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_docker_build as docker_build
+import pulumi_gcp as gcp
+
+from model.types import ImageConfig
+
+
+@dataclass(frozen=True)
+class ContainerImageArgs:
+    config: ImageConfig
+    registry_host: str
+    repository_url: pulumi.Input[str]
+
+
+class ContainerImage(pulumi.ComponentResource):
+    ref: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ContainerImageArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:gcp:ContainerImage", name, None, opts)
+        cfg = args.config
+        if cfg.prebuilt:
+            self.ref = pulumi.Output.from_input(cfg.prebuilt)
+        else:
+            self.ref = self._build(name, args).ref
+        self.register_outputs({"ref": self.ref})
+
+    def _build(self, name: str, args: ContainerImageArgs) -> docker_build.Image:
+        cfg = args.config
+        # Short-lived OAuth token of the deploying identity; a secret so it never shows in plain text.
+        token = pulumi.Output.secret(gcp.organizations.get_client_config_output().access_token)
+        # Relative to the project folder, where Pulumi runs the program: the plan stays machine-independent.
+        context = cfg.context.rstrip("/")
+        tag = pulumi.Output.from_input(args.repository_url).apply(lambda url: f"{url}/{cfg.name}:{cfg.tag}")
+        return docker_build.Image(
+            f"{name}-build",
+            context=docker_build.BuildContextArgs(location=context),
+            dockerfile=docker_build.DockerfileArgs(location=f"{context}/Dockerfile"),
+            platforms=[docker_build.Platform(cfg.platform)],
+            tags=[tag],
+            push=True,
+            registries=[docker_build.RegistryArgs(
+                address=args.registry_host, username="oauth2accesstoken", password=token,
+            )],
+            opts=pulumi.ResourceOptions(parent=self),
+        )

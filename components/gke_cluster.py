@@ -1,0 +1,186 @@
+"""GkeCluster: a hardened VPC-native GKE cluster, its small system pool, a kubeconfig and a k8s provider."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from components.network import PODS_RANGE, SERVICES_RANGE
+from model.types import ClusterConfig
+
+SYSTEM_POOL_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+
+
+@dataclass(frozen=True)
+class GkeClusterArgs:
+    project: str
+    location: str
+    config: ClusterConfig
+    network: pulumi.Input[str]
+    subnetwork: pulumi.Input[str]
+    node_service_account: pulumi.Input[str]
+
+
+def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
+    """A kubeconfig that authenticates through `gke-gcloud-auth-plugin`, so it holds no credential itself."""
+    context = f"gke_{name}"
+    return json.dumps({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {
+            "server": f"https://{endpoint}", "certificate-authority-data": ca_certificate}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+        "current-context": context,
+        "users": [{"name": context, "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "gke-gcloud-auth-plugin",
+            "installHint": "Install gke-gcloud-auth-plugin: gcloud components install gke-gcloud-auth-plugin",
+            "provideClusterInfo": True,
+        }}}],
+    }, indent=2)
+
+
+def _private_config(cfg: ClusterConfig) -> gcp.container.ClusterPrivateClusterConfigArgs | None:
+    if not cfg.private_nodes:
+        return None
+    return gcp.container.ClusterPrivateClusterConfigArgs(
+        enable_private_nodes=True,
+        enable_private_endpoint=cfg.private_endpoint,
+        master_ipv4_cidr_block=cfg.master_cidr,
+        master_global_access_config=gcp.container.ClusterPrivateClusterConfigMasterGlobalAccessConfigArgs(
+            enabled=True
+        ),
+    )
+
+
+def _authorized_networks(cfg: ClusterConfig) -> gcp.container.ClusterMasterAuthorizedNetworksConfigArgs | None:
+    if not cfg.authorized_networks and not cfg.private_nodes:
+        return None
+    # On a private cluster an empty list still turns the feature on: only the VPC may reach the endpoint.
+    return gcp.container.ClusterMasterAuthorizedNetworksConfigArgs(
+        cidr_blocks=[
+            gcp.container.ClusterMasterAuthorizedNetworksConfigCidrBlockArgs(cidr_block=n.cidr, display_name=n.name)
+            for n in cfg.authorized_networks
+        ],
+    )
+
+
+def _addons(cfg: ClusterConfig) -> gcp.container.ClusterAddonsConfigArgs:
+    return gcp.container.ClusterAddonsConfigArgs(
+        gcs_fuse_csi_driver_config=gcp.container.ClusterAddonsConfigGcsFuseCsiDriverConfigArgs(enabled=True),
+        gcp_filestore_csi_driver_config=gcp.container.ClusterAddonsConfigGcpFilestoreCsiDriverConfigArgs(enabled=True),
+        gce_persistent_disk_csi_driver_config=gcp.container.ClusterAddonsConfigGcePersistentDiskCsiDriverConfigArgs(
+            enabled=True
+        ),
+        # With Dataplane V2 network policy is built in; the Calico add-on is only for the legacy dataplane.
+        network_policy_config=gcp.container.ClusterAddonsConfigNetworkPolicyConfigArgs(disabled=cfg.dataplane_v2),
+    )
+
+
+class GkeCluster(pulumi.ComponentResource):
+    cluster: gcp.container.Cluster
+    name: pulumi.Output[str]
+    endpoint: pulumi.Output[str]
+    ca_certificate: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+    provider: k8s.Provider
+
+    def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:gcp:GkeCluster", name, None, opts)
+        cfg = args.config
+        self.cluster = gcp.container.Cluster(
+            name,
+            name=cfg.name,
+            project=args.project,
+            location=args.location,
+            network=args.network,
+            subnetwork=args.subnetwork,
+            networking_mode="VPC_NATIVE",
+            ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(
+                cluster_secondary_range_name=PODS_RANGE,
+                services_secondary_range_name=SERVICES_RANGE,
+            ),
+            # The default pool cannot be configured well (scopes, SA); replace it with our system pool.
+            remove_default_node_pool=True,
+            initial_node_count=1,
+            node_config=gcp.container.ClusterNodeConfigArgs(service_account=args.node_service_account,
+                                                            oauth_scopes=SYSTEM_POOL_SCOPES),
+            release_channel=gcp.container.ClusterReleaseChannelArgs(channel=cfg.release_channel),
+            workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
+                workload_pool=f"{args.project}.svc.id.goog"
+            ),
+            enable_shielded_nodes=True,
+            datapath_provider="ADVANCED_DATAPATH" if cfg.dataplane_v2 else "LEGACY_DATAPATH",
+            network_policy=None if cfg.dataplane_v2 else gcp.container.ClusterNetworkPolicyArgs(
+                enabled=True, provider="CALICO"
+            ),
+            addons_config=_addons(cfg),
+            logging_config=gcp.container.ClusterLoggingConfigArgs(
+                enable_components=["SYSTEM_COMPONENTS", "WORKLOADS"]
+            ),
+            monitoring_config=gcp.container.ClusterMonitoringConfigArgs(
+                enable_components=["SYSTEM_COMPONENTS"],
+                managed_prometheus=gcp.container.ClusterMonitoringConfigManagedPrometheusArgs(enabled=True),
+            ),
+            master_auth=gcp.container.ClusterMasterAuthArgs(
+                client_certificate_config=gcp.container.ClusterMasterAuthClientCertificateConfigArgs(
+                    issue_client_certificate=False
+                ),
+            ),
+            enable_legacy_abac=False,
+            private_cluster_config=_private_config(cfg),
+            master_authorized_networks_config=_authorized_networks(cfg),
+            deletion_protection=cfg.deletion_protection,
+            resource_labels={"managed-by": "pulumi", "stack": "deepspeed-stack"},
+            opts=pulumi.ResourceOptions(parent=self, protect=cfg.deletion_protection),
+        )
+        self.system_pool = gcp.container.NodePool(
+            f"{name}-system",
+            project=args.project,
+            cluster=self.cluster.name,
+            location=args.location,
+            node_locations=cfg.system_pool.zones or None,
+            autoscaling=gcp.container.NodePoolAutoscalingArgs(
+                total_min_node_count=cfg.system_pool.min_nodes,
+                total_max_node_count=cfg.system_pool.max_nodes,
+            ),
+            management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+            node_config=gcp.container.NodePoolNodeConfigArgs(
+                machine_type=cfg.system_pool.machine_type,
+                image_type="COS_CONTAINERD",
+                service_account=args.node_service_account,
+                oauth_scopes=SYSTEM_POOL_SCOPES,
+                shielded_instance_config=gcp.container.NodePoolNodeConfigShieldedInstanceConfigArgs(
+                    enable_secure_boot=True, enable_integrity_monitoring=True
+                ),
+                workload_metadata_config=gcp.container.NodePoolNodeConfigWorkloadMetadataConfigArgs(
+                    mode="GKE_METADATA"
+                ),
+                labels={"deepspeed-stack/pool": "system"},
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.name = self.cluster.name
+        self.endpoint = self.cluster.endpoint
+        self.ca_certificate = self.cluster.master_auth.cluster_ca_certificate
+        self.kubeconfig = pulumi.Output.secret(
+            pulumi.Output.all(self.cluster.name, self.endpoint, self.ca_certificate).apply(
+                lambda v: kubeconfig(v[0], v[1], v[2])
+            )
+        )
+        self.provider = k8s.Provider(
+            f"{name}-k8s",
+            kubeconfig=self.kubeconfig,
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({
+            "name": self.name,
+            "endpoint": self.endpoint,
+            "caCertificate": self.ca_certificate,
+            "kubeconfig": self.kubeconfig,
+        })

@@ -1,0 +1,66 @@
+"""Network: a custom-mode VPC, one subnet with pod and service ranges, and NAT for private nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from model.types import NetworkConfig
+
+PODS_RANGE = "pods"
+SERVICES_RANGE = "services"
+
+
+@dataclass(frozen=True)
+class NetworkArgs:
+    name: str
+    region: str
+    config: NetworkConfig
+    # Private nodes have no external IPs: without Cloud NAT they cannot pull images or models.
+    nat: bool
+
+
+class Network(pulumi.ComponentResource):
+    vpc: gcp.compute.Network
+    subnet: gcp.compute.Subnetwork
+
+    def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:gcp:Network", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.vpc = gcp.compute.Network(
+            f"{name}-vpc",
+            auto_create_subnetworks=False,
+            routing_mode="REGIONAL",
+            description=f"VPC for the {args.name} GKE cluster (deepspeed-stack)",
+            opts=child,
+        )
+        self.subnet = gcp.compute.Subnetwork(
+            f"{name}-subnet",
+            region=args.region,
+            network=self.vpc.id,
+            ip_cidr_range=args.config.subnet_cidr,
+            private_ip_google_access=True,
+            secondary_ip_ranges=[
+                gcp.compute.SubnetworkSecondaryIpRangeArgs(range_name=PODS_RANGE, ip_cidr_range=args.config.pods_cidr),
+                gcp.compute.SubnetworkSecondaryIpRangeArgs(
+                    range_name=SERVICES_RANGE, ip_cidr_range=args.config.services_cidr
+                ),
+            ],
+            opts=child,
+        )
+        outputs: dict[str, pulumi.Input] = {"network": self.vpc.id, "subnetwork": self.subnet.id}
+        if args.nat:
+            router = gcp.compute.Router(f"{name}-router", region=args.region, network=self.vpc.id, opts=child)
+            nat = gcp.compute.RouterNat(
+                f"{name}-nat",
+                router=router.name,
+                region=args.region,
+                nat_ip_allocate_option="AUTO_ONLY",
+                source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
+                log_config=gcp.compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"),
+                opts=child,
+            )
+            outputs["nat"] = nat.name
+        self.register_outputs(outputs)

@@ -1,0 +1,56 @@
+"""NodeIdentity: a dedicated node service account with only the roles GKE nodes need.
+
+Never the Compute Engine default account (Editor on the whole project). Artifact Registry read access
+is granted on the stack's repository only, by the ArtifactRegistry component.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+NODE_ROLES = (
+    "roles/logging.logWriter",
+    "roles/monitoring.metricWriter",
+    "roles/monitoring.viewer",
+)
+
+
+@dataclass(frozen=True)
+class NodeIdentityArgs:
+    project: str
+    cluster_name: str
+
+
+def account_id(cluster_name: str) -> str:
+    """Service account ids are 6-30 characters; keep the cluster name's start and a `-nodes` suffix."""
+    return f"{cluster_name[:24].rstrip('-')}-nodes"
+
+
+class NodeIdentity(pulumi.ComponentResource):
+    account: gcp.serviceaccount.Account
+    email: pulumi.Output[str]
+
+    def __init__(self, name: str, args: NodeIdentityArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:gcp:NodeIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-sa",
+            project=args.project,
+            account_id=account_id(args.cluster_name),
+            display_name=f"GKE nodes of {args.cluster_name} (deepspeed-stack)",
+            opts=child,
+        )
+        self.email = self.account.email
+        member = self.email.apply(lambda email: f"serviceAccount:{email}")
+        for role in NODE_ROLES:
+            gcp.projects.IAMMember(
+                f"{name}-{role.split('/')[1].replace('.', '-').lower()}",
+                project=args.project,
+                role=role,
+                member=member,
+                opts=child,
+            )
+        self.register_outputs({"email": self.email})

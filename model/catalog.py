@@ -1,0 +1,139 @@
+"""The GPU catalog (`data/gpu_catalog.yaml`): machine shapes, zones and prices per accelerator.
+
+Config validation, the planner and the docs all read this one file, so a fact is changed in one place.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+CATALOG_PATH = Path(__file__).resolve().parent.parent / "data" / "gpu_catalog.yaml"
+
+
+@dataclass(frozen=True)
+class Price:
+    on_demand: float
+    spot: float
+
+    def for_spot(self, spot: bool) -> float:
+        return self.spot if spot else self.on_demand
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One machine type with a fixed number of one GPU type, priced per machine-hour (GPUs included)."""
+
+    machine_type: str
+    gpu_type: str
+    gpus: int
+    vcpus: int
+    memory_gb: float
+    price: Price
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    display_name: str
+    memory_gb: float
+    bf16: bool
+    family: str
+    shapes: tuple[Shape, ...]
+    zones: dict[str, tuple[str, ...]]
+    price_per_gpu: Price
+
+
+@dataclass(frozen=True)
+class Catalog:
+    source: str
+    date: str
+    regions: dict[str, tuple[str, ...]]
+    gpus: dict[str, Gpu]
+    gaudi: dict[str, dict]
+
+    def shape(self, gpu_type: str, machine_type: str, count: int) -> Shape | None:
+        """The shape for this GPU type, machine type and count, or None where GCE does not offer it."""
+        gpu = self.gpus.get(gpu_type)
+        if gpu is None:
+            return None
+        for shape in gpu.shapes:
+            if shape.machine_type == machine_type and shape.gpus == count:
+                return shape
+        return None
+
+    def machine_types(self, gpu_type: str, count: int | None = None) -> list[str]:
+        gpu = self.gpus[gpu_type]
+        return sorted({s.machine_type for s in gpu.shapes if count is None or s.gpus == count})
+
+    def counts(self, gpu_type: str, machine_type: str) -> list[int]:
+        gpu = self.gpus[gpu_type]
+        return sorted(s.gpus for s in gpu.shapes if s.machine_type == machine_type)
+
+    def zones(self, gpu_type: str, region: str) -> tuple[str, ...]:
+        gpu = self.gpus.get(gpu_type)
+        return gpu.zones.get(region, ()) if gpu else ()
+
+
+def _price(raw: dict) -> Price:
+    return Price(on_demand=float(raw["onDemand"]), spot=float(raw["spot"]))
+
+
+def _attached_shapes(name: str, raw: dict, n1: dict) -> tuple[Shape, ...]:
+    """N1 + attached GPU: every N1 shape whose vCPUs the GPU count allows; price = machine + GPUs."""
+    gpu_price = _price(raw["price"])
+    shapes = []
+    for count, max_vcpus in raw["counts"].items():
+        for machine_type, m in n1.items():
+            if m["vcpus"] <= max_vcpus:
+                vm = _price(m["price"])
+                price = Price(vm.on_demand + count * gpu_price.on_demand, vm.spot + count * gpu_price.spot)
+                shapes.append(Shape(machine_type, name, int(count), m["vcpus"], m["memoryGb"], price))
+    return tuple(shapes)
+
+
+def _bundled_shapes(name: str, raw: dict) -> tuple[Shape, ...]:
+    return tuple(
+        Shape(mt, name, m["gpus"], m["vcpus"], m["memoryGb"], _price(m["price"]))
+        for mt, m in raw["machines"].items()
+    )
+
+
+def _per_gpu_price(raw: dict, shapes: tuple[Shape, ...]) -> Price:
+    if "price" in raw:
+        return _price(raw["price"])
+    # Bundled machines are priced whole; the cheapest shape per GPU stands for the GPU-hour price.
+    return min((Price(s.price.on_demand / s.gpus, s.price.spot / s.gpus) for s in shapes),
+               key=lambda p: p.on_demand)
+
+
+def parse(raw: dict) -> Catalog:
+    gpus = {}
+    for name, g in raw["gpus"].items():
+        shapes = _attached_shapes(name, g, raw["n1Machines"]) if g["kind"] == "attached" else _bundled_shapes(name, g)
+        gpus[name] = Gpu(
+            name=name,
+            display_name=g["displayName"],
+            memory_gb=float(g["memoryGb"]),
+            bf16=bool(g["bf16"]),
+            family=g["family"],
+            shapes=shapes,
+            zones={region: tuple(z) for region, z in g["zones"].items()},
+            price_per_gpu=_per_gpu_price(g, shapes),
+        )
+    return Catalog(
+        source=raw["source"],
+        date=str(raw["date"]),
+        regions={r: tuple(z) for r, z in raw["regions"].items()},
+        gpus=gpus,
+        gaudi=dict(raw.get("gaudi", {})),
+    )
+
+
+@functools.cache
+def load(path: Path = CATALOG_PATH) -> Catalog:
+    with open(path, encoding="utf-8") as fh:
+        return parse(yaml.safe_load(fh))

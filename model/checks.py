@@ -1,0 +1,238 @@
+"""Pre-deploy checks on the typed model: one named function per rule, each returning its problems.
+
+Each problem starts with the key path as `pulumi config set --path` spells it. The schema already
+guaranteed types and ranges; these are the rules that need the catalog or several keys at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from model import catalog as gpu_catalog
+from model.types import StackConfig, key_path
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+# GKE names: lowercase letter first, then lowercase letters, digits, hyphens; no trailing hyphen.
+GKE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+CLUSTER_NAME_MAX = 40
+# Pulumi appends "-" and 7 random characters to auto-named pools; GKE allows 40 characters in all.
+POOL_NAME_MAX = 32
+DOCKER_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+Check = Callable[[StackConfig], list[str]]
+
+
+def _path(*parts: object) -> str:
+    return key_path(list(parts))
+
+
+def _network(value: str) -> ipaddress.IPv4Network | None:
+    try:
+        return ipaddress.IPv4Network(value, strict=True)
+    except ValueError:
+        return None
+
+
+def _or_list(items: list) -> str:
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def check_region_in_catalog(m: StackConfig) -> list[str]:
+    if m.cluster is None or not m.region:
+        return []
+    regions = gpu_catalog.load().regions
+    if m.region not in regions:
+        return [f"gcp:region: {m.region} is not in data/gpu_catalog.yaml (known: {', '.join(regions)}); "
+                "add its zones there first"]
+    return []
+
+
+def check_cluster_name(m: StackConfig) -> list[str]:
+    if m.cluster is None:
+        return []
+    name = m.cluster.name
+    if not GKE_NAME.match(name) or len(name) > CLUSTER_NAME_MAX:
+        return [f"cluster.name: {name!r} is not a GKE cluster name (lowercase letters, digits and hyphens, "
+                f"starting with a letter, at most {CLUSTER_NAME_MAX} characters)"]
+    return []
+
+
+def check_cluster_location(m: StackConfig) -> list[str]:
+    if m.cluster is None or m.cluster.location is None:
+        return []
+    zones = gpu_catalog.load().regions.get(m.region, ())
+    if m.cluster.location != m.region and m.cluster.location not in zones:
+        return [f"cluster.location: {m.cluster.location} is neither gcp:region {m.region} nor one of its zones "
+                f"({', '.join(zones)})"]
+    return []
+
+
+def _named_ranges(m: StackConfig) -> Iterator[tuple[str, str]]:
+    yield "network.subnetCidr", m.network.subnet_cidr
+    yield "network.podsCidr", m.network.pods_cidr
+    yield "network.servicesCidr", m.network.services_cidr
+    if m.cluster is not None and m.cluster.private_nodes:
+        yield "cluster.masterCidr", m.cluster.master_cidr
+
+
+def check_cidrs(m: StackConfig) -> list[str]:
+    """Valid IPv4 CIDRs that do not overlap; a /28 for a private control plane."""
+    if m.cluster is None:
+        return []
+    problems, parsed = [], []
+    for key, value in _named_ranges(m):
+        net = _network(value)
+        if net is None:
+            problems.append(f"{key}: {value!r} is not an IPv4 CIDR with its host bits zero (e.g. 10.10.0.0/20)")
+            continue
+        for other_key, other in parsed:
+            if net.overlaps(other):
+                problems.append(f"{key}: {value} overlaps {other_key} ({other})")
+        parsed.append((key, net))
+    if m.cluster.private_nodes:
+        net = _network(m.cluster.master_cidr)
+        if net is not None and net.prefixlen != 28:
+            problems.append(f"cluster.masterCidr: a private control plane needs a /28, got /{net.prefixlen}")
+    for i, an in enumerate(m.cluster.authorized_networks):
+        if _network(an.cidr) is None:
+            problems.append(f"{_path('cluster', 'authorizedNetworks', i, 'cidr')}: {an.cidr!r} is not an IPv4 CIDR")
+    return problems
+
+
+def check_private_endpoint(m: StackConfig) -> list[str]:
+    if m.cluster is not None and m.cluster.private_endpoint and not m.cluster.private_nodes:
+        return ["cluster.privateEndpoint: a private endpoint needs cluster.privateNodes: true"]
+    return []
+
+
+def check_system_pool(m: StackConfig) -> list[str]:
+    if m.cluster is None:
+        return []
+    sp, problems = m.cluster.system_pool, []
+    if sp.min_nodes > sp.max_nodes:
+        problems.append(f"cluster.systemPool.minNodes: {sp.min_nodes} is more than maxNodes {sp.max_nodes}")
+    zones = gpu_catalog.load().regions.get(m.region, ())
+    for i, zone in enumerate(sp.zones):
+        if zones and zone not in zones:
+            problems.append(f"{_path('cluster', 'systemPool', 'zones', i)}: {zone} is not a zone of {m.region}")
+    return problems
+
+
+def check_pools_need_cluster(m: StackConfig) -> list[str]:
+    if m.node_pools and m.cluster is None:
+        return ["nodePools: GPU node pools need a GKE cluster; set `cluster` (e.g. cluster.name) or remove nodePools"]
+    return []
+
+
+def check_pool_names(m: StackConfig) -> list[str]:
+    problems, seen = [], set()
+    for i, pool in enumerate(m.node_pools):
+        key = _path("nodePools", i, "name")
+        if not GKE_NAME.match(pool.name) or len(pool.name) > POOL_NAME_MAX:
+            problems.append(f"{key}: {pool.name!r} is not a valid pool name (lowercase letters, digits and hyphens, "
+                            f"starting with a letter, at most {POOL_NAME_MAX} characters)")
+        if pool.name in seen:
+            problems.append(f"{key}: {pool.name!r} is used by another pool; pool names must be unique")
+        seen.add(pool.name)
+    return problems
+
+
+def check_pool_sizes(m: StackConfig) -> list[str]:
+    return [f"{_path('nodePools', i, 'minNodes')}: {p.min_nodes} is more than maxNodes {p.max_nodes}"
+            for i, p in enumerate(m.node_pools) if p.min_nodes > p.max_nodes]
+
+
+def check_gpu_known(m: StackConfig) -> list[str]:
+    known = gpu_catalog.load().gpus
+    problems = []
+    for i, pool in enumerate(m.node_pools):
+        if pool.gpu.type not in known:
+            problems.append(f"{_path('nodePools', i, 'gpu', 'type')}: unknown GPU type {pool.gpu.type!r}; "
+                            f"known: {', '.join(known)}")
+    return problems
+
+
+def check_machine_fits_gpu(m: StackConfig) -> list[str]:
+    """The machine family must carry the GPU, and the machine shape must take that many GPUs."""
+    cat, problems = gpu_catalog.load(), []
+    for i, pool in enumerate(m.node_pools):
+        gpu = cat.gpus.get(pool.gpu.type)
+        if gpu is None or cat.shape(pool.gpu.type, pool.machine_type, pool.gpu.count):
+            continue
+        counts = cat.counts(pool.gpu.type, pool.machine_type)
+        if not counts:
+            problems.append(f"{_path('nodePools', i, 'machineType')}: {pool.gpu.type} needs a {gpu.family} machine "
+                            f"type, got {pool.machine_type} (e.g. {', '.join(cat.machine_types(pool.gpu.type)[:4])})")
+        else:
+            fitting = cat.machine_types(pool.gpu.type, pool.gpu.count)
+            hint = f"; for {pool.gpu.count} use {_or_list(fitting[:4])}" if fitting else ""
+            problems.append(f"{_path('nodePools', i, 'gpu', 'count')}: {pool.machine_type} takes "
+                            f"{_or_list(counts)} {pool.gpu.type}, got {pool.gpu.count}{hint}")
+    return problems
+
+
+def check_gpu_zones(m: StackConfig) -> list[str]:
+    """Each pool's zones must offer its GPU; with no zones given, the region must offer it somewhere."""
+    cat, problems = gpu_catalog.load(), []
+    for i, pool in enumerate(m.node_pools):
+        if pool.gpu.type not in cat.gpus or m.region not in cat.regions:
+            continue
+        offered = cat.zones(pool.gpu.type, m.region)
+        if not offered:
+            problems.append(f"{_path('nodePools', i, 'gpu', 'type')}: {pool.gpu.type} is not offered in {m.region}")
+            continue
+        for j, zone in enumerate(pool.zones):
+            if zone not in offered:
+                problems.append(f"{_path('nodePools', i, 'zones', j)}: {zone} does not offer {pool.gpu.type} "
+                                f"(zones of {m.region} that do: {', '.join(offered)})")
+    return problems
+
+
+def check_registry_name(m: StackConfig) -> list[str]:
+    name = m.registry.name
+    if not re.match(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$", name):
+        return [f"registry.name: {name!r} is not an Artifact Registry repository id "
+                "(lowercase letters, digits and hyphens, starting with a letter)"]
+    return []
+
+
+def check_image(m: StackConfig) -> list[str]:
+    img, problems = m.image, []
+    if not re.match(r"^[a-z0-9]+([._/-][a-z0-9]+)*$", img.name):
+        problems.append(f"image.name: {img.name!r} is not a valid image name (lowercase, digits, . _ - /)")
+    if not DOCKER_TAG.match(img.tag):
+        problems.append(f"image.tag: {img.tag!r} is not a valid Docker tag")
+    if img.prebuilt is None:
+        dockerfile = PROJECT_DIR / img.context / "Dockerfile"
+        if not dockerfile.is_file():
+            problems.append(f"image.context: no Dockerfile at {img.context}/Dockerfile "
+                            "(set image.context to a folder with one, or image.prebuilt to an existing image)")
+    elif ":" not in img.prebuilt and "@" not in img.prebuilt:
+        problems.append(f"image.prebuilt: {img.prebuilt!r} has neither a tag nor a digest; pin it")
+    return problems
+
+
+CHECKS: list[Check] = [
+    check_region_in_catalog,
+    check_cluster_name,
+    check_cluster_location,
+    check_cidrs,
+    check_private_endpoint,
+    check_system_pool,
+    check_pools_need_cluster,
+    check_pool_names,
+    check_pool_sizes,
+    check_gpu_known,
+    check_machine_fits_gpu,
+    check_gpu_zones,
+    check_registry_name,
+    check_image,
+]
+
+
+def run_all(m: StackConfig) -> list[str]:
+    return [problem for check in CHECKS for problem in check(m)]

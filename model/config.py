@@ -1,0 +1,156 @@
+"""Stack config -> one typed, validated model.
+
+The data path: the engine's config map (`deepspeed-stack:*` and `gcp:*` keys, objects JSON-encoded)
+-> schema validation with defaults (model/schema.yaml) -> typed objects (model/types.py) -> semantic
+checks (model/checks.py). Every problem found is reported at once in one `ConfigError`, a
+`pulumi.RunError`, so Pulumi prints it without a traceback and no bad value reaches a cloud API.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pulumi
+import yaml
+from pulumi.runtime import config as runtime_config
+
+from model import checks
+from model.types import StackConfig, build, key_path, snake
+
+PROJECT = "deepspeed-stack"
+SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
+
+
+class ConfigError(pulumi.RunError):
+    """All configuration problems of a stack, one per line, each starting with its key path."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid stack configuration ({len(problems)} problem(s)):\n{lines}")
+
+
+@functools.cache
+def schema() -> dict[str, Any]:
+    with open(SCHEMA_PATH, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def engine_config() -> dict[str, Any]:
+    """The config map the engine handed the program. Pulumi has no public API that lists keys, and
+    listing them is what lets us catch a misspelt top-level key, so we read the runtime's map."""
+    merged = dict(runtime_config.get_config_env())
+    merged.update(runtime_config.CONFIG.get())
+    return merged
+
+
+def _decode(key: str, value: Any, prop: dict[str, Any], problems: list[str]) -> Any:
+    if prop.get("type") in ("object", "array") and isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{key}: expected a {prop['type']}, got text that is not JSON ({exc.msg})")
+            return None
+    return value
+
+
+def _suggest(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else f"; known keys: {', '.join(sorted(options))}"
+
+
+def read_raw(cfg: dict[str, Any], secret_keys: set[str], problems: list[str]) -> dict[str, Any]:
+    """Pick this project's keys out of the engine config, decoding JSON objects and arrays."""
+    props = schema()["properties"]
+    raw: dict[str, Any] = {}
+    prefix = f"{PROJECT}:"
+    for full_key, value in cfg.items():
+        if not full_key.startswith(prefix):
+            continue
+        key = full_key[len(prefix):]
+        if key not in props:
+            problems.append(f"{key}: unknown key{_suggest(key, list(props))}")
+            continue
+        if props[key].get("x-secret") and full_key not in secret_keys:
+            problems.append(f"{key}: must be a secret; set it with `pulumi config set --secret {key}`")
+        raw[key] = _decode(key, value, props[key], problems)
+    return raw
+
+
+def with_defaults(node: dict[str, Any], value: Any) -> Any:
+    """Fill the schema's `default`s into `value` (objects recursively, array items too)."""
+    if isinstance(value, dict) and node.get("type") == "object":
+        out = dict(value)
+        for name, sub in node.get("properties", {}).items():
+            if name not in out and "default" in sub:
+                out[name] = copy.deepcopy(sub["default"])
+            if name in out:
+                out[name] = with_defaults(sub, out[name])
+        return out
+    if isinstance(value, list) and isinstance(node.get("items"), dict):
+        return [with_defaults(node["items"], v) for v in value]
+    return value
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    path = list(error.absolute_path)
+    where = key_path(path)
+    if error.validator == "additionalProperties":
+        known = list(error.schema.get("properties", {}))
+        extras = sorted(set(error.instance) - set(known))
+        return "\n".join(f"{key_path([*path, extra])}: unknown key{_suggest(extra, known)}" for extra in extras)
+    if error.validator == "required":
+        missing = error.message.split("'")[1]
+        return f"{key_path([*path, missing])}: required key is missing"
+    if error.validator == "type":
+        return f"{where}: expected {error.validator_value}, got {json.dumps(error.instance)}"
+    if error.validator == "enum":
+        choices = ", ".join(map(str, error.validator_value))
+        return f"{where}: {json.dumps(error.instance)} is not one of {choices}"
+    if error.validator in ("minimum", "maximum"):
+        word = "at least" if error.validator == "minimum" else "at most"
+        return f"{where}: must be {word} {error.validator_value}, got {error.instance}"
+    return f"{where or '(root)'}: {error.message}"
+
+
+def schema_problems(raw: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(raw), key=lambda e: [str(p) for p in e.absolute_path])
+    return [line for e in errors for line in _describe(e).split("\n")]
+
+
+def gcp_settings(cfg: dict[str, Any], problems: list[str]) -> tuple[str, str]:
+    project, region = cfg.get("gcp:project"), cfg.get("gcp:region")
+    if not project:
+        problems.append("gcp:project: required; set it with `pulumi config set gcp:project <project-id>`")
+    if not region:
+        problems.append("gcp:region: required; set it with `pulumi config set gcp:region <region>`")
+    return project or "", region or ""
+
+
+def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None) -> StackConfig:
+    """Validate the stack's config and return the typed model, or raise ConfigError with every problem."""
+    cfg = engine_config() if cfg is None else cfg
+    if secret_keys is None:
+        secret_keys = set(runtime_config._SECRET_KEYS.get()) | set(runtime_config.get_config_secret_keys_env())
+    problems: list[str] = []
+    raw = read_raw(cfg, secret_keys, problems)
+    project, region = gcp_settings(cfg, problems)
+    filled = with_defaults(schema(), raw)
+    problems += schema_problems(filled)
+    if problems:
+        # The typed model needs schema-valid input; semantic checks would only repeat these problems.
+        raise ConfigError(problems)
+    secrets = {snake(k): pulumi.Output.secret(filled.pop(k)) for k, p in schema()["properties"].items()
+               if p.get("x-secret") and k in filled}
+    model = build(StackConfig, filled, project=project, region=region, **secrets)
+    problems = checks.run_all(model)
+    if problems:
+        raise ConfigError(problems)
+    return model

@@ -1,0 +1,208 @@
+"""Run the real `__main__.py` under the Pulumi SDK's mock monitor and record every registration.
+
+The config is passed exactly as the engine passes it (`set_all_config`, objects JSON-encoded, secret
+keys named), so what runs here is what `pulumi up` runs, minus the cloud.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import runpy
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from google.protobuf import json_format
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc, settings
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from preview.mocks import StackMocks
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+PROJECT = "deepspeed-stack"
+SECRET = "[secret]"
+_RESOURCE_SIG = "5cf8f73096256a8f31e491e813e4eb8e"
+
+
+@dataclass
+class Registration:
+    """One RegisterResource request, as the engine would receive it."""
+
+    urn: str
+    type: str
+    name: str
+    parent: str | None
+    custom: bool
+    provider: str | None
+    inputs: dict[str, Any]
+    dependencies: list[str]
+    property_dependencies: dict[str, list[str]]
+    protect: bool
+    secret_paths: list[str] = field(default_factory=list)
+
+    def to_plan(self) -> dict[str, Any]:
+        return {"urn": self.urn, "type": self.type, "name": self.name, "parent": self.parent,
+                "custom": self.custom, "provider": self.provider, "inputs": self.inputs,
+                "dependencies": self.dependencies}
+
+
+@dataclass
+class RunResult:
+    stack: str
+    resources: list[Registration]
+    outputs: dict[str, Any]
+
+    def by_type(self, type_: str) -> list[Registration]:
+        return [r for r in self.resources if r.type == type_]
+
+    def one(self, type_: str, name: str | None = None) -> Registration:
+        found = [r for r in self.by_type(type_) if name is None or r.name == name]
+        if len(found) != 1:
+            raise AssertionError(f"expected one {type_} {name or ''}, found {[r.name for r in found]}")
+        return found[0]
+
+    def get(self, urn: str) -> Registration:
+        return next(r for r in self.resources if r.urn == urn)
+
+    def ancestors(self, reg: Registration) -> list[str]:
+        out, parent = [], reg.parent
+        while parent:
+            out.append(parent)
+            parent = next((r.parent for r in self.resources if r.urn == parent), None)
+        return out
+
+
+def _redact(value: Any, path: str, secrets: list[str]) -> Any:
+    """Plain JSON of a serialized property: secrets become "[secret]", resource references their URN."""
+    if isinstance(value, dict):
+        sig = value.get(rpc._special_sig_key)
+        if sig == rpc._special_secret_sig:
+            secrets.append(path)
+            return SECRET
+        if sig == _RESOURCE_SIG:
+            return value.get("urn")
+        return {k: _redact(v, f"{path}.{k}" if path else k, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v, f"{path}[{i}]", secrets) for i, v in enumerate(value)]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # protobuf carries every number as a double; the engine's JSON shows integers
+    return value
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    def __init__(self, mocks: pulumi.runtime.Mocks):
+        super().__init__(mocks)
+        self.registrations: list[Registration] = []
+
+    def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+        urn = self.make_urn(request.parent, request.type, request.name)
+        if request.type != "pulumi:pulumi:Stack":
+            secrets: list[str] = []
+            raw = json_format.MessageToDict(request.object, preserving_proto_field_name=True)
+            inputs = _redact(raw, "", secrets)
+            self.registrations.append(Registration(
+                urn=urn, type=request.type, name=request.name, parent=request.parent or None,
+                custom=bool(request.custom), provider=request.provider.rsplit("::", 1)[0] or None,
+                inputs=inputs, dependencies=sorted(set(request.dependencies)),
+                property_dependencies={k: sorted(v.urns) for k, v in request.propertyDependencies.items()},
+                protect=bool(request.protect), secret_paths=secrets,
+            ))
+        return super().RegisterResource(request)
+
+
+def stack_file(stack: str) -> Path:
+    return PROJECT_DIR / f"Pulumi.{stack}.yaml"
+
+
+def stacks() -> list[str]:
+    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in PROJECT_DIR.glob("Pulumi.*.yaml"))
+
+
+def engine_config_from_yaml(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """Stack-file config -> the engine's form: namespaced keys, string values, objects as JSON.
+    A `secure:` value (ciphertext we cannot decrypt here) becomes "[secret]" and its key a secret key."""
+    values, secret_keys = {}, []
+
+    def plain(v: Any, key: str) -> Any:
+        if isinstance(v, dict) and set(v) == {"secure"}:
+            secret_keys.append(key)
+            return SECRET
+        if isinstance(v, dict):
+            return {k: plain(x, key) for k, x in v.items()}
+        if isinstance(v, list):
+            return [plain(x, key) for x in v]
+        return v
+
+    for key, value in (config or {}).items():
+        full = key if ":" in key else f"{PROJECT}:{key}"
+        v = plain(value, full)
+        values[full] = v if isinstance(v, str) else json.dumps(v) if isinstance(v, (dict, list)) else (
+            str(v).lower() if isinstance(v, bool) else str(v))
+    return values, sorted(set(secret_keys))
+
+
+def load_stack_config(stack: str) -> tuple[dict[str, str], list[str]]:
+    with open(stack_file(stack), encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh) or {}
+    return engine_config_from_yaml(doc.get("config") or {})
+
+
+@contextlib.contextmanager
+def _in_project() -> Iterator[None]:
+    old_cwd, old_path = os.getcwd(), list(sys.path)
+    os.chdir(PROJECT_DIR)
+    if str(PROJECT_DIR) not in sys.path:
+        sys.path.insert(0, str(PROJECT_DIR))
+    try:
+        yield
+    finally:
+        os.chdir(old_cwd)
+        sys.path[:] = old_path
+
+
+def _resolve(value: Any) -> tuple[Any, bool]:
+    out = pulumi.Output.from_input(value)
+    return _sync_await(out.future()), bool(_sync_await(out.is_secret()))
+
+
+def _stack_outputs() -> dict[str, Any]:
+    root = settings.get_root_resource()
+    result = {}
+    for name, value in getattr(root, "outputs", {}).items():
+        resolved, secret = _resolve(value)
+        result[name] = SECRET if secret else resolved
+    return result
+
+
+def run_program(config: dict[str, str], secret_keys: list[str] | None = None, stack: str = "test",
+                mocks: pulumi.runtime.Mocks | None = None) -> RunResult:
+    """Run `__main__.py` once with this engine config; raises what the program raises (e.g. ConfigError)."""
+    project_id = config.get("gcp:project", "my-gcp-project")
+    monitor = RecordingMonitor(mocks or StackMocks(project_id, config.get("gcp:region", "us-central1")))
+    settings.ROOT.set(None)
+    pulumi.runtime.set_all_config(dict(config), list(secret_keys or []))
+    pulumi_mocks.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    settings.SETTINGS.rpc_manager.clear()
+    settings.SETTINGS.outputs.clear()
+    with _in_project():
+        _sync_await(run_pulumi_func(lambda: runpy.run_path(str(PROJECT_DIR / "__main__.py"), run_name="__main__")))
+        outputs = _stack_outputs()
+    return RunResult(stack=stack, resources=monitor.registrations, outputs=outputs)
+
+
+def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> RunResult:
+    """Run a stack file of the repo; `overrides` replace top-level keys (values as in the YAML)."""
+    config, secret_keys = load_stack_config(stack)
+    if overrides:
+        extra, extra_secrets = engine_config_from_yaml(overrides)
+        config.update(extra)
+        secret_keys = sorted(set(secret_keys) | set(extra_secrets))
+    return run_program(config, secret_keys, stack=stack)

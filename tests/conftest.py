@@ -1,0 +1,72 @@
+"""Shared fixtures: stack runs under mocks (cached), ../shared references."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preview import engine
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+SHARED = PROJECT_DIR.parent / "shared" / "reference"
+
+_RUNS: dict[str, engine.RunResult] = {}
+
+
+def reference(*parts: str) -> Path:
+    """A file under ../shared/reference, or skip: the references are read in place, never copied."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"reference file {path} is absent (../shared is not beside this checkout)")
+    return path
+
+
+def stack_run(stack: str) -> engine.RunResult:
+    """The repo's stack file run under mocks; cached, since a run is read-only for the tests."""
+    if stack not in _RUNS:
+        _RUNS[stack] = engine.run_stack(stack)
+    return _RUNS[stack]
+
+
+@pytest.fixture(scope="session")
+def dev() -> engine.RunResult:
+    return stack_run("dev")
+
+
+@pytest.fixture(scope="session")
+def prod() -> engine.RunResult:
+    return stack_run("prod")
+
+
+def stack_yaml(stack: str) -> dict[str, Any]:
+    """A stack file's config as nested YAML values, for tests that change one key."""
+    import yaml
+
+    with open(engine.stack_file(stack), encoding="utf-8") as fh:
+        return copy.deepcopy(yaml.safe_load(fh)["config"])
+
+
+_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def set_path(config: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """Set a key the way `pulumi config set --path` does: `nodePools[0].gpu.type` under deepspeed-stack:."""
+    parts = [int(i) if i else k for k, i in _TOKEN.findall(path)]
+    first = parts[0] if ":" in str(parts[0]) else f"deepspeed-stack:{parts[0]}"
+    node, parts = config, [first, *parts[1:]]
+    for part, nxt in itertools.pairwise(parts):
+        node = node[part] if isinstance(node, list) else node.setdefault(part, [] if isinstance(nxt, int) else {})
+    last = parts[-1]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return config
+
+
+DELETE = object()

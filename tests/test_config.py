@@ -1,0 +1,246 @@
+"""Config validation: every rule has a failing input, and each message names its key path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pytest
+from conftest import DELETE, set_path, stack_yaml
+
+from model import catalog
+from model.config import ConfigError, load
+from preview.engine import engine_config_from_yaml
+
+
+def problems(stack: str, changes: dict[str, Any], secure: tuple[str, ...] = ()) -> list[str]:
+    """Load `stack` with `changes` applied (keys spelt as for `pulumi config set --path`)."""
+    config = stack_yaml(stack)
+    for path, value in changes.items():
+        set_path(config, path, value)
+    engine_cfg, secret_keys = engine_config_from_yaml(config)
+    try:
+        load(engine_cfg, set(secret_keys) | {f"deepspeed-stack:{k}" for k in secure})
+    except ConfigError as err:
+        return err.problems
+    return []
+
+
+def only(found: list[str]) -> str:
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_repo_stacks_are_valid(stack: str) -> None:
+    assert problems(stack, {}) == []
+
+
+def test_dev_model_values() -> None:
+    engine_cfg, secrets = engine_config_from_yaml(stack_yaml("dev"))
+    m = load(engine_cfg, set(secrets))
+    pool = m.node_pools[0]
+    assert (m.region, m.cluster_location, m.cluster.private_nodes) == ("us-west1", "us-west1", False)
+    assert (pool.machine_type, pool.gpu.type, pool.gpu.count, pool.gpu.driver_version) == (
+        "n1-standard-8", "nvidia-tesla-t4", 1, "LATEST")
+    assert (pool.spot, pool.min_nodes, pool.max_nodes, pool.local_ssd_count) == (True, 0, 3, 1)
+    # Defaults come from the schema: the network block is absent from the dev file.
+    assert m.network.subnet_cidr == "10.10.0.0/20"
+
+
+def test_config_error_is_a_run_error_listing_every_problem() -> None:
+    found = problems("dev", {
+        "nodePools[0].minNodes": 5,
+        "nodePools[0].zones[0]": "us-west1-c",
+        "cluster.name": "Bad_Name",
+    })
+    assert len(found) == 3, found
+    with pytest.raises(pulumi.RunError, match=r"3 problem\(s\)"):
+        config = stack_yaml("dev")
+        set_path(config, "cluster.name", "Bad_Name")
+        set_path(config, "nodePools[0].minNodes", 5)
+        set_path(config, "nodePools[0].zones[0]", "us-west1-c")
+        load(*engine_config_from_yaml(config)[:1], set())
+
+
+def test_unknown_top_level_key_suggests_the_right_one() -> None:
+    config = stack_yaml("dev")
+    config["deepspeed-stack:nodePool"] = config.pop("deepspeed-stack:nodePools")
+    try:
+        load(engine_config_from_yaml(config)[0], set())
+    except ConfigError as err:
+        assert only(err.problems) == "nodePool: unknown key; did you mean `nodePools`?"
+    else:
+        pytest.fail("no error")
+
+
+def test_unknown_nested_key_suggests_and_required_is_reported() -> None:
+    found = problems("dev", {"nodePools[0].gpu.tpye": "nvidia-l4", "nodePools[0].gpu.type": DELETE})
+    assert "nodePools[0].gpu.tpye: unknown key; did you mean `type`?" in found
+    assert "nodePools[0].gpu.type: required key is missing" in found
+
+
+def test_required_machine_type() -> None:
+    assert only(problems("dev", {"nodePools[0].machineType": DELETE})) == \
+        "nodePools[0].machineType: required key is missing"
+
+
+def test_type_and_range_errors_name_the_key() -> None:
+    found = problems("dev", {"nodePools[0].maxNodes": "three", "nodePools[0].minNodes": -1,
+                             "cluster.privateNodes": "yes"})
+    assert 'nodePools[0].maxNodes: expected integer, got "three"' in found
+    assert "nodePools[0].minNodes: must be at least 0, got -1" in found
+    assert 'cluster.privateNodes: expected boolean, got "yes"' in found
+
+
+def test_enum_error() -> None:
+    assert only(problems("dev", {"nodePools[0].gpu.driverVersion": "latest"})).startswith(
+        'nodePools[0].gpu.driverVersion: "latest" is not one of LATEST, DEFAULT')
+
+
+def test_object_value_that_is_not_json() -> None:
+    engine_cfg, _ = engine_config_from_yaml(stack_yaml("dev"))
+    engine_cfg["deepspeed-stack:cluster"] = "{not json"
+    with pytest.raises(ConfigError) as err:
+        load(engine_cfg, set())
+    assert err.value.problems[0].startswith("cluster: expected a object, got text that is not JSON")
+
+
+def test_min_more_than_max() -> None:
+    assert only(problems("dev", {"nodePools[0].minNodes": 4})) == "nodePools[0].minNodes: 4 is more than maxNodes 3"
+
+
+def test_unknown_gpu_type() -> None:
+    assert only(problems("dev", {"nodePools[0].gpu.type": "nvidia-t4"})).startswith(
+        "nodePools[0].gpu.type: unknown GPU type 'nvidia-t4'")
+
+
+def test_l4_needs_g2() -> None:
+    found = problems("prod", {"nodePools[0].machineType": "n1-standard-8"})
+    assert only(found).startswith("nodePools[0].machineType: nvidia-l4 needs a g2 machine type, got n1-standard-8")
+
+
+@pytest.mark.parametrize(("gpu", "machine", "family"), [
+    ("nvidia-tesla-t4", "g2-standard-8", "n1"),
+    ("nvidia-tesla-a100", "a3-highgpu-1g", "a2"),
+    ("nvidia-h100-80gb", "a2-highgpu-1g", "a3"),
+])
+def test_machine_family_per_gpu(gpu: str, machine: str, family: str) -> None:
+    found = problems("prod", {"nodePools[0].gpu.type": gpu, "nodePools[0].machineType": machine,
+                              "nodePools[0].zones": []})
+    assert only(found).startswith(f"nodePools[0].machineType: {gpu} needs a {family} machine type, got {machine}")
+
+
+def test_gpu_count_must_fit_the_shape() -> None:
+    assert only(problems("dev", {"nodePools[0].gpu.count": 3})) == (
+        "nodePools[0].gpu.count: n1-standard-8 takes 1, 2 or 4 nvidia-tesla-t4, got 3")
+    found = only(problems("prod", {"nodePools[0].gpu.count": 2}))
+    assert found == "nodePools[0].gpu.count: g2-standard-8 takes 1 nvidia-l4, got 2; for 2 use g2-standard-24"
+
+
+def test_gpu_zone_must_offer_the_gpu() -> None:
+    offered = catalog.load().zones("nvidia-tesla-t4", "us-west1")
+    assert "us-west1-c" not in offered  # the catalog's fact this test relies on
+    assert only(problems("dev", {"nodePools[0].zones[0]": "us-west1-c"})) == (
+        f"nodePools[0].zones[0]: us-west1-c does not offer nvidia-tesla-t4 (zones of us-west1 that do: "
+        f"{', '.join(offered)})")
+
+
+def test_gpu_not_offered_in_region() -> None:
+    found = problems("dev", {"nodePools[0].gpu.type": "nvidia-a100-80gb", "nodePools[0].machineType": "a2-ultragpu-1g",
+                             "nodePools[0].zones": []})
+    assert only(found) == "nodePools[0].gpu.type: nvidia-a100-80gb is not offered in us-west1"
+
+
+def test_region_must_be_in_catalog() -> None:
+    assert problems("dev", {"gcp:region": "mars-north1"})[0].startswith("gcp:region: mars-north1 is not in")
+
+
+def test_gcp_project_required() -> None:
+    assert "gcp:project: required; set it with `pulumi config set gcp:project <project-id>`" in problems(
+        "dev", {"gcp:project": DELETE})
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    ("network.subnetCidr", "10.10.0.1/20", "network.subnetCidr: '10.10.0.1/20' is not an IPv4 CIDR"),
+    ("network.podsCidr", "10.10.0.0/16", "network.podsCidr: 10.10.0.0/16 overlaps network.subnetCidr"),
+    ("cluster.masterCidr", "172.16.0.32/27", "cluster.masterCidr: a private control plane needs a /28, got /27"),
+    ("cluster.authorizedNetworks[0].cidr", "office", "cluster.authorizedNetworks[0].cidr: 'office' is not an IPv4"),
+])
+def test_cidr_rules(path: str, value: str, message: str) -> None:
+    assert only(problems("prod", {path: value})).startswith(message)
+
+
+def test_private_endpoint_needs_private_nodes() -> None:
+    assert only(problems("dev", {"cluster.privateEndpoint": True})) == (
+        "cluster.privateEndpoint: a private endpoint needs cluster.privateNodes: true")
+
+
+@pytest.mark.parametrize("name", ["Deepspeed", "1cluster", "ends-with-", "x" * 41])
+def test_cluster_name_rules(name: str) -> None:
+    assert only(problems("dev", {"cluster.name": name})).startswith(f"cluster.name: {name!r} is not a GKE cluster name")
+
+
+def test_cluster_location_must_be_region_or_its_zone() -> None:
+    assert problems("dev", {"cluster.location": "us-west1-a"}) == []
+    assert only(problems("dev", {"cluster.location": "us-east1-b"})).startswith(
+        "cluster.location: us-east1-b is neither gcp:region us-west1 nor one of its zones")
+
+
+def test_pool_names_valid_and_unique() -> None:
+    config = stack_yaml("dev")
+    pools = config["deepspeed-stack:nodePools"]
+    pools.append(dict(pools[0]))
+    pools.append({**pools[0], "name": "x" * 33})
+    found = load_problems(config)
+    assert "nodePools[1].name: 't4' is used by another pool; pool names must be unique" in found
+    assert any(p.startswith("nodePools[2].name: 'xxxxxxxxx") and "at most 32" in p for p in found)
+
+
+def load_problems(config: dict[str, Any]) -> list[str]:
+    try:
+        load(engine_config_from_yaml(config)[0], set())
+    except ConfigError as err:
+        return err.problems
+    return []
+
+
+def test_system_pool_rules() -> None:
+    found = problems("dev", {"cluster.systemPool.minNodes": 4, "cluster.systemPool.zones[0]": "us-east1-b"})
+    assert "cluster.systemPool.minNodes: 4 is more than maxNodes 3" in found
+    assert "cluster.systemPool.zones[0]: us-east1-b is not a zone of us-west1" in found
+
+
+def test_pools_need_a_cluster() -> None:
+    assert "nodePools: GPU node pools need a GKE cluster; set `cluster` (e.g. cluster.name) or remove nodePools" in \
+        problems("dev", {"cluster": DELETE})
+
+
+def test_registry_and_image_rules() -> None:
+    found = problems("dev", {"registry.name": "Deep_Speed", "image.tag": "-bad", "image.context": "workloads/nowhere"})
+    assert found[0].startswith("registry.name: 'Deep_Speed' is not an Artifact Registry repository id")
+    assert "image.tag: '-bad' is not a valid Docker tag" in found
+    assert any(p.startswith("image.context: no Dockerfile at workloads/nowhere/Dockerfile") for p in found)
+
+
+def test_prebuilt_image_must_be_pinned() -> None:
+    assert only(problems("dev", {"image.prebuilt": "us-docker.pkg.dev/p/r/deepspeed"})) == (
+        "image.prebuilt: 'us-docker.pkg.dev/p/r/deepspeed' has neither a tag nor a digest; pin it")
+
+
+def test_hf_token_must_be_a_secret() -> None:
+    assert only(problems("dev", {"hfToken": "hf_plain"})) == (
+        "hfToken: must be a secret; set it with `pulumi config set --secret hfToken`")
+    assert problems("dev", {"hfToken": {"secure": "v1:abc"}}) == []
+
+
+def test_readme_configuration_reference_is_generated_from_the_schema() -> None:
+    from conftest import PROJECT_DIR
+
+    from model import docs
+
+    readme = (PROJECT_DIR / "README.md").read_text()
+    assert docs.render() in readme, "README reference is stale: run `make docs`"
+    # Every schema key appears as a row, so no key can be added without documenting it.
+    for key, *_ in docs.rows(docs.schema()):
+        assert f"| `{key}` |" in readme
