@@ -216,7 +216,7 @@ def check_image(m: StackConfig) -> list[str]:
     return problems
 
 
-CHECKS: list[Check] = [
+PLATFORM_CHECKS: list[Check] = [
     check_region_in_catalog,
     check_cluster_name,
     check_cluster_location,
@@ -234,5 +234,13 @@ CHECKS: list[Check] = [
 ]
 
 
+def all_checks() -> list[Check]:
+    """Platform rules here; each area keeps its own rules in its own module (imported late: they may
+    import this module's helpers)."""
+    from model import checks_planner, checks_vertex, checks_workloads
+
+    return [*PLATFORM_CHECKS, *checks_workloads.CHECKS, *checks_planner.CHECKS, *checks_vertex.CHECKS]
+
+
 def run_all(m: StackConfig) -> list[str]:
-    return [problem for check in CHECKS for problem in check(m)]
+    return [problem for check in all_checks() for problem in check(m)]

@@ -87,6 +87,8 @@ def with_defaults(node: dict[str, Any], value: Any) -> Any:
     """Fill the schema's `default`s into `value` (objects recursively, array items too)."""
     if isinstance(value, dict) and node.get("type") == "object":
         out = dict(value)
+        if isinstance(node.get("additionalProperties"), dict):  # a map, e.g. workloads: fill each entry
+            out = {k: with_defaults(node["additionalProperties"], v) for k, v in out.items()}
         for name, sub in node.get("properties", {}).items():
             if name not in out and "default" in sub:
                 out[name] = copy.deepcopy(sub["default"])

@@ -24,7 +24,8 @@ def _type(node: dict[str, Any]) -> str:
     if t == "array" and isinstance(node.get("items"), dict):
         return f"list of {_type(node['items'])}"
     if t == "object" and isinstance(node.get("additionalProperties"), dict):
-        return f"map of {node['additionalProperties'].get('type', 'any')}"
+        inner = node["additionalProperties"]
+        return "map of " + ("objects (keys below)" if inner.get("properties") else inner.get("type", "any"))
     return t + (" (secret)" if node.get("x-secret") else "")
 
 
@@ -41,7 +42,9 @@ def rows(node: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str, str
         key = f"{prefix}.{name}" if prefix else name
         sub = {**sub, "_required": name in required}
         yield key, _type(sub), _default(sub), sub.get("description", "")
-        if sub.get("type") == "object":
+        if sub.get("type") == "object" and isinstance(sub.get("additionalProperties"), dict):
+            yield from rows(sub["additionalProperties"], f"{key}.<name>")
+        elif sub.get("type") == "object":
             yield from rows(sub, key)
         elif sub.get("type") == "array" and sub.get("items", {}).get("type") == "object":
             yield from rows(sub["items"], f"{key}[i]")

@@ -89,6 +89,143 @@ class ImageConfig:
 
 
 @dataclass(frozen=True)
+class KubernetesConfig:
+    context: str | None = None
+
+
+@dataclass(frozen=True)
+class MpiOperatorConfig:
+    install: bool
+    version: str
+
+
+@dataclass(frozen=True)
+class NfsProvisionerConfig:
+    install: bool
+    path: str
+    storage_class: str
+    chart_version: str
+    server: str | None = None
+
+
+@dataclass(frozen=True)
+class AcceleratorConfig:
+    kind: str
+    type: str
+    count: int | None = None
+
+
+@dataclass(frozen=True)
+class GaudiConfig:
+    software_version: str
+    pytorch_version: str
+    os: str
+
+
+@dataclass(frozen=True)
+class ChartConfig:
+    version: str
+    repository: str
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    shm_size: str
+    cpu: str | None = None
+    memory: str | None = None
+    hugepages2_mi: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    script: str
+    args: list[str]
+    command: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    model: str
+    dataset: str
+    epochs: int
+    script: str
+    optimum_habana_version: str
+    args: list[str]
+
+
+@dataclass(frozen=True)
+class StorageClaimConfig:
+    claim_name: str
+    storage_class: str
+    size: str
+    access_mode: str
+    mount_path: str
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    http: str
+    https: str
+    no_proxy: str
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    zero_stage: int
+    offload_optimizer: str
+    offload_params: str
+    nvme_path: str
+    precision: str
+    micro_batch_per_gpu: int
+    gradient_accumulation: int
+    reduce_bucket_size: int
+    allgather_bucket_size: int
+    steps_per_print: int
+    train_batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    precision: str
+    mode: str
+    sequence_length: int
+    batch_size: int
+    name: str | None = None
+    parameters: float | None = None
+
+
+@dataclass(frozen=True)
+class GcsFuseConfig:
+    enabled: bool
+    mount_path: str
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """One entry of `workloads`; `name` is its key in the map."""
+
+    name: str
+    kind: str
+    namespace: str
+    accelerator: AcceleratorConfig
+    workers: int
+    gaudi: GaudiConfig
+    chart: ChartConfig
+    resources: ResourcesConfig
+    host_ipc: bool = field(metadata={"key": "hostIPC"})
+    launch: LaunchConfig
+    training: TrainingConfig
+    storage: StorageClaimConfig
+    hf_home: str
+    proxy: ProxyConfig
+    deepspeed: DeepSpeedConfig
+    gcs_fuse: GcsFuseConfig
+    pool: str | None = None
+    image: str | None = None
+    model: ModelConfig | None = None
+
+
+@dataclass(frozen=True)
 class StackConfig:
     """Everything the program needs, validated. `project`/`region` come from the `gcp:` namespace."""
 
@@ -98,8 +235,13 @@ class StackConfig:
     node_pools: list[NodePoolConfig]
     registry: RegistryConfig
     image: ImageConfig
+    kubernetes: KubernetesConfig
+    mpi_operator: MpiOperatorConfig
+    nfs_provisioner: NfsProvisionerConfig
+    workloads: dict[str, WorkloadConfig]
     cluster: ClusterConfig | None = None
     hf_token: pulumi.Output[str] | None = field(default=None, compare=False)
+    kubeconfig: pulumi.Output[str] | None = field(default=None, compare=False)
 
     @property
     def cluster_location(self) -> str:
@@ -138,6 +280,8 @@ def _convert(hint: Any, value: Any) -> Any:
         return [_convert(item, v) for v in value]
     if origin is dict:
         _, item = typing.get_args(hint)
+        if dataclasses.is_dataclass(item) and "name" in {f.name for f in dataclasses.fields(item)}:
+            return {k: build(item, v, name=k) for k, v in value.items()}  # a named map: the key is the name
         return {k: _convert(item, v) for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         return build(hint, value)
@@ -149,7 +293,7 @@ def build(cls: type, data: dict[str, Any], **extra: Any) -> Any:
     hints = typing.get_type_hints(cls)
     kwargs = dict(extra)
     for f in dataclasses.fields(cls):
-        key = camel(f.name)
+        key = f.metadata.get("key", camel(f.name))
         if f.name in kwargs or key not in data:
             continue
         kwargs[f.name] = _convert(hints[f.name], data[key])
