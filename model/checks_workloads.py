@@ -1,4 +1,4 @@
-"""Pre-deploy checks for workloads (Helm release, MPIJob, DeepSpeed config, cluster target): one named function per rule."""
+"""Pre-deploy checks for workloads (Helm release, MPIJob, ds_config, cluster target), one function per rule."""
 
 from __future__ import annotations
 
