@@ -1,0 +1,122 @@
+"""Where a workload runs and what each worker may use: one place for both workload kinds.
+
+NVIDIA workloads run on a GKE pool (type and count from the pool, CPU/memory fitted to its machine
+type); Gaudi workloads run on `habana.ai/gaudi` nodes of an existing cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from model import catalog as gpu_catalog
+from model.types import NodePoolConfig, StackConfig, WorkloadConfig
+
+NVIDIA_RESOURCE = "nvidia.com/gpu"
+GAUDI_RESOURCE = "habana.ai/gaudi"
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+DEFAULT_GAUDI_CARDS = 8
+# The Omnia reference worker: memory and hugepages per 8-card Gaudi node (limits = requests).
+GAUDI_MEMORY = "250Gi"
+GAUDI_HUGEPAGES = "95000Mi"
+# Room left on a GPU node for GKE's DaemonSets (device plugin, logging, metrics, Dataplane V2).
+DAEMONSET_CPU = 1.0
+DAEMONSET_MEMORY_GIB = 1.5
+
+
+@dataclass(frozen=True)
+class Placement:
+    accelerator_kind: str  # nvidia | gaudi
+    resource: str  # nvidia.com/gpu | habana.ai/gaudi
+    per_worker: int
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, str]]
+    cpu: str | None
+    memory: str
+    hugepages: str | None
+    memory_gb_per_accelerator: float
+    accelerator_type: str
+    pool: NodePoolConfig | None = None
+
+    def limits(self) -> dict[str, str]:
+        """Worker requests = limits: accelerators, CPU, memory (and hugepages on Gaudi)."""
+        out = {self.resource: str(self.per_worker), "memory": self.memory}
+        if self.cpu:
+            out["cpu"] = self.cpu
+        if self.hugepages:
+            out["hugepages-2Mi"] = self.hugepages
+        return out
+
+
+def gke_reserved_cpu(vcpus: float) -> float:
+    """GKE's kube-reserved CPU: 6 % of the first core, 1 % of the next, 0.5 % of the next 2, 0.25 % above 4."""
+    tiers = [(1, 0.06), (1, 0.01), (2, 0.005), (math.inf, 0.0025)]
+    return _tiered(vcpus, tiers)
+
+
+def gke_reserved_memory_gib(memory_gib: float) -> float:
+    """GKE's kube-reserved memory (25/20/10/6/2 % tiers) plus the 100 MiB eviction threshold."""
+    tiers = [(4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06), (math.inf, 0.02)]
+    return _tiered(memory_gib, tiers) + 0.1
+
+
+def _tiered(amount: float, tiers: list[tuple[float, float]]) -> float:
+    total, left = 0.0, amount
+    for size, rate in tiers:
+        take = min(left, size)
+        total += take * rate
+        left -= take
+        if left <= 0:
+            break
+    return total
+
+
+def fitted_cpu_memory(vcpus: float, memory_gib: float) -> tuple[str, str]:
+    """Whole CPUs and GiB a single pod can request on an otherwise empty node of this shape."""
+    cpu = max(1, math.floor(vcpus - gke_reserved_cpu(vcpus) - DAEMONSET_CPU))
+    mem = max(1, math.floor(memory_gib - gke_reserved_memory_gib(memory_gib) - DAEMONSET_MEMORY_GIB))
+    return str(cpu), f"{mem}Gi"
+
+
+def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
+    pool = cfg.pool(w.pool or "")
+    if pool is None:
+        return None
+    shape = gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
+    gpu = gpu_catalog.load().gpus.get(pool.gpu.type)
+    cpu, memory = fitted_cpu_memory(shape.vcpus, shape.memory_gb) if shape else (None, "8Gi")
+    return Placement(
+        accelerator_kind="nvidia",
+        resource=NVIDIA_RESOURCE,
+        per_worker=w.accelerator.count or pool.gpu.count,
+        node_selector={GKE_ACCELERATOR_LABEL: pool.gpu.type, "deepspeed-stack/pool": pool.name},
+        # GKE taints GPU nodes with nvidia.com/gpu=present:NoSchedule.
+        tolerations=[{"key": NVIDIA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        cpu=w.resources.cpu or cpu,
+        memory=w.resources.memory or memory,
+        hugepages=w.resources.hugepages2_mi,
+        memory_gb_per_accelerator=gpu.memory_gb if gpu else 0.0,
+        accelerator_type=pool.gpu.type,
+        pool=pool,
+    )
+
+
+def _gaudi(w: WorkloadConfig) -> Placement:
+    gaudi = gpu_catalog.load().gaudi.get(w.accelerator.type, {})
+    return Placement(
+        accelerator_kind="gaudi",
+        resource=GAUDI_RESOURCE,
+        per_worker=w.accelerator.count or DEFAULT_GAUDI_CARDS,
+        node_selector={},
+        tolerations=[],
+        cpu=w.resources.cpu,
+        memory=w.resources.memory or GAUDI_MEMORY,
+        hugepages=w.resources.hugepages2_mi or GAUDI_HUGEPAGES,
+        memory_gb_per_accelerator=float(gaudi.get("memoryGb", 0)),
+        accelerator_type=w.accelerator.type,
+    )
+
+
+def placement(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
+    """None when an NVIDIA workload names no existing pool (a config check reports that)."""
+    return _gaudi(w) if w.accelerator.kind == "gaudi" else _nvidia(cfg, w)
