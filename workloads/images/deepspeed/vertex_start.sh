@@ -1,0 +1,263 @@
+#!/bin/bash
+# Vertex AI CustomJob entry point for the DeepSpeed image.
+#
+# Usage (containerSpec.command / args of every worker pool):
+#   vertex_start.sh [--] TRAINING_SCRIPT [ARGS...]   # launched with the deepspeed CLI
+#   vertex_start.sh --command CMD [ARGS...]          # run CMD as is (DEEPSPEED_HOSTFILE is
+#                                                    # exported on a multi-node primary)
+#
+# No CLUSTER_SPEC (local run) or a single host: run `deepspeed TRAINING_SCRIPT ARGS...` (with the
+# AIP_* paths mapped as below).
+# Several hosts (worker pool 0 = primary, worker pool 1 = workers):
+#   * every host maps AIP_MODEL_DIR/AIP_CHECKPOINT_DIR/AIP_TENSORBOARD_LOG_DIR from gs:// to
+#     the /gcs/ FUSE mount, generates an SSH host key and starts sshd on port 2222;
+#   * the primary generates an ed25519 client key (no private key is baked into the image),
+#     publishes only its PUBLIC key in the exchange directory on the bucket mount
+#     (VERTEX_SSH_EXCHANGE_DIR, default <parent of AIP_MODEL_DIR>/.ssh-exchange/<job id>),
+#     waits (bounded) until every host answers `ssh -p 2222 HOST true`, deletes the published
+#     key, writes the hostfile (slots = GPUs per host from `nvidia-smi -L`) and runs
+#     `deepspeed --hostfile=HOSTFILE TRAINING_SCRIPT ARGS...`; its exit status is the job's;
+#   * workers install the published key into ~/.ssh/authorized_keys and serve SSH until the
+#     job ends.
+#
+# Tunables (environment): VERTEX_SSH_PORT (2222), VERTEX_SSH_WAIT_RETRIES (180) and
+# VERTEX_SSH_WAIT_SLEEP (5 s) bound every wait, VERTEX_RUNTIME_DIR (/tmp/vertex-deepspeed),
+# VERTEX_SSH_EXCHANGE_DIR, VERTEX_PYTHON (python3), VERTEX_CLUSTER_PY.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+VERTEX_PYTHON="${VERTEX_PYTHON:-python3}"
+VERTEX_CLUSTER_PY="${VERTEX_CLUSTER_PY:-$SCRIPT_DIR/vertex_cluster.py}"
+SSH_PORT="${VERTEX_SSH_PORT:-2222}"
+WAIT_RETRIES="${VERTEX_SSH_WAIT_RETRIES:-180}"
+WAIT_SLEEP="${VERTEX_SSH_WAIT_SLEEP:-5}"
+RUNTIME_DIR="${VERTEX_RUNTIME_DIR:-${TMPDIR:-/tmp}/vertex-deepspeed}"
+PUBLISHED_KEY_NAME="primary_ed25519.pub"
+# Variables handed to processes started over SSH (~/.ssh/environment) when set.
+SSH_ENV_VARS=(
+    PATH LD_LIBRARY_PATH CUDA_HOME TRITON_CACHE_DIR TORCH_EXTENSIONS_DIR HF_HOME
+    PDSH_RCMD_TYPE PYTHONUNBUFFERED PYTHONDONTWRITEBYTECODE
+    AIP_MODEL_DIR AIP_CHECKPOINT_DIR AIP_TENSORBOARD_LOG_DIR CLOUD_ML_JOB_ID CLOUD_ML_PROJECT_ID
+)
+
+log() { printf '[vertex_start] %s\n' "$*" >&2; }
+die() {
+    log "ERROR: $*"
+    exit 1
+}
+
+# retry_while comes from the image entrypoint library (next to this script in the repository).
+if [[ -f /opt/bitnami/scripts/deepspeed/entrypoint.sh ]]; then
+    # shellcheck source-path=SCRIPTDIR source=entrypoint.sh disable=SC1091  # library with retry_while
+    source /opt/bitnami/scripts/deepspeed/entrypoint.sh
+else
+    # shellcheck source-path=SCRIPTDIR source=entrypoint.sh disable=SC1091  # library with retry_while
+    source "$SCRIPT_DIR/entrypoint.sh"
+fi
+
+mode="deepspeed"
+if [[ "${1:-}" == "--command" ]]; then
+    mode="command"
+    shift
+elif [[ "${1:-}" == "--" ]]; then
+    shift
+fi
+(($# > 0)) || die "usage: vertex_start.sh [--] TRAINING_SCRIPT [ARGS...] | --command CMD [ARGS...]"
+
+# launch HOSTFILE ARGS...  (HOSTFILE empty: single node)
+launch() {
+    local hostfile="$1"
+    shift
+    if [[ "$mode" == "command" ]]; then
+        if [[ -n "$hostfile" ]]; then
+            export DEEPSPEED_HOSTFILE="$hostfile"
+        fi
+        "$@"
+    elif [[ -n "$hostfile" ]]; then
+        deepspeed --hostfile="$hostfile" "$@"
+    else
+        deepspeed "$@"
+    fi
+}
+
+count_local_gpus() {
+    local listing
+    listing="$(nvidia-smi -L 2>/dev/null || true)"
+    grep -c '^GPU ' <<<"$listing" || true
+}
+
+count_remote_gpus() {
+    local listing
+    listing="$(ssh -n "$1" nvidia-smi -L 2>/dev/null || true)"
+    grep -c '^GPU ' <<<"$listing" || true
+}
+
+ssh_ok() {
+    ssh -n -o ConnectTimeout=5 "$1" true >/dev/null 2>&1
+}
+
+# ~/.ssh (client config, environment for SSH sessions), host key, sshd.
+setup_ssh() {
+    umask 077
+    mkdir -p "$HOME/.ssh" "$RUNTIME_DIR"
+    chmod 700 "$HOME/.ssh"
+    touch "$HOME/.ssh/authorized_keys"
+    chmod 600 "$HOME/.ssh/authorized_keys"
+    {
+        printf '%s\n' "Host *" \
+            "    Port $SSH_PORT" \
+            "    IdentityFile $HOME/.ssh/id_ed25519" \
+            "    BatchMode yes" \
+            "    StrictHostKeyChecking no" \
+            "    UserKnownHostsFile /dev/null" \
+            "    LogLevel ERROR"
+    } >"$HOME/.ssh/config"
+    local name
+    : >"$HOME/.ssh/environment"
+    for name in "${SSH_ENV_VARS[@]}"; do
+        if [[ -n "${!name:-}" ]]; then
+            printf '%s=%s\n' "$name" "${!name}" >>"$HOME/.ssh/environment"
+        fi
+    done
+    rm -f "$RUNTIME_DIR/ssh_host_ed25519_key" "$RUNTIME_DIR/ssh_host_ed25519_key.pub"
+    ssh-keygen -q -t ed25519 -N '' -C "vertex-host-key" -f "$RUNTIME_DIR/ssh_host_ed25519_key"
+}
+
+SSHD_PID=""
+start_sshd() {
+    if [[ "$(id -u)" == "0" ]]; then
+        mkdir -p /run/sshd # privilege separation directory, needed only as root
+    fi
+    "$(command -v sshd)" -D -e \
+        -p "$SSH_PORT" \
+        -h "$RUNTIME_DIR/ssh_host_ed25519_key" \
+        -o PidFile="$RUNTIME_DIR/sshd.pid" \
+        -o PasswordAuthentication=no \
+        -o KbdInteractiveAuthentication=no \
+        -o PubkeyAuthentication=yes \
+        -o UsePAM=no \
+        -o PermitUserEnvironment=yes \
+        -o AuthorizedKeysFile=.ssh/authorized_keys &
+    SSHD_PID=$!
+    log "sshd started on port $SSH_PORT (pid $SSHD_PID)"
+}
+
+stop_sshd() {
+    if [[ -n "$SSHD_PID" ]]; then
+        kill "$SSHD_PID" 2>/dev/null || true
+    fi
+}
+
+PUBLISHED_KEY=""
+cleanup() {
+    if [[ -n "$PUBLISHED_KEY" ]]; then
+        rm -f "$PUBLISHED_KEY"
+    fi
+    stop_sshd
+}
+
+run_primary() {
+    local -a hosts
+    read -r -a hosts <<<"$VERTEX_HOSTS"
+
+    rm -f "$HOME/.ssh/id_ed25519" "$HOME/.ssh/id_ed25519.pub"
+    ssh-keygen -q -t ed25519 -N '' -C "deepspeed-vertex-$VERTEX_JOB_ID" -f "$HOME/.ssh/id_ed25519"
+    # The primary is a DeepSpeed host too: the launcher reaches it over SSH like the others.
+    cat "$HOME/.ssh/id_ed25519.pub" >>"$HOME/.ssh/authorized_keys"
+    start_sshd
+
+    mkdir -p "$VERTEX_SSH_EXCHANGE_DIR" || die "cannot create the key exchange directory $VERTEX_SSH_EXCHANGE_DIR"
+    PUBLISHED_KEY="$VERTEX_SSH_EXCHANGE_DIR/$PUBLISHED_KEY_NAME"
+    cp "$HOME/.ssh/id_ed25519.pub" "$PUBLISHED_KEY.tmp"
+    mv -f "$PUBLISHED_KEY.tmp" "$PUBLISHED_KEY"
+    log "published the primary's public key at $PUBLISHED_KEY"
+
+    local host
+    for host in "${hosts[@]}"; do
+        log "waiting for ssh -p $SSH_PORT $host"
+        retry_while "ssh_ok $(printf '%q' "$host")" "$WAIT_RETRIES" "$WAIT_SLEEP" ||
+            die "host $host did not answer over SSH after $WAIT_RETRIES attempts"
+    done
+    rm -f "$PUBLISHED_KEY"
+    PUBLISHED_KEY=""
+    rmdir "$VERTEX_SSH_EXCHANGE_DIR" 2>/dev/null || true
+    log "all ${#hosts[@]} hosts answer over SSH; published key deleted"
+
+    local local_slots count
+    local -a slot_args=()
+    local_slots="$(count_local_gpus)"
+    for host in "${hosts[@]}"; do
+        if [[ "$host" == "$VERTEX_THIS_HOST" ]]; then
+            count="$local_slots"
+        else
+            count="$(count_remote_gpus "$host")"
+        fi
+        ((count > 0)) || die "no GPU visible on $host (nvidia-smi -L listed none)"
+        slot_args+=(--host-slots "$host=$count")
+    done
+    local hostfile="$RUNTIME_DIR/hostfile"
+    "$VERTEX_PYTHON" "$VERTEX_CLUSTER_PY" hostfile "${slot_args[@]}" --output "$hostfile" ||
+        die "cannot write the DeepSpeed hostfile"
+    log "hostfile $hostfile:"
+    sed 's/^/    /' "$hostfile" >&2
+
+    # DeepSpeed forwards the variables listed in ~/.deepspeed_env to every rank.
+    : >"$HOME/.deepspeed_env"
+    local name
+    for name in AIP_MODEL_DIR AIP_CHECKPOINT_DIR AIP_TENSORBOARD_LOG_DIR CLOUD_ML_JOB_ID; do
+        if [[ -n "${!name:-}" ]]; then
+            printf '%s=%s\n' "$name" "${!name}" >>"$HOME/.deepspeed_env"
+        fi
+    done
+
+    local status=0
+    launch "$hostfile" "$@" || status=$?
+    log "launch command exited with status $status"
+    return "$status"
+}
+
+run_worker() {
+    local pubfile="$VERTEX_SSH_EXCHANGE_DIR/$PUBLISHED_KEY_NAME"
+    log "waiting for the primary's public key at $pubfile"
+    retry_while "[[ -s $(printf '%q' "$pubfile") ]]" "$WAIT_RETRIES" "$WAIT_SLEEP" ||
+        die "the primary did not publish its key at $pubfile"
+    cat "$pubfile" >>"$HOME/.ssh/authorized_keys"
+    start_sshd
+    log "serving SSH for the primary until the job ends"
+    local status=0
+    wait "$SSHD_PID" || status=$?
+    SSHD_PID=""
+    return "$status"
+}
+
+if [[ -z "${CLUSTER_SPEC:-}" ]]; then
+    log "CLUSTER_SPEC is not set: single-node run"
+    paths_env="$("$VERTEX_PYTHON" "$VERTEX_CLUSTER_PY" paths)" || die "cannot map the AIP_* paths (see the error above)"
+    eval "$paths_env"
+    launch "" "$@"
+    exit $?
+fi
+
+cluster_env="$("$VERTEX_PYTHON" "$VERTEX_CLUSTER_PY" env)" || die "cannot use CLUSTER_SPEC (see the error above)"
+eval "$cluster_env"
+
+if [[ "$VERTEX_ROLE" == "other" ]]; then
+    log "this replica (pool 2/3) is not part of the DeepSpeed cluster; nothing to do"
+    exit 0
+fi
+if ((VERTEX_NUM_HOSTS == 1)); then
+    log "single host $VERTEX_PRIMARY_HOST"
+    launch "" "$@"
+    exit $?
+fi
+
+log "multi-node job $VERTEX_JOB_ID: $VERTEX_NUM_HOSTS hosts, this is the $VERTEX_ROLE ($VERTEX_THIS_HOST)"
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+setup_ssh
+if [[ "$VERTEX_ROLE" == "primary" ]]; then
+    run_primary "$@"
+else
+    run_worker
+fi
