@@ -2,6 +2,341 @@
 
 from __future__ import annotations
 
-from model.checks import Check
+import re
 
-CHECKS: list[Check] = []
+from model import catalog as gpu_catalog
+from model.checks import PROJECT_DIR, Check, _path
+from model.types import NodePoolConfig, StackConfig, WorkloadConfig
+from workloads import mpijob
+from workloads.ds_config import batch_problems
+from workloads.placement import placement
+from workloads.target import needs_kubernetes
+
+# --- Helm release (Bitnami DeepSpeed chart on a GKE pool) and the generated ds_config.json --------
+
+# DNS-1123 label: what Kubernetes accepts for namespace, Service and pod-name parts.
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_MAX = 63
+# Helm refuses longer release names (they end up in object names with suffixes such as "-worker-0").
+HELM_RELEASE_MAX = 53
+SCRIPTS_DIR = PROJECT_DIR / "workloads" / "scripts"
+
+
+def _helm(m: StackConfig) -> list[tuple[str, WorkloadConfig]]:
+    return [(name, w) for name, w in m.workloads.items() if w.kind == "helm"]
+
+
+def _pool_facts(m: StackConfig, w: WorkloadConfig) -> NodePoolConfig | None:
+    """The workload's GKE pool when its GPU facts can be trusted: an NVIDIA workload on an existing pool whose
+    GPU, machine type and count the catalog knows. A broken pool has its own problem; rules derived from it
+    would only add noise."""
+    pool = m.pool(w.pool or "") if w.accelerator.kind == "nvidia" else None
+    if pool is None or gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count) is None:
+        return None
+    return pool
+
+
+def check_workload_names(m: StackConfig) -> list[str]:
+    """Workload names become Kubernetes object names (and Helm release names for kind helm)."""
+    problems = []
+    for name, w in m.workloads.items():
+        limit = HELM_RELEASE_MAX if w.kind == "helm" else DNS1123_MAX
+        if not DNS1123_LABEL.match(name) or len(name) > limit:
+            problems.append(f"{_path('workloads', name)}: {name!r} is not a valid workload name (a DNS-1123 label: "
+                            f"lowercase letters, digits and hyphens, starting and ending with a letter or digit, "
+                            f"at most {limit} characters)")
+    return problems
+
+
+def check_helm_namespace(m: StackConfig) -> list[str]:
+    """A helm workload creates and owns its namespace, so no other workload may use the same one."""
+    problems = []
+    for name, w in _helm(m):
+        key = _path("workloads", name, "namespace")
+        if not DNS1123_LABEL.match(w.namespace) or len(w.namespace) > DNS1123_MAX:
+            problems.append(f"{key}: {w.namespace!r} is not a valid namespace (a DNS-1123 label)")
+        others = sorted(o for o, ow in m.workloads.items() if o != name and ow.namespace == w.namespace)
+        if others:
+            problems.append(f"{key}: {w.namespace!r} is also the namespace of {', '.join(others)}; a helm workload "
+                            "creates and deletes its own namespace, so give it one of its own")
+    return problems
+
+
+def check_helm_target(m: StackConfig) -> list[str]:
+    """The Bitnami chart runs on a GPU pool of the stack's own GKE cluster."""
+    problems = []
+    pools = [p.name for p in m.node_pools]
+    for name, w in _helm(m):
+        if m.cluster is None:
+            problems.append(f"{_path('workloads', name, 'kind')}: helm workloads run on a GKE pool of this stack; "
+                            "set `cluster` and `nodePools`, or use kind mpijob for an existing cluster")
+        if w.pool is None:
+            problems.append(f"{_path('workloads', name, 'pool')}: required for kind helm; name a nodePools entry "
+                            f"({', '.join(pools) or 'none defined'})")
+        elif m.pool(w.pool) is None:
+            problems.append(f"{_path('workloads', name, 'pool')}: no nodePools entry is named {w.pool!r} "
+                            f"(known: {', '.join(pools) or 'none'})")
+    return problems
+
+
+def check_helm_accelerator(m: StackConfig) -> list[str]:
+    problems = []
+    for name, w in _helm(m):
+        if w.accelerator.kind != "nvidia":
+            problems.append(f"{_path('workloads', name, 'accelerator', 'kind')}: kind helm runs on NVIDIA GKE pools "
+                            f"only, got {w.accelerator.kind}; use kind mpijob for Gaudi")
+            continue
+        pool = _pool_facts(m, w)
+        if pool is not None and w.accelerator.count is not None and w.accelerator.count > pool.gpu.count:
+            problems.append(f"{_path('workloads', name, 'accelerator', 'count')}: {w.accelerator.count} GPUs per "
+                            f"worker, but nodes of pool {pool.name} have {pool.gpu.count}")
+    return problems
+
+
+def check_helm_pool_capacity(m: StackConfig) -> list[str]:
+    """Each worker and the client take a node of their own (their CPU/memory are fitted to a whole node)."""
+    problems = []
+    for name, w in _helm(m):
+        pool = m.pool(w.pool or "")
+        if pool is None or w.accelerator.kind != "nvidia":
+            continue
+        needed = w.workers + 1
+        if needed > pool.max_nodes:
+            index = m.node_pools.index(pool)
+            problems.append(f"{_path('workloads', name, 'workers')}: {w.workers} worker(s) + 1 client need {needed} "
+                            f"nodes of pool {pool.name}, but {_path('nodePools', index, 'maxNodes')} is "
+                            f"{pool.max_nodes}; raise maxNodes or lower workers")
+    return problems
+
+
+def check_launch_script(m: StackConfig) -> list[str]:
+    problems = []
+    for name, w in _helm(m):
+        if w.launch.command:
+            continue
+        script = w.launch.script
+        if "/" in script or not (SCRIPTS_DIR / script).is_file():
+            known = sorted(p.name for p in SCRIPTS_DIR.glob("*.py"))
+            problems.append(f"{_path('workloads', name, 'launch', 'script')}: no file {script!r} in workloads/scripts "
+                            f"(there: {', '.join(known) or 'nothing'}); add it there or set launch.command")
+    return problems
+
+
+def check_batch_size(m: StackConfig) -> list[str]:
+    """DeepSpeed's train_batch_size must equal workers x accelerators per worker x micro batch x accumulation."""
+    problems = []
+    for name, w in m.workloads.items():
+        where = placement(m, w)
+        if where is not None and (w.accelerator.kind == "gaudi" or _pool_facts(m, w) is not None):
+            problems += batch_problems(_path("workloads", name), w.deepspeed, w.workers, where.per_worker)
+    return problems
+
+
+def check_zero_offload(m: StackConfig) -> list[str]:
+    """Offloading needs ZeRO: optimizer states from stage 1, parameters only at stage 3."""
+    problems = []
+    for name, w in m.workloads.items():
+        ds = w.deepspeed
+        if ds.offload_params != "none" and ds.zero_stage != 3:
+            problems.append(f"{_path('workloads', name, 'deepspeed', 'offloadParams')}: {ds.offload_params} offload "
+                            f"of parameters needs zeroStage 3, got zeroStage {ds.zero_stage}")
+        if ds.offload_optimizer != "none" and ds.zero_stage < 1:
+            problems.append(f"{_path('workloads', name, 'deepspeed', 'offloadOptimizer')}: {ds.offload_optimizer} "
+                            f"offload of optimizer states needs zeroStage 1 or higher, got zeroStage {ds.zero_stage}")
+    return problems
+
+
+def check_bf16_support(m: StackConfig) -> list[str]:
+    """bf16 needs Ampere or newer; T4, P100 and V100 would fail at the first step."""
+    problems, gpus = [], gpu_catalog.load().gpus
+    for name, w in m.workloads.items():
+        pool = _pool_facts(m, w)
+        gpu = gpus.get(pool.gpu.type) if pool else None
+        if gpu is not None and w.deepspeed.precision == "bf16" and not gpu.bf16:
+            problems.append(f"{_path('workloads', name, 'deepspeed', 'precision')}: {gpu.display_name} "
+                            f"({gpu.name}) of pool {pool.name} has no bf16 support; use fp16")
+    return problems
+
+
+# --- MPIJob (Gaudi or NVIDIA), its cluster target, the shared claim and the NFS provisioner ---------
+
+# DNS-1123 subdomain: what Kubernetes accepts for PersistentVolumeClaim and StorageClass names.
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS1123_SUBDOMAIN_MAX = 253
+
+
+def _mpijobs(m: StackConfig) -> list[tuple[str, WorkloadConfig]]:
+    return [(name, w) for name, w in m.workloads.items() if w.kind == "mpijob"]
+
+
+def check_kubernetes_target(m: StackConfig) -> list[str]:
+    """Without `cluster`, MPIJobs (and the operator/provisioner) go to an existing cluster: it must be named.
+    With `cluster`, kubeconfig and kubernetes.context would be silently ignored, so they are errors."""
+    if m.cluster is None:
+        if needs_kubernetes(m) and m.kubeconfig is None and not m.kubernetes.context:
+            return ["kubeconfig: the stack has no `cluster`, so its MPIJobs go to an existing cluster; set its "
+                    "credentials with `pulumi config set --secret kubeconfig \"$(cat ~/.kube/config)\"` and/or "
+                    "kubernetes.context"]
+        return []
+    problems = []
+    if m.kubeconfig is not None:
+        problems.append("kubeconfig: unused, the stack deploys to its own GKE cluster (`cluster` is set); "
+                        "remove kubeconfig, or remove `cluster` to deploy to an existing cluster")
+    if m.kubernetes.context:
+        problems.append("kubernetes.context: unused, the stack deploys to its own GKE cluster (`cluster` is set); "
+                        "remove kubernetes.context, or remove `cluster` to deploy to an existing cluster")
+    return problems
+
+
+def _gaudi_placement(m: StackConfig, name: str, w: WorkloadConfig) -> list[str]:
+    problems = []
+    if w.pool is not None:
+        problems.append(f"{_path('workloads', name, 'pool')}: a Gaudi MPIJob runs on habana.ai/gaudi nodes of an "
+                        "existing cluster, not on a GKE pool; remove pool")
+    if m.cluster is not None:
+        problems.append(f"{_path('workloads', name, 'accelerator', 'kind')}: gaudi needs an existing Gaudi cluster "
+                        "(GKE has no Gaudi nodes); remove `cluster` and set kubeconfig or kubernetes.context")
+    return problems
+
+
+def _nvidia_placement(m: StackConfig, name: str, w: WorkloadConfig) -> list[str]:
+    problems, pools = [], [p.name for p in m.node_pools]
+    if m.cluster is None:
+        problems.append(f"{_path('workloads', name, 'accelerator', 'kind')}: an nvidia MPIJob runs on a GPU pool of "
+                        "this stack's GKE cluster; set `cluster` and `nodePools`, or use accelerator.kind gaudi")
+    pool = m.pool(w.pool) if w.pool is not None else None
+    if w.pool is None:
+        problems.append(f"{_path('workloads', name, 'pool')}: required for an nvidia MPIJob; name a nodePools entry "
+                        f"({', '.join(pools) or 'none defined'})")
+    elif pool is None:
+        problems.append(f"{_path('workloads', name, 'pool')}: no nodePools entry is named {w.pool!r} "
+                        f"(known: {', '.join(pools) or 'none'})")
+    elif w.accelerator.count is not None and w.accelerator.count > pool.gpu.count:
+        problems.append(f"{_path('workloads', name, 'accelerator', 'count')}: {w.accelerator.count} GPUs per worker, "
+                        f"but nodes of pool {pool.name} have {pool.gpu.count}")
+    elif w.workers > pool.max_nodes:
+        # One worker per node (each takes the node's GPUs); the launcher needs no GPU node.
+        problems.append(f"{_path('workloads', name, 'workers')}: {w.workers} workers need {w.workers} nodes of pool "
+                        f"{pool.name}, but {_path('nodePools', m.node_pools.index(pool), 'maxNodes')} is "
+                        f"{pool.max_nodes}; raise maxNodes or lower workers")
+    return problems
+
+
+def check_mpijob_placement(m: StackConfig) -> list[str]:
+    """nvidia: an existing pool of the stack's cluster; gaudi: an existing cluster and no pool."""
+    problems = []
+    for name, w in _mpijobs(m):
+        gaudi = w.accelerator.kind == "gaudi"
+        problems += _gaudi_placement(m, name, w) if gaudi else _nvidia_placement(m, name, w)
+    return problems
+
+
+def check_mpijob_names(m: StackConfig) -> list[str]:
+    """The operator names pods (and their host names) `<job>-worker-<i>`: the last must be a DNS-1035 label."""
+    problems = []
+    for name, w in _mpijobs(m):
+        host = mpijob.worker_pod_name(name, w.workers)
+        if not mpijob.DNS1035_LABEL.match(host) or len(host) > mpijob.DNS_LABEL_MAX:
+            problems.append(f"{_path('workloads', name)}: the MPI operator would name the last worker {host!r}, "
+                            f"which is not a DNS-1035 label (start with a letter; lowercase letters, digits, "
+                            f"hyphens; at most {mpijob.DNS_LABEL_MAX} characters); shorten or rename the workload")
+    return problems
+
+
+def check_mpijob_namespace(m: StackConfig) -> list[str]:
+    """An MPIJob workload creates its namespace and its claim, so two of them cannot share a namespace."""
+    problems = []
+    for name, w in _mpijobs(m):
+        key = _path("workloads", name, "namespace")
+        if not DNS1123_LABEL.match(w.namespace) or len(w.namespace) > DNS1123_MAX:
+            problems.append(f"{key}: {w.namespace!r} is not a valid namespace (a DNS-1123 label)")
+        others = sorted(o for o, ow in _mpijobs(m) if o < name and ow.namespace == w.namespace)
+        if others:
+            problems.append(f"{key}: {w.namespace!r} is also the namespace of {', '.join(others)}; each MPIJob "
+                            "workload creates its own namespace and claim, so give it one of its own")
+    return problems
+
+
+def check_mpijob_storage(m: StackConfig) -> list[str]:
+    """The shared claim: mountable by launcher and workers at once, a valid name, HF_HOME on it."""
+    problems = []
+    for name, w in _mpijobs(m):
+        s = w.storage
+        if s.access_mode == "ReadWriteOnce":
+            problems.append(f"{_path('workloads', name, 'storage', 'accessMode')}: ReadWriteOnce cannot be mounted by "
+                            f"the launcher and {w.workers} worker(s) on different nodes at once; use ReadWriteMany "
+                            "with an RWX storage class (nfs-client, Filestore)")
+        for key, value in (("claimName", s.claim_name), ("storageClass", s.storage_class)):
+            if not DNS1123_SUBDOMAIN.match(value) or len(value) > DNS1123_SUBDOMAIN_MAX:
+                problems.append(f"{_path('workloads', name, 'storage', key)}: {value!r} is not a valid Kubernetes name "
+                                "(a DNS-1123 subdomain: lowercase letters, digits, '-' and '.')")
+        mount = s.mount_path.rstrip("/") or "/"
+        if not s.mount_path.startswith("/"):
+            problems.append(f"{_path('workloads', name, 'storage', 'mountPath')}: {s.mount_path!r} must be absolute")
+        elif w.hf_home != mount and not w.hf_home.startswith(mount.rstrip("/") + "/"):
+            problems.append(f"{_path('workloads', name, 'hfHome')}: {w.hf_home} is not on the claim mounted at "
+                            f"{s.mount_path}; every pod would download the model again")
+    return problems
+
+
+def check_mpijob_launch_script(m: StackConfig) -> list[str]:
+    """An nvidia MPIJob ships `launch.script` from workloads/scripts in its ConfigMap."""
+    problems = []
+    for name, w in _mpijobs(m):
+        if w.accelerator.kind != "nvidia" or w.launch.command:
+            continue
+        script = w.launch.script
+        if "/" in script or not (mpijob.SCRIPTS_DIR / script).is_file():
+            known = sorted(p.name for p in mpijob.SCRIPTS_DIR.glob("*.py"))
+            problems.append(f"{_path('workloads', name, 'launch', 'script')}: no file {script!r} in workloads/scripts "
+                            f"(there: {', '.join(known) or 'nothing'}); add it there or set launch.command")
+    return problems
+
+
+def check_training_args(m: StackConfig) -> list[str]:
+    """Flags the stack sets from other keys may not be repeated: a second batch size or precision would
+    disagree with ds_config.json, and the HF Trainer refuses to start on such a mismatch."""
+    problems = []
+    for name, w in _mpijobs(m):
+        if w.accelerator.kind != "gaudi" or w.launch.command:
+            continue
+        for i, arg in enumerate(w.training.args):
+            source = mpijob.reserved_flag(arg)
+            if source:
+                problems.append(f"{_path('workloads', name, 'training', 'args', i)}: {arg.split('=', 1)[0]} is set "
+                                f"by the stack from {_path('workloads', name, *source)}; change it there instead")
+    return problems
+
+
+def check_nfs_provisioner(m: StackConfig) -> list[str]:
+    nfs, problems = m.nfs_provisioner, []
+    if nfs.install and not nfs.server:
+        problems.append("nfsProvisioner.server: required when nfsProvisioner.install is true "
+                        "(the NFS server's address, e.g. 10.0.0.5 or nfs.example.internal)")
+    if not DNS1123_SUBDOMAIN.match(nfs.storage_class) or len(nfs.storage_class) > DNS1123_SUBDOMAIN_MAX:
+        problems.append(f"nfsProvisioner.storageClass: {nfs.storage_class!r} is not a valid StorageClass name "
+                        "(a DNS-1123 subdomain)")
+    if not nfs.path.startswith("/"):
+        problems.append(f"nfsProvisioner.path: {nfs.path!r} must be an absolute path on the NFS server")
+    return problems
+
+
+CHECKS: list[Check] = [
+    check_workload_names,
+    check_helm_namespace,
+    check_helm_target,
+    check_helm_accelerator,
+    check_helm_pool_capacity,
+    check_launch_script,
+    check_batch_size,
+    check_zero_offload,
+    check_bf16_support,
+    check_kubernetes_target,
+    check_mpijob_placement,
+    check_mpijob_names,
+    check_mpijob_namespace,
+    check_mpijob_storage,
+    check_mpijob_launch_script,
+    check_training_args,
+    check_nfs_provisioner,
+]

@@ -1,0 +1,242 @@
+"""DeepSpeedRelease: the Bitnami DeepSpeed Helm chart (a client + SSH workers) on one GKE GPU pool.
+
+The component creates the workload's Namespace, a ConfigMap with the launch script and the generated
+`ds_config.json` (the chart mounts it at /app on the client and on every worker), a Secret with the
+Hugging Face token when the stack has one, and the Helm release. Values are built from the typed
+config; the image is the stack's own, pinned by digest, never the chart's default (Bitnami moved its
+images to docker.io/bitnamilegacy in August 2025).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from model.types import WorkloadConfig
+from workloads import gcs_fuse
+from workloads.ds_config import build_ds_config
+from workloads.placement import Placement
+
+SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
+CHART = "deepspeed"
+# The chart mounts the source ConfigMap at /app (client and workers) and its generated hostfile
+# (`<worker>-N.<worker>-headless slots=<slotsPerNode>`) as /job/hostfile on the client.
+SOURCE_DIR = "/app"
+HOSTFILE = "/job/hostfile"
+DS_CONFIG_FILE = "ds_config.json"
+SHM_VOLUME = "dshm"
+TOKEN_VOLUME = "hf-token"
+TOKEN_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# Ranks that DeepSpeed starts over SSH (pdsh) do not see the container's env. The token is therefore also a
+# read-only file from the Secret, and `.deepspeed_env` in /app (DeepSpeed's runner exports its lines to every
+# rank) names it in HF_TOKEN_PATH, so only the path, never the token, is on a command line or in a log.
+# Not under $HF_HOME: a mount point there would leave root-owned directories in the writable cache.
+HF_TOKEN_DIR = "/etc/huggingface"
+DEEPSPEED_ENV_FILE = ".deepspeed_env"
+# GPU nodes scale from zero: node creation, driver install and a multi-GB image pull take minutes, so
+# the release waits up to 30 minutes for the client and workers to be ready before it counts as failed.
+RELEASE_TIMEOUT_SECONDS = 1800
+MAX_HISTORY = 5
+
+
+@dataclass(frozen=True)
+class DeepSpeedReleaseArgs:
+    workload: WorkloadConfig
+    placement: Placement
+    image_ref: pulumi.Input[str]  # HOST/PROJECT/REPO/NAME@sha256:... (the stack's image output)
+    hf_token: pulumi.Output[str] | None = None
+    bucket: gcs_fuse.BucketAccess | None = None  # the stack's bucket, mounted when gcsFuse.enabled
+
+
+def image_values(ref: str) -> dict[str, str]:
+    """`HOST/PATH/NAME@sha256:...` (or `:TAG`) -> the chart's image registry, repository and digest (or tag)."""
+    name, _, digest = ref.partition("@")
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        registry, repository = first, rest
+    else:  # no registry host: Docker Hub, as docker pull reads it
+        registry, repository = "docker.io", name
+    if digest:
+        return {"registry": registry, "repository": repository, "digest": digest}
+    repository, _, tag = repository.partition(":")
+    return {"registry": registry, "repository": repository, "tag": tag or "latest"}
+
+
+def launch_command(w: WorkloadConfig) -> str:
+    """What the client runs once the workers answer on SSH; launch.command replaces it."""
+    if w.launch.command:
+        return w.launch.command
+    parts = ["deepspeed", "--hostfile", HOSTFILE, w.launch.script, "--deepspeed_config", DS_CONFIG_FILE,
+             *w.launch.args]
+    return f"cd {SOURCE_DIR} && " + " ".join(shlex.quote(p) for p in parts)
+
+
+def source_files(w: WorkloadConfig, per_worker: int, with_token: bool = False) -> dict[str, str]:
+    """The source ConfigMap's files: the launch script (when it exists), the generated ds_config.json and,
+    with a token, the `.deepspeed_env` that points every rank at the token file."""
+    files = {DS_CONFIG_FILE: json.dumps(build_ds_config(w.deepspeed, w.workers, per_worker), indent=2) + "\n"}
+    if with_token:
+        files[DEEPSPEED_ENV_FILE] = f"HF_TOKEN_PATH={HF_TOKEN_DIR}/token\n"
+    script = SCRIPTS_DIR / w.launch.script
+    if script.is_file():  # a config check requires it unless launch.command is set
+        files[w.launch.script] = script.read_text(encoding="utf-8")
+    return files
+
+
+def _pod_values(w: WorkloadConfig, where: Placement, token_secret: str | None,
+                gcs: gcs_fuse.GcsMount | None = None) -> dict[str, Any]:
+    """What client and workers share: GPU resources, placement, /dev/shm, the token and the bucket."""
+    limits = where.limits()
+    volumes: list[dict[str, Any]] = [
+        # NCCL and PyTorch data loaders need far more shared memory than the container runtime's 64 MiB.
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": w.resources.shm_size}},
+    ]
+    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    pod: dict[str, Any] = {
+        "resources": {"requests": dict(limits), "limits": dict(limits)},
+        "nodeSelector": dict(where.node_selector),
+        "tolerations": [dict(t) for t in where.tolerations],
+    }
+    if token_secret:
+        volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": token_secret, "defaultMode": 0o440,
+                                                         "items": [{"key": TOKEN_KEYS[0], "path": "token"}]}})
+        mounts.append({"name": TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True})
+        pod["extraEnvVarsSecret"] = token_secret
+    if gcs:
+        volumes.append(gcs_fuse.volume(gcs))
+        mounts.append(gcs_fuse.volume_mount(gcs))
+        pod["podAnnotations"] = dict(gcs_fuse.POD_ANNOTATIONS)
+        # The component creates the Workload Identity account; the chart must use it, not make its own.
+        pod["serviceAccount"] = {"create": False, "name": gcs.service_account}
+    pod["extraVolumes"] = volumes
+    pod["extraVolumeMounts"] = mounts
+    return pod
+
+
+def chart_values(w: WorkloadConfig, where: Placement, image: dict[str, str], source_config_map: str,
+                 token_secret: str | None = None, gcs: gcs_fuse.GcsMount | None = None) -> dict[str, Any]:
+    """The chart's values for this workload (validated in tests against the chart's values.yaml and schema)."""
+    return {
+        # Our own image is not one Bitnami signed; without this the chart refuses to render.
+        "global": {"security": {"allowInsecureImages": True}},
+        "image": {**image, "pullPolicy": "IfNotPresent"},
+        # configmap (never git): the git-clone init container would pull docker.io/bitnami/git.
+        "source": {"type": "configmap", "existingConfigMap": source_config_map, "launchCommand": launch_command(w)},
+        # The os-shell init container (docker.io/bitnami/os-shell) stays off; no PVC needs chown.
+        "volumePermissions": {"enabled": False},
+        # A Deployment, not a Job: the chart's Job template sets no restartPolicy, which the API rejects.
+        "client": {"enabled": True, "useJob": False, **_pod_values(w, where, token_secret, gcs)},
+        "worker": {"enabled": True, "replicaCount": w.workers, "slotsPerNode": where.per_worker,
+                   **_pod_values(w, where, token_secret, gcs)},
+    }
+
+
+def _depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
+    """The component's own depends_on (its GPU pool): Pulumi does not pass it on to children."""
+    deps = opts.depends_on if opts else None
+    if deps is None:
+        return []
+    return [d for d in (deps if isinstance(deps, list) else [deps]) if isinstance(d, pulumi.Resource)]
+
+
+def _mount(w: WorkloadConfig, access: gcs_fuse.BucketAccess | None, bucket: str | None) -> gcs_fuse.GcsMount | None:
+    if access is None or bucket is None:
+        return None
+    return gcs_fuse.GcsMount(bucket=bucket, mount_path=w.gcs_fuse.mount_path,
+                             service_account=access.kubernetes_service_account)
+
+
+def _status(status: Any) -> str:
+    """Helm's release status (deployed, failed, ...); "pending" until the provider reports one."""
+    value = status.get("status") if isinstance(status, dict) else getattr(status, "status", None)
+    return value or "pending"
+
+
+class DeepSpeedRelease(pulumi.ComponentResource):
+    """Pass the cluster's Kubernetes provider and `depends_on=[<the pool's GpuNodePool>]` in `opts`."""
+
+    namespace: k8s.core.v1.Namespace
+    source: k8s.core.v1.ConfigMap
+    token: k8s.core.v1.Secret | None
+    service_account: k8s.core.v1.ServiceAccount | None
+    release: k8s.helm.v3.Release
+    release_name: pulumi.Output[str]
+    namespace_name: pulumi.Output[str]
+    status: pulumi.Output[str]
+    summary: pulumi.Output[dict[str, Any]]
+
+    def __init__(self, name: str, args: DeepSpeedReleaseArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:workloads:DeepSpeedRelease", name, None, opts)
+        w, where = args.workload, args.placement
+        labels = {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/workload": w.name}
+        child = pulumi.ResourceOptions(parent=self)
+        self.namespace = k8s.core.v1.Namespace(
+            f"{name}-ns", metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels=labels), opts=child)
+        ns = self.namespace.metadata.name
+        self.source = k8s.core.v1.ConfigMap(
+            f"{name}-source",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{w.name}-source", namespace=ns, labels=labels),
+            data=source_files(w, where.per_worker, with_token=args.hf_token is not None),
+            opts=child,
+        )
+        self.token = self._token_secret(name, w, ns, labels, args.hf_token)
+        image = pulumi.Output.from_input(w.image or args.image_ref)  # workloads.<name>.image overrides
+        access = args.bucket if w.gcs_fuse.enabled else None
+        self.service_account = gcs_fuse.service_account(f"{name}-ksa", ns, access, child) if access else None
+        values = pulumi.Output.all(
+            image, self.source.metadata.name, self.token.metadata.name if self.token else None,
+            access.bucket if access else None,
+        ).apply(lambda v: chart_values(w, where, image_values(v[0]), v[1], v[2], _mount(w, access, v[3])))
+        self.release = k8s.helm.v3.Release(
+            f"{name}-release",
+            k8s.helm.v3.ReleaseArgs(
+                name=w.name,
+                chart=f"{w.chart.repository.rstrip('/')}/{CHART}",  # oci://...: no repositoryOpts for OCI
+                version=w.chart.version,
+                namespace=ns,
+                values=values,
+                # atomic: a release that does not become ready in time is rolled back (uninstalled on the
+                # first install) instead of leaving GPU nodes running half a deployment.
+                atomic=True,
+                cleanup_on_fail=True,
+                timeout=RELEASE_TIMEOUT_SECONDS,
+                # No Jobs (client.useJob is false); awaiting readiness is what makes `status` meaningful.
+                wait_for_jobs=False,
+                skip_await=False,
+                max_history=MAX_HISTORY,
+            ),
+            # Only the release needs GPU nodes: it alone waits for the pool the component depends on.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                *_depends_on(opts), self.source,
+                *(r for r in (self.token, self.service_account) if r is not None)]),
+        )
+        self.release_name = self.release.name
+        self.namespace_name = ns
+        self.status = self.release.status.apply(_status)
+        self.summary = pulumi.Output.from_input({
+            "kind": "helm", "release": self.release_name, "namespace": self.namespace_name, "status": self.status,
+            "chart": f"{CHART} {w.chart.version}", "pool": w.pool, "workers": w.workers,
+            "gpusPerWorker": where.per_worker,
+        })
+        self.register_outputs({"releaseName": self.release_name, "namespace": self.namespace_name,
+                               "status": self.status})
+
+    def _token_secret(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str], labels: dict[str, str],
+                      token: pulumi.Output[str] | None) -> k8s.core.v1.Secret | None:
+        """The HF token as a Secret for the pods' env; it stays a Pulumi secret. None without a token."""
+        if token is None:
+            return None
+        secret_token = pulumi.Output.secret(token)
+        return k8s.core.v1.Secret(
+            f"{name}-hf-token",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{w.name}-hf-token", namespace=ns, labels=labels),
+            type="Opaque",
+            string_data={key: secret_token for key in TOKEN_KEYS},
+            opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["data", "stringData"]),
+        )

@@ -1,0 +1,60 @@
+"""Mount the stack's bucket in GKE pods with the GCS FUSE CSI driver, as a Workload Identity account.
+
+The pod runs as a Kubernetes service account annotated with the bucket's Google service account
+(components/storage.py binds the two), carries the `gke-gcsfuse/volumes` annotation that makes GKE
+inject the FUSE sidecar, and mounts an ephemeral CSI volume of the bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+DRIVER = "gcsfuse.csi.storage.gke.io"
+VOLUME = "gcs"
+POD_ANNOTATIONS = {"gke-gcsfuse/volumes": "true"}
+WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
+# implicit-dirs: folders that exist only as object prefixes (how gsutil/gcloud upload) are visible.
+MOUNT_OPTIONS = "implicit-dirs"
+
+
+@dataclass(frozen=True)
+class BucketAccess:
+    """What a workload component needs to mount the bucket (Pulumi values)."""
+
+    bucket: pulumi.Input[str]
+    google_service_account: pulumi.Input[str]
+    kubernetes_service_account: str
+
+
+@dataclass(frozen=True)
+class GcsMount:
+    """The resolved values the pod spec is rendered from."""
+
+    bucket: str
+    mount_path: str
+    service_account: str
+
+
+def volume(m: GcsMount) -> dict[str, Any]:
+    return {"name": VOLUME, "csi": {"driver": DRIVER, "volumeAttributes": {
+        "bucketName": m.bucket, "mountOptions": MOUNT_OPTIONS}}}
+
+
+def volume_mount(m: GcsMount) -> dict[str, Any]:
+    return {"name": VOLUME, "mountPath": m.mount_path}
+
+
+def service_account(name: str, namespace: pulumi.Input[str], access: BucketAccess,
+                    opts: pulumi.ResourceOptions) -> k8s.core.v1.ServiceAccount:
+    """The Kubernetes service account the workload's pods run as, mapped to the bucket's Google account."""
+    return k8s.core.v1.ServiceAccount(
+        name,
+        metadata=k8s.meta.v1.ObjectMetaArgs(
+            name=access.kubernetes_service_account, namespace=namespace,
+            annotations={WORKLOAD_IDENTITY_ANNOTATION: access.google_service_account}),
+        opts=opts,
+    )

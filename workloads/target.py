@@ -1,0 +1,44 @@
+"""ExistingCluster: the Kubernetes provider for a cluster the stack does not create (Gaudi/Omnia, or any).
+
+Credentials come from the secret config value `kubeconfig` (a Pulumi secret end to end) and/or the
+context named in `kubernetes.context`; with neither kubeconfig nor context the provider would fall
+back to whatever `KUBECONFIG` points at on the deploying machine, so a config check requires one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from model.types import StackConfig
+
+
+@dataclass(frozen=True)
+class ExistingClusterArgs:
+    kubeconfig: pulumi.Input[str] | None = None
+    context: str | None = None
+
+
+def needs_kubernetes(cfg: StackConfig) -> bool:
+    """Whether the stack deploys anything that may go to an existing cluster: MPIJob workloads, the MPI
+    operator, the NFS provisioner (helm workloads run on the stack's own GKE cluster only)."""
+    return (any(w.kind == "mpijob" for w in cfg.workloads.values())
+            or cfg.mpi_operator.install or cfg.nfs_provisioner.install)
+
+
+class ExistingCluster(pulumi.ComponentResource):
+    provider: k8s.Provider
+
+    def __init__(self, name: str, args: ExistingClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:k8s:ExistingCluster", name, None, opts)
+        kubeconfig = pulumi.Output.secret(args.kubeconfig) if args.kubeconfig is not None else None
+        self.provider = k8s.Provider(
+            f"{name}-k8s",
+            kubeconfig=kubeconfig,
+            context=args.context,
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({"context": args.context})

@@ -1,0 +1,131 @@
+"""TrainingJob: one `mpijob` workload: Namespace, shared claim, HF token Secret, ds_config ConfigMap, MPIJob.
+
+Give the component `depends_on` the MPI operator (its CRD) and the GKE pool the workers run on: children
+register only once their parent has, so everything inside waits for them, and is deleted before them.
+
+Core objects use pulumi_kubernetes' typed Args; the MPIJob is a CustomResource whose spec comes from
+`workloads.mpijob.render_spec` (a plain dict, validated in tests against the operator's CRD).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from model.types import WorkloadConfig
+from workloads import gcs_fuse, mpijob
+from workloads.placement import Placement
+
+
+@dataclass(frozen=True)
+class TrainingJobArgs:
+    config: WorkloadConfig
+    placement: Placement
+    # The stack's built image (nvidia); Gaudi jobs use Habana's image unless `image` overrides.
+    stack_image: pulumi.Input[str] | None = None
+    hf_token: pulumi.Output[str] | None = None
+    # What the claim waits for: the NFS provisioner (its storage class) when the stack installs it.
+    claim_depends_on: list[pulumi.Resource] = field(default_factory=list)
+    bucket: gcs_fuse.BucketAccess | None = None  # the stack's bucket, mounted when gcsFuse.enabled
+
+
+def labels(w: WorkloadConfig) -> dict[str, str]:
+    """The same labels the Helm workloads carry, so `kubectl get -l deepspeed-stack/workload=NAME` finds both."""
+    return {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/workload": w.name}
+
+
+class TrainingJob(pulumi.ComponentResource):
+    namespace: k8s.core.v1.Namespace
+    claim: k8s.core.v1.PersistentVolumeClaim
+    hf_token: k8s.core.v1.Secret | None
+    service_account: k8s.core.v1.ServiceAccount | None
+    config_map: k8s.core.v1.ConfigMap
+    job: k8s.apiextensions.CustomResource
+    summary: pulumi.Output[dict[str, Any]]
+
+    def __init__(self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:workloads:TrainingJob", name, None, opts)
+        w, where = args.config, args.placement
+        self.namespace = k8s.core.v1.Namespace(
+            f"{name}-namespace",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels=labels(w)),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        ns = self.namespace.metadata.name
+        self.claim = self._claim(name, w, ns, args.claim_depends_on)
+        self.hf_token = self._token(name, w, ns, args.hf_token) if args.hf_token is not None else None
+        self.config_map = k8s.core.v1.ConfigMap(
+            f"{name}-config",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=mpijob.config_map_name(w.name), namespace=ns, labels=labels(w)),
+            data=mpijob.config_map_data(w, where, has_token=args.hf_token is not None),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        access = args.bucket if w.gcs_fuse.enabled else None
+        self.service_account = gcs_fuse.service_account(
+            f"{name}-ksa", ns, access, pulumi.ResourceOptions(parent=self)) if access else None
+        self.job = self._job(name, args, ns)
+        self.summary = pulumi.Output.from_input({
+            "kind": "mpijob", "job": w.name, "namespace": ns, "claim": w.storage.claim_name,
+            "accelerator": where.resource, "acceleratorsPerWorker": where.per_worker, "workers": w.workers,
+            "pool": w.pool,
+        })
+        self.register_outputs({"namespace": ns, "claim": self.claim.metadata.name, "job": w.name})
+
+    def _claim(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str],
+               depends_on: list[pulumi.Resource]) -> k8s.core.v1.PersistentVolumeClaim:
+        s = w.storage
+        return k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-claim",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=s.claim_name, namespace=ns, labels=labels(w)),
+            spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
+                # ReadWriteMany: the launcher and the workers run on different nodes and mount it at once.
+                access_modes=[s.access_mode],
+                storage_class_name=s.storage_class,
+                resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": s.size}),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on or None),
+        )
+
+    def _token(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str],
+               token: pulumi.Output[str]) -> k8s.core.v1.Secret:
+        return k8s.core.v1.Secret(
+            f"{name}-hf-token",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=mpijob.token_secret_name(w.name), namespace=ns, labels=labels(w)),
+            type="Opaque",
+            string_data={mpijob.HF_TOKEN_KEY: pulumi.Output.secret(token)},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _job(self, name: str, args: TrainingJobArgs, ns: pulumi.Output[str]) -> k8s.apiextensions.CustomResource:
+        w, where = args.config, args.placement
+        secret_name = self.hf_token.metadata.name if self.hf_token is not None else None
+        image = pulumi.Output.from_input(args.stack_image) if args.stack_image is not None else None
+
+        access = args.bucket if w.gcs_fuse.enabled else None
+
+        def spec(values: list) -> dict:
+            stack_image, secret, bucket = values
+            gcs = gcs_fuse.GcsMount(bucket, w.gcs_fuse.mount_path, access.kubernetes_service_account) \
+                if access else None
+            return mpijob.render_spec(mpijob.MpiJobInputs(
+                workload=w, placement=where, image=mpijob.launcher_image(w, stack_image),
+                config_map=mpijob.config_map_name(w.name), hf_token_secret=secret, gcs=gcs))
+
+        return k8s.apiextensions.CustomResource(
+            f"{name}-mpijob",
+            api_version=mpijob.API_VERSION,
+            kind=mpijob.KIND,
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
+            # The ConfigMap and the claim are referenced by name inside the spec: depend on them explicitly.
+            spec=pulumi.Output.all(image, secret_name, access.bucket if access else None).apply(spec),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[self.config_map, self.claim, *([self.service_account] if self.service_account else [])],
+                # The operator runs a job once; a changed spec must start a new run, under the same name.
+                replace_on_changes=["spec"],
+                delete_before_replace=True,
+            ),
+        )
