@@ -6,10 +6,10 @@ Config validation, the planner and the docs all read this one file, so a fact is
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from model.yamlio import load_yaml
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "data" / "gpu_catalog.yaml"
 
@@ -48,12 +48,38 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class Machine:
+    """A machine type without GPUs (e.g. the system pool's e2-standard-4), priced per machine-hour."""
+
+    machine_type: str
+    vcpus: int
+    memory_gb: float
+    price: Price
+
+
+@dataclass(frozen=True)
 class Catalog:
     source: str
     date: str
     regions: dict[str, tuple[str, ...]]
     gpus: dict[str, Gpu]
     gaudi: dict[str, dict]
+    general_machines: dict[str, Machine] = field(default_factory=dict)
+    gke_cluster_fee_per_hour: float = 0.0
+    currency: str = "USD"
+
+    def gpu_hour(self, gpu_type: str, spot: bool = False) -> float:
+        """Estimated price of one GPU-hour (attached GPUs: the GPU alone; bundled: the cheapest shape per GPU)."""
+        return self.gpus[gpu_type].price_per_gpu.for_spot(spot)
+
+    def machine_hour(self, machine_type: str, spot: bool = False, gpu_type: str | None = None,
+                     count: int = 1) -> float | None:
+        """Estimated price of one machine-hour, GPUs included when `gpu_type` is given; None when unknown."""
+        if gpu_type is not None:
+            shape = self.shape(gpu_type, machine_type, count)
+            return shape.price.for_spot(spot) if shape else None
+        machine = self.general_machines.get(machine_type)
+        return machine.price.for_spot(spot) if machine else None
 
     def shape(self, gpu_type: str, machine_type: str, count: int) -> Shape | None:
         """The shape for this GPU type, machine type and count, or None where GCE does not offer it."""
@@ -130,10 +156,13 @@ def parse(raw: dict) -> Catalog:
         regions={r: tuple(z) for r, z in raw["regions"].items()},
         gpus=gpus,
         gaudi=dict(raw.get("gaudi", {})),
+        general_machines={mt: Machine(mt, m["vcpus"], float(m["memoryGb"]), _price(m["price"]))
+                          for mt, m in raw.get("generalMachines", {}).items()},
+        gke_cluster_fee_per_hour=float(raw.get("gkeClusterFeePerHour", 0.0)),
+        currency=str(raw.get("currency", "USD")),
     )
 
 
 @functools.cache
 def load(path: Path = CATALOG_PATH) -> Catalog:
-    with open(path, encoding="utf-8") as fh:
-        return parse(yaml.safe_load(fh))
+    return parse(load_yaml(path))

@@ -1,7 +1,232 @@
-"""Pre-deploy checks for the planner (model memory vs accelerator memory): one named function per rule."""
+"""Pre-deploy checks for the planner (model memory vs accelerator memory): one named function per rule.
+
+A workload with a `model` block is sized (planner/sizing.py) on the accelerators it gets (workloads/placement.py):
+needing more than an accelerator holds is a config error that says what would fit; fitting with less than
+HEADROOM to spare is a warning (`warnings()`, logged by __main__.py), not an error.
+"""
 
 from __future__ import annotations
 
-from model.checks import Check
+from dataclasses import dataclass
 
-CHECKS: list[Check] = []
+from model import catalog as gpu_catalog
+from model.checks import Check, _path
+from model.types import StackConfig, WorkloadConfig
+from planner.recommend import cheapest, recommend, short_name
+from planner.sizing import (
+    HEADROOM,
+    INFERENCE,
+    TRAINING_PRECISIONS,
+    Estimate,
+    Request,
+    Strategy,
+    UnknownModelError,
+    estimate,
+    resolve,
+)
+from workloads.placement import Placement, placement
+
+# The suggestions search up to this many workers of the workload's own accelerator.
+MAX_WORKERS = 128
+SUGGESTIONS = 3
+
+
+@dataclass(frozen=True)
+class Sized:
+    """A workload's model sized on the accelerators it is placed on."""
+
+    name: str
+    workload: WorkloadConfig
+    request: Request
+    strategy: Strategy
+    where: Placement
+    estimate: Estimate
+    machine_memory_gb: float | None  # the pool's machine (nvidia), None where unknown (Gaudi nodes)
+
+    @property
+    def memory_gb(self) -> float:
+        return self.where.memory_gb_per_accelerator
+
+    @property
+    def accelerator_name(self) -> str:
+        cat = gpu_catalog.load()
+        if self.where.accelerator_kind == "gaudi":
+            return short_name(cat.gaudi.get(self.where.accelerator_type, {}).get("displayName", "Gaudi"))
+        gpu = cat.gpus.get(self.where.accelerator_type)
+        return short_name(gpu.display_name) if gpu else self.where.accelerator_type
+
+    @property
+    def unit(self) -> str:
+        return "HPU" if self.where.accelerator_kind == "gaudi" else "GPU"
+
+
+def _model_key(name: str, *rest: str) -> str:
+    return _path("workloads", name, "model", *rest)
+
+
+def workload_request(w: WorkloadConfig) -> Request | None:
+    """The workload's `model` block as a sizing request; None when there is none or it cannot be sized (the
+    checks below report why)."""
+    mb = w.model
+    if mb is None:
+        return None
+    try:
+        model = resolve(mb.name, mb.parameters)
+    except UnknownModelError:
+        return None
+    if mb.mode == "training" and mb.precision not in TRAINING_PRECISIONS:
+        return None
+    # Training: DeepSpeed runs microBatchPerGpu sequences per GPU; size for the larger of the two settings.
+    batch = max(mb.batch_size, w.deepspeed.micro_batch_per_gpu) if mb.mode == "training" else mb.batch_size
+    return Request(model, mb.precision, mb.mode, mb.sequence_length, batch,
+                   reduce_bucket=w.deepspeed.reduce_bucket_size, allgather_bucket=w.deepspeed.allgather_bucket_size)
+
+
+def workload_strategy(w: WorkloadConfig) -> Strategy:
+    if w.model is None or w.model.mode == "inference":
+        return INFERENCE
+    ds = w.deepspeed
+    return Strategy.from_deepspeed(ds.zero_stage, ds.offload_optimizer, ds.offload_params)
+
+
+def size_workload(m: StackConfig, name: str, w: WorkloadConfig) -> Sized | None:
+    request = workload_request(w)
+    where = placement(m, w) if request is not None else None
+    if request is None or where is None or where.memory_gb_per_accelerator <= 0:
+        return None  # no model, or no accelerator to compare with (other checks name the cause)
+    strategy = workload_strategy(w)
+    machine_gb = None
+    if where.pool is not None:
+        shape = gpu_catalog.load().shape(where.pool.gpu.type, where.pool.machine_type, where.pool.gpu.count)
+        machine_gb = shape.memory_gb if shape else None
+    est = estimate(request, strategy, where.per_worker, w.workers)
+    return Sized(name, w, request, strategy, where, est, machine_gb)
+
+
+def sized_workloads(m: StackConfig) -> list[Sized]:
+    return [s for name, w in m.workloads.items() if (s := size_workload(m, name, w)) is not None]
+
+
+def _fits(est: Estimate, memory_gb: float, machine_memory_gb: float | None) -> bool:
+    cpu_ok = machine_memory_gb is None or est.cpu_gb_per_node <= machine_memory_gb
+    return est.fits(memory_gb, HEADROOM) and cpu_ok
+
+
+def alternatives(s: Sized) -> list[tuple[Strategy, Estimate]]:
+    """On the workload's own accelerator: for each strategy, the fewest workers that fit; fewest GPUs first."""
+    found = []
+    for order, strategy in enumerate(s.request.strategies()):
+        for workers in range(1, MAX_WORKERS + 1):
+            est = estimate(s.request, strategy, s.where.per_worker, workers)
+            if _fits(est, s.memory_gb, s.machine_memory_gb):
+                found.append((est.gpus, order, strategy, est))
+                break
+    found.sort(key=lambda f: (f[0], f[1]))
+    return [(strategy, est) for _, _, strategy, est in found[:SUGGESTIONS]]
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'s' if count != 1 else ''}"
+
+
+def _describe(s: Sized, strategy: Strategy, est: Estimate) -> str:
+    workers = f"{_plural(est.nodes, 'worker')} x {est.gpus_per_node}"
+    return f"{strategy.label} on {est.gpus} x {s.accelerator_name} ({workers}; {est.per_gpu_gb:.1f} GB each)"
+
+
+def _what(s: Sized) -> str:
+    model, r = s.request.model, s.request
+    shape = "" if model.shape_known else ", shape unknown: Llama-like fallback"
+    at = f" at {s.strategy.label}" if s.strategy.training else ""
+    return f"{model.name} ({model.billions:.2f}B parameters{shape}) {r.precision} {r.mode}{at}"
+
+
+def _suggestions(m: StackConfig, s: Sized) -> str:
+    alts = [_describe(s, strategy, est) for strategy, est in alternatives(s)]
+    r = s.request
+    text = (f"Fits with {HEADROOM:.0%} headroom: " + "; ".join(alts)) if alts else (
+        f"Nothing up to {MAX_WORKERS} workers of {s.where.per_worker} x {s.accelerator_name} holds it at sequence "
+        f"{r.sequence_length} x batch {r.batch_size}; shorten the sequence or the "
+        + ("micro batch" if r.mode == "training" else "batch, or quantise the weights"))
+    if s.where.accelerator_kind == "nvidia" and m.region in gpu_catalog.load().regions:
+        best = cheapest(recommend(s.request, m.region, top=1))
+        if best is not None:
+            strategy, o = best
+            model = r.model
+            what = f"MODEL={model.name}" if model.shape_known else f"PARAMETERS={model.billions:g}"
+            text += (f". Cheapest in {m.region}: {strategy.label} on {o.describe()}, ${o.on_demand:.2f}/h on-demand, "
+                     f"${o.spot:.2f}/h spot (`make gpus {what} MODE={r.mode} PRECISION={r.precision} "
+                     f"REGION={m.region}` lists more)")
+    return text
+
+
+def check_model_known(m: StackConfig) -> list[str]:
+    """The planner needs a parameter count: a model name from data/models.yaml, or `parameters`."""
+    problems = []
+    for name, w in m.workloads.items():
+        if w.model is None or w.model.parameters is not None:
+            continue
+        if not w.model.name:
+            problems.append(f"{_model_key(name)}: give `name` (a model in data/models.yaml) or `parameters` "
+                            "(billions) for the planner's memory check")
+            continue
+        try:
+            resolve(w.model.name, None)
+        except UnknownModelError as err:
+            problems.append(f"{_model_key(name, 'name')}: {err}")
+    return problems
+
+
+def check_training_precision(m: StackConfig) -> list[str]:
+    """ZeRO trains in fp32, fp16 or bf16, and in the precision ds_config.json sets."""
+    problems = []
+    for name, w in m.workloads.items():
+        mb = w.model
+        if mb is None or mb.mode != "training":
+            continue
+        if mb.precision not in TRAINING_PRECISIONS:
+            problems.append(f"{_model_key(name, 'precision')}: {mb.precision} is a weight format for inference; "
+                            f"ZeRO training runs in {', '.join(TRAINING_PRECISIONS)} (quantised fine-tuning such as "
+                            "QLoRA is not modelled)")
+        elif mb.precision != w.deepspeed.precision:
+            problems.append(f"{_model_key(name, 'precision')}: {mb.precision}, but the workload trains in "
+                            f"{_path('workloads', name, 'deepspeed', 'precision')} = {w.deepspeed.precision}; "
+                            "set both the same")
+    return problems
+
+
+def check_model_fits(m: StackConfig) -> list[str]:
+    """Memory per accelerator must not exceed what the accelerator has; the error says what would fit."""
+    problems = []
+    for s in sized_workloads(m):
+        need = s.estimate.per_gpu_gb
+        if need <= s.memory_gb:
+            continue
+        problems.append(
+            f"{_model_key(s.name)}: {_what(s)} needs {need:.1f} GB per {s.unit} ({s.estimate.breakdown()}); "
+            f"{s.where.accelerator_type} has {s.memory_gb:g} GB ({_plural(s.estimate.nodes, 'worker')} x "
+            f"{_plural(s.estimate.gpus_per_node, s.unit)}). {_suggestions(m, s)}")
+    return problems
+
+
+def warnings(m: StackConfig) -> list[str]:
+    """What fits, but tightly: under HEADROOM free per accelerator, or offloaded states beyond the node's memory."""
+    out = []
+    for s in sized_workloads(m):
+        est, memory = s.estimate, s.memory_gb
+        if est.per_gpu_gb <= memory and est.headroom(memory) < HEADROOM:
+            out.append(f"{_model_key(s.name)}: {_what(s)} needs {est.per_gpu_gb:.1f} GB per {s.unit} of "
+                       f"{s.where.accelerator_type}'s {memory:g} GB, {est.headroom(memory):.1%} headroom (under "
+                       f"{HEADROOM:.0%}); a longer sequence or allocator fragmentation can run it out of memory")
+        if s.machine_memory_gb is not None and est.cpu_gb_per_node > s.machine_memory_gb:
+            out.append(f"{_path('workloads', s.name, 'deepspeed', 'offloadOptimizer')}: DeepSpeed estimates "
+                       f"{est.cpu_gb_per_node:.0f} GB of CPU memory per node for the offloaded states (its 1.5 "
+                       f"buffer factor included); {s.where.pool.machine_type} has {s.machine_memory_gb:g} GB")
+    return out
+
+
+CHECKS: list[Check] = [
+    check_model_known,
+    check_training_precision,
+    check_model_fits,
+]

@@ -1,0 +1,108 @@
+"""The cheapest GPU setups in a region that hold a model: a pure function over the GPU catalog.
+
+For each way of running the model (inference, or each ZeRO stage and offload variant for training) and each GPU
+type offered in the region, the cheapest (machine shape x node count) whose GPUs keep HEADROOM free, and
+whose CPU memory holds what DeepSpeed offloads. Options are sorted by the on-demand $/h, then spot $/h.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model import catalog as gpu_catalog
+from planner.sizing import HEADROOM, Estimate, Request, Strategy, estimate
+
+MAX_NODES = 32
+
+
+@dataclass(frozen=True)
+class Option:
+    gpu_type: str
+    gpu_name: str
+    machine_type: str
+    nodes: int
+    gpus_per_node: int
+    zones: tuple[str, ...]
+    memory_gb: float  # per GPU
+    machine_memory_gb: float
+    estimate: Estimate
+    on_demand: float  # $/h for all nodes
+    spot: float
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def per_gpu_gb(self) -> float:
+        return self.estimate.per_gpu_gb
+
+    def sort_key(self) -> tuple:
+        return (round(self.on_demand, 6), round(self.spot, 6), self.gpus, self.gpu_type, self.machine_type, self.nodes)
+
+    def describe(self) -> str:
+        machines = f"{self.nodes} x {self.machine_type}" if self.nodes > 1 else self.machine_type
+        return f"{self.gpus} x {short_name(self.gpu_name)} ({machines}, {self.per_gpu_gb:.1f} GB each)"
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: Strategy
+    options: list[Option]
+
+
+def short_name(display_name: str) -> str:
+    """`NVIDIA L4` -> `L4`: how people say it in a sentence."""
+    return display_name.removeprefix("NVIDIA ").removeprefix("Intel ")
+
+
+def fits(est: Estimate, memory_gb: float, machine_memory_gb: float, headroom: float = HEADROOM) -> bool:
+    """GPU memory with headroom, and the node's memory for what DeepSpeed offloads to the CPU."""
+    return est.fits(memory_gb, headroom) and est.cpu_gb_per_node <= machine_memory_gb
+
+
+def usable(cat: gpu_catalog.Catalog, gpu_type: str, request: Request) -> bool:
+    """bf16 training needs bf16 hardware (Ampere and later); inference can run the same bytes as fp16."""
+    return not (request.mode == "training" and request.precision == "bf16" and not cat.gpus[gpu_type].bf16)
+
+
+def cheapest_for_gpu(request: Request, strategy: Strategy, cat: gpu_catalog.Catalog, gpu_type: str,
+                     zones: tuple[str, ...], max_nodes: int = MAX_NODES, headroom: float = HEADROOM) -> Option | None:
+    """The cheapest shape x nodes of this GPU type that holds the model; more nodes of a shape only cost more,
+    so each shape stops at the fewest nodes that fit."""
+    gpu, best = cat.gpus[gpu_type], None
+    for shape in gpu.shapes:
+        for nodes in range(1, max_nodes + 1):
+            est = estimate(request, strategy, shape.gpus, nodes)
+            if fits(est, gpu.memory_gb, shape.memory_gb, headroom):
+                option = Option(gpu_type, gpu.display_name, shape.machine_type, nodes, shape.gpus, zones,
+                                gpu.memory_gb, shape.memory_gb, est,
+                                nodes * shape.price.on_demand, nodes * shape.price.spot)
+                if best is None or option.sort_key() < best.sort_key():
+                    best = option
+                break
+    return best
+
+
+def recommend(request: Request, region: str, cat: gpu_catalog.Catalog | None = None, max_nodes: int = MAX_NODES,
+              top: int = 10, headroom: float = HEADROOM) -> list[Plan]:
+    """One plan per strategy (inference, or each ZeRO variant), each with up to `top` options, cheapest first."""
+    cat = cat or gpu_catalog.load()
+    plans = []
+    for strategy in request.strategies():
+        options = []
+        for gpu_type in cat.gpus:
+            zones = cat.zones(gpu_type, region)
+            if not zones or not usable(cat, gpu_type, request):
+                continue
+            option = cheapest_for_gpu(request, strategy, cat, gpu_type, zones, max_nodes, headroom)
+            if option is not None:
+                options.append(option)
+        plans.append(Plan(strategy, sorted(options, key=Option.sort_key)[:top]))
+    return plans
+
+
+def cheapest(plans: list[Plan]) -> tuple[Strategy, Option] | None:
+    """The cheapest option of all plans."""
+    found = [(plan.strategy, plan.options[0]) for plan in plans if plan.options]
+    return min(found, key=lambda so: so[1].sort_key()) if found else None

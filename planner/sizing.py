@@ -1,0 +1,345 @@
+"""Memory one accelerator needs for a model: inference (weights + KV cache) or training (ZeRO model states).
+
+Sizes are bytes inside, reported in GB of 10^9 bytes (the unit GPU memory is quoted in; a GiB-based
+reading would only add headroom). Every constant below says where it comes from; all of it is an estimate.
+
+Inference, per accelerator, with the weights tensor-parallel over all G accelerators of the workload:
+    (weights + KV cache) / G x (1 + INFERENCE_OVERHEAD) + CUDA_CONTEXT
+    weights  = parameters x bytes per parameter (fp32 4, fp16/bf16 2, int8 1, int4 0.5)
+    KV cache = 2 (K and V) x layers x KV heads x head dim x sequence x batch x 2 bytes (4 for fp32; weight-only
+               quantisation keeps a 16-bit cache)
+
+Training: mixed-precision Adam partitioned by ZeRO over the N data-parallel GPUs, counted the way DeepSpeed's
+own estimators count it (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`), which
+is the ZeRO paper's 16 bytes per parameter (2 fp16 weights + 2 fp16 gradients + 12 fp32 weights, momentum and
+variance) plus the fp32 gradient partition (4 bytes) DeepSpeed's optimizer steps on; see `model_states`.
+Then activations, DeepSpeed's communication buckets and the CUDA context are added.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model.yamlio import load_yaml
+
+MODELS_PATH = Path(__file__).resolve().parent.parent / "data" / "models.yaml"
+
+GB = 1e9
+BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+TRAINING_PRECISIONS = ("fp32", "fp16", "bf16")
+# Inference: forward-pass activations, sampling buffers and allocator fragmentation on top of weights + KV cache.
+INFERENCE_OVERHEAD = 0.10
+# What the CUDA context (driver, cuBLAS/NCCL workspaces) takes in every process before the first tensor.
+CUDA_CONTEXT_BYTES = 0.5 * GB
+# The preview check warns below this much free memory per accelerator; recommendations keep it free.
+HEADROOM = 0.10
+# DeepSpeed's default reduce_bucket_size and allgather_bucket_size (elements), the schema's defaults too.
+DEEPSPEED_BUCKET = 500_000_000
+# DeepSpeed's estimators multiply their CPU memory estimate by this buffer factor (their default).
+DEEPSPEED_CPU_BUFFER_FACTOR = 1.5
+# Activations of one transformer layer: 34 x s x b x h bytes in 16-bit (Korthikanti et al. 2022, "Reducing
+# Activation Recomputation in Large Transformer Models", eq. 1, without the 5as/h attention-score term that
+# flash attention never stores).
+LAYER_ACTIVATION_FACTOR = 34
+# fp32 logits and their gradient, per token and vocabulary entry (Hugging Face causal LMs upcast the logits).
+LOGITS_BYTES = 8
+# Shape fallback for a model not in data/models.yaml: a Llama-like decoder with head dim 128, as many layers as
+# heads (hidden = 128 x layers, Llama-2-7B: 4096 = 128 x 32), parameters = 12 x layers x hidden^2, full
+# multi-head attention (no grouped-query attention, so the KV cache is an upper bound) and Llama-2's vocabulary.
+FALLBACK_HEAD_DIM = 128
+FALLBACK_VOCAB = 32000
+
+
+class UnknownModelError(ValueError):
+    """A model name that data/models.yaml does not know, with no parameter count given instead."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    intermediate: int
+
+    @property
+    def largest_layer(self) -> int:
+        """Parameters of the largest single module: the embedding (or LM head) or one MLP projection."""
+        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    parameters: float  # a count, not billions
+    shape: ModelShape
+    shape_known: bool  # False: the fallback shape derived from the parameter count
+
+    @property
+    def billions(self) -> float:
+        return self.parameters / 1e9
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How the model is spread: inference (tensor parallel), or a ZeRO stage with optional CPU/NVMe offload."""
+
+    zero_stage: int | None = None
+    offload_optimizer: bool = False
+    offload_params: bool = False
+
+    @property
+    def training(self) -> bool:
+        return self.zero_stage is not None
+
+    @property
+    def label(self) -> str:
+        if self.zero_stage is None:
+            return "inference"
+        offloaded = [what for what, on in (("optimizer", self.offload_optimizer), ("parameters", self.offload_params))
+                     if on]
+        return f"ZeRO-{self.zero_stage}" + (f" + {' and '.join(offloaded)} offload" if offloaded else "")
+
+    @classmethod
+    def from_deepspeed(cls, zero_stage: int, offload_optimizer: str, offload_params: str) -> Strategy:
+        """The workload's ds_config: offload counts only where DeepSpeed honours it (optimizer at stage 1 and
+        above, parameters at stage 3), so an ignored setting never makes a workload look smaller than it is."""
+        return cls(zero_stage, offload_optimizer != "none" and zero_stage >= 1,
+                   offload_params != "none" and zero_stage == 3)
+
+
+INFERENCE = Strategy()
+TRAINING_STRATEGIES = (
+    Strategy(0), Strategy(1), Strategy(2), Strategy(3),
+    Strategy(2, offload_optimizer=True), Strategy(3, offload_optimizer=True),
+    Strategy(3, offload_optimizer=True, offload_params=True),
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to size: the workload's `model` block, resolved."""
+
+    model: Model
+    precision: str = "bf16"
+    mode: str = "training"
+    sequence_length: int = 2048
+    batch_size: int = 1
+    reduce_bucket: int = DEEPSPEED_BUCKET
+    allgather_bucket: int = DEEPSPEED_BUCKET
+
+    def strategies(self) -> tuple[Strategy, ...]:
+        return TRAINING_STRATEGIES if self.mode == "training" else (INFERENCE,)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Memory of one accelerator (`parts`, bytes) and, with offload, of one node's CPU (DeepSpeed's estimate)."""
+
+    request: Request
+    strategy: Strategy
+    gpus_per_node: int
+    nodes: int
+    parts: dict[str, float]
+    cpu_bytes_per_node: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def per_gpu_gb(self) -> float:
+        return sum(self.parts.values()) / GB
+
+    @property
+    def cpu_gb_per_node(self) -> float:
+        return self.cpu_bytes_per_node / GB
+
+    def headroom(self, memory_gb: float) -> float:
+        """The share of the accelerator's memory left free (negative: it does not fit)."""
+        return 1 - self.per_gpu_gb / memory_gb
+
+    def fits(self, memory_gb: float, headroom: float = 0.0) -> bool:
+        return self.per_gpu_gb <= memory_gb * (1 - headroom)
+
+    def breakdown(self) -> str:
+        return ", ".join(f"{name} {value / GB:.1f}" for name, value in self.parts.items() if value >= 0.05 * GB)
+
+
+# --- the model catalog -------------------------------------------------------------------------------------------
+
+@functools.cache
+def known_models(path: Path = MODELS_PATH) -> dict[str, dict[str, Any]]:
+    """data/models.yaml, keyed by lowercased name and alias."""
+    raw = load_yaml(path)["models"]
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in raw.items():
+        for key in (name, *entry.get("aliases", [])):
+            out[key.lower()] = {**entry, "name": name}
+    return out
+
+
+def model_names() -> list[str]:
+    return sorted({m["name"] for m in known_models().values()}, key=str.lower)
+
+
+def _shape(entry: dict[str, Any]) -> ModelShape:
+    return ModelShape(
+        layers=int(entry["layers"]), hidden=int(entry["hidden"]), heads=int(entry["heads"]),
+        kv_heads=int(entry["kvHeads"]), head_dim=int(entry.get("headDim", entry["hidden"] // entry["heads"])),
+        vocab=int(entry["vocab"]), intermediate=int(entry["intermediate"]),
+    )
+
+
+def fallback_shape(parameters: float) -> ModelShape:
+    """A Llama-like shape for `parameters` (see FALLBACK_HEAD_DIM): 12 x L x h^2 = P with h = 128 x L."""
+    layers = max(1, round((parameters / (12 * FALLBACK_HEAD_DIM**2)) ** (1 / 3)))
+    hidden = FALLBACK_HEAD_DIM * layers
+    return ModelShape(layers=layers, hidden=hidden, heads=layers, kv_heads=layers, head_dim=FALLBACK_HEAD_DIM,
+                      vocab=FALLBACK_VOCAB, intermediate=math.ceil(8 * hidden / 3))
+
+
+def resolve(name: str | None = None, parameters_b: float | None = None) -> Model:
+    """A known model name, a parameter count in billions, or both (the count overrides the known one)."""
+    entry = known_models().get(name.lower()) if name else None
+    if entry is None and parameters_b is None:
+        if not name:
+            raise UnknownModelError("give a model name or a parameter count")
+        raise UnknownModelError(f"unknown model {name!r}; known: {', '.join(model_names())} "
+                           "(or give the parameter count in billions)")
+    count = (parameters_b if parameters_b is not None else float(entry["parameters"])) * 1e9
+    if entry is not None:
+        return Model(entry["name"], count, _shape(entry), shape_known=True)
+    return Model(name or f"{parameters_b:g}B", count, fallback_shape(count), shape_known=False)
+
+
+# --- inference -----------------------------------------------------------------------------------------------------
+
+def weights_bytes(parameters: float, precision: str) -> float:
+    return parameters * BYTES_PER_PARAM[precision]
+
+
+def kv_cache_bytes(shape: ModelShape, sequence_length: int, batch_size: int, precision: str) -> float:
+    per_value = 4 if precision == "fp32" else 2
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * sequence_length * batch_size * per_value
+
+
+def inference_parts(request: Request, gpus: int) -> dict[str, float]:
+    weights = weights_bytes(request.model.parameters, request.precision) / gpus
+    kv = kv_cache_bytes(request.model.shape, request.sequence_length, request.batch_size, request.precision) / gpus
+    return {"weights": weights, "KV cache": kv, "overhead": INFERENCE_OVERHEAD * (weights + kv),
+            "CUDA context": CUDA_CONTEXT_BYTES}
+
+
+# --- training: ZeRO ------------------------------------------------------------------------------------------------
+
+def zero_paper_bytes(parameters: float, stage: int, gpus: int, k: int = 12) -> float:
+    """Model states per GPU as the ZeRO paper (Rajbhandari et al. 2020, fig. 1) gives them for mixed-precision
+    Adam: 2P fp16 weights + 2P fp16 gradients + K x P optimizer states (K = 12), partitioned by stage over N."""
+    p, n = parameters, gpus
+    return {0: (4 + k) * p, 1: 4 * p + k * p / n, 2: 2 * p + (2 + k) * p / n, 3: (4 + k) * p / n}[stage]
+
+
+def model_states(parameters: float, strategy: Strategy, gpus: int, precision: str = "bf16",
+                 largest_layer: float = 0.0) -> dict[str, float]:
+    """Model states per GPU, in bytes, as DeepSpeed allocates (and estimates) them.
+
+    Mixed precision (fp16/bf16), bytes per parameter, N data-parallel GPUs:
+      stage 0: 2 weights + 2 gradients + 4 fp32 gradients + 12 optimizer            = 20
+      stage 1: 2 weights + 2 gradients + (4 + 12) / N                                = 4 + 16/N
+      stage 2: 2 weights + (2 + 4 + 12) / N                                          = 2 + 18/N  (DeepSpeed: 2 + 18/N)
+      stage 3: (2 weights + 4 fp32 gradients + 12) / N + 4 x largest layer          = 18/N + 4L (DeepSpeed: same)
+               (stage 3 reduces fp16 gradients through buckets straight into the fp32 partition; the largest
+               layer's fp16 weights and gradients are gathered whole while it runs)
+      optimizer offload moves the fp32 gradients, the optimizer states and (stage 2) the fp16 gradient partition
+      to the CPU: stage 2 -> 2 (DeepSpeed: 2), stage 3 -> 2/N + 4L (DeepSpeed: same); parameter offload (stage 3)
+      also moves the fp16 weights: -> 4L (DeepSpeed: same).
+    fp32 (no mixed precision): 4 weights + 4 gradients + 8 optimizer (momentum, variance), partitioned alike, and
+    the gathered largest layer is 8 x L.
+    """
+    mixed = precision != "fp32"
+    n, stage = gpus, strategy.zero_stage
+    if stage is None:
+        raise ValueError("model states are a training quantity; inference has no ZeRO stage")
+    w = 2.0 if mixed else 4.0  # training weights (and their gradients)
+    g32 = 4.0 if mixed else 0.0  # the fp32 gradient partition DeepSpeed's mixed-precision optimizer steps on
+    opt = 12.0 if mixed else 8.0  # (fp32 master weights +) momentum + variance
+    weights = w / n if stage == 3 else w
+    # Mixed-precision stage 3 keeps no 16-bit gradient partition: buckets reduce straight into the fp32 one.
+    grads = 0.0 if stage == 3 and mixed else (w / n if stage >= 2 else w)
+    fp32_grads = g32 / n if stage >= 1 else g32
+    optimizer = opt / n if stage >= 1 else opt
+    if strategy.offload_optimizer and stage >= 1:
+        fp32_grads = optimizer = 0.0
+        if stage >= 2:
+            grads = 0.0
+    if strategy.offload_params and stage == 3:
+        weights = 0.0
+    live_layer = 2 * w * largest_layer if stage == 3 else 0.0
+    p = parameters
+    return {"weights": weights * p, "gradients": grads * p, "fp32 gradients": fp32_grads * p,
+            "optimizer states": optimizer * p, "gathered layer": live_layer}
+
+
+def deepspeed_cpu_bytes(parameters: float, strategy: Strategy, gpus_per_node: int, nodes: int) -> float:
+    """CPU memory per node for offloaded states, as DeepSpeed's estimators give it (buffer factor 1.5, ZeRO-3
+    with zero.Init). Without offload DeepSpeed's figure only covers loading the model on the CPU, which depends
+    on the training script, so it is left out (0)."""
+    p, total = parameters, gpus_per_node * nodes
+    if not strategy.offload_optimizer or strategy.zero_stage is None:
+        return 0.0
+    if strategy.zero_stage in (1, 2):
+        return p * max(4 * total, 16) * DEEPSPEED_CPU_BUFFER_FACTOR
+    per_param = 18 if strategy.offload_params else 16
+    return p * per_param / nodes * DEEPSPEED_CPU_BUFFER_FACTOR
+
+
+def activation_bytes(request: Request) -> float:
+    """Activations per GPU with activation checkpointing at every layer (DeepSpeed's and Hugging Face's recipe
+    for large models): the 16-bit input of each layer (2 x s x b x h per layer) plus one layer's full activations
+    while it is recomputed (LAYER_ACTIVATION_FACTOR x s x b x h), plus the fp32 logits and their gradient;
+    doubled for fp32 training."""
+    shape, tokens = request.model.shape, request.sequence_length * request.batch_size
+    scale = 2.0 if request.precision == "fp32" else 1.0
+    layers = tokens * shape.hidden * (2 * shape.layers + LAYER_ACTIVATION_FACTOR) * scale
+    return layers + LOGITS_BYTES * tokens * shape.vocab
+
+
+def bucket_bytes(request: Request, stage: int) -> float:
+    """DeepSpeed's gradient reduce bucket (and, at stages 1-2, the allgather bucket), in the training precision;
+    never larger than the model itself."""
+    element = 4 if request.precision == "fp32" else 2
+    p = request.model.parameters
+    buckets = min(request.reduce_bucket, p)
+    if stage in (1, 2):
+        buckets += min(request.allgather_bucket, p)
+    return buckets * element
+
+
+def training_parts(request: Request, strategy: Strategy, gpus: int) -> dict[str, float]:
+    if request.precision not in TRAINING_PRECISIONS:
+        raise ValueError(f"{request.precision} is a weight format for inference; ZeRO training runs in "
+                         f"{', '.join(TRAINING_PRECISIONS)}")
+    states = model_states(request.model.parameters, strategy, gpus, request.precision,
+                          request.model.shape.largest_layer)
+    return {**states, "activations": activation_bytes(request),
+            "buckets": bucket_bytes(request, strategy.zero_stage or 0), "CUDA context": CUDA_CONTEXT_BYTES}
+
+
+def estimate(request: Request, strategy: Strategy, gpus_per_node: int = 1, nodes: int = 1) -> Estimate:
+    """Memory per accelerator of `request` run with `strategy` on `nodes` x `gpus_per_node` accelerators."""
+    gpus = gpus_per_node * nodes
+    if strategy.training != (request.mode == "training"):
+        raise ValueError(f"strategy {strategy.label} does not fit a {request.mode} request")
+    if strategy.training:
+        parts = training_parts(request, strategy, gpus)
+        cpu = deepspeed_cpu_bytes(request.model.parameters, strategy, gpus_per_node, nodes)
+    else:
+        parts, cpu = inference_parts(request, gpus), 0.0
+    return Estimate(request, strategy, gpus_per_node, nodes, parts, cpu)
