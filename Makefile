@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
 
-.PHONY: preview test lint docs clean
+.PHONY: preview test lint docs gpus bench clean
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ $(STAMP): requirements.txt
 
 preview: $(STAMP)  ## offline preview of STACK (default dev): no cloud account needed
 	$(BIN)/python -m preview --stack $(STACK) $(if $(BASE),--base $(BASE),)
+
+bench: $(STAMP)  ## time the offline preview against the bare Pulumi SDK (each stack; 25/50/100 generated GPU pools)
+	$(BIN)/python -m preview.bench
 
 test: $(STAMP)  ## the whole test suite under Pulumi mocks, plus ruff
 	$(BIN)/python -m pytest
@@ -24,6 +27,11 @@ lint: $(STAMP)
 
 docs: $(STAMP)  ## regenerate the README's configuration reference from model/schema.yaml
 	$(BIN)/python -m model.docs --write README.md
+
+gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Llama-2-7B MODE=inference [PRECISION=fp16] [REGION=...]
+	$(BIN)/python -m planner $(if $(MODEL),--model "$(MODEL)",$(if $(PARAMETERS),--parameters $(PARAMETERS),)) \
+		$(if $(MODE),--mode $(MODE),) $(if $(PRECISION),--precision $(PRECISION),) \
+		$(if $(REGION),--region $(REGION),) $(if $(SEQ),--seq $(SEQ),) $(if $(BATCH),--batch $(BATCH),)
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

@@ -13,6 +13,7 @@ from components.network import PODS_RANGE, SERVICES_RANGE
 from model.types import ClusterConfig
 
 SYSTEM_POOL_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+CONNECT_GATEWAY = "https://connectgateway.googleapis.com/v1"
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,12 @@ class GkeClusterArgs:
     node_service_account: pulumi.Input[str]
 
 
-def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
+def _plugin_kubeconfig(context: str, cluster: dict[str, str]) -> str:
     """A kubeconfig that authenticates through `gke-gcloud-auth-plugin`, so it holds no credential itself."""
-    context = f"gke_{name}"
     return json.dumps({
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": context, "cluster": {
-            "server": f"https://{endpoint}", "certificate-authority-data": ca_certificate}}],
+        "clusters": [{"name": context, "cluster": cluster}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
         "current-context": context,
         "users": [{"name": context, "user": {"exec": {
@@ -42,6 +41,29 @@ def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
             "provideClusterInfo": True,
         }}}],
     }, indent=2)
+
+
+def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
+    """The cluster's own endpoint, with its CA."""
+    return _plugin_kubeconfig(f"gke_{name}", {"server": f"https://{endpoint}",
+                                              "certificate-authority-data": ca_certificate})
+
+
+def connect_gateway_server(project_number: str, location: str, membership: str) -> str:
+    return f"{CONNECT_GATEWAY}/projects/{project_number}/locations/{location}/gkeMemberships/{membership}"
+
+
+def connect_gateway_kubeconfig(project_number: str, location: str, membership: str) -> str:
+    """The Connect Gateway's URL for the cluster's fleet membership (as `gcloud container fleet memberships
+    get-credentials` writes it): reachable from anywhere with IAM, even when the control plane is private.
+    Google's public certificate, so no CA data."""
+    return _plugin_kubeconfig(f"connectgateway_{membership}",
+                              {"server": connect_gateway_server(project_number, location, membership)})
+
+
+def _fleet(cfg: ClusterConfig, project: str) -> gcp.container.ClusterFleetArgs | None:
+    # The cluster's own `fleet` setting: GKE creates the membership with the cluster (no gkehub.Membership).
+    return gcp.container.ClusterFleetArgs(project=cfg.fleet.project or project) if cfg.fleet.enabled else None
 
 
 def _private_config(cfg: ClusterConfig) -> gcp.container.ClusterPrivateClusterConfigArgs | None:
@@ -87,6 +109,7 @@ class GkeCluster(pulumi.ComponentResource):
     endpoint: pulumi.Output[str]
     ca_certificate: pulumi.Output[str]
     kubeconfig: pulumi.Output[str]
+    connect_gateway_kubeconfig: pulumi.Output[str] | None
     provider: k8s.Provider
 
     def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None):
@@ -135,6 +158,7 @@ class GkeCluster(pulumi.ComponentResource):
             private_cluster_config=_private_config(cfg),
             master_authorized_networks_config=_authorized_networks(cfg),
             deletion_protection=cfg.deletion_protection,
+            fleet=_fleet(cfg, args.project),
             resource_labels={"managed-by": "pulumi", "stack": "deepspeed-stack"},
             opts=pulumi.ResourceOptions(parent=self, protect=cfg.deletion_protection),
         )
@@ -172,9 +196,12 @@ class GkeCluster(pulumi.ComponentResource):
                 lambda v: kubeconfig(v[0], v[1], v[2])
             )
         )
+        self.connect_gateway_kubeconfig = self._connect_gateway(args) if cfg.fleet.enabled else None
         self.provider = k8s.Provider(
             f"{name}-k8s",
-            kubeconfig=self.kubeconfig,
+            # Through the gateway when the cluster is in a fleet: CI runners cannot reach a private
+            # control plane (or one behind authorized networks), the gateway they can.
+            kubeconfig=self.connect_gateway_kubeconfig or self.kubeconfig,
             enable_server_side_apply=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -183,4 +210,16 @@ class GkeCluster(pulumi.ComponentResource):
             "endpoint": self.endpoint,
             "caCertificate": self.ca_certificate,
             "kubeconfig": self.kubeconfig,
+            **({"connectGatewayKubeconfig": self.connect_gateway_kubeconfig} if cfg.fleet.enabled else {}),
         })
+
+    def _connect_gateway(self, args: GkeClusterArgs) -> pulumi.Output[str]:
+        """The gateway URL needs the fleet project's number and the membership GKE created for the cluster
+        (named after the cluster, in the cluster's location unless GKE reports otherwise)."""
+        number = gcp.organizations.get_project_output(project_id=args.config.fleet.project or args.project).number
+        fleet = self.cluster.fleet
+        membership = fleet.apply(lambda f: f.membership_id if f and f.membership_id else None)
+        location = fleet.apply(lambda f: f.membership_location if f and f.membership_location else None)
+        return pulumi.Output.secret(pulumi.Output.all(number, location, membership, self.cluster.location,
+                                                      self.cluster.name).apply(
+            lambda v: connect_gateway_kubeconfig(str(v[0]), v[1] or v[3], v[2] or v[4])))

@@ -37,7 +37,18 @@ def _cluster(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
         "masterAuth": {**args.inputs.get("masterAuth", {}), "clusterCaCertificate": _fake_ca(name)},
         "selfLink": f"https://container.googleapis.com/v1/projects/{project}/locations/{location}/clusters/{name}",
         "id": f"projects/{project}/locations/{location}/clusters/{name}",
+        **_fleet_membership(args.inputs.get("fleet"), name, location),
     }
+
+
+def _fleet_membership(fleet: dict[str, Any] | None, name: str, location: str) -> dict[str, Any]:
+    """GKE registers a cluster created with `fleet.project` as membership <cluster name> in the cluster's location."""
+    if not fleet:
+        return {}
+    host = fleet.get("project", PROJECT_FALLBACK)
+    return {"fleet": {**fleet, "membership": f"//gkehub.googleapis.com/projects/{host}/locations/{location}/"
+                                             f"memberships/{name}",
+                      "membershipId": name, "membershipLocation": location, "preRegistered": False}}
 
 
 def _auto_name(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
@@ -76,13 +87,30 @@ def _k8s_object(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     return {"metadata": meta}
 
 
+def _helm_release(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
+    # What the provider reports after a successful install: the release's first revision, deployed.
+    name = args.inputs.get("name") or f"{args.name}-{_digest('release', args.name)[:8]}"
+    chart = str(args.inputs.get("chart", "")).rsplit("/", 1)[-1]
+    return {"name": name, "status": {"name": name, "namespace": args.inputs.get("namespace", "default"),
+                                     "chart": chart, "version": args.inputs.get("version", ""),
+                                     "revision": 1, "status": "deployed"}}
+
+
+def _tensorboard(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
+    project, region = args.inputs.get("project", PROJECT_FALLBACK), args.inputs.get("region", "us-central1")
+    number = str(int(_digest("tensorboard", args.name)[:12], 16))
+    return {"id": f"projects/{project}/locations/{region}/tensorboards/{number}", "name": number}
+
+
 OUTPUTS = {
+    "gcp:vertex/aiTensorboard:AiTensorboard": _tensorboard,
     "gcp:container/cluster:Cluster": _cluster,
     "gcp:container/nodePool:NodePool": _auto_name,
     "gcp:serviceaccount/account:Account": _service_account,
     "gcp:artifactregistry/repository:Repository": _repository,
     "gcp:storage/bucket:Bucket": _bucket,
     "docker-build:index:Image": _image,
+    "kubernetes:helm.sh/v3:Release": _helm_release,
 }
 
 
@@ -96,6 +124,8 @@ class StackMocks(pulumi.runtime.Mocks):
         if maker is None and args.typ.startswith("kubernetes:") and not args.typ.startswith("kubernetes:helm"):
             extra = _k8s_object(args)
         state = {**args.inputs, **extra}
+        if args.typ.startswith("gcp:") and args.custom and "name" not in state and maker is None:
+            state.update(_auto_name(args))  # the provider auto-names GCP resources (a Router, say) that set none
         resource_id = state.get("id") or f"{args.name}-{_digest('id', args.typ, args.name)[:10]}"
         return resource_id, state
 
@@ -104,6 +134,6 @@ class StackMocks(pulumi.runtime.Mocks):
             return {"accessToken": "mock-oauth-access-token", "project": self.project, "region": self.region,
                     "zone": "", "id": "mock-client-config"}
         if args.token == "gcp:organizations/getProject:getProject":
-            return {"projectId": self.project, "number": str(int(_digest(self.project)[:11], 16)),
-                    "name": self.project}
+            project = args.args.get("projectId") or self.project
+            return {"projectId": project, "number": str(int(_digest(project)[:11], 16)), "name": project}
         return {}

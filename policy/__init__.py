@@ -1,0 +1,1 @@
+"""The CrossGuard policy pack (`pulumi preview --policy-pack policy`); the rules live in `policy.rules`."""
