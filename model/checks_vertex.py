@@ -1,7 +1,72 @@
-"""Pre-deploy checks for storage and Vertex AI: one named function per rule."""
+"""Pre-deploy checks for storage and Vertex AI, one function per rule."""
 
 from __future__ import annotations
 
-from model.checks import Check
+import re
 
-CHECKS: list[Check] = []
+from model import catalog as gpu_catalog
+from model.checks import Check, machine_problems
+from model.types import StackConfig
+
+K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+BUCKET_NAME = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,61}[a-z0-9]$")
+
+
+def check_vertex_needs_storage(m: StackConfig) -> list[str]:
+    if m.vertex.enabled and not m.storage.enabled:
+        return ["vertex.enabled: Vertex AI runs read and write through the stack's bucket; set storage.enabled: true"]
+    return []
+
+
+def check_vertex_machine(m: StackConfig) -> list[str]:
+    if not m.vertex.enabled:
+        return []
+    v = m.vertex
+    if v.gpu.type not in gpu_catalog.load().gpus:
+        return [f"vertex.gpu.type: unknown GPU type {v.gpu.type!r}; known: {', '.join(gpu_catalog.load().gpus)}"]
+    problems = machine_problems(["vertex"], v.gpu.type, v.machine_type, v.gpu.count)
+    if m.region and not gpu_catalog.load().zones(v.gpu.type, m.region):
+        problems.append(f"vertex.gpu.type: {v.gpu.type} is not offered in {m.region}")
+    return problems
+
+
+def check_gcs_fuse_needs_storage_and_gke(m: StackConfig) -> list[str]:
+    problems = []
+    for name, w in m.workloads.items():
+        if not w.gcs_fuse.enabled:
+            continue
+        if not m.storage.enabled:
+            problems.append(f"workloads.{name}.gcsFuse.enabled: needs the stack's bucket; set storage.enabled: true")
+        if m.cluster is None:
+            problems.append(f"workloads.{name}.gcsFuse.enabled: the GCS FUSE CSI driver and Workload Identity "
+                            "are GKE features; this stack has no `cluster`")
+    return problems
+
+
+def check_storage_names(m: StackConfig) -> list[str]:
+    if not m.storage.enabled:
+        return []
+    problems = []
+    if not K8S_NAME.match(m.storage.kubernetes_service_account):
+        problems.append(f"storage.kubernetesServiceAccount: {m.storage.kubernetes_service_account!r} is not a "
+                        "Kubernetes name (lowercase letters, digits, hyphens)")
+    name = m.storage.bucket_name
+    if name is not None and (not BUCKET_NAME.match(name) or "goog" in name):
+        problems.append(f"storage.bucketName: {name!r} is not a valid bucket name (3-63 lowercase letters, digits, "
+                        "- _ .; no 'goog')")
+    return problems
+
+
+def check_storage_needs_project(m: StackConfig) -> list[str]:
+    if (m.storage.enabled or m.vertex.enabled) and not (m.project and m.region):
+        return ["storage.enabled: the bucket and Vertex AI need gcp:project and gcp:region"]
+    return []
+
+
+CHECKS: list[Check] = [
+    check_vertex_needs_storage,
+    check_vertex_machine,
+    check_gcs_fuse_needs_storage_and_gke,
+    check_storage_names,
+    check_storage_needs_project,
+]

@@ -1,0 +1,91 @@
+"""Storage: one bucket for datasets, checkpoints and logs, and the identities that may use it.
+
+GKE pods reach it through the GCS FUSE CSI driver as a Kubernetes service account that Workload
+Identity maps to the bucket's Google service account; Vertex AI reaches it through its /gcs mount.
+Both get object access on this bucket only, never a project-wide storage role.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from model.types import StorageConfig
+
+CHECKPOINT_PREFIX = "checkpoints/"
+OBJECT_ROLE = "roles/storage.objectUser"
+DAY_SECONDS = 86400
+
+
+@dataclass(frozen=True)
+class StorageArgs:
+    project: str
+    location: str
+    config: StorageConfig
+    # (namespace, Kubernetes service account) pairs of GKE workloads that mount the bucket.
+    kubernetes_accounts: list[tuple[str, str]]
+    workload_identity: bool
+    protect: bool
+
+
+def lifecycle_rules(cfg: StorageConfig) -> list[gcp.storage.BucketLifecycleRuleArgs]:
+    rules = []
+    if cfg.checkpoint_retention_days:
+        rules.append(gcp.storage.BucketLifecycleRuleArgs(
+            action=gcp.storage.BucketLifecycleRuleActionArgs(type="Delete"),
+            condition=gcp.storage.BucketLifecycleRuleConditionArgs(
+                age=cfg.checkpoint_retention_days, matches_prefixes=[CHECKPOINT_PREFIX]),
+        ))
+    if cfg.versioning:
+        # Noncurrent versions cost as much as live ones; keep the last three.
+        rules.append(gcp.storage.BucketLifecycleRuleArgs(
+            action=gcp.storage.BucketLifecycleRuleActionArgs(type="Delete"),
+            condition=gcp.storage.BucketLifecycleRuleConditionArgs(num_newer_versions=3, with_state="ARCHIVED"),
+        ))
+    return rules
+
+
+class Storage(pulumi.ComponentResource):
+    bucket: gcp.storage.Bucket
+    account: gcp.serviceaccount.Account
+    bucket_name: pulumi.Output[str]
+    email: pulumi.Output[str]
+
+    def __init__(self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:gcp:Storage", name, None, opts)
+        cfg, child = args.config, pulumi.ResourceOptions(parent=self)
+        self.bucket = gcp.storage.Bucket(
+            f"{name}-bucket",
+            name=cfg.bucket_name,
+            project=args.project,
+            location=args.location,
+            uniform_bucket_level_access=True,
+            public_access_prevention="enforced",
+            versioning=gcp.storage.BucketVersioningArgs(enabled=cfg.versioning),
+            soft_delete_policy=gcp.storage.BucketSoftDeletePolicyArgs(
+                retention_duration_seconds=cfg.soft_delete_days * DAY_SECONDS),
+            lifecycle_rules=lifecycle_rules(cfg),
+            labels={"managed-by": "pulumi", "stack": "deepspeed-stack"},
+            # A bucket with objects is never emptied by `pulumi destroy`.
+            force_destroy=False,
+            opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
+        )
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-sa", project=args.project, account_id="deepspeed-data",
+            display_name="DeepSpeed data access (deepspeed-stack)", opts=child)
+        self.bucket_name = self.bucket.name
+        self.email = self.account.email
+        gcp.storage.BucketIAMMember(
+            f"{name}-objects", bucket=self.bucket.name, role=OBJECT_ROLE,
+            member=self.email.apply(lambda e: f"serviceAccount:{e}"), opts=child)
+        for namespace, ksa in args.kubernetes_accounts if args.workload_identity else []:
+            gcp.serviceaccount.IAMMember(
+                f"{name}-wi-{namespace}-{ksa}",
+                service_account_id=self.account.name,
+                role="roles/iam.workloadIdentityUser",
+                member=f"serviceAccount:{args.project}.svc.id.goog[{namespace}/{ksa}]",
+                opts=child,
+            )
+        self.register_outputs({"bucket": self.bucket_name, "serviceAccount": self.email})

@@ -1,0 +1,60 @@
+"""VertexTraining: what Vertex AI custom training needs, and the CustomJob spec to start runs with.
+
+A training service account with only the roles a run needs, an optional TensorBoard instance, and
+the rendered spec as an output (see workloads/vertex_job.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_gcp as gcp
+
+from model.types import VertexConfig
+from workloads.vertex_job import customjob_spec
+
+TRAINING_ROLES = (
+    "roles/aiplatform.user",  # write TensorBoard experiments and read the job's own metadata
+    "roles/logging.logWriter",
+)
+
+
+@dataclass(frozen=True)
+class VertexTrainingArgs:
+    project: str
+    region: str
+    config: VertexConfig
+    image_ref: pulumi.Input[str]
+    bucket: pulumi.Input[str]
+    repository: pulumi.Input[str]
+
+
+class VertexTraining(pulumi.ComponentResource):
+    account: gcp.serviceaccount.Account
+    spec: pulumi.Output[dict[str, Any]]
+
+    def __init__(self, name: str, args: VertexTrainingArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:gcp:VertexTraining", name, None, opts)
+        cfg, child = args.config, pulumi.ResourceOptions(parent=self)
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-sa", project=args.project, account_id="deepspeed-vertex",
+            display_name="Vertex AI DeepSpeed training (deepspeed-stack)", opts=child)
+        member = self.account.email.apply(lambda e: f"serviceAccount:{e}")
+        for role in TRAINING_ROLES:
+            gcp.projects.IAMMember(f"{name}-{role.split('/')[1].replace('.', '-').lower()}",
+                                   project=args.project, role=role, member=member, opts=child)
+        gcp.storage.BucketIAMMember(f"{name}-objects", bucket=args.bucket, role="roles/storage.objectUser",
+                                    member=member, opts=child)
+        gcp.artifactregistry.RepositoryIamMember(
+            f"{name}-image-reader", project=args.project, location=args.region, repository=args.repository,
+            role="roles/artifactregistry.reader", member=member, opts=child)
+        tensorboard = None
+        if cfg.tensorboard:
+            tensorboard = gcp.vertex.AiTensorboard(
+                f"{name}-tensorboard", project=args.project, region=args.region,
+                display_name=f"{cfg.display_name} (deepspeed-stack)", opts=child).id
+        self.spec = pulumi.Output.all(args.image_ref, args.bucket, self.account.email, tensorboard).apply(
+            lambda v: customjob_spec(cfg, v[0], v[1], v[2], v[3]))
+        self.register_outputs({"serviceAccount": self.account.email, "customJobSpec": self.spec})

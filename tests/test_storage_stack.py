@@ -1,0 +1,181 @@
+"""A dev stack with the bucket, Vertex AI and GCS FUSE mounts: what it declares, and that it stays valid."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from conftest import reference, stack_yaml
+from test_deepspeed_release import _unknown_paths
+from test_mpijob import crd_problems, pod_problems
+from test_platform import waits_for
+
+from preview.engine import RunResult, run_stack
+
+BUCKET = "gcp:storage/bucket:Bucket"
+SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "workloads/vertex_customjob.schema.json").read_text())
+WI_POOL = "my-gcp-project.svc.id.goog"
+
+
+def _with_data_path() -> dict[str, Any]:
+    cfg = stack_yaml("dev")
+    smoke = cfg["deepspeed-stack:workloads"]["smoke"]
+    smoke["gcsFuse"] = {"enabled": True, "mountPath": "/data"}
+    cfg["deepspeed-stack:workloads"]["train"] = {
+        "kind": "mpijob", "pool": "t4", "workers": 1, "namespace": "train", "launch": smoke["launch"],
+        # The same DeepSpeed settings with train_batch_size computed (the helm one is for 2 workers).
+        "deepspeed": {k: v for k, v in smoke.get("deepspeed", {}).items() if k != "trainBatchSize"},
+        "gcsFuse": {"enabled": True}}
+    return {
+        "deepspeed-stack:workloads": cfg["deepspeed-stack:workloads"],
+        "deepspeed-stack:storage": {"enabled": True, "checkpointRetentionDays": 14},
+        "deepspeed-stack:vertex": {"enabled": True, "machineType": "n1-standard-8", "workers": 2,
+                                   "tensorboard": True, "launch": {"script": "train.py", "args": ["--epochs", "1"]}},
+    }
+
+
+@functools.cache
+def _run() -> RunResult:
+    return run_stack("dev", _with_data_path())
+
+
+@pytest.fixture(scope="module")
+def run() -> RunResult:
+    return _run()
+
+
+def test_bucket_is_private_recoverable_and_tidy(run: RunResult) -> None:
+    b = run.one(BUCKET).inputs
+    assert b["location"] == "us-west1"
+    assert b["uniformBucketLevelAccess"] is True
+    assert b["publicAccessPrevention"] == "enforced"
+    assert b["softDeletePolicy"] == {"retentionDurationSeconds": 7 * 24 * 3600}
+    assert b["forceDestroy"] is False
+    assert b["lifecycleRules"] == [{"action": {"type": "Delete"},
+                                    "condition": {"age": 14, "matchesPrefixes": ["checkpoints/"]}}]
+    assert b["labels"]["managed-by"] == "pulumi"
+
+
+def test_object_access_on_the_bucket_only(run: RunResult) -> None:
+    grants = {r.name: r.inputs for r in run.by_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
+    data_sa = "deepspeed-data@my-gcp-project.iam.gserviceaccount.com"
+    vertex_sa = "deepspeed-vertex@my-gcp-project.iam.gserviceaccount.com"
+    assert {(g["role"], g["member"]) for g in grants.values()} == {
+        ("roles/storage.objectUser", f"serviceAccount:{data_sa}"),
+        ("roles/storage.objectUser", f"serviceAccount:{vertex_sa}")}
+    project_roles = {r.inputs["member"] for r in run.by_type("gcp:projects/iAMMember:IAMMember")
+                     if "storage" in r.inputs["role"]}
+    assert project_roles == set()  # never a project-wide storage role
+
+
+def test_workload_identity_binds_each_mounting_namespace(run: RunResult) -> None:
+    bindings = sorted(r.inputs["member"] for r in run.by_type("gcp:serviceaccount/iAMMember:IAMMember"))
+    smoke_ns = stack_yaml("dev")["deepspeed-stack:workloads"]["smoke"].get("namespace", "workloads")
+    assert bindings == sorted([f"serviceAccount:{WI_POOL}[{smoke_ns}/deepspeed-data]",
+                               f"serviceAccount:{WI_POOL}[train/deepspeed-data]"])
+    for r in run.by_type("gcp:serviceaccount/iAMMember:IAMMember"):
+        assert r.inputs["role"] == "roles/iam.workloadIdentityUser"
+
+
+def test_kubernetes_service_accounts_carry_the_google_account(run: RunResult) -> None:
+    ksas = run.by_type("kubernetes:core/v1:ServiceAccount")
+    assert len(ksas) == 2
+    for ksa in ksas:
+        assert ksa.inputs["metadata"]["name"] == "deepspeed-data"
+        assert ksa.inputs["metadata"]["annotations"] == {
+            "iam.gke.io/gcp-service-account": "deepspeed-data@my-gcp-project.iam.gserviceaccount.com"}
+
+
+def _bucket_name(run: RunResult) -> str:
+    return run.outputs["bucket"]
+
+
+def test_helm_pods_mount_the_bucket(run: RunResult) -> None:
+    values = run.one("kubernetes:helm.sh/v3:Release").inputs["values"]
+    for role in ("client", "worker"):
+        pod = values[role]
+        assert pod["podAnnotations"] == {"gke-gcsfuse/volumes": "true"}
+        assert pod["serviceAccount"] == {"create": False, "name": "deepspeed-data"}
+        (gcs,) = [v for v in pod["extraVolumes"] if v["name"] == "gcs"]
+        assert gcs["csi"] == {"driver": "gcsfuse.csi.storage.gke.io",
+                              "volumeAttributes": {"bucketName": _bucket_name(run), "mountOptions": "implicit-dirs"}}
+        assert {"name": "gcs", "mountPath": "/data"} in pod["extraVolumeMounts"]
+    ref = yaml.safe_load(reference("bitnami-deepspeed", "values.yaml").read_text())
+    assert _unknown_paths(values, ref) == []
+
+
+def test_mpijob_pods_mount_the_bucket(run: RunResult) -> None:
+    job = run.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs
+    doc = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": job["metadata"], "spec": job["spec"]}
+    for role in ("Launcher", "Worker"):
+        template = job["spec"]["mpiReplicaSpecs"][role]["template"]
+        assert template["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+        assert template["spec"]["serviceAccountName"] == "deepspeed-data"
+        (container,) = template["spec"]["containers"]
+        assert {"name": "gcs", "mountPath": "/gcs"} in container["volumeMounts"]
+    assert crd_problems(doc) == []
+    assert pod_problems(doc) == []
+
+
+def test_vertex_customjob_output(run: RunResult) -> None:
+    spec = run.outputs["vertexCustomJob"]
+    jsonschema.validate(spec, SCHEMA)
+    primary, workers = spec["workerPoolSpecs"]
+    assert (primary["replicaCount"], workers["replicaCount"]) == (1, 2)
+    assert primary["containerSpec"]["imageUri"] == run.outputs["imageRef"]
+    assert "@sha256:" in primary["containerSpec"]["imageUri"]
+    assert primary["containerSpec"]["args"] == ["train.py", "--epochs", "1"]
+    assert spec["baseOutputDirectory"] == {"outputUriPrefix": f"gs://{_bucket_name(run)}/vertex"}
+    assert spec["serviceAccount"] == "deepspeed-vertex@my-gcp-project.iam.gserviceaccount.com"
+    assert spec["tensorboard"].startswith("projects/my-gcp-project/locations/us-west1/tensorboards/")
+
+
+def test_vertex_identity(run: RunResult) -> None:
+    vertex_sa = "serviceAccount:deepspeed-vertex@my-gcp-project.iam.gserviceaccount.com"
+    roles = sorted(r.inputs["role"] for r in run.by_type("gcp:projects/iAMMember:IAMMember")
+                   if r.inputs["member"] == vertex_sa)
+    assert roles == ["roles/aiplatform.user", "roles/logging.logWriter"]
+    readers = {r.inputs["member"] for r in run.by_type(
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")}
+    assert vertex_sa in readers
+    tb = run.one("gcp:vertex/aiTensorboard:AiTensorboard").inputs
+    assert tb["region"] == "us-west1"
+
+
+def test_the_bucket_does_not_wait_for_the_cluster(run: RunResult) -> None:
+    cluster = run.one("gcp:container/cluster:Cluster").urn
+    assert cluster not in waits_for(run, run.one(BUCKET))
+
+
+def test_vertex_only_stack_has_no_cluster_but_an_image() -> None:
+    cfg = {k: v for k, v in stack_yaml("dev").items() if k.startswith("gcp:")}
+    cfg["deepspeed-stack:storage"] = {"enabled": True}
+    cfg["deepspeed-stack:vertex"] = {"enabled": True, "workers": 0}
+    from preview.engine import engine_config_from_yaml, run_program
+
+    run = run_program(engine_config_from_yaml(cfg)[0], stack="vertex-only")
+    assert run.by_type("gcp:container/cluster:Cluster") == []
+    assert run.by_type("gcp:serviceaccount/iAMMember:IAMMember") == []  # no Workload Identity without GKE
+    assert len(run.by_type("docker-build:index:Image")) == 1
+    readers = [r.inputs["member"] for r in run.by_type(
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")]
+    assert readers == ["serviceAccount:deepspeed-vertex@my-gcp-project.iam.gserviceaccount.com"]
+    assert len(run.outputs["vertexCustomJob"]["workerPoolSpecs"]) == 1
+
+
+def test_preview_writes_the_customjob_spec(run: RunResult) -> None:
+    from preview import hooks
+    from workloads import preview_hooks
+
+    files = hooks.files(run, [preview_hooks.vertex_customjob])
+    spec = yaml.safe_load(files["vertex-customjob.yaml"])
+    assert spec == run.outputs["vertexCustomJob"]
+    jsonschema.validate(spec, SCHEMA)
+    (title, body), = hooks.sections(run, [preview_hooks.vertex_summary])
+    assert title == "Vertex AI CustomJob"
+    assert "| workerpool1 | 2 | n1-standard-8 | 1 x NVIDIA_TESLA_T4 |" in body

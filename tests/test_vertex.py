@@ -1,0 +1,114 @@
+"""Storage and Vertex AI: the CustomJob spec against Vertex's fields, the rules, and what the stack declares."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from conftest import stack_yaml
+from test_config import problems
+
+from model import catalog
+from model.types import VertexConfig, VertexGpuConfig, VertexLaunchConfig
+from workloads.vertex_job import customjob_spec, vertex_accelerator
+
+SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "workloads" / "vertex_customjob.schema.json").read_text())
+IMAGE = "us-west1-docker.pkg.dev/p/deepspeed/deepspeed@sha256:" + "b" * 64
+SA = "deepspeed-vertex@p.iam.gserviceaccount.com"
+
+
+def vertex(**changes) -> VertexConfig:
+    base = dict(enabled=True, display_name="ds", machine_type="n1-standard-4",
+                gpu=VertexGpuConfig("nvidia-tesla-t4", 1), workers=1, boot_disk_type="pd-ssd", boot_disk_gb=1000,
+                spot=False, tensorboard=False,
+                launch=VertexLaunchConfig("train.py", ["--zero_stage", "3"]))
+    return VertexConfig(**{**base, **changes})
+
+
+def test_two_pool_spec_matches_the_original_example_and_vertex_fields() -> None:
+    # The original example: two pools of one n1-standard-4 with one T4 each, 1000 GB boot disks.
+    spec = customjob_spec(vertex(), IMAGE, "bkt", SA)
+    jsonschema.validate(spec, SCHEMA)
+    primary, workers = spec["workerPoolSpecs"]
+    assert primary["replicaCount"] == 1 and workers["replicaCount"] == 1
+    for pool in (primary, workers):
+        assert pool["machineSpec"] == {"machineType": "n1-standard-4", "acceleratorType": "NVIDIA_TESLA_T4",
+                                       "acceleratorCount": 1}
+        assert pool["diskSpec"] == {"bootDiskType": "pd-ssd", "bootDiskSizeGb": 1000}
+        assert pool["containerSpec"]["imageUri"] == IMAGE
+        assert pool["containerSpec"]["args"] == ["train.py", "--zero_stage", "3"]
+    assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://bkt/vertex"}
+    assert spec["serviceAccount"] == SA
+    assert "scheduling" not in spec and "tensorboard" not in spec
+
+
+def test_single_node_spot_with_tensorboard() -> None:
+    tb = "projects/p/locations/us-west1/tensorboards/123"
+    spec = customjob_spec(vertex(workers=0, spot=True), IMAGE, "bkt", SA, tb)
+    jsonschema.validate(spec, SCHEMA)
+    assert len(spec["workerPoolSpecs"]) == 1
+    assert spec["scheduling"] == {"strategy": "SPOT"}
+    assert spec["tensorboard"] == tb
+
+
+def test_a_misspelt_field_fails_the_schema() -> None:
+    spec = customjob_spec(vertex(), IMAGE, "bkt", SA)
+    spec["workerPoolSpecs"][0]["machineSpec"]["acceleratorCnt"] = 1
+    with pytest.raises(jsonschema.ValidationError, match="acceleratorCnt"):
+        jsonschema.validate(spec, SCHEMA)
+
+
+@pytest.mark.parametrize("gpu", sorted(catalog.load().gpus))
+def test_every_catalog_gpu_maps_to_a_vertex_accelerator(gpu: str) -> None:
+    allowed = SCHEMA["$defs"]["WorkerPoolSpec"]["properties"]["machineSpec"]["properties"]["acceleratorType"]["enum"]
+    assert vertex_accelerator(gpu) in allowed
+
+
+def test_known_vertex_names() -> None:
+    assert vertex_accelerator("nvidia-l4") == "NVIDIA_L4"
+    assert vertex_accelerator("nvidia-a100-80gb") == "NVIDIA_A100_80GB"
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+def test_vertex_needs_storage() -> None:
+    assert problems("dev", {"vertex.enabled": True}) == [
+        "vertex.enabled: Vertex AI runs read and write through the stack's bucket; set storage.enabled: true"]
+
+
+def test_vertex_machine_must_fit_gpu() -> None:
+    found = problems("dev", {"storage.enabled": True, "vertex.enabled": True, "vertex.machineType": "g2-standard-8"})
+    assert found == ["vertex.machineType: nvidia-tesla-t4 needs an n1 machine type, got g2-standard-8 "
+                     "(e.g. n1-highmem-16, n1-highmem-8, n1-standard-16, n1-standard-32)"]
+
+
+def test_vertex_gpu_must_be_offered_in_region() -> None:
+    found = problems("dev", {"storage.enabled": True, "vertex.enabled": True,
+                             "vertex.gpu.type": "nvidia-h100-80gb", "vertex.machineType": "a3-highgpu-1g"})
+    assert found == ["vertex.gpu.type: nvidia-h100-80gb is not offered in us-west1"]
+
+
+def test_storage_names() -> None:
+    found = problems("dev", {"storage.enabled": True, "storage.bucketName": "Has_Caps",
+                             "storage.kubernetesServiceAccount": "Bad_KSA"})
+    assert any(p.startswith("storage.kubernetesServiceAccount: 'Bad_KSA' is not a Kubernetes name") for p in found)
+    assert any(p.startswith("storage.bucketName: 'Has_Caps' is not a valid bucket name") for p in found)
+    assert len(found) == 2
+
+
+def test_vertex_config_defaults_come_from_the_schema() -> None:
+    from model.config import load
+    from preview.engine import engine_config_from_yaml
+
+    m = load(engine_config_from_yaml(stack_yaml("dev"))[0], set())
+    assert (m.vertex.enabled, m.storage.enabled, m.storage.soft_delete_days) == (False, False, 7)
+
+
+def test_job_command_is_where_the_image_installs_the_entrypoint() -> None:
+    from workloads.vertex_job import VERTEX_ENTRYPOINT
+
+    dockerfile = (Path(__file__).resolve().parent.parent / "workloads/images/deepspeed/Dockerfile").read_text()
+    copy = next(line for line in dockerfile.splitlines() if line.startswith("COPY") and "vertex_start.sh" in line)
+    assert copy.split()[-1].rstrip("/") == str(Path(VERTEX_ENTRYPOINT).parent)
