@@ -1,4 +1,8 @@
-"""deepspeed-stack: config -> validated model -> GCP platform -> workloads -> outputs."""
+"""deepspeed-stack: config -> validated model -> GCP platform -> workloads -> outputs.
+
+Each section declares only what the config asks for and depends only on what it really needs, so
+`pulumi up` takes as long as the longest real chain (cluster -> pool -> workload), no longer.
+"""
 
 import pulumi
 
@@ -8,35 +12,111 @@ from components.gke_cluster import GkeCluster, GkeClusterArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.network import Network, NetworkArgs
 from components.node_identity import NodeIdentity, NodeIdentityArgs
-from model import catalog
+from components.storage import Storage, StorageArgs
+from components.vertex import VertexTraining, VertexTrainingArgs
+from model import catalog, checks_planner
 from model.config import load
+from planner import cost
+from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
+from workloads.gcs_fuse import BucketAccess
+from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
+from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
+from workloads.placement import placement
+from workloads.target import ExistingCluster, ExistingClusterArgs, needs_kubernetes
+from workloads.training_job import TrainingJob, TrainingJobArgs
 
-cfg = load()  # every config problem at once, as a pulumi.RunError naming its keys
+# 1. Config: every problem at once as a pulumi.RunError naming its keys; tight fits only warn.
+cfg = load()
+for warning in checks_planner.warnings(cfg):
+    pulumi.log.warn(warning)
 
+# 2. GKE platform: node identity, network, cluster and one auto-named pool per nodePools entry.
+cluster, identity, pools = None, None, {}
 if cfg.cluster is not None:
-    # GCP platform: identity, network, cluster, one pool per nodePools entry, registry and image.
     identity = NodeIdentity("nodes", NodeIdentityArgs(project=cfg.project, cluster_name=cfg.cluster.name))
     network = Network("network", NetworkArgs(name=cfg.cluster.name, region=cfg.region, config=cfg.network,
                                              nat=cfg.cluster.private_nodes))
     cluster = GkeCluster("cluster", GkeClusterArgs(
         project=cfg.project, location=cfg.cluster_location, config=cfg.cluster,
         network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email))
-    pools = {
-        p.name: GpuNodePool(f"pool-{p.name}", GpuNodePoolArgs(
-            project=cfg.project, location=cfg.cluster_location, cluster_name=cluster.name,
-            node_service_account=identity.email, config=p,
-            zones=p.zones or list(catalog.load().zones(p.gpu.type, cfg.region))))
-        for p in cfg.node_pools
-    }
+    pools = {p.name: GpuNodePool(f"pool-{p.name}", GpuNodePoolArgs(
+        project=cfg.project, location=cfg.cluster_location, cluster_name=cluster.name,
+        node_service_account=identity.email, config=p,
+        zones=p.zones or list(catalog.load().zones(p.gpu.type, cfg.region)))) for p in cfg.node_pools}
+
+# 3. The image, for GKE and Vertex alike: registry and build wait for neither the cluster nor the pools.
+registry, image = None, None
+if cfg.cluster is not None or cfg.vertex.enabled:
     registry = ArtifactRegistry("registry", ArtifactRegistryArgs(
-        project=cfg.project, region=cfg.region, config=cfg.registry, reader_service_account=identity.email))
+        project=cfg.project, region=cfg.region, config=cfg.registry,
+        reader_service_account=identity.email if identity else None))
     image = ContainerImage("image", ContainerImageArgs(
         config=cfg.image, registry_host=registry.host, repository_url=registry.url))
 
+# 4. Data: one bucket for datasets, checkpoints and logs; GKE pods reach it as a Workload Identity account.
+storage, bucket = None, None
+if cfg.storage.enabled:
+    ksa = cfg.storage.kubernetes_service_account
+    storage = Storage("storage", StorageArgs(
+        project=cfg.project, location=cfg.storage.location or cfg.region, config=cfg.storage,
+        kubernetes_accounts=sorted({(w.namespace, ksa) for w in cfg.workloads.values() if w.gcs_fuse.enabled}),
+        workload_identity=cluster is not None,
+        protect=bool(cfg.cluster and cfg.cluster.deletion_protection)))
+    bucket = BucketAccess(bucket=storage.bucket_name, google_service_account=storage.email,
+                          kubernetes_service_account=ksa)
+
+# 5. Where workloads go: the stack's GKE cluster, or an existing cluster (Gaudi/Omnia) from a secret kubeconfig.
+target = cluster.provider if cluster else None
+if cluster is None and needs_kubernetes(cfg):
+    target = ExistingCluster("target", ExistingClusterArgs(
+        kubeconfig=cfg.kubeconfig, context=cfg.kubernetes.context)).provider
+
+# 6. Workloads, each waiting only for its own pool (and the MPI operator's CRD for MPIJobs).
+workload_summary = {}
+if target is not None:
+    on_target = pulumi.ResourceOptions(provider=target)
+    operator = MpiOperator("mpi-operator", MpiOperatorArgs(config=cfg.mpi_operator), on_target) \
+        if cfg.mpi_operator.install else None
+    nfs = NfsProvisioner("nfs-provisioner", NfsProvisionerArgs(config=cfg.nfs_provisioner), on_target) \
+        if cfg.nfs_provisioner.install else None
+    for name, w in cfg.workloads.items():
+        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None) if r]
+        opts = pulumi.ResourceOptions(provider=target, depends_on=waits_for)
+        if w.kind == "helm":
+            workload = DeepSpeedRelease(name, DeepSpeedReleaseArgs(
+                workload=w, placement=placement(cfg, w), image_ref=image.ref, hf_token=cfg.hf_token,
+                bucket=bucket), opts)
+        else:
+            workload = TrainingJob(name, TrainingJobArgs(
+                config=w, placement=placement(cfg, w), stack_image=image.ref if image else None,
+                hf_token=cfg.hf_token, claim_depends_on=[nfs] if nfs else [], bucket=bucket), opts)
+        workload_summary[name] = workload.summary
+
+# 7. Vertex AI: a training identity, an optional TensorBoard and the CustomJob spec to start runs with.
+vertex = None
+if cfg.vertex.enabled:
+    vertex = VertexTraining("vertex", VertexTrainingArgs(
+        project=cfg.project, region=cfg.region, config=cfg.vertex, image_ref=image.ref,
+        bucket=storage.bucket_name, repository=registry.repository.repository_id))
+
+# 8. Outputs.
+if cluster is not None:
     pulumi.export("clusterName", cluster.name)
     pulumi.export("clusterEndpoint", cluster.endpoint)
     pulumi.export("kubeconfig", cluster.kubeconfig)
+    if cluster.connect_gateway_kubeconfig is not None:  # cluster.fleet.enabled: the way in for CI
+        pulumi.export("connectGatewayKubeconfig", cluster.connect_gateway_kubeconfig)
     pulumi.export("nodeServiceAccount", identity.email)
+    pulumi.export("nodePools", {name: pool.node_pool.name for name, pool in pools.items()})
+    pulumi.export("costs", cost.stack_costs(cfg))  # estimated $/h per pool (min/max nodes) and the stack at max
+if image is not None:
     pulumi.export("registryUrl", registry.url)
     pulumi.export("imageRef", image.ref)
-    pulumi.export("nodePools", {name: pool.node_pool.name for name, pool in pools.items()})
+if storage is not None:
+    pulumi.export("bucket", storage.bucket_name)
+    pulumi.export("dataServiceAccount", storage.email)
+if vertex is not None:
+    pulumi.export("vertexServiceAccount", vertex.account.email)
+    pulumi.export("vertexCustomJob", vertex.spec)
+if workload_summary:
+    pulumi.export("workloads", workload_summary)

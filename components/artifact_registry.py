@@ -18,7 +18,8 @@ class ArtifactRegistryArgs:
     project: str
     region: str
     config: RegistryConfig
-    reader_service_account: pulumi.Input[str]
+    # GKE's node service account; None for a Vertex-only stack (Vertex's account gets its own grant).
+    reader_service_account: pulumi.Input[str] | None = None
 
 
 class ArtifactRegistry(pulumi.ComponentResource):
@@ -55,6 +56,13 @@ class ArtifactRegistry(pulumi.ComponentResource):
             ],
             opts=child,
         )
+        if args.reader_service_account is not None:
+            self._reader(name, args)
+        self.host = f"{args.region}-docker.pkg.dev"
+        self.url = self.repository.repository_id.apply(lambda repo: f"{self.host}/{args.project}/{repo}")
+        self.register_outputs({"url": self.url})
+
+    def _reader(self, name: str, args: ArtifactRegistryArgs) -> None:
         gcp.artifactregistry.RepositoryIamMember(
             f"{name}-node-reader",
             project=args.project,
@@ -62,8 +70,5 @@ class ArtifactRegistry(pulumi.ComponentResource):
             repository=self.repository.repository_id,
             role="roles/artifactregistry.reader",
             member=pulumi.Output.from_input(args.reader_service_account).apply(lambda e: f"serviceAccount:{e}"),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
-        self.host = f"{args.region}-docker.pkg.dev"
-        self.url = self.repository.repository_id.apply(lambda repo: f"{self.host}/{args.project}/{repo}")
-        self.register_outputs({"url": self.url})

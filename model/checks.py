@@ -156,23 +156,32 @@ def check_gpu_known(m: StackConfig) -> list[str]:
     return problems
 
 
+def _article(word: str) -> str:
+    # Letters whose spoken names start with a vowel sound: "an n1", "an a2", "a g2".
+    return "an" if word[:1] in "aefhilmnorsx" else "a"
+
+
+def machine_problems(prefix: list, gpu_type: str, machine_type: str, count: int) -> list[str]:
+    """The machine family must carry the GPU, and the machine shape must take that many GPUs.
+    `prefix` is the key path of the object holding `machineType` and `gpu` (a pool, or `vertex`)."""
+    cat = gpu_catalog.load()
+    gpu = cat.gpus.get(gpu_type)
+    if gpu is None or cat.shape(gpu_type, machine_type, count):
+        return []
+    counts = cat.counts(gpu_type, machine_type)
+    if not counts:
+        family = f"{_article(gpu.family)} {gpu.family}"
+        return [f"{_path(*prefix, 'machineType')}: {gpu_type} needs {family} machine type, got {machine_type} "
+                f"(e.g. {', '.join(cat.machine_types(gpu_type)[:4])})"]
+    fitting = cat.machine_types(gpu_type, count)
+    hint = f"; for {count} use {_or_list(fitting[:4])}" if fitting else ""
+    return [f"{_path(*prefix, 'gpu', 'count')}: {machine_type} takes {_or_list(counts)} {gpu_type}, "
+            f"got {count}{hint}"]
+
+
 def check_machine_fits_gpu(m: StackConfig) -> list[str]:
-    """The machine family must carry the GPU, and the machine shape must take that many GPUs."""
-    cat, problems = gpu_catalog.load(), []
-    for i, pool in enumerate(m.node_pools):
-        gpu = cat.gpus.get(pool.gpu.type)
-        if gpu is None or cat.shape(pool.gpu.type, pool.machine_type, pool.gpu.count):
-            continue
-        counts = cat.counts(pool.gpu.type, pool.machine_type)
-        if not counts:
-            problems.append(f"{_path('nodePools', i, 'machineType')}: {pool.gpu.type} needs a {gpu.family} machine "
-                            f"type, got {pool.machine_type} (e.g. {', '.join(cat.machine_types(pool.gpu.type)[:4])})")
-        else:
-            fitting = cat.machine_types(pool.gpu.type, pool.gpu.count)
-            hint = f"; for {pool.gpu.count} use {_or_list(fitting[:4])}" if fitting else ""
-            problems.append(f"{_path('nodePools', i, 'gpu', 'count')}: {pool.machine_type} takes "
-                            f"{_or_list(counts)} {pool.gpu.type}, got {pool.gpu.count}{hint}")
-    return problems
+    return [problem for i, pool in enumerate(m.node_pools)
+            for problem in machine_problems(["nodePools", i], pool.gpu.type, pool.machine_type, pool.gpu.count)]
 
 
 def check_gpu_zones(m: StackConfig) -> list[str]:

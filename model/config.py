@@ -17,11 +17,11 @@ from typing import Any
 
 import jsonschema
 import pulumi
-import yaml
 from pulumi.runtime import config as runtime_config
 
 from model import checks
 from model.types import StackConfig, build, key_path, snake
+from model.yamlio import load_yaml
 
 PROJECT = "deepspeed-stack"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
@@ -38,8 +38,7 @@ class ConfigError(pulumi.RunError):
 
 @functools.cache
 def schema() -> dict[str, Any]:
-    with open(SCHEMA_PATH, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    return load_yaml(SCHEMA_PATH)
 
 
 def engine_config() -> dict[str, Any]:
@@ -127,8 +126,12 @@ def schema_problems(raw: dict[str, Any]) -> list[str]:
     return [line for e in errors for line in _describe(e).split("\n")]
 
 
-def gcp_settings(cfg: dict[str, Any], problems: list[str]) -> tuple[str, str]:
+def gcp_settings(cfg: dict[str, Any], problems: list[str], required: bool = True) -> tuple[str, str]:
+    """`gcp:project` and `gcp:region`; required when the stack creates a GKE cluster. A stack that only
+    deploys workloads to an existing cluster (e.g. Gaudi) needs no Google Cloud settings."""
     project, region = cfg.get("gcp:project"), cfg.get("gcp:region")
+    if not required:
+        return project or "", region or ""
     if not project:
         problems.append("gcp:project: required; set it with `pulumi config set gcp:project <project-id>`")
     if not region:
@@ -143,7 +146,7 @@ def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None)
         secret_keys = set(runtime_config._SECRET_KEYS.get()) | set(runtime_config.get_config_secret_keys_env())
     problems: list[str] = []
     raw = read_raw(cfg, secret_keys, problems)
-    project, region = gcp_settings(cfg, problems)
+    project, region = gcp_settings(cfg, problems, required="cluster" in raw)
     filled = with_defaults(schema(), raw)
     problems += schema_problems(filled)
     if problems:

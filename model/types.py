@@ -7,6 +7,7 @@ into raw dicts and a renamed key fails here, not at `pulumi up`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -31,6 +32,12 @@ class SystemPool:
 
 
 @dataclass(frozen=True)
+class FleetConfig:
+    enabled: bool = False
+    project: str | None = None  # the fleet host project; None means gcp:project
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     name: str
     release_channel: str
@@ -42,6 +49,7 @@ class ClusterConfig:
     dataplane_v2: bool
     system_pool: SystemPool
     location: str | None = None
+    fleet: FleetConfig = field(default_factory=FleetConfig)
 
 
 @dataclass(frozen=True)
@@ -226,6 +234,43 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
+class StorageConfig:
+    enabled: bool
+    versioning: bool
+    soft_delete_days: int
+    checkpoint_retention_days: int
+    kubernetes_service_account: str
+    bucket_name: str | None = None
+    location: str | None = None
+
+
+@dataclass(frozen=True)
+class VertexGpuConfig:
+    type: str
+    count: int
+
+
+@dataclass(frozen=True)
+class VertexLaunchConfig:
+    script: str
+    args: list[str]
+
+
+@dataclass(frozen=True)
+class VertexConfig:
+    enabled: bool
+    display_name: str
+    machine_type: str
+    gpu: VertexGpuConfig
+    workers: int
+    boot_disk_type: str
+    boot_disk_gb: int
+    spot: bool
+    tensorboard: bool
+    launch: VertexLaunchConfig
+
+
+@dataclass(frozen=True)
 class StackConfig:
     """Everything the program needs, validated. `project`/`region` come from the `gcp:` namespace."""
 
@@ -239,6 +284,8 @@ class StackConfig:
     mpi_operator: MpiOperatorConfig
     nfs_provisioner: NfsProvisionerConfig
     workloads: dict[str, WorkloadConfig]
+    storage: StorageConfig
+    vertex: VertexConfig
     cluster: ClusterConfig | None = None
     hf_token: pulumi.Output[str] | None = field(default=None, compare=False)
     kubeconfig: pulumi.Output[str] | None = field(default=None, compare=False)
@@ -288,9 +335,15 @@ def _convert(hint: Any, value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    # Resolving the string annotations compiles each one: once per class, not once per pool (`make bench`).
+    return typing.get_type_hints(cls)
+
+
 def build(cls: type, data: dict[str, Any], **extra: Any) -> Any:
     """Build dataclass `cls` from a camelCase dict (already schema-valid, defaults filled)."""
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     kwargs = dict(extra)
     for f in dataclasses.fields(cls):
         key = f.metadata.get("key", camel(f.name))
