@@ -48,17 +48,17 @@ def check_workload_names(m: StackConfig) -> list[str]:
     return problems
 
 
-def check_helm_namespace(m: StackConfig) -> list[str]:
-    """A helm workload creates and owns its namespace, so no other workload may use the same one."""
-    problems = []
-    for name, w in _helm(m):
+def check_workload_namespaces(m: StackConfig) -> list[str]:
+    """Every workload creates (and on removal deletes) its own namespace, so no two may share one."""
+    problems, seen = [], {}
+    for name, w in m.workloads.items():
         key = _path("workloads", name, "namespace")
         if not DNS1123_LABEL.match(w.namespace) or len(w.namespace) > DNS1123_MAX:
             problems.append(f"{key}: {w.namespace!r} is not a valid namespace (a DNS-1123 label)")
-        others = sorted(o for o, ow in m.workloads.items() if o != name and ow.namespace == w.namespace)
-        if others:
-            problems.append(f"{key}: {w.namespace!r} is also the namespace of {', '.join(others)}; a helm workload "
+        if w.namespace in seen:
+            problems.append(f"{key}: {w.namespace!r} is also the namespace of {seen[w.namespace]}; each workload "
                             "creates and deletes its own namespace, so give it one of its own")
+        seen.setdefault(w.namespace, name)
     return problems
 
 
@@ -243,20 +243,6 @@ def check_mpijob_names(m: StackConfig) -> list[str]:
     return problems
 
 
-def check_mpijob_namespace(m: StackConfig) -> list[str]:
-    """An MPIJob workload creates its namespace and its claim, so two of them cannot share a namespace."""
-    problems = []
-    for name, w in _mpijobs(m):
-        key = _path("workloads", name, "namespace")
-        if not DNS1123_LABEL.match(w.namespace) or len(w.namespace) > DNS1123_MAX:
-            problems.append(f"{key}: {w.namespace!r} is not a valid namespace (a DNS-1123 label)")
-        others = sorted(o for o, ow in _mpijobs(m) if o < name and ow.namespace == w.namespace)
-        if others:
-            problems.append(f"{key}: {w.namespace!r} is also the namespace of {', '.join(others)}; each MPIJob "
-                            "workload creates its own namespace and claim, so give it one of its own")
-    return problems
-
-
 def check_mpijob_storage(m: StackConfig) -> list[str]:
     """The shared claim: mountable by launcher and workers at once, a valid name, HF_HOME on it."""
     problems = []
@@ -323,7 +309,7 @@ def check_nfs_provisioner(m: StackConfig) -> list[str]:
 
 CHECKS: list[Check] = [
     check_workload_names,
-    check_helm_namespace,
+    check_workload_namespaces,
     check_helm_target,
     check_helm_accelerator,
     check_helm_pool_capacity,
@@ -334,7 +320,6 @@ CHECKS: list[Check] = [
     check_kubernetes_target,
     check_mpijob_placement,
     check_mpijob_names,
-    check_mpijob_namespace,
     check_mpijob_storage,
     check_mpijob_launch_script,
     check_training_args,

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from model.config import ConfigError, load
+from model.types import StackConfig
 from preview import engine
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -70,3 +72,34 @@ def set_path(config: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 
 
 DELETE = object()
+
+
+def changed(stack: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A stack file's config with keys changed as `pulumi config set --path` would."""
+    config = stack_yaml(stack)
+    for path, value in (changes or {}).items():
+        set_path(config, path, value)
+    return config
+
+
+def config_model(config: dict[str, Any], secure: tuple[str, ...] = ()) -> StackConfig:
+    """Load a YAML-form config through the real path; `secure` names extra keys set with --secret."""
+    engine_cfg, secret_keys = engine.engine_config_from_yaml(config)
+    return load(engine_cfg, set(secret_keys) | {f"deepspeed-stack:{k}" for k in secure})
+
+
+def config_problems(config: dict[str, Any], secure: tuple[str, ...] = ()) -> list[str]:
+    """The ConfigError's problems for a YAML-form config ([] when it loads)."""
+    try:
+        config_model(config, secure)
+    except ConfigError as err:
+        return err.problems
+    return []
+
+
+def problems(stack: str, changes: dict[str, Any], secure: tuple[str, ...] = ()) -> list[str]:
+    return config_problems(changed(stack, changes), secure)
+
+
+def model(stack: str, changes: dict[str, Any] | None = None) -> StackConfig:
+    return config_model(changed(stack, changes))

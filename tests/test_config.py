@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pulumi
 import pytest
-from conftest import DELETE, set_path, stack_yaml
+from conftest import DELETE, config_problems, problems, set_path, stack_yaml
 
 from model import catalog
 from model.config import ConfigError, load
 from preview.engine import engine_config_from_yaml
-
-
-def problems(stack: str, changes: dict[str, Any], secure: tuple[str, ...] = ()) -> list[str]:
-    """Load `stack` with `changes` applied (keys spelt as for `pulumi config set --path`)."""
-    config = stack_yaml(stack)
-    for path, value in changes.items():
-        set_path(config, path, value)
-    engine_cfg, secret_keys = engine_config_from_yaml(config)
-    try:
-        load(engine_cfg, set(secret_keys) | {f"deepspeed-stack:{k}" for k in secure})
-    except ConfigError as err:
-        return err.problems
-    return []
 
 
 def only(found: list[str]) -> str:
@@ -204,17 +189,11 @@ def test_pool_names_valid_and_unique() -> None:
     pools = config["deepspeed-stack:nodePools"]
     pools.append(dict(pools[0]))
     pools.append({**pools[0], "name": "x" * 33})
-    found = load_problems(config)
+    found = config_problems(config)
     assert "nodePools[1].name: 't4' is used by another pool; pool names must be unique" in found
     assert any(p.startswith("nodePools[2].name: 'xxxxxxxxx") and "at most 32" in p for p in found)
 
 
-def load_problems(config: dict[str, Any]) -> list[str]:
-    try:
-        load(engine_config_from_yaml(config)[0], set())
-    except ConfigError as err:
-        return err.problems
-    return []
 
 
 def test_system_pool_rules() -> None:
@@ -256,3 +235,13 @@ def test_readme_configuration_reference_is_generated_from_the_schema() -> None:
     # Every schema key appears as a row, so no key can be added without documenting it.
     for key, *_ in docs.rows(docs.schema()):
         assert f"| `{key}` |" in readme
+
+
+def test_workloads_of_any_kind_cannot_share_a_namespace() -> None:
+    # A helm workload and an MPIJob both create (and on removal delete) their namespace.
+    smoke = stack_yaml("dev")["deepspeed-stack:workloads"]["smoke"]
+    job = {"kind": "mpijob", "pool": "t4", "namespace": smoke["namespace"], "launch": smoke["launch"],
+           "deepspeed": {"precision": "fp16"}}
+    found = problems("dev", {"workloads.job": job})
+    assert found == [f"workloads.job.namespace: {smoke['namespace']!r} is also the namespace of smoke; each workload "
+                     "creates and deletes its own namespace, so give it one of its own"]

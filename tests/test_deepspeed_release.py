@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import DELETE, PROJECT_DIR, reference, set_path, stack_yaml
+from conftest import DELETE, PROJECT_DIR, problems, reference, set_path, stack_yaml
 
 from model.config import ConfigError, load
 from preview import engine
@@ -31,16 +31,6 @@ def values(run: RunResult) -> dict[str, Any]:
     return run.one(RELEASE).inputs["values"]
 
 
-def problems(stack: str, changes: dict[str, Any]) -> list[str]:
-    config = stack_yaml(stack)
-    for path, value in changes.items():
-        set_path(config, path, value)
-    engine_cfg, secret_keys = engine_config_from_yaml(config)
-    try:
-        load(engine_cfg, set(secret_keys))
-    except ConfigError as err:
-        return err.problems
-    return []
 
 
 @pytest.fixture(scope="module")
@@ -323,7 +313,7 @@ def test_helm_workload_owns_its_namespace() -> None:
     engine_cfg, secret_keys = engine_config_from_yaml(config)
     with pytest.raises(ConfigError) as err:
         load(engine_cfg, set(secret_keys))
-    assert "workloads.other.namespace: 'deepspeed-smoke' is also the namespace of smoke; a helm workload creates " \
+    assert "workloads.other.namespace: 'deepspeed-smoke' is also the namespace of smoke; each workload creates " \
            "and deletes its own namespace, so give it one of its own" in err.value.problems
 
 

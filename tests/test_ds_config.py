@@ -6,11 +6,9 @@ import json
 from typing import Any
 
 import pytest
-from conftest import set_path, stack_yaml
+from conftest import problems
 
-from model.config import ConfigError, load
 from model.types import DeepSpeedConfig
-from preview.engine import engine_config_from_yaml
 from workloads.ds_config import batch_problems, build_ds_config
 
 STAGE3_KEYS = {"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
@@ -27,16 +25,6 @@ def ds(**changes: Any) -> DeepSpeedConfig:
     return DeepSpeedConfig(**{**base, **changes})
 
 
-def problems(stack: str, changes: dict[str, Any]) -> list[str]:
-    config = stack_yaml(stack)
-    for path, value in changes.items():
-        set_path(config, path, value)
-    engine_cfg, secret_keys = engine_config_from_yaml(config)
-    try:
-        load(engine_cfg, set(secret_keys))
-    except ConfigError as err:
-        return err.problems
-    return []
 
 
 # --- The generator ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import DELETE, PROJECT_DIR, reference, set_path, stack_yaml
+from conftest import DELETE, PROJECT_DIR, model, problems, reference, stack_yaml
 
 from model.config import ConfigError, load
 from model.types import StackConfig
@@ -30,25 +30,8 @@ NVIDIA_WORKLOAD = {"kind": "mpijob", "pool": "t4", "workers": 2, "deepspeed": {"
 
 # --- helpers --------------------------------------------------------------------------------------
 
-def problems(stack: str, changes: dict[str, Any]) -> list[str]:
-    """Load `stack` with `changes` applied (keys spelt as for `pulumi config set --path`)."""
-    config = stack_yaml(stack)
-    for path, value in changes.items():
-        set_path(config, path, value)
-    engine_cfg, secret_keys = engine_config_from_yaml(config)
-    try:
-        load(engine_cfg, set(secret_keys))
-    except ConfigError as err:
-        return err.problems
-    return []
 
 
-def model(stack: str, changes: dict[str, Any] | None = None) -> StackConfig:
-    config = stack_yaml(stack)
-    for path, value in (changes or {}).items():
-        set_path(config, path, value)
-    engine_cfg, secret_keys = engine_config_from_yaml(config)
-    return load(engine_cfg, set(secret_keys))
 
 
 def render(m: StackConfig, name: str, image: str | None = None, secret: str | None = None) -> dict[str, Any]:
@@ -460,8 +443,8 @@ def test_two_mpijobs_cannot_share_a_namespace() -> None:
     with pytest.raises(ConfigError) as err:
         load(engine_cfg, set())
     assert only(err.value.problems) == (
-        "workloads.second.namespace: 'workloads' is also the namespace of gaudi-llm-ds-ft; each MPIJob workload "
-        "creates its own namespace and claim, so give it one of its own")
+        "workloads.second.namespace: 'workloads' is also the namespace of gaudi-llm-ds-ft; each workload "
+        "creates and deletes its own namespace, so give it one of its own")
 
 
 def test_training_args_must_not_repeat_what_the_stack_sets() -> None:

@@ -11,15 +11,15 @@ from typing import Any
 import pulumi
 import pytest
 import yaml
-from conftest import PROJECT_DIR, set_path, stack_yaml
+from conftest import PROJECT_DIR, changed, config_model, config_problems, set_path, stack_yaml
 
 from model import catalog, checks_planner
-from model.config import ConfigError, load
+from model.config import ConfigError
 from planner import cost, recommend, sizing
 from planner.__main__ import main as planner_main
 from planner.sizing import GB, INFERENCE, Model, ModelShape, Request, Strategy
 from preview import engine
-from preview.engine import RunResult, engine_config_from_yaml
+from preview.engine import RunResult
 
 WORKLOAD = "workloads.zero3-smoke"  # prod's helm workload on the l4 pool: 2 workers x 1 L4
 CATALOG_FILE = PROJECT_DIR / "data" / "gpu_catalog.yaml"
@@ -30,25 +30,10 @@ def raw_catalog() -> dict[str, Any]:
         return yaml.safe_load(fh)
 
 
-def prod_with(changes: dict[str, Any]) -> dict[str, Any]:
-    config = stack_yaml("prod")
-    for path, value in changes.items():
-        set_path(config, path, value)
-    return config
 
 
-def problems(config: dict[str, Any]) -> list[str]:
-    engine_cfg, secret_keys = engine_config_from_yaml(config)
-    try:
-        load(engine_cfg, set(secret_keys))
-    except ConfigError as err:
-        return err.problems
-    return []
 
 
-def model_of(config: dict[str, Any]):
-    engine_cfg, secret_keys = engine_config_from_yaml(config)
-    return load(engine_cfg, set(secret_keys))
 
 
 def synthetic(parameters: float, largest_layer: int) -> Model:
@@ -264,7 +249,7 @@ def test_cli_lists_options_and_rejects_unknown_models(capsys: pytest.CaptureFixt
 # --- the preview check ---------------------------------------------------------------------------------------------
 
 def test_prod_stack_fails_when_its_model_cannot_fit() -> None:
-    workloads = prod_with({})["deepspeed-stack:workloads"]
+    workloads = changed("prod", {})["deepspeed-stack:workloads"]
     workloads["zero3-smoke"]["model"] = {"name": "Llama-2-70B", "mode": "training", "precision": "bf16"}
     with pytest.raises(ConfigError) as err:
         engine.run_stack("prod", {"workloads": workloads})
@@ -285,31 +270,31 @@ def test_prod_stack_fails_when_its_model_cannot_fit() -> None:
 
 def test_when_nothing_of_its_gpu_type_holds_it_the_error_says_so() -> None:
     # Llama-3.1-405B at micro batch 4: activations alone are 8192 tokens x 16384 x (2 x 126 + 34) bytes = 38 GB.
-    config = prod_with({f"{WORKLOAD}.model": {"name": "Llama-3.1-405B", "mode": "training"}})
-    (problem,) = problems(config)
+    config = changed("prod", {f"{WORKLOAD}.model": {"name": "Llama-3.1-405B", "mode": "training"}})
+    (problem,) = config_problems(config)
     assert ("Nothing up to 128 workers of 1 x L4 holds it at sequence 2048 x batch 4; shorten the sequence or the "
             "micro batch. Cheapest in us-central1: ") in problem
 
 
 def test_model_fits_on_more_workers() -> None:
     # The same model on 60 workers with optimizer and parameter offload: 4 x largest layer + activations + ...
-    config = prod_with({f"{WORKLOAD}.model": {"name": "Llama-2-70B", "mode": "training"},
+    config = changed("prod", {f"{WORKLOAD}.model": {"name": "Llama-2-70B", "mode": "training"},
                         f"{WORKLOAD}.workers": 60, f"{WORKLOAD}.deepspeed.trainBatchSize": 60 * 4 * 8,
                         f"{WORKLOAD}.deepspeed.offloadParams": "cpu", "nodePools[0].maxNodes": 61})
-    assert problems(config) == []
+    assert config_problems(config) == []
 
 
 def test_unknown_model_and_training_precision_are_config_errors() -> None:
-    found = problems(prod_with({f"{WORKLOAD}.model": {"name": "my-llm"}}))
+    found = config_problems(changed("prod", {f"{WORKLOAD}.model": {"name": "my-llm"}}))
     assert found == [f"{WORKLOAD}.model.name: unknown model 'my-llm'; known: " + ", ".join(sizing.model_names())
                      + " (or give the parameter count in billions)"]
-    assert problems(prod_with({f"{WORKLOAD}.model": {"mode": "inference"}})) == [
+    assert config_problems(changed("prod", {f"{WORKLOAD}.model": {"mode": "inference"}})) == [
         f"{WORKLOAD}.model: give `name` (a model in data/models.yaml) or `parameters` (billions) for the planner's "
         "memory check"]
-    found = problems(prod_with({f"{WORKLOAD}.model": {"name": "Llama-2-7B", "precision": "int4"}}))
+    found = config_problems(changed("prod", {f"{WORKLOAD}.model": {"name": "Llama-2-7B", "precision": "int4"}}))
     assert found == [f"{WORKLOAD}.model.precision: int4 is a weight format for inference; ZeRO training runs in "
                      "fp32, fp16, bf16 (quantised fine-tuning such as QLoRA is not modelled)"]
-    found = problems(prod_with({f"{WORKLOAD}.model": {"name": "opt-125m", "precision": "fp16"}}))
+    found = config_problems(changed("prod", {f"{WORKLOAD}.model": {"name": "opt-125m", "precision": "fp16"}}))
     assert found == [f"{WORKLOAD}.model.precision: fp16, but the workload trains in "
                      f"{WORKLOAD}.deepspeed.precision = bf16; set both the same"]
 
@@ -317,33 +302,33 @@ def test_unknown_model_and_training_precision_are_config_errors() -> None:
 def tight_inference() -> dict[str, Any]:
     # Llama-2-7B fp16 on 2 L4, 24 sequences of 2048: ((6.74e9 x 2 + 24 x 2 x 32 x 32 x 128 x 2048 x 2) / 2 x 1.1
     # + 0.5e9) = 22.1 GB of 24: 8 % free, under the 10 % asked for.
-    return prod_with({f"{WORKLOAD}.model": {"name": "Llama-2-7B", "mode": "inference", "precision": "fp16",
+    return changed("prod", {f"{WORKLOAD}.model": {"name": "Llama-2-7B", "mode": "inference", "precision": "fp16",
                                             "batchSize": 24}})
 
 
 def test_under_10_percent_headroom_is_a_warning_not_an_error() -> None:
     config = tight_inference()
-    assert problems(config) == []
+    assert config_problems(config) == []
     need = (6.74e9 * 2 + 24 * 2 * 32 * 32 * 128 * 2048 * 2) / 2 * 1.1 + 0.5e9
     free = 1 - need / 24e9
-    assert checks_planner.warnings(model_of(config)) == [
+    assert checks_planner.warnings(config_model(config)) == [
         f"{WORKLOAD}.model: Llama-2-7B (6.74B parameters) fp16 inference needs {need / 1e9:.1f} GB per GPU of "
         f"nvidia-l4's 24 GB, {free:.1%} headroom (under 10%); a longer sequence or allocator fragmentation can run "
         "it out of memory"]
     # Two more sequences no longer fit: an error.
     set_path(config, f"{WORKLOAD}.model.batchSize", 28)
-    (problem,) = problems(config)
+    (problem,) = config_problems(config)
     assert problem.startswith(f"{WORKLOAD}.model: Llama-2-7B (6.74B parameters) fp16 inference needs ")
 
 
 def test_offload_beyond_the_node_memory_is_a_warning() -> None:
     # ZeRO-2 offload of Llama-2-7B on 2 g2-standard-8 (32 GB): DeepSpeed wants P x max(4 x 2 GPUs, 16) x 1.5.
-    config = prod_with({f"{WORKLOAD}.model": {"name": "Llama-2-7B", "mode": "training"},
+    config = changed("prod", {f"{WORKLOAD}.model": {"name": "Llama-2-7B", "mode": "training"},
                         f"{WORKLOAD}.deepspeed.zeroStage": 2})
     cpu = 6.74e9 * 16 * 1.5 / 1e9
     assert f"{WORKLOAD}.deepspeed.offloadOptimizer: DeepSpeed estimates {cpu:.0f} GB of CPU memory per node for " \
            "the offloaded states (its 1.5 buffer factor included); g2-standard-8 has 32 GB" in \
-           checks_planner.warnings(model_of(config))
+           checks_planner.warnings(config_model(config))
 
 
 def test_stack_logs_the_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -356,11 +341,11 @@ def test_stack_logs_the_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_repo_stacks_pass_the_planner_without_warnings(prod: RunResult) -> None:
-    m = model_of(stack_yaml("prod"))
+    m = config_model(stack_yaml("prod"))
     (sized,) = checks_planner.sized_workloads(m)  # prod's workload has a model block
     assert sized.estimate.gpus == 2 and sized.strategy == Strategy(3, offload_optimizer=True)
     assert checks_planner.warnings(m) == []
-    assert checks_planner.warnings(model_of(stack_yaml("dev"))) == []
+    assert checks_planner.warnings(config_model(stack_yaml("dev"))) == []
 
 
 # --- cost ----------------------------------------------------------------------------------------------------------
@@ -400,7 +385,7 @@ def test_prod_costs_pay_on_demand(prod: RunResult) -> None:
 
 
 def test_cost_section_is_a_markdown_table() -> None:
-    m = model_of(stack_yaml("dev"))
+    m = config_model(stack_yaml("dev"))
     text = cost.cost_section(m)
     costs = cost.stack_costs(m)
     rows = [line for line in text.splitlines() if line.startswith("| ")]
@@ -417,13 +402,13 @@ def test_preview_summary_gets_the_cost_section(dev: RunResult) -> None:
 
     ((title, body),) = preview_hooks.estimated_cost(dev)
     assert title == "Estimated cost"
-    assert body == cost.cost_section(model_of(stack_yaml("dev")))  # the output and the config agree
+    assert body == cost.cost_section(config_model(stack_yaml("dev")))  # the output and the config agree
     gaudi_like = engine.RunResult(stack="gaudi", resources=[], outputs={})
     assert preview_hooks.estimated_cost(gaudi_like) == []
 
 
 def test_unpriced_machine_is_named_not_guessed() -> None:
-    m = model_of(prod_with({"cluster.systemPool.machineType": "c3-standard-4"}))
+    m = config_model(changed("prod", {"cluster.systemPool.machineType": "c3-standard-4"}))
     costs = cost.stack_costs(m)
     assert costs["unpriced"] == ["system"]
     assert costs["pools"]["system"]["price"].startswith("unknown")

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import stack_yaml
-from test_config import problems
+from conftest import problems, stack_yaml
 
 from model import catalog
 from model.types import VertexConfig, VertexGpuConfig, VertexLaunchConfig

@@ -22,6 +22,7 @@ from model.types import WorkloadConfig
 from workloads import gcs_fuse
 from workloads.ds_config import build_ds_config
 from workloads.placement import Placement
+from workloads.placement import labels as workload_labels
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 CHART = "deepspeed"
@@ -174,7 +175,7 @@ class DeepSpeedRelease(pulumi.ComponentResource):
     def __init__(self, name: str, args: DeepSpeedReleaseArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:DeepSpeedRelease", name, None, opts)
         w, where = args.workload, args.placement
-        labels = {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/workload": w.name}
+        labels = workload_labels(w)
         child = pulumi.ResourceOptions(parent=self)
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns", metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels=labels), opts=child)

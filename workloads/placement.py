@@ -117,6 +117,11 @@ def _gaudi(w: WorkloadConfig) -> Placement:
     )
 
 
+def labels(w: WorkloadConfig) -> dict[str, str]:
+    """Labels on every object of a workload, of either kind: `kubectl get -l deepspeed-stack/workload=NAME`."""
+    return {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/workload": w.name}
+
+
 def placement(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
     """None when an NVIDIA workload names no existing pool (a config check reports that)."""
     return _gaudi(w) if w.accelerator.kind == "gaudi" else _nvidia(cfg, w)

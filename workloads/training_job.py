@@ -17,7 +17,7 @@ import pulumi_kubernetes as k8s
 
 from model.types import WorkloadConfig
 from workloads import gcs_fuse, mpijob
-from workloads.placement import Placement
+from workloads.placement import Placement, labels
 
 
 @dataclass(frozen=True)
@@ -30,11 +30,6 @@ class TrainingJobArgs:
     # What the claim waits for: the NFS provisioner (its storage class) when the stack installs it.
     claim_depends_on: list[pulumi.Resource] = field(default_factory=list)
     bucket: gcs_fuse.BucketAccess | None = None  # the stack's bucket, mounted when gcsFuse.enabled
-
-
-def labels(w: WorkloadConfig) -> dict[str, str]:
-    """The same labels the Helm workloads carry, so `kubectl get -l deepspeed-stack/workload=NAME` finds both."""
-    return {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/workload": w.name}
 
 
 class TrainingJob(pulumi.ComponentResource):
