@@ -33,8 +33,8 @@ def _pool(cfg: VertexConfig, image: str, replicas: int) -> dict[str, Any]:
         "containerSpec": {
             "imageUri": image,
             "command": [VERTEX_ENTRYPOINT],
+            # The entrypoint counts each host's GPUs itself (nvidia-smi -L) for the hostfile's slots.
             "args": [cfg.launch.script, *cfg.launch.args],
-            "env": [{"name": "GPUS_PER_NODE", "value": str(cfg.gpu.count)}],
         },
     }
 
