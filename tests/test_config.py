@@ -8,7 +8,7 @@ from conftest import DELETE, config_problems, problems, set_path, stack_yaml
 
 from model import catalog
 from model.config import ConfigError, load
-from preview.engine import engine_config_from_yaml
+from preview.engine import engine_config_from_yaml, stacks
 
 
 def only(found: list[str]) -> str:
@@ -16,7 +16,7 @@ def only(found: list[str]) -> str:
     return found[0]
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
+@pytest.mark.parametrize("stack", stacks())
 def test_repo_stacks_are_valid(stack: str) -> None:
     assert problems(stack, {}) == []
 
