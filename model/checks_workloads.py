@@ -62,57 +62,54 @@ def check_workload_namespaces(m: StackConfig) -> list[str]:
     return problems
 
 
-def check_helm_target(m: StackConfig) -> list[str]:
-    """The Bitnami chart runs on a GPU pool of the stack's own GKE cluster."""
-    problems = []
-    pools = [p.name for p in m.node_pools]
-    for name, w in _helm(m):
+def _nodes_needed(w: WorkloadConfig) -> tuple[int, str]:
+    """Each worker takes a node of its own (its CPU/memory are fitted to a whole node); so does the helm client."""
+    if w.kind == "helm":
+        return w.workers + 1, f"{w.workers} worker(s) + 1 client"
+    return w.workers, f"{w.workers} worker(s)"
+
+
+def check_gpu_pool_placement(m: StackConfig) -> list[str]:
+    """An NVIDIA workload (helm, or an nvidia MPIJob) runs on an existing pool of the stack's GKE cluster, with
+    at most the pool's GPUs per worker and enough nodes for its pods."""
+    problems, pools = [], [p.name for p in m.node_pools]
+    for name, w in m.workloads.items():
+        if w.accelerator.kind != "nvidia":
+            continue
         if m.cluster is None:
-            problems.append(f"{_path('workloads', name, 'kind')}: helm workloads run on a GKE pool of this stack; "
-                            "set `cluster` and `nodePools`, or use kind mpijob for an existing cluster")
+            problems.append(f"{_path('workloads', name, 'accelerator', 'kind')}: NVIDIA workloads run on a GPU pool "
+                            "of this stack's GKE cluster; set `cluster` and `nodePools`, or run an MPIJob with "
+                            "accelerator.kind gaudi on an existing cluster")
+        pool = m.pool(w.pool) if w.pool is not None else None
+        needed, who = _nodes_needed(w)
         if w.pool is None:
-            problems.append(f"{_path('workloads', name, 'pool')}: required for kind helm; name a nodePools entry "
-                            f"({', '.join(pools) or 'none defined'})")
-        elif m.pool(w.pool) is None:
+            problems.append(f"{_path('workloads', name, 'pool')}: required for an NVIDIA workload; name a nodePools "
+                            f"entry ({', '.join(pools) or 'none defined'})")
+        elif pool is None:
             problems.append(f"{_path('workloads', name, 'pool')}: no nodePools entry is named {w.pool!r} "
                             f"(known: {', '.join(pools) or 'none'})")
+        elif w.accelerator.count is not None and w.accelerator.count > pool.gpu.count:
+            problems.append(f"{_path('workloads', name, 'accelerator', 'count')}: {w.accelerator.count} GPUs per "
+                            f"worker, but nodes of pool {pool.name} have {pool.gpu.count}")
+        elif needed > pool.max_nodes:
+            problems.append(f"{_path('workloads', name, 'workers')}: {who} need {needed} nodes of pool {pool.name}, "
+                            f"but {_path('nodePools', m.node_pools.index(pool), 'maxNodes')} is {pool.max_nodes}; "
+                            "raise maxNodes or lower workers")
     return problems
 
 
 def check_helm_accelerator(m: StackConfig) -> list[str]:
-    problems = []
-    for name, w in _helm(m):
-        if w.accelerator.kind != "nvidia":
-            problems.append(f"{_path('workloads', name, 'accelerator', 'kind')}: kind helm runs on NVIDIA GKE pools "
-                            f"only, got {w.accelerator.kind}; use kind mpijob for Gaudi")
-            continue
-        pool = _pool_facts(m, w)
-        if pool is not None and w.accelerator.count is not None and w.accelerator.count > pool.gpu.count:
-            problems.append(f"{_path('workloads', name, 'accelerator', 'count')}: {w.accelerator.count} GPUs per "
-                            f"worker, but nodes of pool {pool.name} have {pool.gpu.count}")
-    return problems
-
-
-def check_helm_pool_capacity(m: StackConfig) -> list[str]:
-    """Each worker and the client take a node of their own (their CPU/memory are fitted to a whole node)."""
-    problems = []
-    for name, w in _helm(m):
-        pool = m.pool(w.pool or "")
-        if pool is None or w.accelerator.kind != "nvidia":
-            continue
-        needed = w.workers + 1
-        if needed > pool.max_nodes:
-            index = m.node_pools.index(pool)
-            problems.append(f"{_path('workloads', name, 'workers')}: {w.workers} worker(s) + 1 client need {needed} "
-                            f"nodes of pool {pool.name}, but {_path('nodePools', index, 'maxNodes')} is "
-                            f"{pool.max_nodes}; raise maxNodes or lower workers")
-    return problems
+    return [f"{_path('workloads', name, 'accelerator', 'kind')}: kind helm runs on NVIDIA GKE pools only, got "
+            f"{w.accelerator.kind}; use kind mpijob for Gaudi"
+            for name, w in _helm(m) if w.accelerator.kind != "nvidia"]
 
 
 def check_launch_script(m: StackConfig) -> list[str]:
+    """Helm workloads and nvidia MPIJobs ship `launch.script` from workloads/scripts in a ConfigMap."""
     problems = []
-    for name, w in _helm(m):
-        if w.launch.command:
+    for name, w in m.workloads.items():
+        ships_script = w.kind == "helm" or w.accelerator.kind == "nvidia"
+        if not ships_script or w.launch.command:
             continue
         script = w.launch.script
         if "/" in script or not (SCRIPTS_DIR / script).is_file():
@@ -199,36 +196,9 @@ def _gaudi_placement(m: StackConfig, name: str, w: WorkloadConfig) -> list[str]:
     return problems
 
 
-def _nvidia_placement(m: StackConfig, name: str, w: WorkloadConfig) -> list[str]:
-    problems, pools = [], [p.name for p in m.node_pools]
-    if m.cluster is None:
-        problems.append(f"{_path('workloads', name, 'accelerator', 'kind')}: an nvidia MPIJob runs on a GPU pool of "
-                        "this stack's GKE cluster; set `cluster` and `nodePools`, or use accelerator.kind gaudi")
-    pool = m.pool(w.pool) if w.pool is not None else None
-    if w.pool is None:
-        problems.append(f"{_path('workloads', name, 'pool')}: required for an nvidia MPIJob; name a nodePools entry "
-                        f"({', '.join(pools) or 'none defined'})")
-    elif pool is None:
-        problems.append(f"{_path('workloads', name, 'pool')}: no nodePools entry is named {w.pool!r} "
-                        f"(known: {', '.join(pools) or 'none'})")
-    elif w.accelerator.count is not None and w.accelerator.count > pool.gpu.count:
-        problems.append(f"{_path('workloads', name, 'accelerator', 'count')}: {w.accelerator.count} GPUs per worker, "
-                        f"but nodes of pool {pool.name} have {pool.gpu.count}")
-    elif w.workers > pool.max_nodes:
-        # One worker per node (each takes the node's GPUs); the launcher needs no GPU node.
-        problems.append(f"{_path('workloads', name, 'workers')}: {w.workers} workers need {w.workers} nodes of pool "
-                        f"{pool.name}, but {_path('nodePools', m.node_pools.index(pool), 'maxNodes')} is "
-                        f"{pool.max_nodes}; raise maxNodes or lower workers")
-    return problems
-
-
-def check_mpijob_placement(m: StackConfig) -> list[str]:
-    """nvidia: an existing pool of the stack's cluster; gaudi: an existing cluster and no pool."""
-    problems = []
-    for name, w in _mpijobs(m):
-        gaudi = w.accelerator.kind == "gaudi"
-        problems += _gaudi_placement(m, name, w) if gaudi else _nvidia_placement(m, name, w)
-    return problems
+def check_gaudi_placement(m: StackConfig) -> list[str]:
+    """Gaudi MPIJobs run on an existing cluster, on no GKE pool (NVIDIA placement: check_gpu_pool_placement)."""
+    return [p for name, w in _mpijobs(m) if w.accelerator.kind == "gaudi" for p in _gaudi_placement(m, name, w)]
 
 
 def check_mpijob_names(m: StackConfig) -> list[str]:
@@ -265,20 +235,6 @@ def check_mpijob_storage(m: StackConfig) -> list[str]:
     return problems
 
 
-def check_mpijob_launch_script(m: StackConfig) -> list[str]:
-    """An nvidia MPIJob ships `launch.script` from workloads/scripts in its ConfigMap."""
-    problems = []
-    for name, w in _mpijobs(m):
-        if w.accelerator.kind != "nvidia" or w.launch.command:
-            continue
-        script = w.launch.script
-        if "/" in script or not (mpijob.SCRIPTS_DIR / script).is_file():
-            known = sorted(p.name for p in mpijob.SCRIPTS_DIR.glob("*.py"))
-            problems.append(f"{_path('workloads', name, 'launch', 'script')}: no file {script!r} in workloads/scripts "
-                            f"(there: {', '.join(known) or 'nothing'}); add it there or set launch.command")
-    return problems
-
-
 def check_training_args(m: StackConfig) -> list[str]:
     """Flags the stack sets from other keys may not be repeated: a second batch size or precision would
     disagree with ds_config.json, and the HF Trainer refuses to start on such a mismatch."""
@@ -310,18 +266,16 @@ def check_nfs_provisioner(m: StackConfig) -> list[str]:
 CHECKS: list[Check] = [
     check_workload_names,
     check_workload_namespaces,
-    check_helm_target,
+    check_gpu_pool_placement,
     check_helm_accelerator,
-    check_helm_pool_capacity,
     check_launch_script,
     check_batch_size,
     check_zero_offload,
     check_bf16_support,
     check_kubernetes_target,
-    check_mpijob_placement,
+    check_gaudi_placement,
     check_mpijob_names,
     check_mpijob_storage,
-    check_mpijob_launch_script,
     check_training_args,
     check_nfs_provisioner,
 ]

@@ -256,12 +256,13 @@ def test_helm_needs_an_existing_pool() -> None:
     found = problems("dev", {"workloads.smoke.pool": "a100"})
     assert found == ["workloads.smoke.pool: no nodePools entry is named 'a100' (known: t4)"]
     found = problems("dev", {"workloads.smoke.pool": DELETE})
-    assert found == ["workloads.smoke.pool: required for kind helm; name a nodePools entry (t4)"]
+    assert found == ["workloads.smoke.pool: required for an NVIDIA workload; name a nodePools entry (t4)"]
 
 
 def test_helm_needs_a_gke_cluster() -> None:
     found = problems("dev", {"cluster": DELETE, "nodePools": []})
-    assert any(p.startswith("workloads.smoke.kind: helm workloads run on a GKE pool") for p in found), found
+    expected = "workloads.smoke.accelerator.kind: NVIDIA workloads run on a GPU pool of this stack's GKE"
+    assert any(p.startswith(expected) for p in found), found
 
 
 def test_helm_needs_nvidia() -> None:

@@ -386,11 +386,11 @@ def test_gaudi_cannot_run_on_the_gke_cluster() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"workloads.j.pool": DELETE}, "workloads.j.pool: required for an nvidia MPIJob; name a nodePools entry (t4)"),
+    ({"workloads.j.pool": DELETE}, "workloads.j.pool: required for an NVIDIA workload; name a nodePools entry (t4)"),
     ({"workloads.j.pool": "l4"}, "workloads.j.pool: no nodePools entry is named 'l4' (known: t4)"),
     ({"workloads.j.accelerator.count": 2}, "workloads.j.accelerator.count: 2 GPUs per worker, but nodes of pool t4 "
                                            "have 1"),
-    ({"workloads.j.workers": 4}, "workloads.j.workers: 4 workers need 4 nodes of pool t4, but nodePools[0].maxNodes "
+    ({"workloads.j.workers": 4}, "workloads.j.workers: 4 worker(s) need 4 nodes of pool t4, but nodePools[0].maxNodes "
                                  "is 3; raise maxNodes or lower workers"),
 ])
 def test_nvidia_pool_rules(change: dict[str, Any], message: str) -> None:
@@ -400,8 +400,8 @@ def test_nvidia_pool_rules(change: dict[str, Any], message: str) -> None:
 
 def test_nvidia_mpijob_needs_the_stacks_cluster() -> None:
     found = problems("gaudi", {"workloads.j": {"kind": "mpijob", "pool": "t4"}})
-    assert "workloads.j.accelerator.kind: an nvidia MPIJob runs on a GPU pool of this stack's GKE cluster; set " \
-           "`cluster` and `nodePools`, or use accelerator.kind gaudi" in found
+    assert "workloads.j.accelerator.kind: NVIDIA workloads run on a GPU pool of this stack's GKE cluster; set " \
+           "`cluster` and `nodePools`, or run an MPIJob with accelerator.kind gaudi on an existing cluster" in found
     assert "workloads.j.pool: no nodePools entry is named 't4' (known: none)" in found
 
 
