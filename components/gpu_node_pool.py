@@ -65,10 +65,11 @@ class GpuNodePool(pulumi.ComponentResource):
         super().__init__("deepspeed-stack:gcp:GpuNodePool", name, None, opts)
         cfg = args.config
         self.config = cfg
-        # No `name`: Pulumi auto-names the pool, so a change that forces replacement creates the new
-        # pool beside the old one instead of failing on a name clash.
+        # No `name`: Pulumi auto-names the pool `<pool name>-<7 random characters>`, so a change that forces
+        # replacement creates the new pool beside the old one instead of failing on a name clash. The logical
+        # name is the config's pool name alone, so that auto-name fits GKE's 40 characters (checks.POOL_NAME_MAX).
         self.node_pool = gcp.container.NodePool(
-            f"{name}-pool",
+            cfg.name,
             project=args.project,
             cluster=args.cluster_name,
             location=args.location,

@@ -20,6 +20,7 @@ DNS1123_MAX = 63
 # Helm refuses longer release names (they end up in object names with suffixes such as "-worker-0").
 HELM_RELEASE_MAX = 53
 SCRIPTS_DIR = PROJECT_DIR / "workloads" / "scripts"
+PINNED_OPERATOR = "v0.8.0"  # workloads/mpi_operator.py applies this release's manifest
 
 
 def _helm(m: StackConfig) -> list[tuple[str, WorkloadConfig]]:
@@ -250,6 +251,15 @@ def check_training_args(m: StackConfig) -> list[str]:
     return problems
 
 
+def check_mpi_operator_install(m: StackConfig) -> list[str]:
+    """The stack pins only the v0.8.0 release manifest; older versions are for clusters that already run them."""
+    op = m.mpi_operator
+    if op.install and op.version != PINNED_OPERATOR:
+        return [f"mpiOperator.version: the stack installs {PINNED_OPERATOR} only, got {op.version}; "
+                f"set {PINNED_OPERATOR}, or install: false when the cluster already runs {op.version}"]
+    return []
+
+
 def check_nfs_provisioner(m: StackConfig) -> list[str]:
     nfs, problems = m.nfs_provisioner, []
     if nfs.install and not nfs.server:
@@ -277,5 +287,6 @@ CHECKS: list[Check] = [
     check_mpijob_names,
     check_mpijob_storage,
     check_training_args,
+    check_mpi_operator_install,
     check_nfs_provisioner,
 ]

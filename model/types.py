@@ -189,6 +189,7 @@ class DeepSpeedConfig:
     reduce_bucket_size: int
     allgather_bucket_size: int
     steps_per_print: int
+    learning_rate: float = 0.0003
     train_batch_size: int | None = None
 
 

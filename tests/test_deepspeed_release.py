@@ -184,8 +184,8 @@ def test_release_uses_the_cluster_provider(dev: RunResult) -> None:
 def test_release_waits_for_its_pool_only(two_pools_with_token: RunResult) -> None:
     run = two_pools_with_token
     rel = run.one(RELEASE)
-    own = run.one(NODE_POOL, "pool-l4-pool").urn
-    other = run.one(NODE_POOL, "pool-l4-spot-pool").urn
+    own = run.one(NODE_POOL, "l4").urn
+    other = run.one(NODE_POOL, "l4-spot").urn
     assert own in rel.dependencies
     assert other not in rel.dependencies
     assert all(other not in run.get(urn).dependencies for urn in rel.dependencies)

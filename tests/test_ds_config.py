@@ -151,3 +151,18 @@ def test_bf16_on_t4_suggests_fp16() -> None:
 
 def test_bf16_on_l4_is_fine() -> None:
     assert problems("prod", {"workloads.zero3-smoke.deepspeed.precision": "bf16"}) == []
+
+
+def test_optimizer_offload_makes_deepspeed_build_the_optimizer() -> None:
+    # ZeRO-Offload refuses a client optimizer unless it is DeepSpeed's CPU Adam, so the config names one.
+    out = build_ds_config(ds(offload_optimizer="cpu", learning_rate=2e-5), 2, 1)
+    assert out["optimizer"] == {"type": "AdamW", "params": {"lr": 2e-5, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                            "weight_decay": 0.0}}
+    assert "optimizer" not in build_ds_config(ds(), 2, 1)  # no offload: the script passes its own
+
+
+def test_hugging_face_trainer_fills_the_optimizer_itself() -> None:
+    out = build_ds_config(ds(offload_optimizer="cpu"), 1, 8, hf_trainer=True)
+    assert out["optimizer"] == {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                            "weight_decay": "auto"}}
+

@@ -464,3 +464,16 @@ def test_load_config(smoke: ModuleType, tmp_path: Path) -> None:
 def test_smoke_test_survives_the_charts_tpl() -> None:
     # source.configMap is rendered with Helm's tpl: a "{{" in the file would be taken for a template.
     assert "{{" not in SMOKE_TEST.read_text(encoding="utf-8")
+
+
+def test_smoke_test_passes_no_optimizer_when_the_generated_config_names_one(smoke: ModuleType) -> None:
+    # With optimizer offload the generated ds_config names DeepSpeed's optimizer; the script must not pass its own.
+    from model.types import DeepSpeedConfig
+    from workloads.ds_config import build_ds_config
+
+    base = DeepSpeedConfig(zero_stage=3, offload_optimizer="cpu", offload_params="none", nvme_path="/local_nvme",
+                           precision="bf16", micro_batch_per_gpu=1, gradient_accumulation=1,
+                           reduce_bucket_size=1, allgather_bucket_size=1, steps_per_print=1)
+    assert smoke.needs_client_optimizer(build_ds_config(base, 2, 1)) is False
+    no_offload = DeepSpeedConfig(**{**base.__dict__, "offload_optimizer": "none"})
+    assert smoke.needs_client_optimizer(build_ds_config(no_offload, 2, 1)) is True

@@ -343,7 +343,7 @@ def test_nvidia_mpijob_on_the_dev_pool_under_mocks(nvidia_run: RunResult) -> Non
 
 def test_nvidia_training_job_waits_only_for_its_pool(nvidia_run: RunResult) -> None:
     job = nvidia_run.one("deepspeed-stack:workloads:TrainingJob", "ds-t4")
-    pool = nvidia_run.one("gcp:container/nodePool:NodePool", "pool-t4-pool")
+    pool = nvidia_run.one("gcp:container/nodePool:NodePool", "t4")
     assert job.dependencies == [pool.urn]  # no operator installed here, and nothing else
 
 
@@ -469,3 +469,29 @@ def test_nfs_provisioner_rules() -> None:
         "nfsProvisioner.storageClass: 'NFS_Client' is not a valid StorageClass name (a DNS-1123 subdomain)",
         "nfsProvisioner.path: 'exports' must be an absolute path on the NFS server",
     ]
+
+
+def test_launcher_policy_only_for_operators_that_know_it() -> None:
+    new = render(model("gaudi", {"mpiOperator.version": "v0.8.0"}), GAUDI_JOB)
+    assert new["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady"
+    m = model("gaudi")  # Omnia 1.7's operator
+    assert m.mpi_operator.version == "v0.4.0"
+    w = m.workloads[GAUDI_JOB]
+    old = mpijob.render(mpijob.MpiJobInputs(workload=w, placement=placement(m, w), image="img",
+                                            config_map="cm", operator_version="v0.4.0"), w.namespace)
+    assert "launcherCreationPolicy" not in old["spec"]
+    # What the v0.4.0 CRD would refuse under a server-side apply: nothing.
+    schema = crd_schema("v0.4.0")
+    assert unknown_fields(schema, old) == []
+
+
+def test_launcher_waits_for_every_worker_on_ssh(gaudi_job: dict[str, Any]) -> None:
+    script = container(gaudi_job, "Launcher")["args"][0]
+    assert 'ssh -o ConnectTimeout=5 -o BatchMode=yes "$host" true' in script
+    assert "tries=120" in script
+
+
+def test_the_stack_installs_only_the_pinned_operator() -> None:
+    assert problems("gaudi", {"mpiOperator.install": True, "mpiOperator.version": "v0.4.0"}) == [
+        "mpiOperator.version: the stack installs v0.8.0 only, got v0.4.0; set v0.8.0, or install: false when the "
+        "cluster already runs v0.4.0"]

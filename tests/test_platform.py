@@ -15,7 +15,7 @@ NODE_POOL = "gcp:container/nodePool:NodePool"
 
 
 def gpu_pool(run: RunResult, name: str):
-    return run.one(NODE_POOL, f"pool-{name}-pool")
+    return run.one(NODE_POOL, name)
 
 
 # --- Network -------------------------------------------------------------------------------------
@@ -261,3 +261,15 @@ def test_pulumi_yaml_matches_the_project_schema() -> None:
     jsonschema.validate(project, schema)
     assert project["name"] == "deepspeed-stack"
     assert project["runtime"] == {"name": "python", "options": {"toolchain": "pip", "virtualenv": ".venv"}}
+
+
+def test_pool_auto_name_fits_gke_limit() -> None:
+    # Pulumi auto-names `<logical name>-<7 characters>`; GKE allows 40 characters. The logical name is the
+    # config's pool name, so the longest pool name the config accepts (32) still fits.
+    pools = stack_yaml("prod")["deepspeed-stack:nodePools"]
+    longest = "p" * 32
+    run = run_stack("prod", {"deepspeed-stack:nodePools": [{**pools[0], "name": longest}],
+                             "deepspeed-stack:workloads": {}})
+    (pool,) = [r for r in run.by_type(NODE_POOL) if r.name != "cluster-system"]
+    assert pool.name == longest
+    assert len(f"{pool.name}-abcdefg") == 40

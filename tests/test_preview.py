@@ -65,7 +65,7 @@ def test_tree_text_has_type_and_name_columns(dev: RunResult) -> None:
     lines = tree.render(dev).splitlines()
     assert lines[0].split() == ["Type", "Name"]
     assert lines[1].split() == ["+", "pulumi:pulumi:Stack", "deepspeed-stack-dev"]
-    pool = next(line for line in lines if line.rstrip().endswith(" pool-t4-pool"))
+    pool = next(line for line in lines if line.rstrip().endswith(" t4"))
     assert pool.startswith(" +   │  └─ gcp:container/nodePool:NodePool")
 
 
@@ -241,7 +241,7 @@ def test_hook_modules_are_found_by_name(tmp_path: Path) -> None:
 def test_diff_by_urn_with_changed_input_paths(dev: RunResult) -> None:
     head = plan.build(dev)
     base = copy.deepcopy(head)
-    pool = next(r for r in base["resources"] if r["name"] == "pool-t4-pool")
+    pool = next(r for r in base["resources"] if r["name"] == "t4")
     pool["inputs"]["autoscaling"]["totalMaxNodeCount"] = 1
     pool["inputs"]["nodeLocations"] = ["us-west1-a", "us-west1-b"]
     gone = {**base["resources"][0], "urn": base["resources"][0]["urn"] + "-old", "name": "old"}
@@ -252,11 +252,11 @@ def test_diff_by_urn_with_changed_input_paths(dev: RunResult) -> None:
     assert [r["urn"] for r in d.added] == [added["urn"]]
     assert [r["name"] for r in d.removed] == ["old"]
     (change,) = d.changed
-    assert (change.name, change.keys) == ("pool-t4-pool", ["autoscaling.totalMaxNodeCount", "nodeLocations"])
+    assert (change.name, change.keys) == ("t4", ["autoscaling.totalMaxNodeCount", "nodeLocations"])
     assert d.outputs == ["clusterName"]
     md = diff.render_markdown(d)
     assert "**1** to add, **1** to change, **1** to delete." in md
-    assert "| ~ | `gcp:container/nodePool:NodePool` | `pool-t4-pool` | `autoscaling.totalMaxNodeCount`, " \
+    assert "| ~ | `gcp:container/nodePool:NodePool` | `t4` | `autoscaling.totalMaxNodeCount`, " \
            "`nodeLocations` |" in md
     assert diff.diff(head, head).empty
 

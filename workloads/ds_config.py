@@ -28,6 +28,10 @@ STAGE3_PREFETCH_BUCKET_SIZE = 50_000_000
 STAGE3_PARAM_PERSISTENCE_THRESHOLD = 100_000
 STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
 STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
+# AdamW's usual constants (also the Hugging Face Trainer's defaults).
+ADAM_BETAS = [0.9, 0.999]
+ADAM_EPS = 1e-8
+HF_AUTO = "auto"
 
 
 def train_batch_size(ds: DeepSpeedConfig, workers: int, per_worker: int) -> int:
@@ -96,8 +100,22 @@ def precision(ds: DeepSpeedConfig) -> dict[str, Any]:
     return {}
 
 
-def build_ds_config(ds: DeepSpeedConfig, workers: int, per_worker: int) -> dict[str, Any]:
-    """The JSON-able ds_config for `workers` nodes with `per_worker` GPUs (or Gaudi cards) each."""
+def optimizer(ds: DeepSpeedConfig, hf_trainer: bool = False) -> dict[str, Any]:
+    """With the optimizer offloaded, DeepSpeed must build the optimizer itself (its CPU Adam): ZeRO-Offload
+    refuses a client optimizer (`zero_force_ds_cpu_optimizer`). Without offload the script brings its own.
+    Under the Hugging Face Trainer (the Gaudi job) "auto" lets the Trainer fill in its own arguments, which it
+    otherwise checks against these values and refuses to start on a mismatch."""
+    if ds.offload_optimizer == "none":
+        return {}
+    params: dict[str, Any] = {"lr": ds.learning_rate, "betas": ADAM_BETAS, "eps": ADAM_EPS, "weight_decay": 0.0}
+    if hf_trainer:
+        params = dict.fromkeys(params, HF_AUTO)
+    return {"optimizer": {"type": "AdamW", "params": params}}
+
+
+def build_ds_config(ds: DeepSpeedConfig, workers: int, per_worker: int, hf_trainer: bool = False) -> dict[str, Any]:
+    """The JSON-able ds_config for `workers` nodes with `per_worker` GPUs (or Gaudi cards) each;
+    `hf_trainer` when the Hugging Face Trainer reads it (the Gaudi MPIJob)."""
     return {
         "train_batch_size": train_batch_size(ds, workers, per_worker),
         "train_micro_batch_size_per_gpu": ds.micro_batch_per_gpu,
@@ -105,6 +123,7 @@ def build_ds_config(ds: DeepSpeedConfig, workers: int, per_worker: int) -> dict[
         "gradient_clipping": GRADIENT_CLIPPING,
         "steps_per_print": ds.steps_per_print,
         **precision(ds),
+        **optimizer(ds, hf_trainer),
         "zero_optimization": zero_optimization(ds),
         "wall_clock_breakdown": False,
     }

@@ -77,6 +77,7 @@ class MpiJobInputs:
     image: str
     config_map: str
     hf_token_secret: str | None = None
+    operator_version: str = "v0.8.0"  # what the cluster's mpi-operator knows decides the fields we may set
     gcs: gcs_fuse.GcsMount | None = None  # the stack's bucket over GCS FUSE (GKE only)
 
 
@@ -163,7 +164,9 @@ def env_list(values: dict[str, str], secret: str | None) -> list[dict[str, Any]]
 # --- DeepSpeed config and training arguments ------------------------------------------------------
 
 def ds_config(w: WorkloadConfig, where: Placement) -> dict[str, Any]:
-    return build_ds_config(w.deepspeed, w.workers, where.per_worker)
+    # The Gaudi job runs optimum-habana's Hugging Face Trainer; an nvidia job runs a plain DeepSpeed script.
+    return build_ds_config(w.deepspeed, w.workers, where.per_worker,
+                           hf_trainer=where.accelerator_kind == "gaudi" and not w.launch.command)
 
 
 def config_map_data(w: WorkloadConfig, where: Placement, has_token: bool) -> dict[str, str]:
@@ -234,6 +237,12 @@ HOSTFILE_PREAMBLE = [
     # The API server must not go through the proxy.
     'export no_proxy="${no_proxy:+$no_proxy,}$KUBERNETES_SERVICE_HOST"',
     'export NO_PROXY="${NO_PROXY:+$NO_PROXY,}$KUBERNETES_SERVICE_HOST"',
+    # Wait (bounded: 10 minutes) until every worker's sshd answers; the only guard on operators older than
+    # v0.5.0, and cheap on newer ones.
+    'for host in $(sed -n "s/[[:space:]]slots.*//p" "$HOSTSFILE"); do tries=120; '
+    'until ssh -o ConnectTimeout=5 -o BatchMode=yes "$host" true 2>/dev/null; do '
+    'tries=$((tries - 1)); [ "$tries" -gt 0 ] || { echo "worker $host never answered on ssh" >&2; exit 1; }; '
+    'sleep 5; done; done',
 ]
 
 
@@ -415,18 +424,25 @@ def render_spec(inputs: MpiJobInputs) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "slotsPerWorker": where.per_worker,
         "runPolicy": {"cleanPodPolicy": "Running"},
-        # mpi-operator >= 0.5: the launcher starts once every worker is Ready, so mpirun/pdsh do not
-        # race the workers' sshd (the Omnia job had no such guard).
-        "launcherCreationPolicy": "WaitForWorkersReady",
         "mpiImplementation": "OpenMPI",
         "mpiReplicaSpecs": {
             "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher_template(inputs)},
             "Worker": {"replicas": w.workers, "restartPolicy": "Never", "template": worker_template(inputs)},
         },
     }
+    if operator_knows_launcher_policy(inputs.operator_version):
+        # mpi-operator >= 0.5: the launcher starts once every worker is Ready, so mpirun/pdsh do not race
+        # the workers' sshd (the Omnia job had no such guard). An older operator's CRD has no such field, and
+        # a server-side apply with an unknown field is refused: there the launcher's own wait covers it.
+        spec["launcherCreationPolicy"] = "WaitForWorkersReady"
     if where.accelerator_kind == "nvidia":
         spec["sshAuthMountPath"] = f"{NVIDIA_HOME}/.ssh"
     return spec
+
+
+def operator_knows_launcher_policy(version: str) -> bool:
+    major, minor, *_ = (int(part) for part in version.lstrip("v").split("."))
+    return (major, minor) >= (0, 5)
 
 
 def render(inputs: MpiJobInputs, namespace: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -30,6 +30,7 @@ class TrainingJobArgs:
     # What the claim waits for: the NFS provisioner (its storage class) when the stack installs it.
     claim_depends_on: list[pulumi.Resource] = field(default_factory=list)
     bucket: gcs_fuse.BucketAccess | None = None  # the stack's bucket, mounted when gcsFuse.enabled
+    operator_version: str = "v0.8.0"  # mpiOperator.version: the fields the cluster's operator knows
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -107,7 +108,8 @@ class TrainingJob(pulumi.ComponentResource):
                 if access else None
             return mpijob.render_spec(mpijob.MpiJobInputs(
                 workload=w, placement=where, image=mpijob.launcher_image(w, stack_image),
-                config_map=mpijob.config_map_name(w.name), hf_token_secret=secret, gcs=gcs))
+                config_map=mpijob.config_map_name(w.name), hf_token_secret=secret, gcs=gcs,
+                operator_version=args.operator_version))
 
         return k8s.apiextensions.CustomResource(
             f"{name}-mpijob",
