@@ -61,6 +61,7 @@ if cfg.storage.enabled:
         project=cfg.project, location=cfg.storage.location or cfg.region, config=cfg.storage,
         kubernetes_accounts=sorted({(w.namespace, ksa) for w in cfg.workloads.values() if w.gcs_fuse.enabled}),
         workload_identity=cluster is not None,
+        identity_pool_ready=[cluster.cluster] if cluster else [], stack=pulumi.get_stack(),
         protect=bool(cfg.cluster and cfg.cluster.deletion_protection)))
     bucket = BucketAccess(bucket=storage.bucket_name, google_service_account=storage.email,
                           kubernetes_service_account=ksa)
@@ -98,7 +99,7 @@ vertex = None
 if cfg.vertex.enabled:
     vertex = VertexTraining("vertex", VertexTrainingArgs(
         project=cfg.project, region=cfg.region, config=cfg.vertex, image_ref=image.ref,
-        bucket=storage.bucket_name, repository=registry.repository.repository_id))
+        bucket=storage.bucket_name, repository=registry.repository.repository_id, stack=pulumi.get_stack()))
 
 # 8. Outputs.
 if cluster is not None:

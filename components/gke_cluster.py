@@ -160,7 +160,10 @@ class GkeCluster(pulumi.ComponentResource):
             deletion_protection=cfg.deletion_protection,
             fleet=_fleet(cfg, args.project),
             resource_labels={"managed-by": "pulumi", "stack": "deepspeed-stack"},
-            opts=pulumi.ResourceOptions(parent=self, protect=cfg.deletion_protection),
+            # After the default pool is removed GKE reports another pool's config as the cluster's nodeConfig;
+            # some of its fields force a new cluster, so the cluster never diffs on it.
+            opts=pulumi.ResourceOptions(parent=self, protect=cfg.deletion_protection,
+                                        ignore_changes=["nodeConfig"]),
         )
         self.system_pool = gcp.container.NodePool(
             f"{name}-system",
@@ -168,6 +171,8 @@ class GkeCluster(pulumi.ComponentResource):
             cluster=self.cluster.name,
             location=args.location,
             node_locations=cfg.system_pool.zones or None,
+            # Without an initial count the pool starts empty until pods ask for nodes; per zone.
+            initial_node_count=1,
             autoscaling=gcp.container.NodePoolAutoscalingArgs(
                 total_min_node_count=cfg.system_pool.min_nodes,
                 total_max_node_count=cfg.system_pool.max_nodes,
@@ -186,7 +191,7 @@ class GkeCluster(pulumi.ComponentResource):
                 ),
                 labels={"deepspeed-stack/pool": "system"},
             ),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["initialNodeCount"]),
         )
         self.name = self.cluster.name
         self.endpoint = self.cluster.endpoint

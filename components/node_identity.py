@@ -6,6 +6,7 @@ is granted on the stack's repository only, by the ArtifactRegistry component.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pulumi
@@ -24,9 +25,12 @@ class NodeIdentityArgs:
     cluster_name: str
 
 
-def account_id(cluster_name: str) -> str:
-    """Service account ids are 6-30 characters; keep the cluster name's start and a `-nodes` suffix."""
-    return f"{cluster_name[:24].rstrip('-')}-nodes"
+def account_id(prefix: str, suffix: str) -> str:
+    """A service account id (6-30 characters: lowercase letters, digits, hyphens, a letter first) from a
+    prefix and a name such as the cluster's or the stack's, cut to fit."""
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", suffix.lower()).strip("-")
+    head = re.sub(r"[^a-z0-9-]+", "-", prefix.lower()).strip("-")
+    return f"{head}-{cleaned}"[:30].rstrip("-")
 
 
 class NodeIdentity(pulumi.ComponentResource):
@@ -39,7 +43,7 @@ class NodeIdentity(pulumi.ComponentResource):
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa",
             project=args.project,
-            account_id=account_id(args.cluster_name),
+            account_id=account_id(args.cluster_name[:24], "nodes"),
             display_name=f"GKE nodes of {args.cluster_name} (deepspeed-stack)",
             opts=child,
         )

@@ -7,11 +7,12 @@ Both get object access on this bucket only, never a project-wide storage role.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
 
+from components.node_identity import account_id
 from model.types import StorageConfig
 
 CHECKPOINT_PREFIX = "checkpoints/"
@@ -28,6 +29,11 @@ class StorageArgs:
     kubernetes_accounts: list[tuple[str, str]]
     workload_identity: bool
     protect: bool
+    # The PROJECT.svc.id.goog identity pool exists only once a cluster with Workload Identity does:
+    # the bindings wait for it (the bucket itself does not).
+    identity_pool_ready: list[pulumi.Resource] = field(default_factory=list)
+    # Service account ids are per project: the stack name keeps two stacks in one project apart.
+    stack: str = "dev"
 
 
 def lifecycle_rules(cfg: StorageConfig) -> list[gcp.storage.BucketLifecycleRuleArgs]:
@@ -73,7 +79,7 @@ class Storage(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
         )
         self.account = gcp.serviceaccount.Account(
-            f"{name}-sa", project=args.project, account_id="deepspeed-data",
+            f"{name}-sa", project=args.project, account_id=account_id("ds-data", args.stack),
             display_name="DeepSpeed data access (deepspeed-stack)", opts=child)
         self.bucket_name = self.bucket.name
         self.email = self.account.email
@@ -86,6 +92,6 @@ class Storage(pulumi.ComponentResource):
                 service_account_id=self.account.name,
                 role="roles/iam.workloadIdentityUser",
                 member=f"serviceAccount:{args.project}.svc.id.goog[{namespace}/{ksa}]",
-                opts=child,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=args.identity_pool_ready),
             )
         self.register_outputs({"bucket": self.bucket_name, "serviceAccount": self.email})

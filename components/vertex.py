@@ -12,6 +12,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
+from components.node_identity import account_id
 from model.types import VertexConfig
 from workloads.vertex_job import customjob_spec
 
@@ -29,6 +30,7 @@ class VertexTrainingArgs:
     image_ref: pulumi.Input[str]
     bucket: pulumi.Input[str]
     repository: pulumi.Input[str]
+    stack: str = "dev"  # service account ids are per project: the stack name keeps stacks apart
 
 
 class VertexTraining(pulumi.ComponentResource):
@@ -39,7 +41,7 @@ class VertexTraining(pulumi.ComponentResource):
         super().__init__("deepspeed-stack:gcp:VertexTraining", name, None, opts)
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
         self.account = gcp.serviceaccount.Account(
-            f"{name}-sa", project=args.project, account_id="deepspeed-vertex",
+            f"{name}-sa", project=args.project, account_id=account_id("ds-vertex", args.stack),
             display_name="Vertex AI DeepSpeed training (deepspeed-stack)", opts=child)
         member = self.account.email.apply(lambda e: f"serviceAccount:{e}")
         for role in TRAINING_ROLES:

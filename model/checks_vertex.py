@@ -57,6 +57,13 @@ def check_storage_names(m: StackConfig) -> list[str]:
     return problems
 
 
+def check_soft_delete_days(m: StackConfig) -> list[str]:
+    days = m.storage.soft_delete_days
+    if m.storage.enabled and 0 < days < 7:
+        return [f"storage.softDeleteDays: Cloud Storage keeps deleted objects 7 to 90 days (or 0: off), got {days}"]
+    return []
+
+
 def check_storage_needs_project(m: StackConfig) -> list[str]:
     if (m.storage.enabled or m.vertex.enabled) and not (m.project and m.region):
         return ["storage.enabled: the bucket and Vertex AI need gcp:project and gcp:region"]
@@ -69,4 +76,5 @@ CHECKS: list[Check] = [
     check_gcs_fuse_needs_storage_and_gke,
     check_storage_names,
     check_storage_needs_project,
+    check_soft_delete_days,
 ]

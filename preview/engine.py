@@ -48,6 +48,7 @@ class Registration:
     property_dependencies: dict[str, list[str]]
     protect: bool
     secret_paths: list[str] = field(default_factory=list)
+    ignore_changes: list[str] = field(default_factory=list)
     # The name the (mock) provider gave the object: `name` or `metadata.name` of its state, for auto-named
     # resources (node pools, Kubernetes objects without a name). Not part of plan.json: it is an output.
     physical_name: str | None = None
@@ -150,7 +151,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             custom=bool(request.custom), provider=request.provider.rsplit("::", 1)[0] or None,
             inputs=_from_struct(request.object.fields, "", secrets), dependencies=sorted(set(request.dependencies)),
             property_dependencies={k: sorted(v.urns) for k, v in request.propertyDependencies.items()},
-            protect=bool(request.protect), secret_paths=secrets,
+            protect=bool(request.protect), secret_paths=secrets, ignore_changes=list(request.ignoreChanges),
         )
         self.registrations.append(reg)  # the SDK calls from several threads: keep our own reference
         response = super().RegisterResource(request)

@@ -273,3 +273,11 @@ def test_pool_auto_name_fits_gke_limit() -> None:
     (pool,) = [r for r in run.by_type(NODE_POOL) if r.name != "cluster-system"]
     assert pool.name == longest
     assert len(f"{pool.name}-abcdefg") == 40
+
+
+def test_replace_safety_options(dev: RunResult) -> None:
+    # GKE reports another pool's config as the cluster's nodeConfig once the default pool is gone.
+    assert dev.one(CLUSTER).ignore_changes == ["nodeConfig"]
+    system = dev.one(NODE_POOL, "cluster-system")
+    assert system.inputs["initialNodeCount"] == 1
+    assert system.ignore_changes == ["initialNodeCount"]

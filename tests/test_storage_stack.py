@@ -63,8 +63,8 @@ def test_bucket_is_private_recoverable_and_tidy(run: RunResult) -> None:
 
 def test_object_access_on_the_bucket_only(run: RunResult) -> None:
     grants = {r.name: r.inputs for r in run.by_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
-    data_sa = "deepspeed-data@my-gcp-project.iam.gserviceaccount.com"
-    vertex_sa = "deepspeed-vertex@my-gcp-project.iam.gserviceaccount.com"
+    data_sa = "ds-data-dev@my-gcp-project.iam.gserviceaccount.com"
+    vertex_sa = "ds-vertex-dev@my-gcp-project.iam.gserviceaccount.com"
     assert {(g["role"], g["member"]) for g in grants.values()} == {
         ("roles/storage.objectUser", f"serviceAccount:{data_sa}"),
         ("roles/storage.objectUser", f"serviceAccount:{vertex_sa}")}
@@ -88,7 +88,7 @@ def test_kubernetes_service_accounts_carry_the_google_account(run: RunResult) ->
     for ksa in ksas:
         assert ksa.inputs["metadata"]["name"] == "deepspeed-data"
         assert ksa.inputs["metadata"]["annotations"] == {
-            "iam.gke.io/gcp-service-account": "deepspeed-data@my-gcp-project.iam.gserviceaccount.com"}
+            "iam.gke.io/gcp-service-account": "ds-data-dev@my-gcp-project.iam.gserviceaccount.com"}
 
 
 def _bucket_name(run: RunResult) -> str:
@@ -99,7 +99,8 @@ def test_helm_pods_mount_the_bucket(run: RunResult) -> None:
     values = run.one("kubernetes:helm.sh/v3:Release").inputs["values"]
     for role in ("client", "worker"):
         pod = values[role]
-        assert pod["podAnnotations"] == {"gke-gcsfuse/volumes": "true"}
+        assert pod["podAnnotations"]["gke-gcsfuse/volumes"] == "true"
+        assert pod["podAnnotations"]["gke-gcsfuse/cpu-request"] == "100m"  # small: the pod fills the node
         assert pod["serviceAccount"] == {"create": False, "name": "deepspeed-data"}
         (gcs,) = [v for v in pod["extraVolumes"] if v["name"] == "gcs"]
         assert gcs["csi"] == {"driver": "gcsfuse.csi.storage.gke.io",
@@ -114,7 +115,7 @@ def test_mpijob_pods_mount_the_bucket(run: RunResult) -> None:
     doc = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": job["metadata"], "spec": job["spec"]}
     for role in ("Launcher", "Worker"):
         template = job["spec"]["mpiReplicaSpecs"][role]["template"]
-        assert template["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+        assert template["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
         assert template["spec"]["serviceAccountName"] == "deepspeed-data"
         (container,) = template["spec"]["containers"]
         assert {"name": "gcs", "mountPath": "/gcs"} in container["volumeMounts"]
@@ -131,12 +132,12 @@ def test_vertex_customjob_output(run: RunResult) -> None:
     assert "@sha256:" in primary["containerSpec"]["imageUri"]
     assert primary["containerSpec"]["args"] == ["train.py", "--epochs", "1"]
     assert spec["baseOutputDirectory"] == {"outputUriPrefix": f"gs://{_bucket_name(run)}/vertex"}
-    assert spec["serviceAccount"] == "deepspeed-vertex@my-gcp-project.iam.gserviceaccount.com"
+    assert spec["serviceAccount"] == "ds-vertex-dev@my-gcp-project.iam.gserviceaccount.com"
     assert spec["tensorboard"].startswith("projects/my-gcp-project/locations/us-west1/tensorboards/")
 
 
 def test_vertex_identity(run: RunResult) -> None:
-    vertex_sa = "serviceAccount:deepspeed-vertex@my-gcp-project.iam.gserviceaccount.com"
+    vertex_sa = "serviceAccount:ds-vertex-dev@my-gcp-project.iam.gserviceaccount.com"
     roles = sorted(r.inputs["role"] for r in run.by_type("gcp:projects/iAMMember:IAMMember")
                    if r.inputs["member"] == vertex_sa)
     assert roles == ["roles/aiplatform.user", "roles/logging.logWriter"]
@@ -147,9 +148,21 @@ def test_vertex_identity(run: RunResult) -> None:
     assert tb["region"] == "us-west1"
 
 
-def test_the_bucket_does_not_wait_for_the_cluster(run: RunResult) -> None:
+def test_the_bucket_does_not_wait_for_the_cluster_but_identity_bindings_do(run: RunResult) -> None:
     cluster = run.one("gcp:container/cluster:Cluster").urn
     assert cluster not in waits_for(run, run.one(BUCKET))
+    # PROJECT.svc.id.goog exists only once a Workload Identity cluster does.
+    for binding in run.by_type("gcp:serviceaccount/iAMMember:IAMMember"):
+        assert cluster in binding.dependencies
+
+
+def test_service_account_ids_carry_the_stack_name() -> None:
+    from components.node_identity import account_id
+
+    assert account_id("ds-data", "dev") == "ds-data-dev"
+    assert account_id("ds-vertex", "Team_A.prod") == "ds-vertex-team-a-prod"
+    long = account_id("ds-vertex", "x" * 40)
+    assert len(long) == 30 and long.startswith("ds-vertex-")
 
 
 def test_vertex_only_stack_has_no_cluster_but_an_image() -> None:
@@ -164,7 +177,7 @@ def test_vertex_only_stack_has_no_cluster_but_an_image() -> None:
     assert len(run.by_type("docker-build:index:Image")) == 1
     readers = [r.inputs["member"] for r in run.by_type(
         "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")]
-    assert readers == ["serviceAccount:deepspeed-vertex@my-gcp-project.iam.gserviceaccount.com"]
+    assert readers == ["serviceAccount:ds-vertex-vertex-only@my-gcp-project.iam.gserviceaccount.com"]
     assert len(run.outputs["vertexCustomJob"]["workerPoolSpecs"]) == 1
 
 
@@ -179,3 +192,20 @@ def test_preview_writes_the_customjob_spec(run: RunResult) -> None:
     (title, body), = hooks.sections(run, [preview_hooks.vertex_summary])
     assert title == "Vertex AI CustomJob"
     assert "| workerpool1 | 2 | n1-standard-8 | 1 x NVIDIA_TESLA_T4 |" in body
+
+
+def test_a_changed_script_or_ds_config_changes_the_pods() -> None:
+    # The pods mount their ConfigMaps by name; the content digest in the pod annotations makes a change
+    # roll the Helm pods and start a new MPIJob run.
+    def annotations(run: RunResult) -> tuple[str, str]:
+        helm = run.one("kubernetes:helm.sh/v3:Release").inputs["values"]["worker"]["podAnnotations"]
+        job = run.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs["spec"]["mpiReplicaSpecs"]["Worker"]
+        key = "deepspeed-stack/config-sha256"
+        return helm[key], job["template"]["metadata"]["annotations"][key]
+
+    before = annotations(_run())
+    changes = _with_data_path()
+    for w in changes["deepspeed-stack:workloads"].values():
+        w["deepspeed"] = {**w.get("deepspeed", {}), "stepsPerPrint": 99}
+    after = annotations(run_stack("dev", changes))
+    assert before[0] != after[0] and before[1] != after[1]

@@ -111,3 +111,10 @@ def test_job_command_is_where_the_image_installs_the_entrypoint() -> None:
     dockerfile = (Path(__file__).resolve().parent.parent / "workloads/images/deepspeed/Dockerfile").read_text()
     copy = next(line for line in dockerfile.splitlines() if line.startswith("COPY") and "vertex_start.sh" in line)
     assert copy.split()[-1].rstrip("/") == str(Path(VERTEX_ENTRYPOINT).parent)
+
+
+@pytest.mark.parametrize(("days", "ok"), [(0, True), (3, False), (7, True), (90, True)])
+def test_soft_delete_days_are_0_or_7_to_90(days: int, ok: bool) -> None:
+    found = problems("dev", {"storage.enabled": True, "storage.softDeleteDays": days})
+    assert found == ([] if ok else [
+        f"storage.softDeleteDays: Cloud Storage keeps deleted objects 7 to 90 days (or 0: off), got {days}"])

@@ -21,7 +21,7 @@ import pulumi_kubernetes as k8s
 from model.types import WorkloadConfig
 from workloads import gcs_fuse
 from workloads.ds_config import build_ds_config
-from workloads.placement import Placement
+from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 from workloads.placement import labels as workload_labels
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
@@ -99,7 +99,10 @@ def _pod_values(w: WorkloadConfig, where: Placement, token_secret: str | None,
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": w.resources.shm_size}},
     ]
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    files = source_files(w, where.per_worker, with_token=token_secret is not None)
     pod: dict[str, Any] = {
+        # A new script or ds_config.json rolls the client and workers (the chart hashes only its own ConfigMap).
+        "podAnnotations": {CONFIG_DIGEST_ANNOTATION: config_digest(files)},
         "resources": {"requests": dict(limits), "limits": dict(limits)},
         "nodeSelector": dict(where.node_selector),
         "tolerations": [dict(t) for t in where.tolerations],
@@ -112,7 +115,7 @@ def _pod_values(w: WorkloadConfig, where: Placement, token_secret: str | None,
     if gcs:
         volumes.append(gcs_fuse.volume(gcs))
         mounts.append(gcs_fuse.volume_mount(gcs))
-        pod["podAnnotations"] = dict(gcs_fuse.POD_ANNOTATIONS)
+        pod["podAnnotations"].update(gcs_fuse.POD_ANNOTATIONS)
         # The component creates the Workload Identity account; the chart must use it, not make its own.
         pod["serviceAccount"] = {"create": False, "name": gcs.service_account}
     pod["extraVolumes"] = volumes

@@ -15,7 +15,17 @@ import pulumi_kubernetes as k8s
 
 DRIVER = "gcsfuse.csi.storage.gke.io"
 VOLUME = "gcs"
-POD_ANNOTATIONS = {"gke-gcsfuse/volumes": "true"}
+POD_ANNOTATIONS = {
+    "gke-gcsfuse/volumes": "true",
+    # The injected sidecar asks 250m CPU, 256Mi and 5Gi by default, on top of pods fitted to a whole GPU node:
+    # ask little, and set no limit ("0") so reads are not throttled.
+    "gke-gcsfuse/cpu-request": "100m",
+    "gke-gcsfuse/memory-request": "128Mi",
+    "gke-gcsfuse/ephemeral-storage-request": "1Gi",
+    "gke-gcsfuse/cpu-limit": "0",
+    "gke-gcsfuse/memory-limit": "0",
+    "gke-gcsfuse/ephemeral-storage-limit": "0",
+}
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
 # implicit-dirs: folders that exist only as object prefixes (how gsutil/gcloud upload) are visible.
 MOUNT_OPTIONS = "implicit-dirs"

@@ -27,7 +27,7 @@ from typing import Any
 from model.types import WorkloadConfig
 from workloads import gcs_fuse
 from workloads.ds_config import build_ds_config
-from workloads.placement import Placement
+from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
@@ -353,10 +353,13 @@ def _template(inputs: MpiJobInputs, spec: dict[str, Any]) -> dict[str, Any]:
     """A pod template; with the bucket mounted, as the Workload Identity account with the FUSE sidecar."""
     if inputs.placement.accelerator_kind == "nvidia":
         spec = _nvidia_security(spec)
-    if inputs.gcs is None:
-        return {"spec": spec}
-    spec["serviceAccountName"] = inputs.gcs.service_account
-    return {"metadata": {"annotations": dict(gcs_fuse.POD_ANNOTATIONS)}, "spec": spec}
+    # The ConfigMap's content in the spec: a new script or ds_config.json is a new spec, hence a new run.
+    files = config_map_data(inputs.workload, inputs.placement, has_token=inputs.hf_token_secret is not None)
+    annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(files)}
+    if inputs.gcs is not None:
+        spec["serviceAccountName"] = inputs.gcs.service_account
+        annotations.update(gcs_fuse.POD_ANNOTATIONS)
+    return {"metadata": {"annotations": annotations}, "spec": spec}
 
 
 def _container(name: str, image: str, script: str, env: list[dict[str, Any]],

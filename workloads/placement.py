@@ -6,6 +6,8 @@ type); Gaudi workloads run on `habana.ai/gaudi` nodes of an existing cluster.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 
@@ -120,6 +122,15 @@ def _gaudi(w: WorkloadConfig) -> Placement:
 def labels(w: WorkloadConfig) -> dict[str, str]:
     """Labels on every object of a workload, of either kind: `kubectl get -l deepspeed-stack/workload=NAME`."""
     return {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/workload": w.name}
+
+
+CONFIG_DIGEST_ANNOTATION = "deepspeed-stack/config-sha256"
+
+
+def config_digest(files: dict[str, str]) -> str:
+    """A digest of what a workload's ConfigMap holds, as a pod annotation: the pods mount the ConfigMap by
+    name, so without it a changed script or ds_config.json would change nothing the pods are built from."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
 def placement(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
