@@ -31,7 +31,11 @@ class ContainerImage(pulumi.ComponentResource):
         if cfg.prebuilt:
             self.ref = pulumi.Output.from_input(cfg.prebuilt)
         else:
-            self.ref = self._build(name, args).ref
+            # `repository@digest`: the image's `ref` output keeps the tag too (`repo:tag@sha256:...`); the
+            # digest alone is what pins it, so that is what workloads get.
+            image = self._build(name, args)
+            self.ref = pulumi.Output.all(args.repository_url, image.digest).apply(
+                lambda v: f"{v[0]}/{cfg.name}@{v[1]}")
         self.register_outputs({"ref": self.ref})
 
     def _build(self, name: str, args: ContainerImageArgs) -> docker_build.Image:
@@ -40,7 +44,11 @@ class ContainerImage(pulumi.ComponentResource):
         token = pulumi.Output.secret(gcp.organizations.get_client_config_output().access_token)
         # Relative to the project folder, where Pulumi runs the program: the plan stays machine-independent.
         context = cfg.context.rstrip("/")
-        tag = pulumi.Output.from_input(args.repository_url).apply(lambda url: f"{url}/{cfg.name}:{cfg.tag}")
+        repo = pulumi.Output.from_input(args.repository_url).apply(lambda url: f"{url}/{cfg.name}")
+        tag = repo.apply(lambda r: f"{r}:{cfg.tag}")
+        # Layers cached in the registry itself (an image manifest Artifact Registry accepts), so a build on a
+        # fresh CI runner does not start a multi-GB CUDA image from nothing.
+        cache = repo.apply(lambda r: f"{r}:buildcache")
         return docker_build.Image(
             f"{name}-build",
             context=docker_build.BuildContextArgs(location=context),
@@ -48,6 +56,12 @@ class ContainerImage(pulumi.ComponentResource):
             platforms=[docker_build.Platform(cfg.platform)],
             tags=[tag],
             push=True,
+            cache_from=[docker_build.CacheFromArgs(registry=docker_build.CacheFromRegistryArgs(ref=cache))],
+            cache_to=[docker_build.CacheToArgs(registry=docker_build.CacheToRegistryArgs(
+                ref=cache, mode=docker_build.CacheMode.MAX, image_manifest=True, oci_media_types=True))],
+            # `pulumi preview` (every pull request) does not build; `pulumi up` does. The Dockerfile is linted
+            # by hadolint in the tests.
+            build_on_preview=False,
             registries=[docker_build.RegistryArgs(
                 address=args.registry_host, username="oauth2accesstoken", password=token,
             )],

@@ -8,7 +8,7 @@ from model import catalog as gpu_catalog
 from model.checks import PROJECT_DIR, Check, _path
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 from workloads import mpijob
-from workloads.ds_config import batch_problems
+from workloads.ds_config import batch_problems, nvme_offload_path
 from workloads.placement import placement
 from workloads.target import needs_kubernetes
 
@@ -141,6 +141,19 @@ def check_zero_offload(m: StackConfig) -> list[str]:
         if ds.offload_optimizer != "none" and ds.zero_stage < 1:
             problems.append(f"{_path('workloads', name, 'deepspeed', 'offloadOptimizer')}: {ds.offload_optimizer} "
                             f"offload of optimizer states needs zeroStage 1 or higher, got zeroStage {ds.zero_stage}")
+    return problems
+
+
+def check_nvme_offload_has_local_ssd(m: StackConfig) -> list[str]:
+    """nvme offload writes to an emptyDir: on a pool without local SSDs that is the network boot disk."""
+    problems = []
+    for name, w in m.workloads.items():
+        pool = _pool_facts(m, w)
+        if pool is None or nvme_offload_path(w.deepspeed) is None or pool.local_ssd_count:
+            continue
+        problems.append(f"{_path('workloads', name, 'deepspeed')}: offloading to nvme needs local SSDs on pool "
+                        f"{pool.name}; set {_path('nodePools', m.node_pools.index(pool), 'localSsdCount')} to 1 "
+                        "or more, or offload to cpu")
     return problems
 
 
@@ -282,6 +295,7 @@ CHECKS: list[Check] = [
     check_batch_size,
     check_zero_offload,
     check_bf16_support,
+    check_nvme_offload_has_local_ssd,
     check_kubernetes_target,
     check_gaudi_placement,
     check_mpijob_names,

@@ -66,8 +66,8 @@ def _service_account(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
 def _image(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     tags = args.inputs.get("tags") or [f"example.invalid/{args.name}:latest"]
     digest = f"sha256:{_digest('image', *tags)}"
-    repo = tags[0].rsplit(":", 1)[0]
-    return {"digest": digest, "ref": f"{repo}@{digest}"}
+    # Like docker-build: `ref` is the first tag with the digest appended.
+    return {"digest": digest, "ref": f"{tags[0]}@{digest}"}
 
 
 def _repository(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:

@@ -336,3 +336,13 @@ def test_image_values_parse_a_reference(ref: str, expected: dict[str, str]) -> N
 def test_helm_namespace_is_a_dns_label() -> None:
     assert problems("dev", {"workloads.smoke.namespace": "DeepSpeed_Smoke"}) == [
         "workloads.smoke.namespace: 'DeepSpeed_Smoke' is not a valid namespace (a DNS-1123 label)"]
+
+
+def test_nvme_offload_path_is_mounted_in_client_and_workers() -> None:
+    run = engine.run_stack("dev", {"deepspeed-stack:workloads": {"smoke": {
+        **stack_yaml("dev")["deepspeed-stack:workloads"]["smoke"],
+        "deepspeed": {"zeroStage": 3, "offloadParams": "nvme", "nvmePath": "/local_nvme", "precision": "fp16"}}}})
+    for role in ("client", "worker"):
+        pod = values(run)[role]
+        assert {"name": "nvme-offload", "emptyDir": {}} in pod["extraVolumes"]
+        assert {"name": "nvme-offload", "mountPath": "/local_nvme"} in pod["extraVolumeMounts"]

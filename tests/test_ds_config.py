@@ -166,3 +166,11 @@ def test_hugging_face_trainer_fills_the_optimizer_itself() -> None:
     assert out["optimizer"] == {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
                                                             "weight_decay": "auto"}}
 
+
+
+def test_nvme_offload_needs_local_ssds_on_the_pool() -> None:
+    nvme = {"workloads.smoke.deepspeed.zeroStage": 3, "workloads.smoke.deepspeed.offloadParams": "nvme"}
+    assert problems("dev", nvme) == []  # the dev T4 pool has a local SSD
+    assert problems("dev", {**nvme, "nodePools[0].localSsdCount": 0}) == [
+        "workloads.smoke.deepspeed: offloading to nvme needs local SSDs on pool t4; set nodePools[0].localSsdCount "
+        "to 1 or more, or offload to cpu"]

@@ -57,9 +57,15 @@ def fleet_run() -> tuple[RunResult, FleetMocks]:
     return run_prod_with_fleet({"enabled": True})
 
 
-def test_fleet_is_off_by_default(prod: RunResult) -> None:
-    assert "fleet" not in prod.one(CLUSTER).inputs
-    assert "connectGatewayKubeconfig" not in prod.outputs
+def test_fleet_is_off_by_default(dev: RunResult) -> None:
+    assert "fleet" not in dev.one(CLUSTER).inputs
+    assert "connectGatewayKubeconfig" not in dev.outputs
+
+
+def test_prod_reaches_its_private_control_plane_through_the_gateway(prod: RunResult) -> None:
+    # The private prod cluster is deployed from CI, which only the Connect Gateway lets in.
+    assert prod.one(CLUSTER).inputs["fleet"] == {"project": "my-gcp-project"}
+    assert prod.outputs["connectGatewayKubeconfig"] == SECRET
 
 
 def test_cluster_registers_itself_to_the_stack_project(fleet_run: tuple[RunResult, FleetMocks]) -> None:

@@ -146,10 +146,13 @@ def test_dev_t4_pool(dev: RunResult) -> None:
     assert pool["cluster"] == "deepspeed-dev"
 
 
-def test_prod_l4_pool_defaults_to_catalog_zones(prod: RunResult) -> None:
+def test_prod_l4_pool_in_one_zone_or_the_catalog_zones(prod: RunResult) -> None:
     from model import catalog
 
-    pool = gpu_pool(prod, "l4").inputs
+    assert gpu_pool(prod, "l4").inputs["nodeLocations"] == ["us-central1-a"]  # NCCL stays in one zone
+    pools = stack_yaml("prod")["deepspeed-stack:nodePools"]
+    run = run_stack("prod", {"deepspeed-stack:nodePools": [{**pools[0], "zones": []}]})
+    pool = gpu_pool(run, "l4").inputs
     assert pool["nodeConfig"]["machineType"] == "g2-standard-8"
     assert pool["nodeConfig"]["spot"] is False
     assert pool["autoscaling"]["locationPolicy"] == "BALANCED"
@@ -177,7 +180,12 @@ def test_image_build_pushes_to_the_registry_and_is_pinned_by_digest(dev: RunResu
     assert build.inputs["platforms"] == ["linux/amd64"]
     assert build.inputs["registries"] == [
         {"address": "us-west1-docker.pkg.dev", "username": "oauth2accesstoken", "password": "[secret]"}]
-    assert dev.outputs["imageRef"].startswith(f"{ref}@sha256:")
+    assert dev.outputs["imageRef"].startswith(f"{ref}@sha256:")  # pinned by digest, without the tag
+    assert build.inputs["buildOnPreview"] is False
+    assert build.inputs["cacheFrom"] == [{"registry": {"ref": f"{ref}:buildcache"}}]
+    (cache_to,) = build.inputs["cacheTo"]  # (the SDK fills in its own defaults beside ours)
+    assert {k: cache_to["registry"][k] for k in ("ref", "mode", "imageManifest", "ociMediaTypes")} == {
+        "ref": f"{ref}:buildcache", "mode": "max", "imageManifest": True, "ociMediaTypes": True}
 
 
 def test_prebuilt_image_builds_nothing() -> None:

@@ -20,7 +20,7 @@ import pulumi_kubernetes as k8s
 
 from model.types import WorkloadConfig
 from workloads import gcs_fuse
-from workloads.ds_config import build_ds_config
+from workloads.ds_config import build_ds_config, nvme_volume
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 from workloads.placement import labels as workload_labels
 
@@ -99,6 +99,10 @@ def _pod_values(w: WorkloadConfig, where: Placement, token_secret: str | None,
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": w.resources.shm_size}},
     ]
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    nvme = nvme_volume(w.deepspeed)
+    if nvme:
+        volumes.append(nvme[0])
+        mounts.append(nvme[1])
     files = source_files(w, where.per_worker, with_token=token_secret is not None)
     pod: dict[str, Any] = {
         # A new script or ds_config.json rolls the client and workers (the chart hashes only its own ConfigMap).

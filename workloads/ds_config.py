@@ -53,6 +53,23 @@ def batch_problems(path: str, ds: DeepSpeedConfig, workers: int, per_worker: int
             "Remove trainBatchSize to have it computed"]
 
 
+NVME_VOLUME = "nvme-offload"
+
+
+def nvme_offload_path(ds: DeepSpeedConfig) -> str | None:
+    """Where offloaded states go when either offload targets nvme; the pods must mount something there."""
+    return ds.nvme_path if "nvme" in (ds.offload_optimizer, ds.offload_params) else None
+
+
+def nvme_volume(ds: DeepSpeedConfig) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """An emptyDir at nvme_path (volume, mount): on a GKE pool with local SSD ephemeral storage it lives on
+    the local NVMe SSDs; the containers' root filesystem is read-only or slow, never the place for it."""
+    path = nvme_offload_path(ds)
+    if path is None:
+        return None
+    return {"name": NVME_VOLUME, "emptyDir": {}}, {"name": NVME_VOLUME, "mountPath": path}
+
+
 def _offload(device: str, ds: DeepSpeedConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"device": device, "pin_memory": True}
     if device == "nvme":

@@ -26,7 +26,7 @@ from typing import Any
 
 from model.types import WorkloadConfig
 from workloads import gcs_fuse
-from workloads.ds_config import build_ds_config
+from workloads.ds_config import build_ds_config, nvme_volume
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 
 API_VERSION = "kubeflow.org/v2beta1"
@@ -400,18 +400,22 @@ def worker_template(inputs: MpiJobInputs) -> dict[str, Any]:
     send_env = forwarded_env(w, where, inputs.hf_token_secret is not None)
     limits = where.limits()
     mounts = [*_mounts(w, inputs.gcs), {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    nvme = nvme_volume(w.deepspeed)  # the training ranks run on the workers: offloaded states go there
     gaudi = where.accelerator_kind == "gaudi"
     script = gaudi_worker_script(send_env) if gaudi else nvidia_worker_script(send_env)
     # Workers carry no token: the training processes get it from the launcher over ssh.
     container = _container(f"{w.name}-worker", inputs.image, script, env_list(plain_env(w, where), None), mounts)
     container["resources"] = {"limits": dict(limits), "requests": dict(limits)}
+    if nvme:
+        container["volumeMounts"].append(nvme[1])
     if where.accelerator_kind == "nvidia":
         # Ready only once sshd listens, so WaitForWorkersReady really means "reachable".
         container["readinessProbe"] = {"tcpSocket": {"port": NVIDIA_SSH_PORT}, "periodSeconds": 5}
     spec: dict[str, Any] = {
         "containers": [container],
         "volumes": [*_volumes(inputs, launcher=False), {"name": SHM_VOLUME,
-                                        "emptyDir": {"medium": "Memory", "sizeLimit": w.resources.shm_size}}],
+                                        "emptyDir": {"medium": "Memory", "sizeLimit": w.resources.shm_size}},
+                    *([nvme[0]] if nvme else [])],
     }
     if w.host_ipc:
         spec["hostIPC"] = True
