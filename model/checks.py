@@ -36,6 +36,14 @@ def _network(value: str) -> ipaddress.IPv4Network | None:
         return None
 
 
+def is_file(path: Path) -> bool:
+    """Path.is_file, but a name the OS refuses (too long, ...) is simply not a file."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def _or_list(items: list) -> str:
     items = [str(i) for i in items]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
@@ -98,8 +106,12 @@ def check_cidrs(m: StackConfig) -> list[str]:
         if net is not None and net.prefixlen != 28:
             problems.append(f"cluster.masterCidr: a private control plane needs a /28, got /{net.prefixlen}")
     for i, an in enumerate(m.cluster.authorized_networks):
-        if _network(an.cidr) is None:
+        net = _network(an.cidr)
+        if net is None:
             problems.append(f"{_path('cluster', 'authorizedNetworks', i, 'cidr')}: {an.cidr!r} is not an IPv4 CIDR")
+        elif net.prefixlen == 0:
+            problems.append(f"{_path('cluster', 'authorizedNetworks', i, 'cidr')}: {an.cidr} would open the control "
+                            "plane to the whole internet; list only your networks")
     return problems
 
 
@@ -216,8 +228,7 @@ def check_image(m: StackConfig) -> list[str]:
     if not DOCKER_TAG.match(img.tag):
         problems.append(f"image.tag: {img.tag!r} is not a valid Docker tag")
     if img.prebuilt is None:
-        dockerfile = PROJECT_DIR / img.context / "Dockerfile"
-        if not dockerfile.is_file():
+        if not is_file(PROJECT_DIR / img.context / "Dockerfile"):
             problems.append(f"image.context: no Dockerfile at {img.context}/Dockerfile "
                             "(set image.context to a folder with one, or image.prebuilt to an existing image)")
     elif ":" not in img.prebuilt and "@" not in img.prebuilt:

@@ -43,6 +43,21 @@ def check_gcs_fuse_needs_storage_and_gke(m: StackConfig) -> list[str]:
     return problems
 
 
+# Paths the workloads' pods already use: the chart's source at /app, scratch, shared memory, the offload path.
+RESERVED_MOUNTS = ("/app", "/tmp", "/dev/shm", "/job", "/etc/deepspeed")
+
+
+def check_gcs_fuse_mount_path(m: StackConfig) -> list[str]:
+    problems = []
+    for name, w in m.workloads.items():
+        path = w.gcs_fuse.mount_path.rstrip("/") or "/"
+        taken = {*RESERVED_MOUNTS, w.storage.mount_path.rstrip("/"), w.deepspeed.nvme_path.rstrip("/")}
+        if w.gcs_fuse.enabled and path in taken | {"/"}:
+            problems.append(f"workloads.{name}.gcsFuse.mountPath: {path} is already used by the workload's pods; "
+                            "pick another path such as /gcs")
+    return problems
+
+
 def check_storage_names(m: StackConfig) -> list[str]:
     if not m.storage.enabled:
         return []
@@ -74,6 +89,7 @@ CHECKS: list[Check] = [
     check_vertex_needs_storage,
     check_vertex_machine,
     check_gcs_fuse_needs_storage_and_gke,
+    check_gcs_fuse_mount_path,
     check_storage_names,
     check_storage_needs_project,
     check_soft_delete_days,

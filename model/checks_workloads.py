@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from model import catalog as gpu_catalog
-from model.checks import PROJECT_DIR, Check, _path
+from model.checks import PROJECT_DIR, Check, _path, is_file
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 from workloads import mpijob
 from workloads.ds_config import batch_problems, nvme_offload_path
@@ -113,7 +113,7 @@ def check_launch_script(m: StackConfig) -> list[str]:
         if not ships_script or w.launch.command:
             continue
         script = w.launch.script
-        if "/" in script or not (SCRIPTS_DIR / script).is_file():
+        if "/" in script or not is_file(SCRIPTS_DIR / script):
             known = sorted(p.name for p in SCRIPTS_DIR.glob("*.py"))
             problems.append(f"{_path('workloads', name, 'launch', 'script')}: no file {script!r} in workloads/scripts "
                             f"(there: {', '.join(known) or 'nothing'}); add it there or set launch.command")

@@ -12,6 +12,7 @@ import copy
 import difflib
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from model.yamlio import load_yaml
 
 PROJECT = "deepspeed-stack"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
+PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 
 
 class ConfigError(pulumi.RunError):
@@ -78,8 +80,23 @@ def read_raw(cfg: dict[str, Any], secret_keys: set[str], problems: list[str]) ->
             continue
         if props[key].get("x-secret") and full_key not in secret_keys:
             problems.append(f"{key}: must be a secret; set it with `pulumi config set --secret {key}`")
+        if props[key].get("x-secret") and value == "":
+            problems.append(f"{key}: is empty; set it, or remove it with `pulumi config rm {key}`")
         raw[key] = _decode(key, value, props[key], problems)
     return raw
+
+
+def plain_keys_set_as_secrets(cfg: dict[str, Any], secret_keys: set[str]) -> list[str]:
+    """A secret anywhere in a key marks the whole key secret, but only hfToken and kubeconfig stay secret on
+    their way to the cloud: any other value would land in plain text in resource inputs, plans and manifests.
+    Refused before anything else, so no message ever repeats such a value."""
+    props = schema()["properties"]
+    prefix = f"{PROJECT}:"
+    return [f"{key[len(prefix):]}: is set as a secret, but the stack would write it in plain text into the "
+            "resources it creates; only hfToken and kubeconfig are kept secret. Set it without --secret (or, for "
+            "a credential such as a proxy password, keep it out of the stack)"
+            for key in sorted(secret_keys)
+            if key.startswith(prefix) and key in cfg and not props.get(key[len(prefix):], {}).get("x-secret")]
 
 
 def with_defaults(node: dict[str, Any], value: Any) -> Any:
@@ -114,6 +131,17 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "enum":
         choices = ", ".join(map(str, error.validator_value))
         return f"{where}: {json.dumps(error.instance)} is not one of {choices}"
+    if error.validator == "pattern":
+        form = error.schema.get("x-form", error.validator_value)
+        return f"{where}: {json.dumps(error.instance)} is not of the form {form}"
+    if error.validator in ("minLength", "maxLength"):
+        word = "at least" if error.validator == "minLength" else "at most"
+        return f"{where}: must be {word} {error.validator_value} characters long"
+    if error.validator == "uniqueItems":
+        return f"{where}: lists the same value twice"
+    if error.validator in ("exclusiveMinimum", "exclusiveMaximum"):
+        word = "more than" if error.validator == "exclusiveMinimum" else "less than"
+        return f"{where}: must be {word} {error.validator_value}, got {error.instance}"
     if error.validator in ("minimum", "maximum"):
         word = "at least" if error.validator == "minimum" else "at most"
         return f"{where}: must be {word} {error.validator_value}, got {error.instance}"
@@ -134,6 +162,9 @@ def gcp_settings(cfg: dict[str, Any], problems: list[str], required: bool = True
         return project or "", region or ""
     if not project:
         problems.append("gcp:project: required; set it with `pulumi config set gcp:project <project-id>`")
+    elif not PROJECT_ID.match(project):
+        problems.append(f"gcp:project: {project!r} is not a project id (6-30 lowercase letters, digits and hyphens, "
+                        "starting with a letter)")
     if not region:
         problems.append("gcp:region: required; set it with `pulumi config set gcp:region <region>`")
     return project or "", region or ""
@@ -144,7 +175,9 @@ def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None)
     cfg = engine_config() if cfg is None else cfg
     if secret_keys is None:
         secret_keys = set(runtime_config._SECRET_KEYS.get()) | set(runtime_config.get_config_secret_keys_env())
-    problems: list[str] = []
+    problems = plain_keys_set_as_secrets(cfg, secret_keys)
+    if problems:
+        raise ConfigError(problems)
     raw = read_raw(cfg, secret_keys, problems)
     project, region = gcp_settings(cfg, problems, required="cluster" in raw)
     filled = with_defaults(schema(), raw)

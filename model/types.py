@@ -299,11 +299,19 @@ class StackConfig:
         return next((p for p in self.node_pools if p.name == name), None)
 
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
 def key_path(parts: list[Any] | tuple[Any, ...]) -> str:
     """`['nodePools', 1, 'gpu']` -> `nodePools[1].gpu`, as `pulumi config set --path` spells it."""
     out = ""
     for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _PLAIN_KEY.match(str(part)):
+            out += f'["{part}"]'  # a key with dots, brackets or spaces: `workloads["a.b"]`
+        else:
+            out += f".{part}" if out else str(part)
     return out
 
 
@@ -333,6 +341,8 @@ def _convert(hint: Any, value: Any) -> Any:
         return {k: _convert(item, v) for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         return build(hint, value)
+    if hint is int and isinstance(value, float):
+        return int(value)  # JSON Schema counts 2.0 as an integer; the model (and ds_config.json) should not
     return value
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pulumi
 import pytest
-from conftest import DELETE, config_problems, problems, set_path, stack_yaml
+from conftest import DELETE, config_problems, model, problems, set_path, stack_yaml
 
 from model import catalog
 from model.config import ConfigError, load
@@ -245,3 +247,76 @@ def test_workloads_of_any_kind_cannot_share_a_namespace() -> None:
     found = problems("dev", {"workloads.job": job})
     assert found == [f"workloads.job.namespace: {smoke['namespace']!r} is also the namespace of smoke; each workload "
                      "creates and deletes its own namespace, so give it one of its own"]
+
+
+# --- Hardening: what a fuzz of every key found (no traceback, no plain-text secret, no unchecked value) ----
+
+def test_a_secret_on_a_key_that_is_not_kept_secret_is_refused_without_echoing_it() -> None:
+    config = stack_yaml("gaudi")
+    job = config["deepspeed-stack:workloads"]["gaudi-llm-ds-ft"]
+    job["proxy"] = {"https": {"secure": "v1:ciphertext"}}  # `pulumi config set --secret --path ...proxy.https`
+    found = config_problems(config)
+    assert found == ["workloads: is set as a secret, but the stack would write it in plain text into the resources "
+                     "it creates; only hfToken and kubeconfig are kept secret. Set it without --secret (or, for a "
+                     "credential such as a proxy password, keep it out of the stack)"]
+
+
+def test_an_empty_secret_is_refused() -> None:
+    config = stack_yaml("dev")
+    config["deepspeed-stack:hfToken"] = ""
+    assert config_problems(config, secure=("hfToken",)) == [
+        "hfToken: is empty; set it, or remove it with `pulumi config rm hfToken`"]
+
+
+@pytest.mark.parametrize(("stack", "changes", "message"), [
+    ("gaudi", {"workloads.gaudi-llm-ds-ft.gaudi.softwareVersion": "1"},
+     'workloads.gaudi-llm-ds-ft.gaudi.softwareVersion: "1" is not of the form an exact version such as 2.3.51'),
+    ("prod", {"workloads.zero3-smoke.model.parameters": 1e300},
+     "workloads.zero3-smoke.model.parameters: must be at most 100000, got 1e+300"),
+    ("prod", {"workloads.zero3-smoke.model.batchSize": 10 ** 309},
+     "workloads.zero3-smoke.model.batchSize: must be at most 65536"),
+    ("dev", {"image.context": "x" * 256}, "image.context: must be at most 255 characters long"),
+    ("dev", {"workloads.smoke.launch.script": "x" * 256},
+     "workloads.smoke.launch.script: must be at most 255 characters long"),
+    ("dev", {"gcp:project": "-1"}, "gcp:project: '-1' is not a project id"),
+    ("dev", {"cluster.systemPool.machineType": ""},
+     'cluster.systemPool.machineType: "" is not of the form a machine type such as n1-standard-8'),
+    ("dev", {"workloads.smoke.resources.shmSize": "lots"},
+     'workloads.smoke.resources.shmSize: "lots" is not of the form a Kubernetes quantity such as 24Gi'),
+    ("dev", {"workloads.smoke.resources.cpu": "-3"},
+     'workloads.smoke.resources.cpu: "-3" is not of the form a Kubernetes CPU quantity such as 6 or 500m'),
+    ("dev", {"workloads.smoke.chart.version": ""},
+     'workloads.smoke.chart.version: "" is not of the form an exact version such as 2.3.51'),
+    ("dev", {"workloads.smoke.image": "not an image"},
+     'workloads.smoke.image: "not an image" is not of the form an image reference'),
+    ("dev", {"nodePools[0].labels": {"bad key!": "x"}},
+     'nodePools[0].labels: "bad key!" is not of the form a label key'),
+    ("dev", {"nodePools[0].labels": {"deepspeed-stack/pool": "x"}},
+     'nodePools[0].labels: "deepspeed-stack/pool" is not of the form a label key'),
+    ("dev", {"nodePools[0].zones": ["us-west1-b", "us-west1-b"]}, "nodePools[0].zones: lists the same value twice"),
+    ("dev", {"workloads.smoke.gcsFuse.mountPath": "relative"},
+     'workloads.smoke.gcsFuse.mountPath: "relative" is not of the form an absolute path'),
+    ("dev", {"storage.enabled": True, "workloads.smoke.gcsFuse": {"enabled": True, "mountPath": "/app"}},
+     "workloads.smoke.gcsFuse.mountPath: /app is already used by the workload's pods"),
+    ("vertex", {"vertex.launch.script": ""}, "vertex.launch.script: must be at least 1 characters long"),
+    ("prod", {"cluster.fleet.project": ""}, 'cluster.fleet.project: "" is not of the form a project id'),
+    ("prod", {"cluster.authorizedNetworks[0].cidr": "0.0.0.0/0"},
+     "cluster.authorizedNetworks[0].cidr: 0.0.0.0/0 would open the control plane to the whole internet"),
+])
+def test_values_that_would_reach_an_api_unchecked(stack: str, changes: dict[str, Any], message: str) -> None:
+    found = problems(stack, changes)
+    assert any(p.startswith(message) for p in found), found
+
+
+def test_whole_number_floats_become_integers() -> None:
+    # JSON Schema counts 2.0 as an integer; ds_config.json and the MPIJob command line must not say 2.0.
+    m = model("gaudi", {"workloads.gaudi-llm-ds-ft.workers": 1.0, "workloads.gaudi-llm-ds-ft.deepspeed.zeroStage": 2.0})
+    w = m.workloads["gaudi-llm-ds-ft"]
+    assert (w.workers, w.deepspeed.zero_stage) == (1, 2)
+    assert type(w.workers) is int and type(w.deepspeed.zero_stage) is int
+
+
+def test_keys_that_need_quoting_are_spelt_as_pulumi_config_set_path_takes_them() -> None:
+    smoke = stack_yaml("dev")["deepspeed-stack:workloads"]["smoke"]
+    found = problems("dev", {"workloads": {"a.b": {**smoke, "namespace": "other"}, "smoke": smoke}})
+    assert any(p.startswith('workloads["a.b"]: ') for p in found), found
