@@ -477,3 +477,13 @@ def test_smoke_test_passes_no_optimizer_when_the_generated_config_names_one(smok
     assert smoke.needs_client_optimizer(build_ds_config(base, 2, 1)) is False
     no_offload = DeepSpeedConfig(**{**base.__dict__, "offload_optimizer": "none"})
     assert smoke.needs_client_optimizer(build_ds_config(no_offload, 2, 1)) is True
+
+
+@pytest.mark.parametrize(("flag", "value", "word"), [("--steps", "0", "positive"), ("--steps", "x", "positive"),
+                                                     ("--layers", "-1", "positive")])
+def test_smoke_test_rejects_bad_counts(smoke: ModuleType, capsys: pytest.CaptureFixture[str], flag: str,
+                                       value: str, word: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        smoke.parse_args([flag, value, "--deepspeed_config", "ds_config.json"])
+    assert exit_info.value.code == 2
+    assert f"expected a {word} integer, got {value!r}" in capsys.readouterr().err
