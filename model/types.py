@@ -152,6 +152,15 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    enabled: bool = True
+    rank: int = 8
+    alpha: float = 16
+    dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     model: str
     dataset: str
@@ -159,6 +168,7 @@ class TrainingConfig:
     script: str
     optimum_habana_version: str
     args: list[str]
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass(frozen=True)
@@ -190,6 +200,7 @@ class DeepSpeedConfig:
     allgather_bucket_size: int
     steps_per_print: int
     learning_rate: float = 0.0003
+    gradient_clipping: float = 1.0
     train_batch_size: int | None = None
 
 

@@ -45,6 +45,11 @@ def test_common_keys() -> None:
     assert json.loads(json.dumps(out)) == out  # plain JSON, nothing Python-only
 
 
+def test_gradient_clipping_from_config() -> None:
+    assert build_ds_config(ds(gradient_clipping=0.3), workers=1, per_worker=1)["gradient_clipping"] == 0.3
+    assert build_ds_config(ds(gradient_clipping=0), workers=1, per_worker=1)["gradient_clipping"] == 0
+
+
 def test_stage0_has_no_partitioning_options() -> None:
     assert build_ds_config(ds(zero_stage=0), 1, 1)["zero_optimization"] == {"stage": 0}
 

@@ -205,9 +205,11 @@ def test_gaudi_launcher_runs_gaudi_spawn_over_the_operator_hostfile(gaudi_job: d
                             'run_lora_clm.py --model_name_or_path "$LLM_MODEL" --dataset_name tatsu-lab/alpaca '
                             '--num_train_epochs "$NUM_EPOCHS" --deepspeed /etc/deepspeed/ds_config.json ')
     # Trainer arguments that must agree with ds_config.json come from the deepspeed block (8 x 2, bf16).
-    assert "--per_device_train_batch_size 8 --gradient_accumulation_steps 2 --max_grad_norm 1.0 --bf16 True" in train
+    assert "--per_device_train_batch_size 8 --gradient_accumulation_steps 2 --max_grad_norm 0.3 --bf16 True " \
+           "--learning_rate 0.0003 --lora_rank 8 --lora_alpha 16 --lora_dropout 0.05 --lora_target_modules q_proj " \
+           "v_proj " in train
     assert "--use_habana --use_lazy_mode" in train
-    assert train.endswith("--lora_target_modules q_proj v_proj --dataset_concatenation --max_seq_length 512 "
+    assert train.endswith("--do_eval --dataset_concatenation --max_seq_length 512 "
                           "--ddp_bucket_cap_mb 50 --adam_epsilon 1e-08 --validation_split_percentage 4 "
                           "--low_cpu_mem_usage True")
     # Nothing is patched into the training script (the original sed-injected the token and proxies).
@@ -448,11 +450,31 @@ def test_two_mpijobs_cannot_share_a_namespace() -> None:
 
 
 def test_training_args_must_not_repeat_what_the_stack_sets() -> None:
-    found = problems("gaudi", {f"workloads.{GAUDI_JOB}.training.args": ["--learning_rate", "1e-4",
+    found = problems("gaudi", {f"workloads.{GAUDI_JOB}.training.args": ["--warmup_ratio", "0.1",
                                                                        "--per_device_train_batch_size=4"]})
     assert only(found) == (
         f"workloads.{GAUDI_JOB}.training.args[2]: --per_device_train_batch_size is set by the stack from "
         f"workloads.{GAUDI_JOB}.deepspeed.microBatchPerGpu; change it there instead")
+
+
+def test_clipping_learning_rate_and_lora_in_args_point_to_their_keys() -> None:
+    found = problems("gaudi", {f"workloads.{GAUDI_JOB}.training.args": ["--max_grad_norm", "0.3", "--lora_rank=4",
+                                                                       "--learning_rate", "1e-4"]})
+    assert found == [
+        f"workloads.{GAUDI_JOB}.training.args[0]: --max_grad_norm is set by the stack from "
+        f"workloads.{GAUDI_JOB}.deepspeed.gradientClipping; change it there instead",
+        f"workloads.{GAUDI_JOB}.training.args[2]: --lora_rank is set by the stack from "
+        f"workloads.{GAUDI_JOB}.training.lora.rank; change it there instead",
+        f"workloads.{GAUDI_JOB}.training.args[3]: --learning_rate is set by the stack from "
+        f"workloads.{GAUDI_JOB}.deepspeed.learningRate; change it there instead",
+    ]
+
+
+def test_lora_flags_only_when_enabled() -> None:
+    m = model("gaudi", {f"workloads.{GAUDI_JOB}.training.lora": {"enabled": False}})
+    train = container(render(m, GAUDI_JOB), "Launcher")["args"][0].splitlines()[-1]
+    assert "--lora_" not in train
+    assert "--learning_rate 0.0003" in train
 
 
 def test_nvidia_launch_script_must_exist() -> None:

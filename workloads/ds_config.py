@@ -20,7 +20,6 @@ FP16_LOSS_SCALE_WINDOW = 1000
 FP16_INITIAL_SCALE_POWER = 16
 FP16_HYSTERESIS = 2
 FP16_MIN_LOSS_SCALE = 1
-GRADIENT_CLIPPING = 1.0
 # Stage 3: prefetch ~ reduce bucket; keep parameters below 1e5 elements unpartitioned (DeepSpeed's default
 # threshold) so small layers are not gathered every step; save 16-bit weights so checkpoints load without
 # zero_to_fp32.py.
@@ -137,7 +136,7 @@ def build_ds_config(ds: DeepSpeedConfig, workers: int, per_worker: int, hf_train
         "train_batch_size": train_batch_size(ds, workers, per_worker),
         "train_micro_batch_size_per_gpu": ds.micro_batch_per_gpu,
         "gradient_accumulation_steps": ds.gradient_accumulation,
-        "gradient_clipping": GRADIENT_CLIPPING,
+        "gradient_clipping": ds.gradient_clipping,
         "steps_per_print": ds.steps_per_print,
         **precision(ds),
         **optimizer(ds, hf_trainer),

@@ -204,6 +204,17 @@ def ds_bound_args(ds: dict[str, Any]) -> list[str]:
     return args
 
 
+def trainer_args(w: WorkloadConfig) -> list[str]:
+    """Omnia's knobs from typed keys: the learning rate (also what "auto" in ds_config.json resolves to)
+    and the LoRA settings of run_lora_clm.py."""
+    args = ["--learning_rate", str(w.deepspeed.learning_rate)]
+    lora = w.training.lora
+    if lora.enabled:
+        args += ["--lora_rank", str(lora.rank), "--lora_alpha", str(lora.alpha), "--lora_dropout", str(lora.dropout),
+                 "--lora_target_modules", *lora.target_modules]
+    return args
+
+
 # Flags the stack derives from other keys of the workload (their key paths); `training.args` must not
 # repeat them (a model check says so).
 RESERVED_TRAINING_FLAGS: dict[str, tuple[str, ...]] = {
@@ -213,7 +224,12 @@ RESERVED_TRAINING_FLAGS: dict[str, tuple[str, ...]] = {
     "--deepspeed": ("deepspeed",),
     "--per_device_train_batch_size": ("deepspeed", "microBatchPerGpu"),
     "--gradient_accumulation_steps": ("deepspeed", "gradientAccumulation"),
-    "--max_grad_norm": ("deepspeed",),
+    "--max_grad_norm": ("deepspeed", "gradientClipping"),
+    "--learning_rate": ("deepspeed", "learningRate"),
+    "--lora_rank": ("training", "lora", "rank"),
+    "--lora_alpha": ("training", "lora", "alpha"),
+    "--lora_dropout": ("training", "lora", "dropout"),
+    "--lora_target_modules": ("training", "lora", "targetModules"),
     "--bf16": ("deepspeed", "precision"),
     "--fp16": ("deepspeed", "precision"),
 }
@@ -276,6 +292,7 @@ def gaudi_launcher_script(w: WorkloadConfig, where: Placement, has_token: bool) 
         "--dataset_name", shlex.quote(w.training.dataset), '--num_train_epochs "$NUM_EPOCHS"',
         "--deepspeed", shlex.quote(f"{CONFIG_DIR}/{DS_CONFIG_KEY}"),
         _q(ds_bound_args(ds_config(w, where))),
+        _q(trainer_args(w)),
         "--output_dir", shlex.quote(f"{w.storage.mount_path}/output/{w.name}"),
         "--do_train", "--use_habana", "--use_lazy_mode", "--throughput_warmup_steps 3",
         _q(w.training.args),
