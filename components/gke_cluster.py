@@ -13,7 +13,9 @@ from components.network import PODS_RANGE, SERVICES_RANGE
 from model.types import ClusterConfig
 
 SYSTEM_POOL_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
-CONNECT_GATEWAY = "https://connectgateway.googleapis.com/v1"
+# gcloud's GetConnectGatewayServiceName (googlecloudsdk/command_lib/container/fleet/memberships/util.py): a
+# membership in location L is reached through `L-connectgateway.googleapis.com`; only `global` uses the bare host.
+CONNECT_GATEWAY_HOST = "connectgateway.googleapis.com"
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,14 @@ def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
                                               "certificate-authority-data": ca_certificate})
 
 
+def connect_gateway_host(location: str) -> str:
+    """The gateway's host for a membership in `location`: regional unless the membership is global."""
+    return CONNECT_GATEWAY_HOST if location == "global" else f"{location}-{CONNECT_GATEWAY_HOST}"
+
+
 def connect_gateway_server(project_number: str, location: str, membership: str) -> str:
-    return f"{CONNECT_GATEWAY}/projects/{project_number}/locations/{location}/gkeMemberships/{membership}"
+    return (f"https://{connect_gateway_host(location)}/v1/projects/{project_number}/locations/{location}"
+            f"/gkeMemberships/{membership}")
 
 
 def connect_gateway_kubeconfig(project_number: str, location: str, membership: str) -> str:

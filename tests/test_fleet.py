@@ -16,7 +16,10 @@ from preview.mocks import StackMocks
 
 CLUSTER = "gcp:container/cluster:Cluster"
 PROVIDER = "pulumi:providers:kubernetes"
-GATEWAY = "https://connectgateway.googleapis.com/v1"
+# gcloud's GetConnectGatewayServiceName (googlecloudsdk/command_lib/container/fleet/memberships/util.py): a
+# membership in location L goes through https://L-connectgateway.googleapis.com; only `global` uses the bare host.
+GATEWAY = "https://us-central1-connectgateway.googleapis.com/v1"
+GLOBAL_GATEWAY = "https://connectgateway.googleapis.com/v1"
 # Project numbers the test's mocks hand out: not what the code computes, what GCP would return.
 NUMBERS = {"my-gcp-project": "123456789012", "fleet-host": "210987654321"}
 
@@ -98,9 +101,19 @@ def test_fleet_host_project_can_differ() -> None:
 
 def test_gateway_kubeconfig_holds_no_credential() -> None:
     doc = json.loads(connect_gateway_kubeconfig("42", "global", "c1"))
-    assert doc["clusters"][0]["cluster"] == {"server": f"{GATEWAY}/projects/42/locations/global/gkeMemberships/c1"}
+    assert doc["clusters"][0]["cluster"] == {
+        "server": f"{GLOBAL_GATEWAY}/projects/42/locations/global/gkeMemberships/c1"}
     assert set(doc["users"][0]["user"]) == {"exec"}
     assert doc["current-context"] == doc["contexts"][0]["name"]
+
+
+@pytest.mark.parametrize(("location", "server"), [
+    ("global", "https://connectgateway.googleapis.com/v1/projects/42/locations/global/gkeMemberships/c1"),
+    ("europe-west4", "https://europe-west4-connectgateway.googleapis.com/v1/projects/42/locations/europe-west4"
+                     "/gkeMemberships/c1"),
+])
+def test_gateway_host_is_regional_unless_global(location: str, server: str) -> None:
+    assert json.loads(connect_gateway_kubeconfig("42", location, "c1"))["clusters"][0]["cluster"]["server"] == server
 
 
 @pytest.mark.parametrize(("fleet", "message"), [
