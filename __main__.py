@@ -81,7 +81,9 @@ if target is not None:
     nfs = NfsProvisioner("nfs-provisioner", NfsProvisionerArgs(config=cfg.nfs_provisioner), on_target) \
         if cfg.nfs_provisioner.install else None
     for name, w in cfg.workloads.items():
-        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None) if r]
+        # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
+        reader = registry.reader if registry and not w.image and w.accelerator.kind == "nvidia" else None
+        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None, reader) if r]
         opts = pulumi.ResourceOptions(provider=target, depends_on=waits_for)
         if w.kind == "helm":
             workload = DeepSpeedRelease(name, DeepSpeedReleaseArgs(

@@ -24,12 +24,12 @@ class ArtifactRegistryArgs:
 
 class ArtifactRegistry(pulumi.ComponentResource):
     repository: gcp.artifactregistry.Repository
+    reader: gcp.artifactregistry.RepositoryIamMember | None
     host: str
     url: pulumi.Output[str]
 
     def __init__(self, name: str, args: ArtifactRegistryArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:ArtifactRegistry", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         self.repository = gcp.artifactregistry.Repository(
             f"{name}-repo",
             project=args.project,
@@ -54,16 +54,17 @@ class ArtifactRegistry(pulumi.ComponentResource):
                     ),
                 ),
             ],
-            opts=child,
+            # repositoryId is fixed: a replacement (e.g. a new format) must delete the old repository first.
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
         )
-        if args.reader_service_account is not None:
-            self._reader(name, args)
+        # The node account's read grant: workloads that pull the stack's image wait for it.
+        self.reader = self._reader(name, args) if args.reader_service_account is not None else None
         self.host = f"{args.region}-docker.pkg.dev"
         self.url = self.repository.repository_id.apply(lambda repo: f"{self.host}/{args.project}/{repo}")
         self.register_outputs({"url": self.url})
 
-    def _reader(self, name: str, args: ArtifactRegistryArgs) -> None:
-        gcp.artifactregistry.RepositoryIamMember(
+    def _reader(self, name: str, args: ArtifactRegistryArgs) -> gcp.artifactregistry.RepositoryIamMember:
+        return gcp.artifactregistry.RepositoryIamMember(
             f"{name}-node-reader",
             project=args.project,
             location=args.region,

@@ -69,6 +69,19 @@ def connect_gateway_kubeconfig(project_number: str, location: str, membership: s
                               {"server": connect_gateway_server(project_number, location, membership)})
 
 
+def _default_pool_node_config(args: GkeClusterArgs) -> gcp.container.ClusterNodeConfigArgs:
+    """The temporary default pool's nodes (removed once the cluster exists) are hardened like every pool:
+    an organization policy that requires Shielded VMs (compute.requireShieldedVm) would otherwise block the
+    cluster's creation (checkov CKV_GCP_68 secure boot, CKV_GCP_69 GKE metadata server)."""
+    return gcp.container.ClusterNodeConfigArgs(
+        service_account=args.node_service_account,
+        oauth_scopes=SYSTEM_POOL_SCOPES,
+        shielded_instance_config=gcp.container.ClusterNodeConfigShieldedInstanceConfigArgs(
+            enable_secure_boot=True, enable_integrity_monitoring=True),
+        workload_metadata_config=gcp.container.ClusterNodeConfigWorkloadMetadataConfigArgs(mode="GKE_METADATA"),
+    )
+
+
 def _fleet(cfg: ClusterConfig, project: str) -> gcp.container.ClusterFleetArgs | None:
     # The cluster's own `fleet` setting: GKE creates the membership with the cluster (no gkehub.Membership).
     return gcp.container.ClusterFleetArgs(project=cfg.fleet.project or project) if cfg.fleet.enabled else None
@@ -138,13 +151,15 @@ class GkeCluster(pulumi.ComponentResource):
             # The default pool cannot be configured well (scopes, SA); replace it with our system pool.
             remove_default_node_pool=True,
             initial_node_count=1,
-            node_config=gcp.container.ClusterNodeConfigArgs(service_account=args.node_service_account,
-                                                            oauth_scopes=SYSTEM_POOL_SCOPES),
+            node_config=_default_pool_node_config(args),
             release_channel=gcp.container.ClusterReleaseChannelArgs(channel=cfg.release_channel),
             workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
                 workload_pool=f"{args.project}.svc.id.goog"
             ),
             enable_shielded_nodes=True,
+            # Pod-to-pod traffic on one node goes through the VPC too: flow logs and firewall rules see it
+            # (checkov CKV_GCP_61).
+            enable_intranode_visibility=True,
             datapath_provider="ADVANCED_DATAPATH" if cfg.dataplane_v2 else "LEGACY_DATAPATH",
             network_policy=None if cfg.dataplane_v2 else gcp.container.ClusterNetworkPolicyArgs(
                 enabled=True, provider="CALICO"
@@ -170,8 +185,10 @@ class GkeCluster(pulumi.ComponentResource):
             resource_labels={"managed-by": "pulumi", "stack": "deepspeed-stack"},
             # After the default pool is removed GKE reports another pool's config as the cluster's nodeConfig;
             # some of its fields force a new cluster, so the cluster never diffs on it.
+            # `name` is fixed: a change that forces replacement (datapath, master CIDR, ...) must delete the old
+            # cluster first, or the create fails with "already exists" (the preview warns of it in words).
             opts=pulumi.ResourceOptions(parent=self, protect=cfg.deletion_protection,
-                                        ignore_changes=["nodeConfig"]),
+                                        ignore_changes=["nodeConfig"], delete_before_replace=True),
         )
         self.system_pool = gcp.container.NodePool(
             f"{name}-system",
@@ -216,7 +233,9 @@ class GkeCluster(pulumi.ComponentResource):
             # control plane (or one behind authorized networks), the gateway they can.
             kubeconfig=self.connect_gateway_kubeconfig or self.kubeconfig,
             enable_server_side_apply=True,
-            opts=pulumi.ResourceOptions(parent=self),
+            # Every workload goes through this provider, so all of them wait for the nodes that run kube-system
+            # (DNS, the CSI drivers) and `destroy` removes them before those nodes.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_pool]),
         )
         self.register_outputs({
             "name": self.name,

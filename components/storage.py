@@ -76,11 +76,13 @@ class Storage(pulumi.ComponentResource):
             labels={"managed-by": "pulumi", "stack": "deepspeed-stack"},
             # A bucket with objects is never emptied by `pulumi destroy`.
             force_destroy=False,
-            opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
+            # The name is fixed (global namespace): a replacement (e.g. a new location) must delete first.
+            opts=pulumi.ResourceOptions(parent=self, protect=args.protect, delete_before_replace=True),
         )
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa", project=args.project, account_id=account_id("ds-data", args.stack),
-            display_name="DeepSpeed data access (deepspeed-stack)", opts=child)
+            display_name="DeepSpeed data access (deepspeed-stack)",
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))  # accountId is fixed
         self.bucket_name = self.bucket.name
         self.email = self.account.email
         gcp.storage.BucketIAMMember(

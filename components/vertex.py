@@ -42,7 +42,8 @@ class VertexTraining(pulumi.ComponentResource):
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa", project=args.project, account_id=account_id("ds-vertex", args.stack),
-            display_name="Vertex AI DeepSpeed training (deepspeed-stack)", opts=child)
+            display_name="Vertex AI DeepSpeed training (deepspeed-stack)",
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))  # accountId is fixed
         member = self.account.email.apply(lambda e: f"serviceAccount:{e}")
         for role in TRAINING_ROLES:
             gcp.projects.IAMMember(f"{name}-{role.split('/')[1].replace('.', '-').lower()}",

@@ -49,6 +49,9 @@ class Registration:
     protect: bool
     secret_paths: list[str] = field(default_factory=list)
     ignore_changes: list[str] = field(default_factory=list)
+    # Resource options the engine acts on at replace and destroy time (not part of plan.json).
+    delete_before_replace: bool = False
+    retain_on_delete: bool = False
     # The name the (mock) provider gave the object: `name` or `metadata.name` of its state, for auto-named
     # resources (node pools, Kubernetes objects without a name). Not part of plan.json: it is an output.
     physical_name: str | None = None
@@ -152,6 +155,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             inputs=_from_struct(request.object.fields, "", secrets), dependencies=sorted(set(request.dependencies)),
             property_dependencies={k: sorted(v.urns) for k, v in request.propertyDependencies.items()},
             protect=bool(request.protect), secret_paths=secrets, ignore_changes=list(request.ignoreChanges),
+            delete_before_replace=bool(request.deleteBeforeReplace),
+            retain_on_delete=bool(request.retainOnDelete),
         )
         self.registrations.append(reg)  # the SDK calls from several threads: keep our own reference
         response = super().RegisterResource(request)

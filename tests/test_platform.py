@@ -89,7 +89,9 @@ def test_node_service_account_has_only_the_node_roles(dev: RunResult) -> None:
     assert sa["accountId"] == "deepspeed-dev-nodes"
     email = "deepspeed-dev-nodes@my-gcp-project.iam.gserviceaccount.com"
     roles = sorted(m.inputs["role"] for m in dev.by_type("gcp:projects/iAMMember:IAMMember"))
-    assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter", "roles/monitoring.viewer"]
+    # GKE's "Configure node service accounts" page and CIS GKE Benchmark 2.0 (5.2.1): the one minimum role;
+    # GKE's "Use Image streaming" page: Service Usage Consumer for a custom node account.
+    assert roles == ["roles/container.defaultNodeServiceAccount", "roles/serviceusage.serviceUsageConsumer"]
     assert {m.inputs["member"] for m in dev.by_type("gcp:projects/iAMMember:IAMMember")} == {f"serviceAccount:{email}"}
     reader = dev.one("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember").inputs
     assert (reader["role"], reader["member"], reader["repository"]) == (
