@@ -343,10 +343,12 @@ def test_nvidia_mpijob_on_the_dev_pool_under_mocks(nvidia_run: RunResult) -> Non
     assert reg.provider == provider.urn
 
 
-def test_nvidia_training_job_waits_only_for_its_pool(nvidia_run: RunResult) -> None:
+def test_nvidia_training_job_waits_only_for_its_pool_and_the_image_grant(nvidia_run: RunResult) -> None:
     job = nvidia_run.one("deepspeed-stack:workloads:TrainingJob", "ds-t4")
     pool = nvidia_run.one("gcp:container/nodePool:NodePool", "t4")
-    assert job.dependencies == [pool.urn]  # no operator installed here, and nothing else
+    # It pulls the stack's image, so it also waits for the nodes' read grant on the repository (issue 9).
+    reader = nvidia_run.one("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")
+    assert job.dependencies == sorted([pool.urn, reader.urn])  # no operator installed here, and nothing else
 
 
 # --- config checks of mpijob workloads ------------------------------------------------------------
