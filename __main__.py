@@ -6,6 +6,7 @@ Each section declares only what the config asks for and depends only on what it 
 
 import pulumi
 
+import checks
 from components.artifact_registry import ArtifactRegistry, ArtifactRegistryArgs
 from components.container_image import ContainerImage, ContainerImageArgs
 from components.gke_cluster import GkeCluster, GkeClusterArgs
@@ -14,8 +15,7 @@ from components.network import Network, NetworkArgs
 from components.node_identity import NodeIdentity, NodeIdentityArgs
 from components.storage import Storage, StorageArgs
 from components.vertex import VertexTraining, VertexTrainingArgs
-from model import catalog, checks_planner
-from model.config import load
+from model import catalog
 from planner import cost
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
 from workloads.gcs_fuse import BucketAccess
@@ -26,8 +26,8 @@ from workloads.target import ExistingCluster, ExistingClusterArgs, needs_kuberne
 from workloads.training_job import TrainingJob, TrainingJobArgs
 
 # 1. Config: every problem at once as a pulumi.RunError naming its keys; tight fits only warn.
-cfg = load()
-for warning in checks_planner.warnings(cfg):
+cfg = checks.load()
+for warning in checks.warnings(cfg):
     pulumi.log.warn(warning)
 
 # 2. GKE platform: node identity, network, cluster and one auto-named pool per nodePools entry.

@@ -1,8 +1,8 @@
 """Stack config -> one typed, validated model.
 
 The data path: the engine's config map (`deepspeed-stack:*` and `gcp:*` keys, objects JSON-encoded)
--> schema validation with defaults (model/schema.yaml) -> typed objects (model/types.py) -> semantic
-checks (model/checks.py). Every problem found is reported at once in one `ConfigError`, a
+-> schema validation with defaults (model/schema.yaml) -> typed objects (model/types.py). The semantic
+rules run above this layer (checks/). Every problem found is reported at once in one `ConfigError`, a
 `pulumi.RunError`, so Pulumi prints it without a traceback and no bad value reaches a cloud API.
 """
 
@@ -20,7 +20,6 @@ import jsonschema
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from model import checks
 from model.types import StackConfig, build, key_path, snake
 from model.yamlio import load_yaml
 
@@ -170,8 +169,11 @@ def gcp_settings(cfg: dict[str, Any], problems: list[str], required: bool = True
     return project or "", region or ""
 
 
-def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None) -> StackConfig:
-    """Validate the stack's config and return the typed model, or raise ConfigError with every problem."""
+def parse(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None) -> StackConfig:
+    """Read the stack's config into the typed model, or raise ConfigError with every schema problem.
+
+    Only what the schema and the config engine can say is checked here; the rules that need the catalog, the
+    planner or the workloads live above, in checks/ (whose `load()` is what the program calls)."""
     cfg = engine_config() if cfg is None else cfg
     if secret_keys is None:
         secret_keys = set(runtime_config._SECRET_KEYS.get()) | set(runtime_config.get_config_secret_keys_env())
@@ -183,12 +185,7 @@ def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None)
     filled = with_defaults(schema(), raw)
     problems += schema_problems(filled)
     if problems:
-        # The typed model needs schema-valid input; semantic checks would only repeat these problems.
         raise ConfigError(problems)
     secrets = {snake(k): pulumi.Output.secret(filled.pop(k)) for k, p in schema()["properties"].items()
                if p.get("x-secret") and k in filled}
-    model = build(StackConfig, filled, project=project, region=region, **secrets)
-    problems = checks.run_all(model)
-    if problems:
-        raise ConfigError(problems)
-    return model
+    return build(StackConfig, filled, project=project, region=region, **secrets)

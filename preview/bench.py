@@ -73,8 +73,8 @@ def generate(pools: int, workloads: int = WORKLOADS, base: dict[str, Any] | None
 
 
 def validated(config: dict[str, Any]) -> bool:
-    """Whether the generated config passes the program's own validation (model.config.load)."""
-    from model.config import ConfigError, load
+    """Whether the generated config passes the program's own validation (checks.load)."""
+    from checks import ConfigError, load
 
     engine_cfg, secret_keys = engine_config_from_yaml(config)
     try:

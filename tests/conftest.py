@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from model.config import ConfigError, load
+from checks import ConfigError, load
 from model.types import StackConfig
 from preview import engine
 

@@ -8,8 +8,8 @@ import pulumi
 import pytest
 from conftest import DELETE, config_problems, model, problems, set_path, stack_yaml
 
+from checks import ConfigError, load
 from model import catalog
-from model.config import ConfigError, load
 from preview.engine import engine_config_from_yaml, stacks
 
 

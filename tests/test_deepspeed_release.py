@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import DELETE, PROJECT_DIR, problems, reference, set_path, stack_yaml
 
-from model.config import ConfigError, load
+from checks import ConfigError, load
 from preview import engine
 from preview.engine import RunResult, engine_config_from_yaml
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from conftest import set_path, stack_yaml
 
+from checks import ConfigError, load
 from components.gke_cluster import connect_gateway_kubeconfig
-from model.config import ConfigError, load
 from preview.engine import SECRET, RunResult, engine_config_from_yaml, run_program
 from preview.mocks import StackMocks
 

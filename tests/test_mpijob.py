@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import DELETE, PROJECT_DIR, model, problems, reference, stack_yaml
 
-from model.config import ConfigError, load
+from checks import ConfigError, load
 from model.types import StackConfig
 from preview.engine import RunResult, engine_config_from_yaml, run_stack
 from workloads import mpijob

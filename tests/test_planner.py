@@ -13,7 +13,8 @@ import pytest
 import yaml
 from conftest import PROJECT_DIR, changed, config_model, config_problems, set_path, stack_yaml
 
-from model import catalog, checks_planner
+from checks import planner as checks_planner
+from model import catalog
 from model.config import ConfigError
 from planner import cost, recommend, sizing
 from planner.__main__ import main as planner_main

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from conftest import reference, set_path, stack_yaml
 
-from model.config import load
+from checks import load
 from preview import bench, diff, hooks, manifests, plan, summary, tree
 from preview.__main__ import main, write_build
 from preview.engine import SECRET, Registration, RunResult, engine_config_from_yaml, run_program

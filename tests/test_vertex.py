@@ -98,7 +98,7 @@ def test_storage_names() -> None:
 
 
 def test_vertex_config_defaults_come_from_the_schema() -> None:
-    from model.config import load
+    from checks import load
     from preview.engine import engine_config_from_yaml
 
     m = load(engine_config_from_yaml(stack_yaml("dev"))[0], set())

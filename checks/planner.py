@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from checks.common import Check, at
 from model import catalog as gpu_catalog
-from model.checks import Check, _path
 from model.types import StackConfig, WorkloadConfig
 from planner.recommend import cheapest, recommend, short_name
 from planner.sizing import (
@@ -61,7 +61,7 @@ class Sized:
 
 
 def _model_key(name: str, *rest: str) -> str:
-    return _path("workloads", name, "model", *rest)
+    return at("workloads", name, "model", *rest)
 
 
 def workload_request(w: WorkloadConfig) -> Request | None:
@@ -137,8 +137,8 @@ def _describe(s: Sized, strategy: Strategy, est: Estimate) -> str:
 def _what(s: Sized) -> str:
     model, r = s.request.model, s.request
     shape = "" if model.shape_known else ", shape unknown: Llama-like fallback"
-    at = f" at {s.strategy.label}" if s.strategy.training else ""
-    return f"{model.name} ({model.billions:.2f}B parameters{shape}) {r.precision} {r.mode}{at}"
+    how = f" at {s.strategy.label}" if s.strategy.training else ""
+    return f"{model.name} ({model.billions:.2f}B parameters{shape}) {r.precision} {r.mode}{how}"
 
 
 def _suggestions(m: StackConfig, s: Sized) -> str:
@@ -190,7 +190,7 @@ def check_training_precision(m: StackConfig) -> list[str]:
                             "QLoRA is not modelled)")
         elif mb.precision != w.deepspeed.precision:
             problems.append(f"{_model_key(name, 'precision')}: {mb.precision}, but the workload trains in "
-                            f"{_path('workloads', name, 'deepspeed', 'precision')} = {w.deepspeed.precision}; "
+                            f"{at('workloads', name, 'deepspeed', 'precision')} = {w.deepspeed.precision}; "
                             "set both the same")
     return problems
 
@@ -219,7 +219,7 @@ def warnings(m: StackConfig) -> list[str]:
                        f"{s.where.accelerator_type}'s {memory:g} GB, {est.headroom(memory):.1%} headroom (under "
                        f"{HEADROOM:.0%}); a longer sequence or allocator fragmentation can run it out of memory")
         if s.machine_memory_gb is not None and est.cpu_gb_per_node > s.machine_memory_gb:
-            out.append(f"{_path('workloads', s.name, 'deepspeed', 'offloadOptimizer')}: DeepSpeed estimates "
+            out.append(f"{at('workloads', s.name, 'deepspeed', 'offloadOptimizer')}: DeepSpeed estimates "
                        f"{est.cpu_gb_per_node:.0f} GB of CPU memory per node for the offloaded states (its 1.5 "
                        f"buffer factor included); {s.where.pool.machine_type} has {s.machine_memory_gb:g} GB")
     return out

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
+from checks.common import Check
+from checks.platform import machine_problems
 from model import catalog as gpu_catalog
-from model.checks import Check, machine_problems
 from model.types import StackConfig
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

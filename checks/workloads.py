@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
+from checks.common import PROJECT_DIR, Check, at, is_file
 from model import catalog as gpu_catalog
-from model.checks import PROJECT_DIR, Check, _path, is_file
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 from workloads import mpijob
 from workloads.ds_config import batch_problems, nvme_offload_path
@@ -43,7 +43,7 @@ def check_workload_names(m: StackConfig) -> list[str]:
     for name, w in m.workloads.items():
         limit = HELM_RELEASE_MAX if w.kind == "helm" else DNS1123_MAX
         if not DNS1123_LABEL.match(name) or len(name) > limit:
-            problems.append(f"{_path('workloads', name)}: {name!r} is not a valid workload name (a DNS-1123 label: "
+            problems.append(f"{at('workloads', name)}: {name!r} is not a valid workload name (a DNS-1123 label: "
                             f"lowercase letters, digits and hyphens, starting and ending with a letter or digit, "
                             f"at most {limit} characters)")
     return problems
@@ -53,7 +53,7 @@ def check_workload_namespaces(m: StackConfig) -> list[str]:
     """Every workload creates (and on removal deletes) its own namespace, so no two may share one."""
     problems, seen = [], {}
     for name, w in m.workloads.items():
-        key = _path("workloads", name, "namespace")
+        key = at("workloads", name, "namespace")
         if not DNS1123_LABEL.match(w.namespace) or len(w.namespace) > DNS1123_MAX:
             problems.append(f"{key}: {w.namespace!r} is not a valid namespace (a DNS-1123 label)")
         if w.namespace in seen:
@@ -78,29 +78,29 @@ def check_gpu_pool_placement(m: StackConfig) -> list[str]:
         if w.accelerator.kind != "nvidia":
             continue
         if m.cluster is None:
-            problems.append(f"{_path('workloads', name, 'accelerator', 'kind')}: NVIDIA workloads run on a GPU pool "
+            problems.append(f"{at('workloads', name, 'accelerator', 'kind')}: NVIDIA workloads run on a GPU pool "
                             "of this stack's GKE cluster; set `cluster` and `nodePools`, or run an MPIJob with "
                             "accelerator.kind gaudi on an existing cluster")
         pool = m.pool(w.pool) if w.pool is not None else None
         needed, who = _nodes_needed(w)
         if w.pool is None:
-            problems.append(f"{_path('workloads', name, 'pool')}: required for an NVIDIA workload; name a nodePools "
+            problems.append(f"{at('workloads', name, 'pool')}: required for an NVIDIA workload; name a nodePools "
                             f"entry ({', '.join(pools) or 'none defined'})")
         elif pool is None:
-            problems.append(f"{_path('workloads', name, 'pool')}: no nodePools entry is named {w.pool!r} "
+            problems.append(f"{at('workloads', name, 'pool')}: no nodePools entry is named {w.pool!r} "
                             f"(known: {', '.join(pools) or 'none'})")
         elif w.accelerator.count is not None and w.accelerator.count > pool.gpu.count:
-            problems.append(f"{_path('workloads', name, 'accelerator', 'count')}: {w.accelerator.count} GPUs per "
+            problems.append(f"{at('workloads', name, 'accelerator', 'count')}: {w.accelerator.count} GPUs per "
                             f"worker, but nodes of pool {pool.name} have {pool.gpu.count}")
         elif needed > pool.max_nodes:
-            problems.append(f"{_path('workloads', name, 'workers')}: {who} need {needed} nodes of pool {pool.name}, "
-                            f"but {_path('nodePools', m.node_pools.index(pool), 'maxNodes')} is {pool.max_nodes}; "
+            problems.append(f"{at('workloads', name, 'workers')}: {who} need {needed} nodes of pool {pool.name}, "
+                            f"but {at('nodePools', m.node_pools.index(pool), 'maxNodes')} is {pool.max_nodes}; "
                             "raise maxNodes or lower workers")
     return problems
 
 
 def check_helm_accelerator(m: StackConfig) -> list[str]:
-    return [f"{_path('workloads', name, 'accelerator', 'kind')}: kind helm runs on NVIDIA GKE pools only, got "
+    return [f"{at('workloads', name, 'accelerator', 'kind')}: kind helm runs on NVIDIA GKE pools only, got "
             f"{w.accelerator.kind}; use kind mpijob for Gaudi"
             for name, w in _helm(m) if w.accelerator.kind != "nvidia"]
 
@@ -115,7 +115,7 @@ def check_launch_script(m: StackConfig) -> list[str]:
         script = w.launch.script
         if "/" in script or not is_file(SCRIPTS_DIR / script):
             known = sorted(p.name for p in SCRIPTS_DIR.glob("*.py"))
-            problems.append(f"{_path('workloads', name, 'launch', 'script')}: no file {script!r} in workloads/scripts "
+            problems.append(f"{at('workloads', name, 'launch', 'script')}: no file {script!r} in workloads/scripts "
                             f"(there: {', '.join(known) or 'nothing'}); add it there or set launch.command")
     return problems
 
@@ -126,7 +126,7 @@ def check_batch_size(m: StackConfig) -> list[str]:
     for name, w in m.workloads.items():
         where = placement(m, w)
         if where is not None and (w.accelerator.kind == "gaudi" or _pool_facts(m, w) is not None):
-            problems += batch_problems(_path("workloads", name), w.deepspeed, w.workers, where.per_worker)
+            problems += batch_problems(at("workloads", name), w.deepspeed, w.workers, where.per_worker)
     return problems
 
 
@@ -136,10 +136,10 @@ def check_zero_offload(m: StackConfig) -> list[str]:
     for name, w in m.workloads.items():
         ds = w.deepspeed
         if ds.offload_params != "none" and ds.zero_stage != 3:
-            problems.append(f"{_path('workloads', name, 'deepspeed', 'offloadParams')}: {ds.offload_params} offload "
+            problems.append(f"{at('workloads', name, 'deepspeed', 'offloadParams')}: {ds.offload_params} offload "
                             f"of parameters needs zeroStage 3, got zeroStage {ds.zero_stage}")
         if ds.offload_optimizer != "none" and ds.zero_stage < 1:
-            problems.append(f"{_path('workloads', name, 'deepspeed', 'offloadOptimizer')}: {ds.offload_optimizer} "
+            problems.append(f"{at('workloads', name, 'deepspeed', 'offloadOptimizer')}: {ds.offload_optimizer} "
                             f"offload of optimizer states needs zeroStage 1 or higher, got zeroStage {ds.zero_stage}")
     return problems
 
@@ -151,8 +151,8 @@ def check_nvme_offload_has_local_ssd(m: StackConfig) -> list[str]:
         pool = _pool_facts(m, w)
         if pool is None or nvme_offload_path(w.deepspeed) is None or pool.local_ssd_count:
             continue
-        problems.append(f"{_path('workloads', name, 'deepspeed')}: offloading to nvme needs local SSDs on pool "
-                        f"{pool.name}; set {_path('nodePools', m.node_pools.index(pool), 'localSsdCount')} to 1 "
+        problems.append(f"{at('workloads', name, 'deepspeed')}: offloading to nvme needs local SSDs on pool "
+                        f"{pool.name}; set {at('nodePools', m.node_pools.index(pool), 'localSsdCount')} to 1 "
                         "or more, or offload to cpu")
     return problems
 
@@ -164,7 +164,7 @@ def check_bf16_support(m: StackConfig) -> list[str]:
         pool = _pool_facts(m, w)
         gpu = gpus.get(pool.gpu.type) if pool else None
         if gpu is not None and w.deepspeed.precision == "bf16" and not gpu.bf16:
-            problems.append(f"{_path('workloads', name, 'deepspeed', 'precision')}: {gpu.display_name} "
+            problems.append(f"{at('workloads', name, 'deepspeed', 'precision')}: {gpu.display_name} "
                             f"({gpu.name}) of pool {pool.name} has no bf16 support; use fp16")
     return problems
 
@@ -202,10 +202,10 @@ def check_kubernetes_target(m: StackConfig) -> list[str]:
 def _gaudi_placement(m: StackConfig, name: str, w: WorkloadConfig) -> list[str]:
     problems = []
     if w.pool is not None:
-        problems.append(f"{_path('workloads', name, 'pool')}: a Gaudi MPIJob runs on habana.ai/gaudi nodes of an "
+        problems.append(f"{at('workloads', name, 'pool')}: a Gaudi MPIJob runs on habana.ai/gaudi nodes of an "
                         "existing cluster, not on a GKE pool; remove pool")
     if m.cluster is not None:
-        problems.append(f"{_path('workloads', name, 'accelerator', 'kind')}: gaudi needs an existing Gaudi cluster "
+        problems.append(f"{at('workloads', name, 'accelerator', 'kind')}: gaudi needs an existing Gaudi cluster "
                         "(GKE has no Gaudi nodes); remove `cluster` and set kubeconfig or kubernetes.context")
     return problems
 
@@ -221,7 +221,7 @@ def check_mpijob_names(m: StackConfig) -> list[str]:
     for name, w in _mpijobs(m):
         host = mpijob.worker_pod_name(name, w.workers)
         if not mpijob.DNS1035_LABEL.match(host) or len(host) > mpijob.DNS_LABEL_MAX:
-            problems.append(f"{_path('workloads', name)}: the MPI operator would name the last worker {host!r}, "
+            problems.append(f"{at('workloads', name)}: the MPI operator would name the last worker {host!r}, "
                             f"which is not a DNS-1035 label (start with a letter; lowercase letters, digits, "
                             f"hyphens; at most {mpijob.DNS_LABEL_MAX} characters); shorten or rename the workload")
     return problems
@@ -233,18 +233,18 @@ def check_mpijob_storage(m: StackConfig) -> list[str]:
     for name, w in _mpijobs(m):
         s = w.storage
         if s.access_mode == "ReadWriteOnce":
-            problems.append(f"{_path('workloads', name, 'storage', 'accessMode')}: ReadWriteOnce cannot be mounted by "
+            problems.append(f"{at('workloads', name, 'storage', 'accessMode')}: ReadWriteOnce cannot be mounted by "
                             f"the launcher and {w.workers} worker(s) on different nodes at once; use ReadWriteMany "
                             "with an RWX storage class (nfs-client, Filestore)")
         for key, value in (("claimName", s.claim_name), ("storageClass", s.storage_class)):
             if not DNS1123_SUBDOMAIN.match(value) or len(value) > DNS1123_SUBDOMAIN_MAX:
-                problems.append(f"{_path('workloads', name, 'storage', key)}: {value!r} is not a valid Kubernetes name "
+                problems.append(f"{at('workloads', name, 'storage', key)}: {value!r} is not a valid Kubernetes name "
                                 "(a DNS-1123 subdomain: lowercase letters, digits, '-' and '.')")
         mount = s.mount_path.rstrip("/") or "/"
         if not s.mount_path.startswith("/"):
-            problems.append(f"{_path('workloads', name, 'storage', 'mountPath')}: {s.mount_path!r} must be absolute")
+            problems.append(f"{at('workloads', name, 'storage', 'mountPath')}: {s.mount_path!r} must be absolute")
         elif w.hf_home != mount and not w.hf_home.startswith(mount.rstrip("/") + "/"):
-            problems.append(f"{_path('workloads', name, 'hfHome')}: {w.hf_home} is not on the claim mounted at "
+            problems.append(f"{at('workloads', name, 'hfHome')}: {w.hf_home} is not on the claim mounted at "
                             f"{s.mount_path}; every pod would download the model again")
     return problems
 
@@ -259,8 +259,8 @@ def check_training_args(m: StackConfig) -> list[str]:
         for i, arg in enumerate(w.training.args):
             source = mpijob.reserved_flag(arg)
             if source:
-                problems.append(f"{_path('workloads', name, 'training', 'args', i)}: {arg.split('=', 1)[0]} is set "
-                                f"by the stack from {_path('workloads', name, *source)}; change it there instead")
+                problems.append(f"{at('workloads', name, 'training', 'args', i)}: {arg.split('=', 1)[0]} is set "
+                                f"by the stack from {at('workloads', name, *source)}; change it there instead")
     return problems
 
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
+from checks.common import PROJECT_DIR, Check, at, is_file, or_list
 from model import catalog as gpu_catalog
-from model.types import StackConfig, key_path
+from model.types import StackConfig
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent
 # GKE names: lowercase letter first, then lowercase letters, digits, hyphens; no trailing hyphen.
 GKE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 CLUSTER_NAME_MAX = 40
@@ -22,31 +21,11 @@ CLUSTER_NAME_MAX = 40
 POOL_NAME_MAX = 32
 DOCKER_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
-Check = Callable[[StackConfig], list[str]]
-
-
-def _path(*parts: object) -> str:
-    return key_path(list(parts))
-
-
 def _network(value: str) -> ipaddress.IPv4Network | None:
     try:
         return ipaddress.IPv4Network(value, strict=True)
     except ValueError:
         return None
-
-
-def is_file(path: Path) -> bool:
-    """Path.is_file, but a name the OS refuses (too long, ...) is simply not a file."""
-    try:
-        return path.is_file()
-    except OSError:
-        return False
-
-
-def _or_list(items: list) -> str:
-    items = [str(i) for i in items]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
 def check_region_in_catalog(m: StackConfig) -> list[str]:
@@ -108,9 +87,9 @@ def check_cidrs(m: StackConfig) -> list[str]:
     for i, an in enumerate(m.cluster.authorized_networks):
         net = _network(an.cidr)
         if net is None:
-            problems.append(f"{_path('cluster', 'authorizedNetworks', i, 'cidr')}: {an.cidr!r} is not an IPv4 CIDR")
+            problems.append(f"{at('cluster', 'authorizedNetworks', i, 'cidr')}: {an.cidr!r} is not an IPv4 CIDR")
         elif net.prefixlen == 0:
-            problems.append(f"{_path('cluster', 'authorizedNetworks', i, 'cidr')}: {an.cidr} would open the control "
+            problems.append(f"{at('cluster', 'authorizedNetworks', i, 'cidr')}: {an.cidr} would open the control "
                             "plane to the whole internet; list only your networks")
     return problems
 
@@ -130,7 +109,7 @@ def check_system_pool(m: StackConfig) -> list[str]:
     zones = gpu_catalog.load().regions.get(m.region, ())
     for i, zone in enumerate(sp.zones):
         if zones and zone not in zones:
-            problems.append(f"{_path('cluster', 'systemPool', 'zones', i)}: {zone} is not a zone of {m.region}")
+            problems.append(f"{at('cluster', 'systemPool', 'zones', i)}: {zone} is not a zone of {m.region}")
     return problems
 
 
@@ -143,7 +122,7 @@ def check_pools_need_cluster(m: StackConfig) -> list[str]:
 def check_pool_names(m: StackConfig) -> list[str]:
     problems, seen = [], set()
     for i, pool in enumerate(m.node_pools):
-        key = _path("nodePools", i, "name")
+        key = at("nodePools", i, "name")
         if not GKE_NAME.match(pool.name) or len(pool.name) > POOL_NAME_MAX:
             problems.append(f"{key}: {pool.name!r} is not a valid pool name (lowercase letters, digits and hyphens, "
                             f"starting with a letter, at most {POOL_NAME_MAX} characters)")
@@ -154,7 +133,7 @@ def check_pool_names(m: StackConfig) -> list[str]:
 
 
 def check_pool_sizes(m: StackConfig) -> list[str]:
-    return [f"{_path('nodePools', i, 'minNodes')}: {p.min_nodes} is more than maxNodes {p.max_nodes}"
+    return [f"{at('nodePools', i, 'minNodes')}: {p.min_nodes} is more than maxNodes {p.max_nodes}"
             for i, p in enumerate(m.node_pools) if p.min_nodes > p.max_nodes]
 
 
@@ -163,7 +142,7 @@ def check_gpu_known(m: StackConfig) -> list[str]:
     problems = []
     for i, pool in enumerate(m.node_pools):
         if pool.gpu.type not in known:
-            problems.append(f"{_path('nodePools', i, 'gpu', 'type')}: unknown GPU type {pool.gpu.type!r}; "
+            problems.append(f"{at('nodePools', i, 'gpu', 'type')}: unknown GPU type {pool.gpu.type!r}; "
                             f"known: {', '.join(known)}")
     return problems
 
@@ -183,11 +162,11 @@ def machine_problems(prefix: list, gpu_type: str, machine_type: str, count: int)
     counts = cat.counts(gpu_type, machine_type)
     if not counts:
         family = f"{_article(gpu.family)} {gpu.family}"
-        return [f"{_path(*prefix, 'machineType')}: {gpu_type} needs {family} machine type, got {machine_type} "
+        return [f"{at(*prefix, 'machineType')}: {gpu_type} needs {family} machine type, got {machine_type} "
                 f"(e.g. {', '.join(cat.machine_types(gpu_type)[:4])})"]
     fitting = cat.machine_types(gpu_type, count)
-    hint = f"; for {count} use {_or_list(fitting[:4])}" if fitting else ""
-    return [f"{_path(*prefix, 'gpu', 'count')}: {machine_type} takes {_or_list(counts)} {gpu_type}, "
+    hint = f"; for {count} use {or_list(fitting[:4])}" if fitting else ""
+    return [f"{at(*prefix, 'gpu', 'count')}: {machine_type} takes {or_list(counts)} {gpu_type}, "
             f"got {count}{hint}"]
 
 
@@ -204,11 +183,11 @@ def check_gpu_zones(m: StackConfig) -> list[str]:
             continue
         offered = cat.zones(pool.gpu.type, m.region)
         if not offered:
-            problems.append(f"{_path('nodePools', i, 'gpu', 'type')}: {pool.gpu.type} is not offered in {m.region}")
+            problems.append(f"{at('nodePools', i, 'gpu', 'type')}: {pool.gpu.type} is not offered in {m.region}")
             continue
         for j, zone in enumerate(pool.zones):
             if zone not in offered:
-                problems.append(f"{_path('nodePools', i, 'zones', j)}: {zone} does not offer {pool.gpu.type} "
+                problems.append(f"{at('nodePools', i, 'zones', j)}: {zone} does not offer {pool.gpu.type} "
                                 f"(zones of {m.region} that do: {', '.join(offered)})")
     return problems
 
@@ -236,7 +215,7 @@ def check_image(m: StackConfig) -> list[str]:
     return problems
 
 
-PLATFORM_CHECKS: list[Check] = [
+CHECKS: list[Check] = [
     check_region_in_catalog,
     check_cluster_name,
     check_cluster_location,
@@ -253,14 +232,3 @@ PLATFORM_CHECKS: list[Check] = [
     check_image,
 ]
 
-
-def all_checks() -> list[Check]:
-    """Platform rules here; each area keeps its own rules in its own module (imported late: they may
-    import this module's helpers)."""
-    from model import checks_planner, checks_vertex, checks_workloads
-
-    return [*PLATFORM_CHECKS, *checks_workloads.CHECKS, *checks_planner.CHECKS, *checks_vertex.CHECKS]
-
-
-def run_all(m: StackConfig) -> list[str]:
-    return [problem for check in all_checks() for problem in check(m)]

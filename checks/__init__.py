@@ -1,0 +1,38 @@
+"""The rules: stack config -> typed model (model/config.py) -> every rule below -> the validated model.
+
+The rules sit above what they check (model, planner, workloads), so nothing below imports them. Each area
+keeps its rules in its own module as a `CHECKS` list of named functions, each returning its problems;
+`load()` runs them all and reports every problem at once in one ConfigError (a `pulumi.RunError`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checks import planner, platform, vertex, workloads
+from checks.common import Check
+from model.config import ConfigError, parse
+from model.types import StackConfig
+
+ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, *planner.CHECKS, *vertex.CHECKS]
+
+
+def run_all(m: StackConfig) -> list[str]:
+    return [problem for check in ALL_CHECKS for problem in check(m)]
+
+
+def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None) -> StackConfig:
+    """Validate the stack's config and return the typed model, or raise ConfigError with every problem."""
+    model = parse(cfg, secret_keys)
+    problems = run_all(model)
+    if problems:
+        raise ConfigError(problems)
+    return model
+
+
+def warnings(m: StackConfig) -> list[str]:
+    """Tight fits that deploy but deserve a reviewer's eye (each a sentence starting with its key)."""
+    return planner.warnings(m)
+
+
+__all__ = ["ALL_CHECKS", "ConfigError", "load", "run_all", "warnings"]
