@@ -9,13 +9,14 @@ import pulumi
 import checks
 from components.artifact_registry import ArtifactRegistry, ArtifactRegistryArgs
 from components.container_image import ContainerImage, ContainerImageArgs
+from components.fabric_network import FabricNetwork, FabricNetworkArgs
 from components.gke_cluster import GkeCluster, GkeClusterArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.network import Network, NetworkArgs
 from components.node_identity import NodeIdentity, NodeIdentityArgs
 from components.storage import Storage, StorageArgs
 from components.vertex import VertexTraining, VertexTrainingArgs
-from model import catalog
+from model import catalog, fabric
 from planner import cost
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
 from workloads.gcs_fuse import BucketAccess
@@ -35,7 +36,11 @@ cluster, identity, pools = None, None, {}
 if cfg.cluster is not None:
     identity = NodeIdentity("nodes", NodeIdentityArgs(project=cfg.project, cluster_name=cfg.cluster.name))
     network = Network("network", NetworkArgs(name=cfg.cluster.name, region=cfg.region, config=cfg.network,
-                                             nat=cfg.cluster.private_nodes))
+                                             nat=cfg.cluster.private_nodes, mtu=fabric.primary_mtu(cfg)))
+    # GPU fabrics (A3/A4): the extra VPCs their NICs attach to, one set per fabric (data/gpu_fabric.yaml).
+    fabric_networks = {s.key: FabricNetwork(f"fabric-{s.key}", FabricNetworkArgs(
+        project=cfg.project, region=cfg.region, fabric_set=s, fabric_cidr=cfg.network.fabric_cidr))
+        for s in fabric.fabric_sets(cfg)}
     cluster = GkeCluster("cluster", GkeClusterArgs(
         project=cfg.project, location=cfg.cluster_location, config=cfg.cluster,
         network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email))

@@ -50,6 +50,8 @@ class ClusterConfig:
     system_pool: SystemPool
     location: str | None = None
     fleet: FleetConfig = field(default_factory=FleetConfig)
+    multi_networking: bool | None = None  # None: on when a pool's GPU fabric needs it
+    min_master_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class NetworkConfig:
     subnet_cidr: str
     pods_cidr: str
     services_cidr: str
+    fabric_cidr: str = "192.168.0.0/16"
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,13 @@ class GpuConfig:
     type: str
     count: int
     driver_version: str
+
+
+@dataclass(frozen=True)
+class PoolFabricConfig:
+    enabled: bool = True
+    installer: bool = True
+    additional_networks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,8 @@ class NodePoolConfig:
     disk_size_gb: int
     disk_type: str
     labels: dict[str, str]
+    fabric: PoolFabricConfig = field(default_factory=PoolFabricConfig)
+    compact_placement: bool = False
 
 
 @dataclass(frozen=True)
