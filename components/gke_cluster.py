@@ -153,6 +153,7 @@ class GkeCluster(pulumi.ComponentResource):
             initial_node_count=1,
             node_config=_default_pool_node_config(args),
             release_channel=gcp.container.ClusterReleaseChannelArgs(channel=cfg.release_channel),
+            min_master_version=cfg.min_master_version,  # pool features with a minimum (flex-start) rely on it
             workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
                 workload_pool=f"{args.project}.svc.id.goog"
             ),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from components import pool_capacity
 from model.types import NodePoolConfig
 
 GPU_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
@@ -37,6 +38,9 @@ def _node_config(args: GpuNodePoolArgs) -> gcp.container.NodePoolNodeConfigArgs:
             ),
         )],
         spot=cfg.spot,
+        flex_start=pool_capacity.flex_start(cfg),
+        max_run_duration=cfg.max_run_duration,
+        reservation_affinity=pool_capacity.reservation_affinity(cfg),
         image_type="COS_CONTAINERD",
         disk_size_gb=cfg.disk_size_gb,
         disk_type=cfg.disk_type,
@@ -77,10 +81,11 @@ class GpuNodePool(pulumi.ComponentResource):
             autoscaling=gcp.container.NodePoolAutoscalingArgs(
                 total_min_node_count=cfg.min_nodes,
                 total_max_node_count=cfg.max_nodes,
-                # Spot capacity comes and goes per zone; ANY takes it wherever it is.
-                location_policy="ANY" if cfg.spot else "BALANCED",
+                location_policy=pool_capacity.location_policy(cfg),
             ),
-            management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+            management=gcp.container.NodePoolManagementArgs(auto_repair=pool_capacity.auto_repair(cfg),
+                                                            auto_upgrade=True),
+            queued_provisioning=pool_capacity.queued_provisioning(cfg),
             node_config=_node_config(args),
             opts=pulumi.ResourceOptions(parent=self),
         )

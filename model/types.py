@@ -91,6 +91,11 @@ class NodePoolConfig:
     labels: dict[str, str]
     fabric: PoolFabricConfig = field(default_factory=PoolFabricConfig)
     compact_placement: bool = False
+    # Capacity (README, Capacity and queueing): at most one of reservation / flex-start / spot (checks/capacity.py).
+    reservation: str | None = None
+    flex_start: bool = False
+    max_run_duration: str | None = None
+    queued_provisioning: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,13 @@ class KubernetesConfig:
 class MpiOperatorConfig:
     install: bool
     version: str
+
+
+@dataclass(frozen=True)
+class KueueConfig:
+    install: bool = False
+    version: str = "v0.19.2"
+    queue_name: str = "deepspeed"
 
 
 @dataclass(frozen=True)
@@ -311,6 +323,7 @@ class StackConfig:
     storage: StorageConfig
     vertex: VertexConfig
     cluster: ClusterConfig | None = None
+    kueue: KueueConfig = field(default_factory=KueueConfig)
     hf_token: pulumi.Output[str] | None = field(default=None, compare=False)
     kubeconfig: pulumi.Output[str] | None = field(default=None, compare=False)
 
