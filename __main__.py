@@ -20,6 +20,7 @@ from model import catalog, fabric
 from planner import cost
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
 from workloads.gcs_fuse import BucketAccess
+from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
 from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
 from workloads.placement import placement
@@ -43,11 +44,15 @@ if cfg.cluster is not None:
         for s in fabric.fabric_sets(cfg)}
     cluster = GkeCluster("cluster", GkeClusterArgs(
         project=cfg.project, location=cfg.cluster_location, config=cfg.cluster,
-        network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email))
+        network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email,
+        multi_networking=fabric.multi_networking(cfg), gpu_metrics=bool(cfg.node_pools)))
+    fabric_of = {pool: fabric_networks[s.key] for s in fabric.fabric_sets(cfg) for pool in s.pools}
     pools = {p.name: GpuNodePool(f"pool-{p.name}", GpuNodePoolArgs(
         project=cfg.project, location=cfg.cluster_location, cluster_name=cluster.name,
         node_service_account=identity.email, config=p,
-        zones=p.zones or list(catalog.load().zones(p.gpu.type, cfg.region)))) for p in cfg.node_pools}
+        zones=p.zones or list(catalog.load().zones(p.gpu.type, cfg.region)), fabric=fabric.pool_fabric(p),
+        additional_networks=fabric_of[p.name].node_networks(fabric.additional_networks(p))
+        if p.name in fabric_of else [])) for p in cfg.node_pools}
 
 # 3. The image, for GKE and Vertex alike: registry and build wait for neither the cluster nor the pools.
 registry, image = None, None
@@ -85,10 +90,15 @@ if target is not None:
         if cfg.mpi_operator.install else None
     nfs = NfsProvisioner("nfs-provisioner", NfsProvisionerArgs(config=cfg.nfs_provisioner), on_target) \
         if cfg.nfs_provisioner.install else None
+    # GPU fabrics: a Network per extra NIC, the NCCL plugin installer (+ NRI injector), keyed by pool.
+    gpu_fabrics = {pool: f for s in (fabric.fabric_sets(cfg) if cluster else []) for f in [GpuFabric(
+        f"gpu-fabric-{s.key}", GpuFabricArgs(fabric_set=s, nics=fabric_networks[s.key].nics,
+                                            install=fabric.installs(cfg, s)), on_target)] for pool in s.pools}
     for name, w in cfg.workloads.items():
         # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
         reader = registry.reader if registry and not w.image and w.accelerator.kind == "nvidia" else None
-        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None, reader) if r]
+        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None, reader,
+                                 gpu_fabrics.get(w.pool or "")) if r]
         opts = pulumi.ResourceOptions(provider=target, depends_on=waits_for)
         if w.kind == "helm":
             workload = DeepSpeedRelease(name, DeepSpeedReleaseArgs(

@@ -57,6 +57,10 @@ class FabricNetwork(pulumi.ComponentResource):
             "subnetworks": {n.nic: n.subnetwork for n in self.nics},
         })
 
+    def node_networks(self, count: int) -> list[tuple[pulumi.Output[str], pulumi.Output[str]]]:
+        """The first `count` NICs' (network, subnetwork), in the contract's order (gVNIC first, then RDMA)."""
+        return [(n.network, n.subnetwork) for n in self.nics[:count]]
+
     def _vpc(self, name: str, args: FabricNetworkArgs, planned: PlannedVpc) -> None:
         child = pulumi.ResourceOptions(parent=self)
         fabric, vpc = args.fabric_set.fabric, planned.vpc

@@ -282,3 +282,25 @@ def primary_mtu(m: StackConfig) -> int | None:
     """The primary VPC's MTU the stack's fabrics ask for (TCPX/TCPXO: 8244), or None for GCE's default."""
     wanted = [s.fabric.primary_mtu for s in fabric_sets(m) if s.fabric.primary_mtu]
     return max(wanted) if wanted else None
+
+
+def multi_networking(m: StackConfig) -> bool:
+    """cluster.multiNetworking as set, else on exactly when a pool has a fabric (its NICs need it)."""
+    if m.cluster is None:
+        return False
+    if m.cluster.multi_networking is not None:
+        return m.cluster.multi_networking
+    return bool(fabric_sets(m))
+
+
+def additional_networks(pool: NodePoolConfig) -> int:
+    """How many extra NICs the pool attaches: the config's count, else the contract's."""
+    f = pool_fabric(pool)
+    if f is None:
+        return 0
+    return len(f.nics) if pool.fabric.additional_networks is None else pool.fabric.additional_networks
+
+
+def installs(m: StackConfig, fabric_set: FabricSet) -> bool:
+    """Apply the set's installer when any of its pools asks for it (checks/fabric.py refuses a pool without)."""
+    return any((p := m.pool(name)) is not None and p.fabric.installer for name in fabric_set.pools)

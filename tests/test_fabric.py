@@ -218,3 +218,97 @@ def test_roce_vpc_has_the_zonal_profile_and_no_firewall_rules(runs: dict[str, Ru
 def test_stacks_without_a_fabric_get_no_extra_networks(dev: RunResult) -> None:
     assert _fabric_networks(dev) == []
     assert "mtu" not in dev.one(NETWORK, "network-vpc").inputs
+
+
+# --- cluster, pool, objects and installers --------------------------------------------------------
+
+CLUSTER = "gcp:container/cluster:Cluster"
+NODE_POOL = "gcp:container/nodePool:NodePool"
+PARAM_SET = "kubernetes:networking.gke.io/v1:GKENetworkParamSet"
+K8S_NETWORK = "kubernetes:networking.gke.io/v1:Network"
+CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_cluster_has_multi_networking_on_dataplane_v2_and_dcgm(runs: dict[str, RunResult], name: str) -> None:
+    c = runs[name].one(CLUSTER).inputs
+    assert c["enableMultiNetworking"] is True
+    assert c["datapathProvider"] == "ADVANCED_DATAPATH"
+    # FACTS.md section 4: DCGM component with Managed Prometheus (CT gke-cluster/main.tf).
+    assert "DCGM" in c["monitoringConfig"]["enableComponents"]
+    assert c["monitoringConfig"]["managedPrometheus"] == {"enabled": True}
+
+
+def test_cluster_without_fabric_has_no_multi_networking(dev: RunResult) -> None:
+    assert "enableMultiNetworking" not in dev.one(CLUSTER).inputs
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_pool_attaches_the_fabric_nics_in_contract_order(runs: dict[str, RunResult], name: str) -> None:
+    f = fabric.load().fabrics[name]
+    run = runs[name]
+    pool = run.one(NODE_POOL, "h100").inputs
+    extra = pool["networkConfig"]["additionalNodeNetworkConfigs"]
+    subnets = {s.physical_name or s.inputs.get("name"): s for s in run.by_type(SUBNET)}
+    assert len(extra) == len(f.nics)
+    # Each NIC's subnet is the one made for that NIC, in the contract's order (gVNIC first, then RDMA).
+    assert [subnets[e["subnetwork"]].name for e in extra] == [
+        n for n in (s.name for s in run.by_type(SUBNET)) if n.startswith("fabric-")]
+    node = pool["nodeConfig"]
+    assert node["gvnic"] == {"enabled": True}
+    assert node["ephemeralStorageLocalSsdConfig"]["localSsdCount"] == f.local_ssds
+    assert node["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
+    assert node["guestAccelerators"][0]["count"] == 8
+    assert "placementPolicy" not in pool
+
+
+def test_compact_placement_when_asked() -> None:
+    pool = {**stack_yaml("h100")["deepspeed-stack:nodePools"][0], "compactPlacement": True}
+    run = run_stack("h100", {"deepspeed-stack:nodePools": [pool]})
+    assert run.one(NODE_POOL, "h100").inputs["placementPolicy"] == {"type": "COMPACT"}
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_one_param_set_and_network_per_nic(runs: dict[str, RunResult], name: str) -> None:
+    f = fabric.load().fabrics[name]
+    run = runs[name]
+    params = {p.inputs["metadata"]["name"]: p.inputs for p in run.by_type(PARAM_SET)}
+    networks = {n.inputs["metadata"]["name"]: n.inputs for n in run.by_type(K8S_NETWORK)}
+    assert list(params) == list(networks) == list(f.nics)
+    modes = {nic: vpc.device_mode for vpc in f.vpcs for nic in vpc.nics}
+    vpc_names = {n.physical_name for n in _fabric_networks(run)}
+    for nic, p in params.items():
+        assert p["apiVersion"] == "networking.gke.io/v1"
+        assert set(p["spec"]) == {"vpc", "vpcSubnet", "deviceMode"}
+        assert p["spec"]["deviceMode"] == modes[nic]
+        assert p["spec"]["vpc"] in vpc_names
+        assert networks[nic]["spec"] == {"type": "Device", "parametersRef": {
+            "group": "networking.gke.io", "kind": "GKENetworkParamSet", "name": nic}}
+    # Pods name these networks: every interface of the pinned test pod has its Network.
+    pod = test_pod_reference(TEST_MANIFEST[name])
+    named = {i["network"] for i in yaml.safe_load(pod["metadata"]["annotations"]["networking.gke.io/interfaces"])}
+    assert named - {"default"} <= set(networks)
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_installers_applied_from_the_pinned_commit(runs: dict[str, RunResult], name: str) -> None:
+    cat = fabric.load()
+    files = sorted(c.inputs["file"] for c in runs[name].by_type(CONFIG_FILE) if "container-engine" in c.inputs["file"])
+    f = cat.fabrics[name]
+    paths = {"tcpx": ["gpudirect-tcpx/nccl-tcpx-installer.yaml", "nri_device_injector/nri-device-injector.yaml"],
+             "tcpxo": ["gpudirect-tcpxo/nccl-tcpxo-installer.yaml", "nri_device_injector/nri-device-injector.yaml"],
+             "rdma": ["gpudirect-rdma/nccl-rdma-installer.yaml"]}[name]
+    base = ("https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators/"
+            "992db81257553607f1477945f1b3219632991829/")
+    assert files == sorted(base + p for p in paths)
+    assert f.installer.manifest == paths[0]
+    for p in paths:  # the pinned path is a file of the reference snapshot
+        assert manifest(p)
+
+
+def test_workloads_wait_for_the_fabric(runs: dict[str, RunResult]) -> None:
+    run = runs["tcpxo"]
+    parts = [r.urn for r in run.by_type(K8S_NETWORK) + run.by_type(CONFIG_FILE) if "GpuFabric" in r.urn]
+    job = run.one("deepspeed-stack:workloads:TrainingJob")
+    assert len(parts) == 10  # 8 Networks, the installer and the NRI injector
+    assert set(parts) <= set(job.dependencies)
