@@ -174,7 +174,6 @@ class GkeCluster(pulumi.ComponentResource):
                 enable_components=["SYSTEM_COMPONENTS", "WORKLOADS"]
             ),
             enable_multi_networking=args.multi_networking or None,
-            min_master_version=cfg.min_master_version,
             monitoring_config=gcp.container.ClusterMonitoringConfigArgs(
                 enable_components=["SYSTEM_COMPONENTS", *(["DCGM"] if args.gpu_metrics else [])],
                 managed_prometheus=gcp.container.ClusterMonitoringConfigManagedPrometheusArgs(enabled=True),
