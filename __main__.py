@@ -108,7 +108,7 @@ if target is not None:
             workload = TrainingJob(name, TrainingJobArgs(
                 config=w, placement=placement(cfg, w), stack_image=image.ref if image else None,
                 hf_token=cfg.hf_token, claim_depends_on=[nfs] if nfs else [], bucket=bucket,
-                operator_version=cfg.mpi_operator.version), opts)
+                operator_version=cfg.mpi_operator.version, retain_on_delete=cluster is None), opts)
         workload_summary[name] = workload.summary
 
 # 7. Vertex AI: a training identity, an optional TensorBoard and the CustomJob spec to start runs with.

@@ -76,3 +76,30 @@ def test_workload_pulling_the_stack_image_waits_for_the_read_grant(dev: RunResul
 
 def test_gaudi_workload_does_not_wait_for_a_registry() -> None:
     assert stack_run("gaudi").by_type(READER) == []
+
+
+# --- 2. Existing clusters: adopt, never delete ---------------------------------------------------
+
+NAMESPACE = "kubernetes:core/v1:Namespace"
+CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
+
+
+def test_existing_cluster_provider_adopts_objects_created_by_hand() -> None:
+    # pulumi-kubernetes 4.34 ProviderArgs.upsert_existing_objects: off by default, "allow Pulumi to create
+    # resources that already exist in the cluster by updating them" (the SDK's docstring). Omnia 1.7's DeepSpeed
+    # guide (docs/source/OmniaInstallGuide/Ubuntu/InstallAITools/DeepSpeed.rst) creates `workloads` and
+    # `shared-model` by hand.
+    provider = stack_run("gaudi").one(PROVIDER).inputs
+    assert provider["upsertExistingObjects"] == "true"  # provider inputs travel as strings
+    assert provider["enableServerSideApply"] == "true"
+
+
+def test_existing_cluster_namespace_and_claim_survive_destroy() -> None:
+    gaudi = stack_run("gaudi")
+    kept = {r.type: r.inputs["metadata"]["name"] for r in gaudi.resources if r.retain_on_delete}
+    assert kept == {NAMESPACE: "workloads", CLAIM: "shared-model"}
+
+
+def test_the_stacks_own_cluster_neither_adopts_nor_retains(dev: RunResult) -> None:
+    assert "upsertExistingObjects" not in dev.one(PROVIDER).inputs
+    assert [r.name for r in dev.resources if r.retain_on_delete] == []
