@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from preview import replacements
 from preview.diff import PlanDiff, render_markdown, render_text
 from preview.engine import Registration, RunResult
 from preview.hooks import Section
@@ -273,6 +274,8 @@ def markdown(run: RunResult, violations: Sequence[Violation], policies_run: int,
         parts.append(warnings_markdown(run.warnings))
     if plan_diff is not None:
         parts.append("#### Changes against the base branch\n\n" + render_markdown(plan_diff))
+        if replaced := replacements.replacements(plan_diff, run):
+            parts.append(replacements.render_markdown(replaced))
     parts += [table_markdown(t) for t in tables(run, violations, policies_run)]
     parts += [f"#### {title}\n\n{body}" for title, body in extra]
     return "\n\n".join(parts) + "\n"
@@ -282,6 +285,7 @@ def text(run: RunResult, violations: Sequence[Violation], policies_run: int, pla
          extra: Sequence[Section] = ()) -> str:
     parts = [table_text(t) for t in tables(run, violations, policies_run)]
     if plan_diff is not None:
-        parts.insert(0, render_text(plan_diff))
+        replaced = replacements.replacements(plan_diff, run)
+        parts[:0] = [render_text(plan_diff), *([replacements.render_text(replaced)] if replaced else [])]
     parts += [f"{title}\n{markdown_text(body)}" for title, body in extra]
     return "\n\n".join(parts)
