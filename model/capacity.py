@@ -89,7 +89,8 @@ def rank(pool: NodePoolConfig) -> int:
 
 
 def is_dws(pool: NodePoolConfig) -> bool:
-    return source(pool) == DWS
+    """Flex-start or queued provisioning, whatever else the pool (wrongly) asks for."""
+    return pool.flex_start or pool.queued_provisioning
 
 
 def gke_version(text: str) -> tuple[int, int, int, int] | None:

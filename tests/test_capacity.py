@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import stack_run
+from conftest import DELETE, problems, stack_run
 
 from model import capacity
 from preview.engine import RunResult
@@ -68,3 +68,88 @@ def test_plain_pools_keep_their_fields(dev: RunResult) -> None:
     pool = dev.one(NODE_POOL, "t4").inputs
     assert {"reservationAffinity", "flexStart", "maxRunDuration"}.isdisjoint(pool["nodeConfig"])
     assert "queuedProvisioning" not in pool
+
+
+# --- Capacity rules (checks/capacity.py): each refused with GKE's reason ---------------------------
+
+def dws_problems(changes: dict) -> list[str]:
+    return problems("dws", changes)
+
+
+def test_dws_stack_has_no_capacity_problem() -> None:
+    assert dws_problems({}) == []
+
+
+def test_spot_with_a_reservation_or_dws_is_refused() -> None:
+    found = dws_problems({"nodePools[0].spot": True, "nodePools[1].spot": True})
+    assert found == [
+        "nodePools[0].spot: spot VMs cannot be combined with reservation (GKE refuses it); use a separate spot "
+        "pool, or set spot: false",
+        "nodePools[1].spot: spot VMs cannot be combined with flexStart (GKE refuses it); use a separate spot "
+        "pool, or set spot: false",
+        "nodePools[1].spot: spot VMs cannot be combined with queuedProvisioning (GKE refuses it); use a separate "
+        "spot pool, or set spot: false",
+    ]
+
+
+def test_dws_pool_with_a_reservation_is_refused() -> None:
+    found = dws_problems({"nodePools[1].reservation": "h100-reservation", "nodePools[1].zones": ["us-central1-a"]})
+    assert found == ["nodePools[1].reservation: a flex-start or queued-provisioning pool cannot consume a "
+                     "reservation (GKE requires reservation affinity NO_RESERVATION); remove reservation or make a "
+                     "separate reservation pool"]
+
+
+def test_reservation_pool_needs_its_one_zone() -> None:
+    assert dws_problems({"nodePools[0].zones": []}) == [
+        "nodePools[0].zones: a pool that consumes reservation h100-reservation needs exactly one zone, the "
+        "reservation's (e.g. zones: [us-central1-a]); got none (every zone)"]
+    assert dws_problems({"nodePools[0].zones": ["us-central1-a", "us-central1-b"]})[0].startswith(
+        "nodePools[0].zones: a pool that consumes reservation h100-reservation needs exactly one zone")
+
+
+def test_gke_version_below_flex_starts_minimum_is_refused() -> None:
+    # 1.32.2-gke.1652000: cloud.google.com/kubernetes-engine/docs/concepts/dws (data/capacity.yaml).
+    assert dws_problems({"cluster.minMasterVersion": "1.32.2-gke.1651000"}) == [
+        "cluster.minMasterVersion: 1.32.2-gke.1651000 is below 1.32.2-gke.1652000, the oldest GKE that accepts "
+        "flex-start (pool(s) h100-dws); set it to that or newer, e.g. 1.33"]
+    assert dws_problems({"cluster.minMasterVersion": "1.32.2-gke.1652000"}) == []
+    (unset,) = dws_problems({"cluster.minMasterVersion": DELETE})
+    assert unset.startswith("cluster.minMasterVersion: pool(s) h100-dws use flex-start, which needs GKE "
+                            "1.32.2-gke.1652000 or later")
+
+
+def test_flex_start_longer_than_seven_days_is_refused() -> None:
+    assert dws_problems({"nodePools[1].maxRunDuration": "604801s"}) == [
+        "nodePools[1].maxRunDuration: 604801s is longer than flex-start's limit of 604800s (7 days); use 604800s "
+        "or less"]
+    assert dws_problems({"nodePools[1].maxRunDuration": "604800s"}) == []
+
+
+def test_queued_provisioning_pool_must_scale_from_zero() -> None:
+    assert dws_problems({"nodePools[1].minNodes": 1}) == [
+        "nodePools[1].minNodes: a queued-provisioning pool must have minNodes 0 (GKE creates its nodes only for "
+        "admitted jobs), got 1"]
+
+
+def test_compact_placement_with_queued_provisioning_on_gpus_is_refused() -> None:
+    found = dws_problems({"nodePools[1].compactPlacement": True, "nodePools[1].zones": ["us-central1-a"]})
+    assert "nodePools[1].compactPlacement: GKE refuses COMPACT placement on a GPU pool with queued provisioning; " \
+           "set compactPlacement: false (Kueue admits the job's nodes together anyway)" in found
+
+
+def test_compact_placement_with_flex_start_only_on_a3_ultra_a4_h4d() -> None:
+    found = dws_problems({"nodePools[1].queuedProvisioning": False, "nodePools[1].compactPlacement": True,
+                          "nodePools[1].zones": ["us-central1-a"]})
+    assert "nodePools[1].compactPlacement: COMPACT placement with flex-start works only on A3 Ultra, A4 and H4D " \
+           "machines, not a3-highgpu-8g; set compactPlacement: false" in found
+
+
+def test_queued_provisioning_needs_kueue() -> None:
+    assert dws_problems({"kueue.install": False}) == [
+        "kueue.install: pool(s) h100-dws use queued provisioning, which gets nodes only through Kueue's "
+        "ProvisioningRequest; set kueue.install: true"]
+
+
+def test_kueue_needs_a_gke_cluster() -> None:
+    assert problems("gaudi", {"kueue.install": True})[0].startswith(
+        "kueue.install: Kueue's queues are built from the stack's GKE pools; it needs `cluster`")
