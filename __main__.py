@@ -7,23 +7,23 @@ Each section declares only what the config asks for and depends only on what it 
 import pulumi
 
 import checks
+from components import gaudi_image as gaudi
 from components.artifact_registry import ArtifactRegistry, ArtifactRegistryArgs
 from components.container_image import ContainerImage, ContainerImageArgs
-from components.fabric_network import FabricNetwork, FabricNetworkArgs
 from components.gke_cluster import GkeCluster, GkeClusterArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.network import Network, NetworkArgs
 from components.node_identity import NodeIdentity, NodeIdentityArgs
 from components.storage import Storage, StorageArgs
 from components.vertex import VertexTraining, VertexTrainingArgs
-from model import catalog, fabric
+from model import catalog
 from planner import cost
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
 from workloads.gcs_fuse import BucketAccess
-from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
 from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
 from workloads.placement import placement
+from workloads.pull_secret import RegistryLogin
 from workloads.target import ExistingCluster, ExistingClusterArgs, needs_kubernetes
 from workloads.training_job import TrainingJob, TrainingJobArgs
 
@@ -37,22 +37,14 @@ cluster, identity, pools = None, None, {}
 if cfg.cluster is not None:
     identity = NodeIdentity("nodes", NodeIdentityArgs(project=cfg.project, cluster_name=cfg.cluster.name))
     network = Network("network", NetworkArgs(name=cfg.cluster.name, region=cfg.region, config=cfg.network,
-                                             nat=cfg.cluster.private_nodes, mtu=fabric.primary_mtu(cfg)))
-    # GPU fabrics (A3/A4): the extra VPCs their NICs attach to, one set per fabric (data/gpu_fabric.yaml).
-    fabric_networks = {s.key: FabricNetwork(f"fabric-{s.key}", FabricNetworkArgs(
-        project=cfg.project, region=cfg.region, fabric_set=s, fabric_cidr=cfg.network.fabric_cidr))
-        for s in fabric.fabric_sets(cfg)}
+                                             nat=cfg.cluster.private_nodes))
     cluster = GkeCluster("cluster", GkeClusterArgs(
         project=cfg.project, location=cfg.cluster_location, config=cfg.cluster,
-        network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email,
-        multi_networking=fabric.multi_networking(cfg), gpu_metrics=bool(cfg.node_pools)))
-    fabric_of = {pool: fabric_networks[s.key] for s in fabric.fabric_sets(cfg) for pool in s.pools}
+        network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email))
     pools = {p.name: GpuNodePool(f"pool-{p.name}", GpuNodePoolArgs(
         project=cfg.project, location=cfg.cluster_location, cluster_name=cluster.name,
         node_service_account=identity.email, config=p,
-        zones=p.zones or list(catalog.load().zones(p.gpu.type, cfg.region)), fabric=fabric.pool_fabric(p),
-        additional_networks=fabric_of[p.name].node_networks(fabric.additional_networks(p))
-        if p.name in fabric_of else [])) for p in cfg.node_pools}
+        zones=p.zones or list(catalog.load().zones(p.gpu.type, cfg.region)))) for p in cfg.node_pools}
 
 # 3. The image, for GKE and Vertex alike: registry and build wait for neither the cluster nor the pools.
 registry, image = None, None
@@ -62,6 +54,26 @@ if cfg.cluster is not None or cfg.vertex.enabled:
         reader_service_account=identity.email if identity else None))
     image = ContainerImage("image", ContainerImageArgs(
         config=cfg.image, registry_host=registry.host, repository_url=registry.url))
+
+# 3b. The Gaudi image for Gaudi MPIJobs (unless they name an `image` or opt into installing at start): to the
+#     stack's Artifact Registry with Google Cloud settings, else to gaudiImage.registry; pods pull it by digest,
+#     with a pull Secret when the registry wants a login.
+gaudi_ref, gaudi_login = None, None
+gaudi_jobs = gaudi.workloads_on_it(cfg)
+if gaudi_jobs:
+    if registry is None and gaudi.uses_artifact_registry(cfg):
+        registry = ArtifactRegistry("registry", ArtifactRegistryArgs(
+            project=cfg.project, region=cfg.region, config=cfg.registry))
+    on_gcp = registry is not None
+    push_to = registry.url if on_gcp else cfg.gaudi_image.registry or ""
+    host = registry.host if on_gcp else gaudi.registry_host(cfg.gaudi_image.prebuilt or push_to)
+    # Artifact Registry: the deploying identity's token; elsewhere the configured login (or the host's own).
+    login = {} if on_gcp else {"username": cfg.gaudi_image.username, "password": cfg.registry_password}
+    gaudi_ref = ContainerImage("gaudi-image", ContainerImageArgs(
+        config=cfg.gaudi_image, registry_host=host, repository_url=push_to,
+        build_args={} if cfg.gaudi_image.prebuilt else gaudi.build_args(gaudi_jobs[0]), **login)).ref
+    if cfg.gaudi_image.username and cfg.registry_password is not None:
+        gaudi_login = RegistryLogin(host=host, username=cfg.gaudi_image.username, password=cfg.registry_password)
 
 # 4. Data: one bucket for datasets, checkpoints and logs; GKE pods reach it as a Workload Identity account.
 storage, bucket = None, None
@@ -90,15 +102,10 @@ if target is not None:
         if cfg.mpi_operator.install else None
     nfs = NfsProvisioner("nfs-provisioner", NfsProvisionerArgs(config=cfg.nfs_provisioner), on_target) \
         if cfg.nfs_provisioner.install else None
-    # GPU fabrics: a Network per extra NIC, the NCCL plugin installer (+ NRI injector), keyed by pool.
-    gpu_fabrics = {pool: f for s in (fabric.fabric_sets(cfg) if cluster else []) for f in [GpuFabric(
-        f"gpu-fabric-{s.key}", GpuFabricArgs(fabric_set=s, nics=fabric_networks[s.key].nics,
-                                            install=fabric.installs(cfg, s)), on_target)] for pool in s.pools}
     for name, w in cfg.workloads.items():
         # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
         reader = registry.reader if registry and not w.image and w.accelerator.kind == "nvidia" else None
-        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None, reader,
-                                 gpu_fabrics.get(w.pool or "")) if r]
+        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None, reader) if r]
         opts = pulumi.ResourceOptions(provider=target, depends_on=waits_for)
         if w.kind == "helm":
             workload = DeepSpeedRelease(name, DeepSpeedReleaseArgs(
@@ -108,7 +115,8 @@ if target is not None:
             workload = TrainingJob(name, TrainingJobArgs(
                 config=w, placement=placement(cfg, w), stack_image=image.ref if image else None,
                 hf_token=cfg.hf_token, claim_depends_on=[nfs] if nfs else [], bucket=bucket,
-                operator_version=cfg.mpi_operator.version, retain_on_delete=cluster is None), opts)
+                operator_version=cfg.mpi_operator.version, gaudi_image=gaudi_ref,
+                registry=gaudi_login if w.accelerator.kind == "gaudi" else None), opts)
         workload_summary[name] = workload.summary
 
 # 7. Vertex AI: a training identity, an optional TensorBoard and the CustomJob spec to start runs with.
@@ -131,6 +139,8 @@ if cluster is not None:
 if image is not None:
     pulumi.export("registryUrl", registry.url)
     pulumi.export("imageRef", image.ref)
+if gaudi_ref is not None:
+    pulumi.export("gaudiImageRef", gaudi_ref)
 if storage is not None:
     pulumi.export("bucket", storage.bucket_name)
     pulumi.export("dataServiceAccount", storage.email)

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks import capacity, planner, platform, vertex, workloads
+from checks import gaudi, planner, platform, vertex, workloads
 from checks.common import Check
 from model.config import ConfigError, parse
 from model.types import StackConfig
 
-ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, *planner.CHECKS, *vertex.CHECKS,
-                           *capacity.CHECKS]
+ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, *gaudi.CHECKS, *planner.CHECKS, *vertex.CHECKS]
 
 
 def run_all(m: StackConfig) -> list[str]:
@@ -33,7 +32,7 @@ def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None)
 
 def warnings(m: StackConfig) -> list[str]:
     """Tight fits that deploy but deserve a reviewer's eye (each a sentence starting with its key)."""
-    return planner.warnings(m)
+    return planner.warnings(m) + gaudi.warnings(m)
 
 
 __all__ = ["ALL_CHECKS", "ConfigError", "load", "run_all", "warnings"]

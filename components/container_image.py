@@ -6,7 +6,7 @@ workload never runs a tag that moved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_docker_build as docker_build
@@ -14,12 +14,20 @@ import pulumi_gcp as gcp
 
 from model.types import ImageConfig
 
+# Artifact Registry's user name for an OAuth access token.
+GCP_TOKEN_USER = "oauth2accesstoken"
+
 
 @dataclass(frozen=True)
 class ContainerImageArgs:
     config: ImageConfig
     registry_host: str
     repository_url: pulumi.Input[str]
+    build_args: dict[str, str] = field(default_factory=dict)  # Dockerfile ARGs (e.g. the pinned base image)
+    # The push login: the deploying identity's Google OAuth token (Artifact Registry) unless a password is
+    # given; with `username` None and no password, the build host's own docker login.
+    username: str | None = GCP_TOKEN_USER
+    password: pulumi.Input[str] | None = None
 
 
 class ContainerImage(pulumi.ComponentResource):
@@ -40,8 +48,6 @@ class ContainerImage(pulumi.ComponentResource):
 
     def _build(self, name: str, args: ContainerImageArgs) -> docker_build.Image:
         cfg = args.config
-        # Short-lived OAuth token of the deploying identity; a secret so it never shows in plain text.
-        token = pulumi.Output.secret(gcp.organizations.get_client_config_output().access_token)
         # Relative to the project folder, where Pulumi runs the program: the plan stays machine-independent.
         context = cfg.context.rstrip("/")
         repo = pulumi.Output.from_input(args.repository_url).apply(lambda url: f"{url}/{cfg.name}")
@@ -54,6 +60,7 @@ class ContainerImage(pulumi.ComponentResource):
             context=docker_build.BuildContextArgs(location=context),
             dockerfile=docker_build.DockerfileArgs(location=f"{context}/Dockerfile"),
             platforms=[docker_build.Platform(cfg.platform)],
+            build_args=dict(args.build_args) or None,
             tags=[tag],
             push=True,
             cache_from=[docker_build.CacheFromArgs(registry=docker_build.CacheFromRegistryArgs(ref=cache))],
@@ -62,8 +69,17 @@ class ContainerImage(pulumi.ComponentResource):
             # `pulumi preview` (every pull request) does not build; `pulumi up` does. The Dockerfile is linted
             # by hadolint in the tests.
             build_on_preview=False,
-            registries=[docker_build.RegistryArgs(
-                address=args.registry_host, username="oauth2accesstoken", password=token,
-            )],
+            registries=self._login(args),
             opts=pulumi.ResourceOptions(parent=self),
         )
+
+    @staticmethod
+    def _login(args: ContainerImageArgs) -> list[docker_build.RegistryArgs] | None:
+        if args.password is not None and args.username:
+            return [docker_build.RegistryArgs(address=args.registry_host, username=args.username,
+                                              password=pulumi.Output.secret(args.password))]
+        if args.username != GCP_TOKEN_USER:
+            return None  # the build host's docker login
+        # Short-lived OAuth token of the deploying identity; a secret so it never shows in plain text.
+        token = pulumi.Output.secret(gcp.organizations.get_client_config_output().access_token)
+        return [docker_build.RegistryArgs(address=args.registry_host, username=GCP_TOKEN_USER, password=token)]

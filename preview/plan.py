@@ -34,8 +34,7 @@ def build(run: RunResult) -> dict[str, Any]:
         entry["inputs"] = _sorted(entry["inputs"])
         entry["dependencies"] = sorted(entry["dependencies"])
         resources.append(entry)
-    return {"project": PROJECT, "stack": run.stack, "resources": resources, "outputs": _sorted(run.outputs),
-            "warnings": list(run.warnings)}
+    return {"project": PROJECT, "stack": run.stack, "resources": resources, "outputs": _sorted(run.outputs)}
 
 
 def dumps(plan: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
 SECRET_TYPE = "kubernetes:core/v1:Secret"
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 TRAINING_JOB = "deepspeed-stack:workloads:TrainingJob"
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 K8S_VERSION = "1.33.0"
 # Plain-text canaries: they must never show up outside a secret.
 HF_TOKEN = "hf_canary_token_never_in_plain_text"
@@ -94,6 +95,8 @@ def test_training_job_children(gaudi: RunResult) -> None:
         (NAMESPACE, "gaudi-llm-ds-ft-namespace"),
         (CLAIM, "gaudi-llm-ds-ft-claim"),
         (CONFIG_MAP, "gaudi-llm-ds-ft-config"),
+        (NETWORK_POLICY, "gaudi-llm-ds-ft-launcher-policy"),
+        (NETWORK_POLICY, "gaudi-llm-ds-ft-worker-policy"),
         (MPIJOB, "gaudi-llm-ds-ft-mpijob"),
     ])
     assert job.dependencies == []  # no operator installed by this stack, no GKE pool
@@ -111,7 +114,10 @@ def test_mpijob_matches_the_omnia_reference(gaudi: RunResult, omnia: dict[str, A
         ours, theirs = job["spec"]["mpiReplicaSpecs"][role], ref_spec["mpiReplicaSpecs"][role]
         assert ours["replicas"] == theirs["replicas"]
         (c,), (rc,) = ours["template"]["spec"]["containers"], theirs["template"]["spec"]["containers"]
-        assert c["image"] == rc["image"]
+        # Not Habana's `:latest` with installs at every start: the stack's Gaudi image, by digest.
+        assert rc["image"].endswith(":latest")
+        assert c["image"] == gaudi.outputs["gaudiImageRef"]
+        assert c["image"].startswith("registry.example.internal/ml/deepspeed-gaudi@sha256:")
         assert c["name"] == rc["name"]
         mount = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["shared"]
         assert mount == rc["volumeMounts"][0]["mountPath"]
@@ -173,10 +179,12 @@ def test_hf_token_is_only_a_secret(full: RunResult) -> None:
     assert secret.inputs["metadata"]["name"] == "gaudi-llm-ds-ft-hf-token"
     assert secret.inputs["stringData"] == SECRET
     assert "stringData" in secret.secret_paths
-    (c,) = full.one(MPIJOB).inputs["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
-    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
-    assert refs == {"HF_TOKEN": {"name": "gaudi-llm-ds-ft-hf-token", "key": "token"},
-                    "HUGGING_FACE_HUB_TOKEN": {"name": "gaudi-llm-ds-ft-hf-token", "key": "token"}}
+    launcher = full.one(MPIJOB).inputs["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    (c,) = launcher["containers"]
+    # A mounted file, never an env var of the pod spec.
+    assert not [e for e in c["env"] if "valueFrom" in e]
+    volumes = {v["name"]: v for v in launcher["volumes"]}
+    assert volumes["hf-token"]["secret"]["secretName"] == "gaudi-llm-ds-ft-hf-token"
 
 
 def test_kubeconfig_is_only_a_secret(full: RunResult) -> None:

@@ -24,6 +24,8 @@ MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
 K8S_VERSION = "1.33.0"
 GAUDI_JOB = "gaudi-llm-ds-ft"
 # An NVIDIA MPIJob on the dev stack's T4 pool (T4 has no bf16, hence fp16).
+# The stack's Gaudi image as ContainerImage would hand it over: pinned by digest.
+GAUDI_IMAGE = "registry.example.internal/ml/deepspeed-gaudi@sha256:" + "c" * 64
 NVIDIA_WORKLOAD = {"kind": "mpijob", "pool": "t4", "workers": 2, "deepspeed": {"precision": "fp16"},
                    "storage": {"storageClass": "standard-rwx"}}
 
@@ -36,7 +38,8 @@ NVIDIA_WORKLOAD = {"kind": "mpijob", "pool": "t4", "workers": 2, "deepspeed": {"
 
 def render(m: StackConfig, name: str, image: str | None = None, secret: str | None = None) -> dict[str, Any]:
     w = m.workloads[name]
-    inputs = mpijob.MpiJobInputs(workload=w, placement=placement(m, w), image=mpijob.launcher_image(w, image),
+    inputs = mpijob.MpiJobInputs(workload=w, placement=placement(m, w),
+                                 image=mpijob.launcher_image(w, image, GAUDI_IMAGE),
                                  config_map=mpijob.config_map_name(name), hf_token_secret=secret)
     return mpijob.render(inputs, w.namespace)
 
@@ -197,9 +200,10 @@ def test_gaudi_launcher_runs_gaudi_spawn_over_the_operator_hostfile(gaudi_job: d
     assert 'HOSTSFILE="$OMPI_MCA_orte_default_hostfile"' in script
     assert 'export MASTER_ADDR="$(head -n 1 "$HOSTSFILE"' in script
     assert 'export no_proxy="${no_proxy:+$no_proxy,}$KUBERNETES_SERVICE_HOST"' in script
-    assert "git clone --depth 1 --branch v1.15.0 https://github.com/huggingface/optimum-habana" in script
-    assert "pip install git+https://github.com/HabanaAI/DeepSpeed.git@1.19.0" in script
-    assert 'mpirun --npernode 1 --tag-output --allow-run-as-root --prefix "$MPI_ROOT" -x HF_HOME' in script
+    # The stack's image has optimum-habana and DeepSpeed: nothing is installed, no mpirun, no /etc/ssh edits.
+    assert script.splitlines()[-2] == "cd /opt/optimum-habana/examples/language-modeling"
+    for installing in ("git clone", "pip install", "mpirun", "/etc/ssh/ssh_config"):
+        assert installing not in script
     train = script.splitlines()[-1]
     assert train.startswith('python ../gaudi_spawn.py --hostfile="$HOSTSFILE" --use_deepspeed --world_size 8 '
                             'run_lora_clm.py --model_name_or_path "$LLM_MODEL" --dataset_name tatsu-lab/alpaca '
@@ -218,8 +222,16 @@ def test_gaudi_launcher_runs_gaudi_spawn_over_the_operator_hostfile(gaudi_job: d
 
 def test_gaudi_launcher_env_and_token_from_the_secret(gaudi_job: dict[str, Any]) -> None:
     launcher, worker = env(container(gaudi_job, "Launcher")), env(container(gaudi_job, "Worker"))
-    token_ref = {"secretKeyRef": {"name": "gaudi-llm-ds-ft-hf-token", "key": "token"}}
-    assert launcher["HF_TOKEN"] == launcher["HUGGING_FACE_HUB_TOKEN"] == token_ref
+    # The token is a mounted file (never an env var in the pod spec); the script exports it for ssh to send on.
+    assert "HF_TOKEN" not in launcher and "HUGGING_FACE_HUB_TOKEN" not in launcher
+    spec = gaudi_job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert {v["name"]: v for v in spec["volumes"]}["hf-token"]["secret"] == {
+        "secretName": "gaudi-llm-ds-ft-hf-token", "defaultMode": 0o440}
+    assert {"name": "hf-token", "mountPath": "/var/run/secrets/huggingface", "readOnly": True} in \
+        container(gaudi_job, "Launcher")["volumeMounts"]
+    assert container(gaudi_job, "Launcher")["args"][0].splitlines()[:2] == [
+        'HF_TOKEN="$(cat /var/run/secrets/huggingface/token)"; export HF_TOKEN',
+        'HUGGING_FACE_HUB_TOKEN="$(cat /var/run/secrets/huggingface/token)"; export HUGGING_FACE_HUB_TOKEN']
     assert (launcher["HF_HOME"], launcher["LLM_MODEL"], launcher["NUM_HPU"], launcher["NUM_EPOCHS"]) == (
         "/storage/huggingface", "meta-llama/Meta-Llama-3.1-8B-Instruct", "8", "3")
     assert launcher["no_proxy"] == "127.0.0.1,localhost"
@@ -229,15 +241,37 @@ def test_gaudi_launcher_env_and_token_from_the_secret(gaudi_job: dict[str, Any])
     assert worker["HF_HOME"] == "/storage/huggingface"
 
 
-def test_training_processes_get_the_token_through_ssh(gaudi_job: dict[str, Any]) -> None:
-    launcher = container(gaudi_job, "Launcher")["args"][0]
+def test_training_processes_get_the_token_through_ssh(gaudi_model: StackConfig, gaudi_job: dict[str, Any]) -> None:
+    w = gaudi_model.workloads[GAUDI_JOB]
+    client = mpijob.config_map_data(w, placement(gaudi_model, w), has_token=True)["ssh_client.conf"].splitlines()
+    assert "SendEnv HF_HOME no_proxy NO_PROXY HF_TOKEN HUGGING_FACE_HUB_TOKEN" in client
+    assert "Port 2222" in client
+    assert "KexAlgorithms curve25519-sha256,sntrup761x25519-sha512@openssh.com" in client  # as Omnia pins it
+    mounts = {m["name"]: m["mountPath"] for m in container(gaudi_job, "Launcher")["volumeMounts"]}
+    assert mounts["ssh-client-config"] == "/etc/ssh/ssh_config.d"
     worker = container(gaudi_job, "Worker")["args"][0]
-    assert "'SendEnv HF_HOME no_proxy NO_PROXY HF_TOKEN HUGGING_FACE_HUB_TOKEN'" in launcher
-    assert worker.splitlines() == [
+    assert worker.splitlines()[-1] == (
+        "exec /usr/sbin/sshd -D -e -f /etc/ssh/sshd_deepspeed_config -h /tmp/ssh_host_ed25519_key -o StrictModes=no "
+        "-o 'AcceptEnv=HF_HOME no_proxy NO_PROXY HF_TOKEN HUGGING_FACE_HUB_TOKEN'")
+
+
+def test_install_at_start_is_omnias_path_only_as_an_opt_in() -> None:
+    job = render(model("gaudi", {f"workloads.{GAUDI_JOB}.gaudi.installAtStart": True}), GAUDI_JOB,
+                 secret="gaudi-llm-ds-ft-hf-token")
+    script = container(job, "Launcher")["args"][0]
+    assert "git clone --depth 1 --branch v1.15.0 https://github.com/huggingface/optimum-habana" in script
+    assert "pip install git+https://github.com/HabanaAI/DeepSpeed.git@1.19.0" in script
+    assert 'mpirun --npernode 1 --tag-output --allow-run-as-root --prefix "$MPI_ROOT" -x HF_HOME' in script
+    assert "'SendEnv HF_HOME no_proxy NO_PROXY HF_TOKEN HUGGING_FACE_HUB_TOKEN'" in script
+    assert container(job, "Worker")["args"][0].splitlines() == [
         "/usr/bin/ssh-keygen -A",
         "/usr/sbin/sshd -o 'AcceptEnv=HF_HOME no_proxy NO_PROXY HF_TOKEN HUGGING_FACE_HUB_TOKEN'",
         "exec sleep infinity",
     ]
+    # Habana's stock image at the pinned version tag (data/gaudi_software.yaml), not `:latest`.
+    assert container(job, "Worker")["image"] == (
+        "vault.habana.ai/gaudi-docker/1.19.1/ubuntu22.04/habanalabs/pytorch-installer-2.5.1:1.19.1-26")
+    assert "sshAuthMountPath" not in job["spec"]
 
 
 def test_no_token_no_token_variables(gaudi_model: StackConfig) -> None:
@@ -251,7 +285,12 @@ def test_proxy_variables_both_spellings_and_forwarded() -> None:
     job = render(m, GAUDI_JOB)
     launcher = env(container(job, "Launcher"))
     assert launcher["https_proxy"] == launcher["HTTPS_PROXY"] == "http://proxy.example:3128"
-    assert "-x https_proxy -x HTTPS_PROXY" in container(job, "Launcher")["args"][0]
+    w = m.workloads[GAUDI_JOB]
+    client = mpijob.config_map_data(w, placement(m, w), has_token=False)["ssh_client.conf"].splitlines()
+    assert "SendEnv HF_HOME https_proxy HTTPS_PROXY no_proxy NO_PROXY" in client
+    opt_in = model("gaudi", {f"workloads.{GAUDI_JOB}.proxy.https": "http://proxy.example:3128",
+                             f"workloads.{GAUDI_JOB}.gaudi.installAtStart": True})
+    assert "-x https_proxy -x HTTPS_PROXY" in container(render(opt_in, GAUDI_JOB), "Launcher")["args"][0]
 
 
 def test_volumes_claim_config_and_shm(gaudi_job: dict[str, Any]) -> None:
@@ -267,9 +306,8 @@ def test_volumes_claim_config_and_shm(gaudi_job: dict[str, Any]) -> None:
     assert {v["name"]: v for v in worker["volumes"]}["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
 
 
-def test_image_from_the_gaudi_block_or_the_override(gaudi_model: StackConfig) -> None:
-    assert container(render(gaudi_model, GAUDI_JOB), "Worker")["image"] == (
-        "vault.habana.ai/gaudi-docker/1.19.1/ubuntu22.04/habanalabs/pytorch-installer-2.5.1:latest")
+def test_image_the_stacks_gaudi_image_or_the_override(gaudi_model: StackConfig) -> None:
+    assert container(render(gaudi_model, GAUDI_JOB), "Worker")["image"] == GAUDI_IMAGE
     m = model("gaudi", {f"workloads.{GAUDI_JOB}.image": "registry.example/gaudi:1.0"})
     job = render(m, GAUDI_JOB)
     assert container(job, "Launcher")["image"] == container(job, "Worker")["image"] == "registry.example/gaudi:1.0"
@@ -283,7 +321,7 @@ def test_launch_command_replaces_the_generated_one() -> None:
 def test_ds_config_in_the_config_map(gaudi_model: StackConfig) -> None:
     w = gaudi_model.workloads[GAUDI_JOB]
     data = mpijob.config_map_data(w, placement(gaudi_model, w), has_token=False)
-    assert set(data) == {"ds_config.json"}
+    assert set(data) == {"ds_config.json", "ssh_client.conf"}
     ds = json.loads(data["ds_config.json"])
     assert ds["train_batch_size"] == 1 * 8 * 8 * 2  # workers x cards x micro batch x accumulation
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 2)
@@ -501,7 +539,7 @@ def test_launcher_policy_only_for_operators_that_know_it() -> None:
     m = model("gaudi")  # Omnia 1.7's operator
     assert m.mpi_operator.version == "v0.4.0"
     w = m.workloads[GAUDI_JOB]
-    old = mpijob.render(mpijob.MpiJobInputs(workload=w, placement=placement(m, w), image="img",
+    old = mpijob.render(mpijob.MpiJobInputs(workload=w, placement=placement(m, w), image=GAUDI_IMAGE,
                                             config_map="cm", operator_version="v0.4.0"), w.namespace)
     assert "launcherCreationPolicy" not in old["spec"]
     # What the v0.4.0 CRD would refuse under a server-side apply: nothing.

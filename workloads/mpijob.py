@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model import gaudi_software
 from model.types import WorkloadConfig
-from workloads import gcs_fuse
+from workloads import gcs_fuse, pod_security
 from workloads.ds_config import build_ds_config, nvme_volume
-from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
+from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
@@ -79,6 +80,7 @@ class MpiJobInputs:
     hf_token_secret: str | None = None
     operator_version: str = "v0.8.0"  # what the cluster's mpi-operator knows decides the fields we may set
     gcs: gcs_fuse.GcsMount | None = None  # the stack's bucket over GCS FUSE (GKE only)
+    image_pull_secret: str | None = None  # a kubernetes.io/dockerconfigjson Secret for a private registry
 
 
 # --- names ----------------------------------------------------------------------------------------
@@ -97,24 +99,40 @@ def worker_pod_name(job: str, workers: int) -> str:
 
 
 def gaudi_image(w: WorkloadConfig) -> str:
-    """Habana's PyTorch installer image for the configured Gaudi software, OS and PyTorch versions."""
+    """Habana's PyTorch installer image for the configured Gaudi software, OS and PyTorch versions: the
+    pinned tag (and digest) of data/gaudi_software.yaml, or the moving `:latest` when none is recorded."""
     g = w.gaudi
+    base = gaudi_software.base_image(g)
+    if base is not None:
+        return base.ref
     return (f"vault.habana.ai/gaudi-docker/{g.software_version}/{g.os}/habanalabs/"
             f"pytorch-installer-{g.pytorch_version}:latest")
 
 
-def habana_deepspeed_ref(software_version: str) -> str:
-    """Habana's DeepSpeed fork is tagged per Gaudi software minor release (1.19.1 -> 1.19.0)."""
-    major, minor, *_ = software_version.split(".")
-    return f"{major}.{minor}.0"
+habana_deepspeed_ref = gaudi_software.habana_deepspeed_ref
 
 
-def launcher_image(w: WorkloadConfig, stack_image: str | None) -> str:
-    """`image` overrides; else Habana's image (gaudi) or the stack's built image (nvidia)."""
+def gaudi_installs_at_start(w: WorkloadConfig) -> bool:
+    """Omnia's original path (opt-in): the stock image, software installed at every start, as root."""
+    return w.accelerator.kind == "gaudi" and w.gaudi.install_at_start
+
+
+def runs_stack_gaudi_image(w: WorkloadConfig) -> bool:
+    """The default Gaudi path: the stack's Gaudi image (or an `image` built from it), hardened."""
+    return w.accelerator.kind == "gaudi" and not w.gaudi.install_at_start
+
+
+def launcher_image(w: WorkloadConfig, stack_image: str | None, gaudi_built: str | None = None) -> str:
+    """`image` overrides; else the stack's Gaudi image (or Habana's with the install-at-start opt-in) for
+    gaudi, the stack's built image for nvidia."""
     if w.image:
         return w.image
-    if w.accelerator.kind == "gaudi":
+    if gaudi_installs_at_start(w):
         return gaudi_image(w)
+    if w.accelerator.kind == "gaudi":
+        if gaudi_built is None:
+            raise ValueError(f"workload {w.name}: a Gaudi MPIJob needs the stack's Gaudi image or `image`")
+        return gaudi_built
     if stack_image is None:
         raise ValueError(f"workload {w.name}: an nvidia MPIJob needs the stack's image or `image`")
     return stack_image
@@ -153,12 +171,18 @@ def forwarded_env(w: WorkloadConfig, where: Placement, has_token: bool) -> list[
     return names
 
 
-def env_list(values: dict[str, str], secret: str | None) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
-    if secret:
-        env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": HF_TOKEN_KEY}}}
-                for name in TOKEN_ENV]
-    return env
+def env_list(values: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+# The HF token reaches the launcher as a mounted file (never an env var in the pod spec); its script exports
+# it for itself and for ssh to send on to the training processes.
+TOKEN_VOLUME = "hf-token"
+TOKEN_DIR = "/var/run/secrets/huggingface"
+
+
+def token_preamble() -> str:
+    return "\n".join(f'{name}="$(cat {TOKEN_DIR}/{HF_TOKEN_KEY})"; export {name}' for name in TOKEN_ENV) + "\n"
 
 
 # --- DeepSpeed config and training arguments ------------------------------------------------------
@@ -170,8 +194,11 @@ def ds_config(w: WorkloadConfig, where: Placement) -> dict[str, Any]:
 
 
 def config_map_data(w: WorkloadConfig, where: Placement, has_token: bool) -> dict[str, str]:
-    """ds_config.json; for nvidia also the launch script and the launcher's ssh client config."""
+    """ds_config.json; the launcher's ssh client config (but for the install-at-start opt-in); for nvidia
+    also the launch script."""
     data = {DS_CONFIG_KEY: json.dumps(ds_config(w, where), indent=2, sort_keys=True) + "\n"}
+    if runs_stack_gaudi_image(w):
+        data[SSH_CLIENT_KEY] = ssh_client_config(forwarded_env(w, where, has_token), [GAUDI_KEX])
     if where.accelerator_kind == "nvidia":
         data[SSH_CLIENT_KEY] = ssh_client_config(forwarded_env(w, where, has_token))
         if not w.launch.command:
@@ -179,7 +206,7 @@ def config_map_data(w: WorkloadConfig, where: Placement, has_token: bool) -> dic
     return data
 
 
-def ssh_client_config(send_env: list[str]) -> str:
+def ssh_client_config(send_env: list[str], extra: list[str] | None = None) -> str:
     return "\n".join([
         "# deepspeed-stack: the workers' sshd listens on the image's port; their host keys are made at start-up.",
         f"Port {NVIDIA_SSH_PORT}",
@@ -187,6 +214,7 @@ def ssh_client_config(send_env: list[str]) -> str:
         "UserKnownHostsFile /dev/null",
         "LogLevel ERROR",
         f"SendEnv {' '.join(send_env)}",
+        *(extra or []),
         "",
     ])
 
@@ -282,9 +310,7 @@ def gaudi_setup_script(w: WorkloadConfig) -> str:
     ])
 
 
-def gaudi_launcher_script(w: WorkloadConfig, where: Placement, has_token: bool) -> str:
-    send_env = forwarded_env(w, where, has_token)
-    setup_env = " ".join(f"-x {name}" for name in ["HF_HOME", *proxy_env(w)])
+def gaudi_train_command(w: WorkloadConfig, where: Placement) -> str:
     world_size = w.workers * where.per_worker
     train = [
         "python", "../gaudi_spawn.py", '--hostfile="$HOSTSFILE"', "--use_deepspeed", "--world_size", str(world_size),
@@ -297,6 +323,23 @@ def gaudi_launcher_script(w: WorkloadConfig, where: Placement, has_token: bool) 
         "--do_train", "--use_habana", "--use_lazy_mode", "--throughput_warmup_steps 3",
         _q(w.training.args),
     ]
+    return " ".join(part for part in train if part)
+
+
+def gaudi_image_launcher_script(w: WorkloadConfig, where: Placement) -> str:
+    """The stack's Gaudi image has everything installed: wait for the workers' sshd, then train."""
+    return "\n".join([
+        "set -eo pipefail",
+        *HOSTFILE_PREAMBLE,
+        f"cd {pod_security.GAUDI_EXAMPLES_DIR}",
+        gaudi_train_command(w, where),
+    ])
+
+
+def gaudi_launcher_script(w: WorkloadConfig, where: Placement, has_token: bool) -> str:
+    """The install-at-start opt-in: Omnia's path (root, installs on every node at every start)."""
+    send_env = forwarded_env(w, where, has_token)
+    setup_env = " ".join(f"-x {name}" for name in ["HF_HOME", *proxy_env(w)])
     return "\n".join([
         "set -eo pipefail",
         *HOSTFILE_PREAMBLE,
@@ -307,7 +350,7 @@ def gaudi_launcher_script(w: WorkloadConfig, where: Placement, has_token: bool) 
         'bash -c "$SETUP"',
         f'mpirun --npernode 1 --tag-output --allow-run-as-root --prefix "$MPI_ROOT" {setup_env} bash -c "$SETUP"',
         f"cd {GAUDI_EXAMPLE_DIR}",
-        " ".join(part for part in train if part),
+        gaudi_train_command(w, where),
     ])
 
 
@@ -332,32 +375,42 @@ def nvidia_launcher_script(w: WorkloadConfig) -> str:
     ])
 
 
-def nvidia_worker_script(send_env: list[str]) -> str:
+def nvidia_worker_script(send_env: list[str], sshd_config: str | None = None) -> str:
     key = "/tmp/ssh_host_ed25519_key"
+    config = f"-f {sshd_config} " if sshd_config else ""
     return "\n".join([
         "set -e",
         # The image ships no host key (nothing private in an image); each worker makes its own.
         f"rm -f {key} {key}.pub",
         f"ssh-keygen -q -t ed25519 -N '' -f {key}",
         # StrictModes off: the operator's key Secret is mounted root-owned and group-readable (fsGroup).
-        f"exec /usr/sbin/sshd -D -e -h {key} -o StrictModes=no -o {shlex.quote('AcceptEnv=' + ' '.join(send_env))}",
+        f"exec /usr/sbin/sshd -D -e {config}-h {key} -o StrictModes=no "
+        f"-o {shlex.quote('AcceptEnv=' + ' '.join(send_env))}",
     ])
 
 
 # --- pod templates --------------------------------------------------------------------------------
 
 def _volumes(inputs: MpiJobInputs, launcher: bool) -> list[dict[str, Any]]:
-    w, where = inputs.workload, inputs.placement
+    w = inputs.workload
     volumes: list[dict[str, Any]] = [
         {"name": CLAIM_VOLUME, "persistentVolumeClaim": {"claimName": w.storage.claim_name, "readOnly": False}},
         {"name": CONFIG_VOLUME, "configMap": {"name": inputs.config_map}},
     ]
     if inputs.gcs:
         volumes.append(gcs_fuse.volume(inputs.gcs))
-    if launcher and where.accelerator_kind == "nvidia":
+    if launcher and _ssh_client_config_mounted(w):
         volumes.append({"name": SSH_CONFIG_VOLUME, "configMap": {
             "name": inputs.config_map, "items": [{"key": SSH_CLIENT_KEY, "path": "deepspeed.conf"}]}})
+    if launcher and inputs.hf_token_secret:
+        # Group-readable for fsGroup: the image's user reads it, nobody else.
+        volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": inputs.hf_token_secret, "defaultMode": 0o440}})
     return volumes
+
+
+def _ssh_client_config_mounted(w: WorkloadConfig) -> bool:
+    """The stack's images read the launcher's ssh client settings from the ConfigMap (not the opt-in)."""
+    return w.accelerator.kind == "nvidia" or runs_stack_gaudi_image(w)
 
 
 def _mounts(w: WorkloadConfig, gcs: gcs_fuse.GcsMount | None = None) -> list[dict[str, Any]]:
@@ -366,17 +419,36 @@ def _mounts(w: WorkloadConfig, gcs: gcs_fuse.GcsMount | None = None) -> list[dic
     return [*mounts, gcs_fuse.volume_mount(gcs)] if gcs else mounts
 
 
-def _template(inputs: MpiJobInputs, spec: dict[str, Any]) -> dict[str, Any]:
+# The pods' role, as the NetworkPolicy selects them (the operator copies template labels onto its pods).
+ROLE_LABEL = "deepspeed-stack/role"
+
+
+def pod_labels(w: WorkloadConfig, role: str) -> dict[str, str]:
+    return {"deepspeed-stack/workload": labels(w)["deepspeed-stack/workload"], ROLE_LABEL: role}
+
+
+def _template(inputs: MpiJobInputs, spec: dict[str, Any], role: str = "") -> dict[str, Any]:
     """A pod template; with the bucket mounted, as the Workload Identity account with the FUSE sidecar."""
     if inputs.placement.accelerator_kind == "nvidia":
         spec = _nvidia_security(spec)
+    elif runs_stack_gaudi_image(inputs.workload):
+        spec = pod_security.harden(spec, pod_security.GAUDI_USER)
+    else:
+        spec = pod_security.opt_in_security(spec)
+    if inputs.image_pull_secret:
+        spec["imagePullSecrets"] = [{"name": inputs.image_pull_secret}]
     # The ConfigMap's content in the spec: a new script or ds_config.json is a new spec, hence a new run.
     files = config_map_data(inputs.workload, inputs.placement, has_token=inputs.hf_token_secret is not None)
     annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(files)}
     if inputs.gcs is not None:
         spec["serviceAccountName"] = inputs.gcs.service_account
         annotations.update(gcs_fuse.POD_ANNOTATIONS)
-    return {"metadata": {"annotations": annotations}, "spec": spec}
+    if runs_stack_gaudi_image(inputs.workload) and role:
+        annotations.update(pod_security.waiver_annotations(role, inputs.workload.host_ipc))
+    meta: dict[str, Any] = {"annotations": annotations}
+    if role:
+        meta["labels"] = pod_labels(inputs.workload, role)
+    return {"metadata": meta, "spec": spec}
 
 
 def _container(name: str, image: str, script: str, env: list[dict[str, Any]],
@@ -395,21 +467,27 @@ def _nvidia_security(spec: dict[str, Any]) -> dict[str, Any]:
 def launcher_template(inputs: MpiJobInputs) -> dict[str, Any]:
     w, where = inputs.workload, inputs.placement
     has_token = inputs.hf_token_secret is not None
-    env = env_list(plain_env(w, where), inputs.hf_token_secret)
+    env = env_list(plain_env(w, where))
     mounts = _mounts(w, inputs.gcs)
     if w.launch.command:
         script = w.launch.command
+    elif runs_stack_gaudi_image(w):
+        script = gaudi_image_launcher_script(w, where)
     elif where.accelerator_kind == "gaudi":
         script = gaudi_launcher_script(w, where, has_token)
     else:
         script = nvidia_launcher_script(w)
-    if where.accelerator_kind == "nvidia":
+    if _ssh_client_config_mounted(w):
         mounts.append({"name": SSH_CONFIG_VOLUME, "mountPath": "/etc/ssh/ssh_config.d", "readOnly": True})
-    spec: dict[str, Any] = {
-        "containers": [_container(f"{w.name}-launcher", inputs.image, script, env, mounts)],
-        "volumes": _volumes(inputs, launcher=True),
-    }
-    return _template(inputs, spec)
+    if has_token:
+        mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
+        script = token_preamble() + script
+    container = _container(f"{w.name}-launcher", inputs.image, script, env, mounts)
+    if where.accelerator_kind == "gaudi":
+        resources = dict(pod_security.LAUNCHER_RESOURCES)
+        container["resources"] = {"limits": resources, "requests": dict(resources)}
+    spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(inputs, launcher=True)}
+    return _template(inputs, spec, "launcher")
 
 
 def worker_template(inputs: MpiJobInputs) -> dict[str, Any]:
@@ -418,16 +496,22 @@ def worker_template(inputs: MpiJobInputs) -> dict[str, Any]:
     limits = where.limits()
     mounts = [*_mounts(w, inputs.gcs), {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     nvme = nvme_volume(w.deepspeed)  # the training ranks run on the workers: offloaded states go there
-    gaudi = where.accelerator_kind == "gaudi"
-    script = gaudi_worker_script(send_env) if gaudi else nvidia_worker_script(send_env)
+    if gaudi_installs_at_start(w):
+        script = gaudi_worker_script(send_env)
+    elif runs_stack_gaudi_image(w):
+        script = nvidia_worker_script(send_env, pod_security.GAUDI_SSHD_CONFIG)
+    else:
+        script = nvidia_worker_script(send_env)
     # Workers carry no token: the training processes get it from the launcher over ssh.
-    container = _container(f"{w.name}-worker", inputs.image, script, env_list(plain_env(w, where), None), mounts)
+    container = _container(f"{w.name}-worker", inputs.image, script, env_list(plain_env(w, where)), mounts)
     container["resources"] = {"limits": dict(limits), "requests": dict(limits)}
     if nvme:
         container["volumeMounts"].append(nvme[1])
-    if where.accelerator_kind == "nvidia":
+    if not gaudi_installs_at_start(w):
         # Ready only once sshd listens, so WaitForWorkersReady really means "reachable".
         container["readinessProbe"] = {"tcpSocket": {"port": NVIDIA_SSH_PORT}, "periodSeconds": 5}
+    if runs_stack_gaudi_image(w):
+        container["livenessProbe"] = dict(pod_security.SSH_LIVENESS)
     spec: dict[str, Any] = {
         "containers": [container],
         "volumes": [*_volumes(inputs, launcher=False), {"name": SHM_VOLUME,
@@ -440,7 +524,7 @@ def worker_template(inputs: MpiJobInputs) -> dict[str, Any]:
         spec["nodeSelector"] = dict(where.node_selector)
     if where.tolerations:
         spec["tolerations"] = [dict(t) for t in where.tolerations]
-    return _template(inputs, spec)
+    return _template(inputs, spec, "worker")
 
 
 def render_spec(inputs: MpiJobInputs) -> dict[str, Any]:
@@ -461,6 +545,8 @@ def render_spec(inputs: MpiJobInputs) -> dict[str, Any]:
         spec["launcherCreationPolicy"] = "WaitForWorkersReady"
     if where.accelerator_kind == "nvidia":
         spec["sshAuthMountPath"] = f"{NVIDIA_HOME}/.ssh"
+    elif runs_stack_gaudi_image(w):
+        spec["sshAuthMountPath"] = f"{pod_security.GAUDI_HOME}/.ssh"
     return spec
 
 

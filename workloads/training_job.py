@@ -1,4 +1,5 @@
-"""TrainingJob: one `mpijob` workload: Namespace, shared claim, HF token Secret, ds_config ConfigMap, MPIJob.
+"""TrainingJob: one `mpijob` workload: Namespace, shared claim, HF token Secret, ds_config ConfigMap, image pull
+Secret (a private registry), NetworkPolicies, MPIJob.
 
 Give the component `depends_on` the MPI operator (its CRD) and the GKE pool the workers run on: children
 register only once their parent has, so everything inside waits for them, and is deleted before them.
@@ -16,7 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import WorkloadConfig
-from workloads import gcs_fuse, mpijob
+from workloads import gcs_fuse, mpijob, network_policy, pull_secret
 from workloads.placement import Placement, labels
 
 
@@ -31,9 +32,8 @@ class TrainingJobArgs:
     claim_depends_on: list[pulumi.Resource] = field(default_factory=list)
     bucket: gcs_fuse.BucketAccess | None = None  # the stack's bucket, mounted when gcsFuse.enabled
     operator_version: str = "v0.8.0"  # mpiOperator.version: the fields the cluster's operator knows
-    # On an existing cluster the namespace and the claim may predate the stack (adopted, see ExistingCluster):
-    # `pulumi destroy` leaves them, and the claim's data, in place.
-    retain_on_delete: bool = False
+    gaudi_image: pulumi.Input[str] | None = None  # the stack's Gaudi image, pinned by digest
+    registry: pull_secret.RegistryLogin | None = None  # credentials the pods pull the image with
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -42,6 +42,8 @@ class TrainingJob(pulumi.ComponentResource):
     hf_token: k8s.core.v1.Secret | None
     service_account: k8s.core.v1.ServiceAccount | None
     config_map: k8s.core.v1.ConfigMap
+    pull_secret: k8s.core.v1.Secret | None
+    network_policies: list[k8s.networking.v1.NetworkPolicy]
     job: k8s.apiextensions.CustomResource
     summary: pulumi.Output[dict[str, Any]]
 
@@ -51,10 +53,10 @@ class TrainingJob(pulumi.ComponentResource):
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-namespace",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels=labels(w)),
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_delete),
+            opts=pulumi.ResourceOptions(parent=self),
         )
         ns = self.namespace.metadata.name
-        self.claim = self._claim(name, w, ns, args.claim_depends_on, args.retain_on_delete)
+        self.claim = self._claim(name, w, ns, args.claim_depends_on)
         self.hf_token = self._token(name, w, ns, args.hf_token) if args.hf_token is not None else None
         self.config_map = k8s.core.v1.ConfigMap(
             f"{name}-config",
@@ -65,6 +67,15 @@ class TrainingJob(pulumi.ComponentResource):
         access = args.bucket if w.gcs_fuse.enabled else None
         self.service_account = gcs_fuse.service_account(
             f"{name}-ksa", ns, access, pulumi.ResourceOptions(parent=self)) if access else None
+        self.pull_secret = pull_secret.secret(
+            f"{name}-pull-secret", pull_secret.name(w.name), ns, labels(w), args.registry,
+            pulumi.ResourceOptions(parent=self)) if args.registry is not None else None
+        self.network_policies = [k8s.networking.v1.NetworkPolicy(
+            f"{name}-{role}-policy",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=network_policy.names(w)[role], namespace=ns, labels=labels(w)),
+            spec=spec,
+            opts=pulumi.ResourceOptions(parent=self),
+        ) for role, spec in network_policy.specs(w).items()]
         self.job = self._job(name, args, ns)
         self.summary = pulumi.Output.from_input({
             "kind": "mpijob", "job": w.name, "namespace": ns, "claim": w.storage.claim_name,
@@ -73,8 +84,8 @@ class TrainingJob(pulumi.ComponentResource):
         })
         self.register_outputs({"namespace": ns, "claim": self.claim.metadata.name, "job": w.name})
 
-    def _claim(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str], depends_on: list[pulumi.Resource],
-               retain: bool = False) -> k8s.core.v1.PersistentVolumeClaim:
+    def _claim(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str],
+               depends_on: list[pulumi.Resource]) -> k8s.core.v1.PersistentVolumeClaim:
         s = w.storage
         return k8s.core.v1.PersistentVolumeClaim(
             f"{name}-claim",
@@ -85,7 +96,7 @@ class TrainingJob(pulumi.ComponentResource):
                 storage_class_name=s.storage_class,
                 resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": s.size}),
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on or None, retain_on_delete=retain),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on or None),
         )
 
     def _token(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str],
@@ -102,17 +113,19 @@ class TrainingJob(pulumi.ComponentResource):
         w, where = args.config, args.placement
         secret_name = self.hf_token.metadata.name if self.hf_token is not None else None
         image = pulumi.Output.from_input(args.stack_image) if args.stack_image is not None else None
+        gaudi = pulumi.Output.from_input(args.gaudi_image) if args.gaudi_image is not None else None
+        pull = self.pull_secret.metadata.name if self.pull_secret is not None else None
 
         access = args.bucket if w.gcs_fuse.enabled else None
 
         def spec(values: list) -> dict:
-            stack_image, secret, bucket = values
+            stack_image, secret, bucket, gaudi_image, pull_name = values
             gcs = gcs_fuse.GcsMount(bucket, w.gcs_fuse.mount_path, access.kubernetes_service_account) \
                 if access else None
             return mpijob.render_spec(mpijob.MpiJobInputs(
-                workload=w, placement=where, image=mpijob.launcher_image(w, stack_image),
+                workload=w, placement=where, image=mpijob.launcher_image(w, stack_image, gaudi_image),
                 config_map=mpijob.config_map_name(w.name), hf_token_secret=secret, gcs=gcs,
-                operator_version=args.operator_version))
+                operator_version=args.operator_version, image_pull_secret=pull_name))
 
         return k8s.apiextensions.CustomResource(
             f"{name}-mpijob",
@@ -120,7 +133,7 @@ class TrainingJob(pulumi.ComponentResource):
             kind=mpijob.KIND,
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
             # The ConfigMap and the claim are referenced by name inside the spec: depend on them explicitly.
-            spec=pulumi.Output.all(image, secret_name, access.bucket if access else None).apply(spec),
+            spec=pulumi.Output.all(image, secret_name, access.bucket if access else None, gaudi, pull).apply(spec),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[self.config_map, self.claim, *([self.service_account] if self.service_account else [])],

@@ -1,0 +1,50 @@
+"""Habana base images the Gaudi image builds on (`data/gaudi_software.yaml`), pinned by tag and digest."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from model.types import GaudiConfig
+from model.yamlio import load_yaml
+
+DATA_PATH = Path(__file__).resolve().parent.parent / "data" / "gaudi_software.yaml"
+DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    software_version: str
+    os: str
+    pytorch: str
+    repository: str
+    tag: str
+    digest: str | None  # None while unconfirmed: the build pins the tag only, and the preview warns
+
+    @property
+    def ref(self) -> str:
+        """`repository:tag@digest`: the tag says which release, the digest what exactly."""
+        pinned = f"{self.repository}:{self.tag}"
+        return f"{pinned}@{self.digest}" if self.digest else pinned
+
+
+@functools.cache
+def base_images() -> tuple[BaseImage, ...]:
+    data = load_yaml(DATA_PATH)
+    return tuple(BaseImage(software_version=str(e["softwareVersion"]), os=e["os"], pytorch=str(e["pytorch"]),
+                           repository=e["repository"], tag=str(e["tag"]), digest=e.get("digest"))
+                 for e in data["baseImages"])
+
+
+def base_image(g: GaudiConfig) -> BaseImage | None:
+    """The pinned base image for a workload's Gaudi software, OS and PyTorch versions (None: none recorded)."""
+    return next((b for b in base_images() if (b.software_version, b.os, b.pytorch) ==
+                 (g.software_version, g.os, g.pytorch_version)), None)
+
+
+def habana_deepspeed_ref(software_version: str) -> str:
+    """Habana's DeepSpeed fork is tagged per Gaudi software minor release (1.19.1 -> 1.19.0)."""
+    major, minor, *_ = software_version.split(".")
+    return f"{major}.{minor}.0"
