@@ -11,7 +11,7 @@ from typing import Any
 
 from checks import gaudi, planner, platform, vertex, workloads
 from checks.common import Check
-from model.config import ConfigError, parse
+from model.config import ConfigError, parse_all
 from model.types import StackConfig
 
 ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, *gaudi.CHECKS, *planner.CHECKS, *vertex.CHECKS]
@@ -23,11 +23,14 @@ def run_all(m: StackConfig) -> list[str]:
 
 def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None) -> StackConfig:
     """Validate the stack's config and return the typed model, or raise ConfigError with every problem."""
-    model = parse(cfg, secret_keys)
-    problems = run_all(model)
+    parsed = parse_all(cfg, secret_keys)
+    # The rules also run when the schema rejected some values (those are dropped first), so every problem
+    # is reported in one run; theirs on keys the schema already reported are left out.
+    rules = parsed.rule_problems(run_all(parsed.model)) if parsed.model is not None else []
+    problems = [*parsed.problems, *rules]
     if problems:
         raise ConfigError(problems)
-    return model
+    return parsed.model
 
 
 def warnings(m: StackConfig) -> list[str]:

@@ -153,21 +153,26 @@ def _article(word: str) -> str:
 
 
 def machine_problems(prefix: list, gpu_type: str, machine_type: str, count: int) -> list[str]:
-    """The machine family must carry the GPU, and the machine shape must take that many GPUs.
-    `prefix` is the key path of the object holding `machineType` and `gpu` (a pool, or `vertex`)."""
+    """The machine family must carry the GPU, and the machine shape must take that many GPUs. Suggestions are
+    only shapes that take `count` of the GPU, smallest first. `prefix` is the key path of the object holding
+    `machineType` and `gpu` (a pool, or `vertex`)."""
     cat = gpu_catalog.load()
     gpu = cat.gpus.get(gpu_type)
     if gpu is None or cat.shape(gpu_type, machine_type, count):
         return []
-    counts = cat.counts(gpu_type, machine_type)
-    if not counts:
-        family = f"{_article(gpu.family)} {gpu.family}"
-        return [f"{at(*prefix, 'machineType')}: {gpu_type} needs {family} machine type, got {machine_type} "
-                f"(e.g. {', '.join(cat.machine_types(gpu_type)[:4])})"]
     fitting = cat.machine_types(gpu_type, count)
-    hint = f"; for {count} use {or_list(fitting[:4])}" if fitting else ""
-    return [f"{at(*prefix, 'gpu', 'count')}: {machine_type} takes {or_list(counts)} {gpu_type}, "
-            f"got {count}{hint}"]
+    takes = f"{count} {gpu_type}"
+    hint = (f"{gpu.family} types that take {takes}: {', '.join(fitting[:4])}" if fitting else
+            f"no {gpu.family} type takes {takes}; they take {or_list(sorted({s.gpus for s in gpu.shapes}))}")
+    counts = cat.counts(gpu_type, machine_type)
+    if counts:
+        use = f"; for {count} use {or_list(fitting[:4])}" if fitting else ""
+        return [f"{at(*prefix, 'gpu', 'count')}: {machine_type} takes {or_list(counts)} {gpu_type}, got {count}{use}"]
+    if machine_type.startswith(f"{gpu.family}-") and not cat.knows_machine_type(machine_type):
+        return [f"{at(*prefix, 'machineType')}: {machine_type} is not a machine type data/gpu_catalog.yaml knows; "
+                f"check its name ({hint})"]
+    family = f"{_article(gpu.family)} {gpu.family}"
+    return [f"{at(*prefix, 'machineType')}: {gpu_type} needs {family} machine type, got {machine_type} ({hint})"]
 
 
 def check_machine_fits_gpu(m: StackConfig) -> list[str]:

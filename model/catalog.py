@@ -92,8 +92,16 @@ class Catalog:
         return None
 
     def machine_types(self, gpu_type: str, count: int | None = None) -> list[str]:
+        """Machine types that carry this GPU (that many of it, when `count` is given), smallest first."""
         gpu = self.gpus[gpu_type]
-        return sorted({s.machine_type for s in gpu.shapes if count is None or s.gpus == count})
+        shapes = sorted((s for s in gpu.shapes if count is None or s.gpus == count),
+                        key=lambda s: (s.vcpus, s.memory_gb, s.gpus, s.machine_type))
+        return list(dict.fromkeys(s.machine_type for s in shapes))
+
+    def knows_machine_type(self, machine_type: str) -> bool:
+        """Whether any GPU shape or general machine of the catalog is this machine type."""
+        return machine_type in self.general_machines or any(
+            s.machine_type == machine_type for gpu in self.gpus.values() for s in gpu.shapes)
 
     def counts(self, gpu_type: str, machine_type: str) -> list[int]:
         gpu = self.gpus[gpu_type]

@@ -13,6 +13,7 @@ import difflib
 import functools
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import jsonschema
 import pulumi
 from pulumi.runtime import config as runtime_config
 
+from model import repair
 from model.types import StackConfig, build, key_path, snake
 from model.yamlio import load_yaml
 
@@ -169,23 +171,54 @@ def gcp_settings(cfg: dict[str, Any], problems: list[str], required: bool = True
     return project or "", region or ""
 
 
-def parse(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None) -> StackConfig:
-    """Read the stack's config into the typed model, or raise ConfigError with every schema problem.
+@dataclass(frozen=True)
+class Parsed:
+    """The typed model and the problems found on the way. `model` is built from the config with every value
+    the schema rejected dropped (model/repair.py), so the rules can still check the rest; None when too
+    much was rejected for that (a whole top-level key). `reported`: keys whose problems the rules must not
+    repeat."""
 
-    Only what the schema and the config engine can say is checked here; the rules that need the catalog, the
-    planner or the workloads live above, in checks/ (whose `load()` is what the program calls)."""
+    model: StackConfig | None
+    problems: list[str]
+    reported: list[str]
+
+    def rule_problems(self, problems: list[str]) -> list[str]:
+        """The rules' problems that say something new."""
+        return repair.without_echoes(problems, self.reported)
+
+
+def parse_all(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None) -> Parsed:
+    """Read the stack's config into the typed model and every schema problem, without stopping at the first."""
     cfg = engine_config() if cfg is None else cfg
     if secret_keys is None:
         secret_keys = set(runtime_config._SECRET_KEYS.get()) | set(runtime_config.get_config_secret_keys_env())
     problems = plain_keys_set_as_secrets(cfg, secret_keys)
     if problems:
-        raise ConfigError(problems)
+        return Parsed(None, problems, [])  # no message may repeat such a value, so nothing else is read
     raw = read_raw(cfg, secret_keys, problems)
     project, region = gcp_settings(cfg, problems, required="cluster" in raw)
     filled = with_defaults(schema(), raw)
     problems += schema_problems(filled)
+    valid: dict[str, Any] | None = filled
+    dropped: list[str] = []
     if problems:
-        raise ConfigError(problems)
-    secrets = {snake(k): pulumi.Output.secret(filled.pop(k)) for k, p in schema()["properties"].items()
-               if p.get("x-secret") and k in filled}
-    return build(StackConfig, filled, project=project, region=region, **secrets)
+        fixed = repair.repair(filled, jsonschema.Draft202012Validator(schema()),
+                              lambda c: with_defaults(schema(), c))
+        valid, dropped = fixed.config, fixed.dropped
+    reported = list(dict.fromkeys([*(p.split(": ", 1)[0] for p in problems), *dropped]))
+    if valid is None:
+        return Parsed(None, problems, reported)
+    secrets = {snake(k): pulumi.Output.secret(valid.pop(k)) for k, p in schema()["properties"].items()
+               if p.get("x-secret") and k in valid}
+    return Parsed(build(StackConfig, valid, project=project, region=region, **secrets), problems, reported)
+
+
+def parse(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None) -> StackConfig:
+    """Read the stack's config into the typed model, or raise ConfigError with every schema problem.
+
+    Only what the schema and the config engine can say is checked here; the rules that need the catalog, the
+    planner or the workloads live above, in checks/ (whose `load()` is what the program calls)."""
+    parsed = parse_all(cfg, secret_keys)
+    if parsed.problems or parsed.model is None:
+        raise ConfigError(parsed.problems)
+    return parsed.model

@@ -80,7 +80,8 @@ def test_vertex_needs_storage() -> None:
 def test_vertex_machine_must_fit_gpu() -> None:
     found = problems("dev", {"storage.enabled": True, "vertex.enabled": True, "vertex.machineType": "g2-standard-8"})
     assert found == ["vertex.machineType: nvidia-tesla-t4 needs an n1 machine type, got g2-standard-8 "
-                     "(e.g. n1-highmem-16, n1-highmem-8, n1-standard-16, n1-standard-32)"]
+                     "(n1 types that take 1 nvidia-tesla-t4: n1-standard-4, n1-standard-8, n1-highmem-8, "
+                     "n1-standard-16)"]
 
 
 def test_vertex_gpu_must_be_offered_in_region() -> None:
