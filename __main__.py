@@ -10,16 +10,18 @@ import checks
 from components import gaudi_image as gaudi
 from components.artifact_registry import ArtifactRegistry, ArtifactRegistryArgs
 from components.container_image import ContainerImage, ContainerImageArgs
+from components.fabric_network import FabricNetwork, FabricNetworkArgs
 from components.gke_cluster import GkeCluster, GkeClusterArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.network import Network, NetworkArgs
 from components.node_identity import NodeIdentity, NodeIdentityArgs
 from components.storage import Storage, StorageArgs
 from components.vertex import VertexTraining, VertexTrainingArgs
-from model import catalog
+from model import catalog, fabric
 from planner import cost
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
 from workloads.gcs_fuse import BucketAccess
+from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
 from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
 from workloads.placement import placement
@@ -37,14 +39,22 @@ cluster, identity, pools = None, None, {}
 if cfg.cluster is not None:
     identity = NodeIdentity("nodes", NodeIdentityArgs(project=cfg.project, cluster_name=cfg.cluster.name))
     network = Network("network", NetworkArgs(name=cfg.cluster.name, region=cfg.region, config=cfg.network,
-                                             nat=cfg.cluster.private_nodes))
+                                             nat=cfg.cluster.private_nodes, mtu=fabric.primary_mtu(cfg)))
+    # GPU fabrics (A3/A4): the extra VPCs their NICs attach to, one set per fabric (data/gpu_fabric.yaml).
+    fabric_networks = {s.key: FabricNetwork(f"fabric-{s.key}", FabricNetworkArgs(
+        project=cfg.project, region=cfg.region, fabric_set=s, fabric_cidr=cfg.network.fabric_cidr))
+        for s in fabric.fabric_sets(cfg)}
     cluster = GkeCluster("cluster", GkeClusterArgs(
         project=cfg.project, location=cfg.cluster_location, config=cfg.cluster,
-        network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email))
+        network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email,
+        multi_networking=fabric.multi_networking(cfg), gpu_metrics=bool(cfg.node_pools)))
+    fabric_of = {pool: fabric_networks[s.key] for s in fabric.fabric_sets(cfg) for pool in s.pools}
     pools = {p.name: GpuNodePool(f"pool-{p.name}", GpuNodePoolArgs(
         project=cfg.project, location=cfg.cluster_location, cluster_name=cluster.name,
         node_service_account=identity.email, config=p,
-        zones=p.zones or list(catalog.load().zones(p.gpu.type, cfg.region)))) for p in cfg.node_pools}
+        zones=p.zones or list(catalog.load().zones(p.gpu.type, cfg.region)), fabric=fabric.pool_fabric(p),
+        additional_networks=fabric_of[p.name].node_networks(fabric.additional_networks(p))
+        if p.name in fabric_of else [])) for p in cfg.node_pools}
 
 # 3. The image, for GKE and Vertex alike: registry and build wait for neither the cluster nor the pools.
 registry, image = None, None
@@ -102,10 +112,15 @@ if target is not None:
         if cfg.mpi_operator.install else None
     nfs = NfsProvisioner("nfs-provisioner", NfsProvisionerArgs(config=cfg.nfs_provisioner), on_target) \
         if cfg.nfs_provisioner.install else None
+    # GPU fabrics: a Network per extra NIC, the NCCL plugin installer (+ NRI injector), keyed by pool.
+    gpu_fabrics = {pool: f for s in (fabric.fabric_sets(cfg) if cluster else []) for f in [GpuFabric(
+        f"gpu-fabric-{s.key}", GpuFabricArgs(fabric_set=s, nics=fabric_networks[s.key].nics,
+                                            install=fabric.installs(cfg, s)), on_target)] for pool in s.pools}
     for name, w in cfg.workloads.items():
         # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
         reader = registry.reader if registry and not w.image and w.accelerator.kind == "nvidia" else None
-        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None, reader) if r]
+        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None, reader,
+                                 gpu_fabrics.get(w.pool or "")) if r]
         opts = pulumi.ResourceOptions(provider=target, depends_on=waits_for)
         if w.kind == "helm":
             workload = DeepSpeedRelease(name, DeepSpeedReleaseArgs(
@@ -116,7 +131,8 @@ if target is not None:
                 config=w, placement=placement(cfg, w), stack_image=image.ref if image else None,
                 hf_token=cfg.hf_token, claim_depends_on=[nfs] if nfs else [], bucket=bucket,
                 operator_version=cfg.mpi_operator.version, gaudi_image=gaudi_ref,
-                registry=gaudi_login if w.accelerator.kind == "gaudi" else None), opts)
+                registry=gaudi_login if w.accelerator.kind == "gaudi" else None,
+                retain_on_delete=cluster is None), opts)
         workload_summary[name] = workload.summary
 
 # 7. Vertex AI: a training identity, an optional TensorBoard and the CustomJob spec to start runs with.

@@ -26,6 +26,10 @@ class GkeClusterArgs:
     network: pulumi.Input[str]
     subnetwork: pulumi.Input[str]
     node_service_account: pulumi.Input[str]
+    # GPU fabrics attach extra NICs through multi-networking (model/fabric.py: multi_networking).
+    multi_networking: bool = False
+    # GKE's DCGM exporter into Managed Prometheus: GPU utilisation, memory and NVLink/PCIe metrics.
+    gpu_metrics: bool = False
 
 
 def _plugin_kubeconfig(context: str, cluster: dict[str, str]) -> str:
@@ -153,6 +157,7 @@ class GkeCluster(pulumi.ComponentResource):
             initial_node_count=1,
             node_config=_default_pool_node_config(args),
             release_channel=gcp.container.ClusterReleaseChannelArgs(channel=cfg.release_channel),
+            min_master_version=cfg.min_master_version,  # pool features with a minimum (flex-start) rely on it
             workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
                 workload_pool=f"{args.project}.svc.id.goog"
             ),
@@ -168,8 +173,9 @@ class GkeCluster(pulumi.ComponentResource):
             logging_config=gcp.container.ClusterLoggingConfigArgs(
                 enable_components=["SYSTEM_COMPONENTS", "WORKLOADS"]
             ),
+            enable_multi_networking=args.multi_networking or None,
             monitoring_config=gcp.container.ClusterMonitoringConfigArgs(
-                enable_components=["SYSTEM_COMPONENTS"],
+                enable_components=["SYSTEM_COMPONENTS", *(["DCGM"] if args.gpu_metrics else [])],
                 managed_prometheus=gcp.container.ClusterMonitoringConfigManagedPrometheusArgs(enabled=True),
             ),
             master_auth=gcp.container.ClusterMasterAuthArgs(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
 
+from components import pool_capacity
+from model.fabric import Fabric
+from model.fabric import load as load_fabrics
 from model.types import NodePoolConfig
 
 GPU_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
@@ -21,6 +24,30 @@ class GpuNodePoolArgs:
     node_service_account: pulumi.Input[str]
     config: NodePoolConfig
     zones: list[str]
+    # A3/A4 fabric: its contract, and the extra NICs' (network, subnetwork) in the contract's order.
+    fabric: Fabric | None = None
+    additional_networks: list[tuple[pulumi.Input[str], pulumi.Input[str]]] = field(default_factory=list)
+
+
+def _network_config(args: GpuNodePoolArgs) -> gcp.container.NodePoolNetworkConfigArgs | None:
+    if not args.additional_networks:
+        return None
+    return gcp.container.NodePoolNetworkConfigArgs(additional_node_network_configs=[
+        gcp.container.NodePoolNetworkConfigAdditionalNodeNetworkConfigArgs(network=network, subnetwork=subnetwork)
+        for network, subnetwork in args.additional_networks])
+
+
+def _fabric_taints(args: GpuNodePoolArgs) -> list[gcp.container.NodePoolNodeConfigTaintArgs] | None:
+    """CT's GPU taint on fabric pools: only pods that tolerate it (the GPU workloads) land on 8-GPU nodes."""
+    if args.fabric is None:
+        return None
+    taint = load_fabrics().gpu_taint
+    return [gcp.container.NodePoolNodeConfigTaintArgs(key=taint["key"], value=taint["value"], effect=taint["effect"])]
+
+
+def _local_ssds(args: GpuNodePoolArgs) -> int:
+    # A3/A4 bundle their local SSDs (16 or 32): a fabric pool takes them all unless the config says otherwise.
+    return args.config.local_ssd_count or (args.fabric.local_ssds if args.fabric else 0)
 
 
 def _node_config(args: GpuNodePoolArgs) -> gcp.container.NodePoolNodeConfigArgs:
@@ -37,13 +64,19 @@ def _node_config(args: GpuNodePoolArgs) -> gcp.container.NodePoolNodeConfigArgs:
             ),
         )],
         spot=cfg.spot,
+        flex_start=pool_capacity.flex_start(cfg),
+        max_run_duration=cfg.max_run_duration,
+        reservation_affinity=pool_capacity.reservation_affinity(cfg),
         image_type="COS_CONTAINERD",
         disk_size_gb=cfg.disk_size_gb,
         disk_type=cfg.disk_type,
         ephemeral_storage_local_ssd_config=(
-            gcp.container.NodePoolNodeConfigEphemeralStorageLocalSsdConfigArgs(local_ssd_count=cfg.local_ssd_count)
-            if cfg.local_ssd_count else None
+            gcp.container.NodePoolNodeConfigEphemeralStorageLocalSsdConfigArgs(local_ssd_count=_local_ssds(args))
+            if _local_ssds(args) else None
         ),
+        # gVNIC: the fabric's NICs are gVNIC (and the primary must be too, CT gke-node-pool).
+        gvnic=gcp.container.NodePoolNodeConfigGvnicArgs(enabled=True) if args.fabric else None,
+        taints=_fabric_taints(args),
         # Image streaming: multi-GB CUDA images start in seconds instead of minutes.
         gcfs_config=gcp.container.NodePoolNodeConfigGcfsConfigArgs(enabled=True),
         shielded_instance_config=gcp.container.NodePoolNodeConfigShieldedInstanceConfigArgs(
@@ -77,11 +110,16 @@ class GpuNodePool(pulumi.ComponentResource):
             autoscaling=gcp.container.NodePoolAutoscalingArgs(
                 total_min_node_count=cfg.min_nodes,
                 total_max_node_count=cfg.max_nodes,
-                # Spot capacity comes and goes per zone; ANY takes it wherever it is.
-                location_policy="ANY" if cfg.spot else "BALANCED",
+                location_policy=pool_capacity.location_policy(cfg),
             ),
-            management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+            management=gcp.container.NodePoolManagementArgs(auto_repair=pool_capacity.auto_repair(cfg),
+                                                            auto_upgrade=True),
+            queued_provisioning=pool_capacity.queued_provisioning(cfg),
             node_config=_node_config(args),
+            network_config=_network_config(args),
+            # COMPACT: nodes close together for NCCL latency; single zone only (checks/fabric.py).
+            placement_policy=gcp.container.NodePoolPlacementPolicyArgs(type="COMPACT")
+            if cfg.compact_placement else None,
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.register_outputs({"name": self.node_pool.name, "gpuType": cfg.gpu.type})

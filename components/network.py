@@ -20,6 +20,8 @@ class NetworkArgs:
     config: NetworkConfig
     # Private nodes have no external IPs: without Cloud NAT they cannot pull images or models.
     nat: bool
+    # GPUDirect-TCPX(O) wants jumbo frames on the primary VPC too (data/gpu_fabric.yaml); None: GCE's default.
+    mtu: int | None = None
 
 
 class Network(pulumi.ComponentResource):
@@ -33,6 +35,7 @@ class Network(pulumi.ComponentResource):
             f"{name}-vpc",
             auto_create_subnetworks=False,
             routing_mode="REGIONAL",
+            mtu=args.mtu,
             description=f"VPC for the {args.name} GKE cluster (deepspeed-stack)",
             opts=child,
         )

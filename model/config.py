@@ -152,7 +152,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
 def schema_problems(raw: dict[str, Any]) -> list[str]:
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(raw), key=lambda e: [str(p) for p in e.absolute_path])
-    return [line for e in errors for line in _describe(e).split("\n")]
+    # dict.fromkeys: one line per problem, in order; a value checked through a `$ref` and its own keywords
+    # (e.g. `zones: us-west1-b`, not a list) fails the same way twice.
+    return list(dict.fromkeys(line for e in errors for line in _describe(e).split("\n")))
 
 
 def gcp_settings(cfg: dict[str, Any], problems: list[str], required: bool = True) -> tuple[str, str]:

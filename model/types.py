@@ -50,6 +50,8 @@ class ClusterConfig:
     system_pool: SystemPool
     location: str | None = None
     fleet: FleetConfig = field(default_factory=FleetConfig)
+    multi_networking: bool | None = None  # None: on when a pool's GPU fabric needs it
+    min_master_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class NetworkConfig:
     subnet_cidr: str
     pods_cidr: str
     services_cidr: str
+    fabric_cidr: str = "192.168.0.0/16"
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,13 @@ class GpuConfig:
     type: str
     count: int
     driver_version: str
+
+
+@dataclass(frozen=True)
+class PoolFabricConfig:
+    enabled: bool = True
+    installer: bool = True
+    additional_networks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,13 @@ class NodePoolConfig:
     disk_size_gb: int
     disk_type: str
     labels: dict[str, str]
+    fabric: PoolFabricConfig = field(default_factory=PoolFabricConfig)
+    compact_placement: bool = False
+    # Capacity (README, Capacity and queueing): at most one of reservation / flex-start / spot (checks/capacity.py).
+    reservation: str | None = None
+    flex_start: bool = False
+    max_run_duration: str | None = None
+    queued_provisioning: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +128,13 @@ class KubernetesConfig:
 class MpiOperatorConfig:
     install: bool
     version: str
+
+
+@dataclass(frozen=True)
+class KueueConfig:
+    install: bool = False
+    version: str = "v0.19.2"
+    queue_name: str = "deepspeed"
 
 
 @dataclass(frozen=True)
@@ -308,6 +332,7 @@ class StackConfig:
     cluster: ClusterConfig | None = None
     gaudi_image: GaudiImageConfig = field(default_factory=lambda: GaudiImageConfig(
         name="deepspeed-gaudi", context="workloads/images/gaudi", tag="0.1.0", platform="linux/amd64"))
+    kueue: KueueConfig = field(default_factory=KueueConfig)
     hf_token: pulumi.Output[str] | None = field(default=None, compare=False)
     registry_password: pulumi.Output[str] | None = field(default=None, compare=False)
     kubeconfig: pulumi.Output[str] | None = field(default=None, compare=False)

@@ -228,9 +228,14 @@ def auto_repair_upgrade(args: ResourceValidationArgs, report: ReportViolation) -
     props = props_of(args)
     if args.resource_type != NODE_POOL:
         return
-    for key in ("autoRepair", "autoUpgrade"):
+    # GKE requires auto-repair off on Dynamic Workload Scheduler pools (flex-start, queued provisioning):
+    # the waiver is GKE's own rule (cloud.google.com/kubernetes-engine/docs/concepts/dws; data/capacity.yaml).
+    dws = get(props, "nodeConfig.flexStart") is True or get(props, "queuedProvisioning.enabled") is True
+    for key in ("autoUpgrade",) if dws else ("autoRepair", "autoUpgrade"):
         if get(props, f"management.{key}") is not True:
             report(f"management.{key} must be true")
+    if dws and get(props, "management.autoRepair") is not False:
+        report("management.autoRepair must be false on a flex-start or queued-provisioning pool (GKE refuses it)")
 
 
 def cos_containerd(args: ResourceValidationArgs, report: ReportViolation) -> None:

@@ -11,16 +11,15 @@ Exit codes: 0 ok, 1 failure or mandatory policy violation (unless --no-policy), 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from model.config import ConfigError
 from policy.rules import POLICIES
-from preview import diff, hooks, manifests, plan, policy_check, summary, tree
+from preview import diff, hooks, manifests, plan, policy_check, stackfile, summary, tree
 from preview.engine import PROJECT_DIR, RunResult, engine_config_from_yaml, run_program, stack_file, stacks
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -35,8 +34,10 @@ class Written:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m preview", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stack", default="dev", help="stack name: runs Pulumi.<stack>.yaml (default dev)")
-    parser.add_argument("--stack-file", type=Path, help="run this stack file instead of Pulumi.<stack>.yaml")
+    parser.add_argument("--stack", help="stack name: runs Pulumi.<stack>.yaml (default dev)")
+    parser.add_argument("--stack-file", type=Path,
+                        help="run this stack file instead of Pulumi.<stack>.yaml; needs --stack, the name the stack "
+                             "runs as (it is part of every URN, and policies depend on it)")
     parser.add_argument("--base", type=Path, help="an older plan.json to diff against (e.g. the base branch's)")
     parser.add_argument("--out", type=Path, default=PROJECT_DIR / "build", help="output root (default build/)")
     parser.add_argument("--no-policy", action="store_true", help="report policy violations but exit 0")
@@ -45,12 +46,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+class UsageError(Exception):
+    """A wrong combination of arguments or an unusable input file: exit 2 with this message."""
+
+
 def run(stack: str, path: Path) -> RunResult:
     """Run the program with the stack file's config exactly as the engine would pass it."""
-    with open(path, encoding="utf-8") as fh:
-        doc = yaml.safe_load(fh) or {}
-    config, secret_keys = engine_config_from_yaml(doc.get("config") or {})
+    config, secret_keys = engine_config_from_yaml(stackfile.read(path))
     return run_program(config, secret_keys, stack=stack)
+
+
+def stack_and_file(args: argparse.Namespace) -> tuple[str, Path]:
+    """The stack name and its file. With --stack-file the name is explicit: it decides every URN (so the diff
+    against a base) and the policies that apply, so it is never guessed from a file name."""
+    if args.stack_file is None:
+        stack = args.stack or "dev"
+        path = stack_file(stack)
+        if not path.exists():
+            raise UsageError(f"no stack file {path.name} (stacks: {', '.join(stacks())})")
+        return stack, path
+    if not args.stack:
+        named = stackfile.stack_name(args.stack_file)
+        example = f" (e.g. --stack {named})" if named else ""
+        raise UsageError(f"--stack-file {args.stack_file} needs --stack NAME, the stack it runs as{example}")
+    if not args.stack_file.is_file():
+        raise UsageError(f"--stack-file: no file {args.stack_file}")
+    return args.stack, args.stack_file
+
+
+def read_base(path: Path, stack: str) -> dict:
+    """The base plan; refused when it is not a plan of this stack (every URN would differ: a diff of
+    everything added and everything deleted says nothing)."""
+    try:
+        base = plan.read(path)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--base: cannot read {path} as a plan.json: {exc}") from None
+    if not isinstance(base, dict) or not isinstance(base.get("resources"), list):
+        raise UsageError(f"--base: {path} is not a plan.json of the preview (no `resources` list)")
+    if base.get("stack") != stack:
+        raise UsageError(f"--base: {path} is a plan of stack {base.get('stack')!r}, not of {stack!r}; give "
+                         f"the base branch's build/{stack}/plan.json")
+    return base
 
 
 def write_build(run_result: RunResult, plan_doc: dict, summary_md: str, out_root: Path) -> Written:
@@ -81,15 +117,26 @@ def _display(path: Path) -> str:
         return str(path)
 
 
+def _wrote(written: Written) -> str:
+    """`wrote build/vertex/: plan.json, summary.md, vertex-customjob.yaml, 3 file(s) in manifests/`."""
+    top = [f.name for f in written.files if f.parent == written.directory]
+    folders: dict[str, int] = {}
+    for f in written.files:
+        if f.parent != written.directory:
+            folder = f.relative_to(written.directory).parts[0]
+            folders[folder] = folders.get(folder, 0) + 1
+    parts = [*top, *(f"{n} file(s) in {folder}/" for folder, n in folders.items())]
+    return f"wrote {_display(written.directory)}/: {', '.join(parts)}"
+
+
 def preview(args: argparse.Namespace) -> int:
-    path = args.stack_file or stack_file(args.stack)
-    stack = args.stack if args.stack_file is None else path.name.removeprefix("Pulumi.").removesuffix(".yaml")
-    if not path.exists():
-        print(f"error: no stack file {path.name} (stacks: {', '.join(stacks())})", file=sys.stderr)
-        return EXIT_CONFIG
-    base = plan.read(args.base) if args.base else None  # read first: BASE may be this stack's last plan.json
     try:
+        stack, path = stack_and_file(args)
+        base = read_base(args.base, stack) if args.base else None  # first: BASE may be this stack's last plan
         result = run(stack, path)
+    except (UsageError, stackfile.StackFileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_CONFIG
@@ -106,8 +153,9 @@ def preview(args: argparse.Namespace) -> int:
     print(summary.text(result, violations, len(POLICIES), plan_diff, extra))
     written = write_build(result, plan_doc, summary.markdown(result, violations, len(POLICIES), plan_diff, extra),
                           args.out)
-    print(f"\nwrote {_display(written.directory)}/: plan.json, summary.md, "
-          f"{sum(1 for f in written.files if f.parent.name == 'manifests')} file(s) in manifests/")
+    print(f"\n{_wrote(written)}")
+    for warning in result.warnings:  # last, so they are what the user sees; also at the top of summary.md
+        print(f"warning: {warning}", file=sys.stderr)
 
     mandatory = [v for v in violations if v.mandatory]
     if mandatory and not args.no_policy:
@@ -122,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return preview(args)
     except Exception as exc:  # a short message, not a traceback, for anything unexpected
-        print(f"error: preview of stack {args.stack!r} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: preview of stack {args.stack or 'dev'!r} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
 

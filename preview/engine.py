@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import runpy
 import sys
@@ -24,7 +25,7 @@ from pulumi.runtime import rpc, settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from model.yamlio import load_yaml
+from preview import stackfile
 from preview.mocks import StackMocks
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -67,6 +68,9 @@ class RunResult:
     stack: str
     resources: list[Registration]
     outputs: dict[str, Any]
+    # What the program logged with pulumi.log.warn (e.g. the planner's tight fits), in order: the preview
+    # labels them in the terminal and lists them in summary.md and plan.json.
+    warnings: list[str] = field(default_factory=list)
 
     def by_type(self, type_: str) -> list[Registration]:
         return [r for r in self.resources if r.type == type_]
@@ -165,6 +169,19 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
+class RecordingLogger(logging.Logger):
+    """The mock engine's logger: keeps what the program logs instead of printing it unlabelled.
+    `pulumi.log.warn` reaches the mock engine, which calls `logger.warning`."""
+
+    def __init__(self) -> None:
+        super().__init__("deepspeed-stack.preview", logging.DEBUG)
+        self.propagate = False
+        self.warnings: list[str] = []
+
+    def warning(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        self.warnings.append(str(msg))
+
+
 def stack_file(stack: str) -> Path:
     return PROJECT_DIR / f"Pulumi.{stack}.yaml"
 
@@ -197,8 +214,7 @@ def engine_config_from_yaml(config: dict[str, Any]) -> tuple[dict[str, str], lis
 
 
 def load_stack_config(stack: str) -> tuple[dict[str, str], list[str]]:
-    doc = load_yaml(stack_file(stack)) or {}
-    return engine_config_from_yaml(doc.get("config") or {})
+    return engine_config_from_yaml(stackfile.read(stack_file(stack)))
 
 
 @contextlib.contextmanager
@@ -268,16 +284,18 @@ def run_program(config: dict[str, str], secret_keys: list[str] | None = None, st
     """Run `__main__.py` once with this engine config; raises what the program raises (e.g. ConfigError)."""
     project_id = config.get("gcp:project", "my-gcp-project")
     monitor = RecordingMonitor(mocks or StackMocks(project_id, config.get("gcp:region", "us-central1")))
+    logger = RecordingLogger()
     settings.ROOT.set(None)
     pulumi.runtime.set_all_config(dict(config), list(secret_keys or []))
-    pulumi_mocks.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    pulumi_mocks.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor,
+                           logger=logger)
     settings.SETTINGS.rpc_manager.clear()
     settings.SETTINGS.outputs.clear()
     with _in_project(), gc_paused(), construction_order() as order:
         _sync_await(run_pulumi_func(lambda: runpy.run_path(str(PROJECT_DIR / "__main__.py"), run_name="__main__")))
         outputs = _stack_outputs()
     resources = sorted(monitor.registrations, key=lambda r: order.get((r.type, r.name), len(order)))
-    return RunResult(stack=stack, resources=resources, outputs=outputs)
+    return RunResult(stack=stack, resources=resources, outputs=outputs, warnings=list(logger.warnings))
 
 
 def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> RunResult:

@@ -34,7 +34,8 @@ def build(run: RunResult) -> dict[str, Any]:
         entry["inputs"] = _sorted(entry["inputs"])
         entry["dependencies"] = sorted(entry["dependencies"])
         resources.append(entry)
-    return {"project": PROJECT, "stack": run.stack, "resources": resources, "outputs": _sorted(run.outputs)}
+    return {"project": PROJECT, "stack": run.stack, "resources": resources, "outputs": _sorted(run.outputs),
+            "warnings": list(run.warnings)}
 
 
 def dumps(plan: dict[str, Any]) -> str:

@@ -7,11 +7,13 @@ Everything is read from the recorded registrations, so new resource kinds show u
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from preview import replacements
 from preview.diff import PlanDiff, render_markdown, render_text
 from preview.engine import Registration, RunResult
 from preview.hooks import Section
@@ -220,14 +222,60 @@ def table_text(t: Table) -> str:
     return "\n".join(lines)
 
 
+def warnings_markdown(warnings: Sequence[str]) -> str:
+    """At the top of summary.md: what the reviewer must read even when the stack previews cleanly."""
+    return "\n".join(["#### Warnings", "", *(f"- :warning: {w}" for w in warnings)])
+
+
+_SEPARATOR_CELL = re.compile(r"^:?-+:?$")
+_CELL_SPLIT = re.compile(r"(?<!\\)\|")
+_EMPHASIS = re.compile(r"\*\*|`")
+
+
+def _plain(text: str) -> str:
+    return _EMPHASIS.sub("", text).replace("\\|", "|")
+
+
+def markdown_text(body: str) -> str:
+    """A section's Markdown (from a hook) for the terminal: tables aligned like the built-in ones,
+    emphasis and code marks dropped, every line indented under its title."""
+    out: list[str] = []
+    table: list[list[str]] = []
+
+    def flush() -> None:
+        if table:
+            header, *rows = table
+            rows = [r for r in rows if not all(_SEPARATOR_CELL.match(c) for c in r)]
+            width = len(header)
+            rows = [(r + [""] * width)[:width] for r in rows]
+            out.extend(table_text(Table("", header, rows)).splitlines()[1:])
+            table.clear()
+
+    for line in body.splitlines():
+        if line.strip().startswith("|"):
+            cells = _CELL_SPLIT.split(line.strip().strip("|"))
+            table.append([_plain(c.strip()) for c in cells])
+            continue
+        flush()
+        out.append(f"  {_plain(line)}".rstrip())
+    flush()
+    return "\n".join(out)
+
+
 def markdown(run: RunResult, violations: Sequence[Violation], policies_run: int, plan_diff: PlanDiff | None = None,
              extra: Sequence[Section] = ()) -> str:
     """summary.md: a PR comment for one stack."""
     mandatory = sum(1 for v in violations if v.mandatory)
     status = "policy violations" if mandatory else "ok"
+    if run.warnings:
+        status += f", {len(run.warnings)} warning{'s' if len(run.warnings) != 1 else ''}"
     parts = [f"### Stack `{run.stack}`: {len(run.resources)} resources, {status}"]
+    if run.warnings:
+        parts.append(warnings_markdown(run.warnings))
     if plan_diff is not None:
         parts.append("#### Changes against the base branch\n\n" + render_markdown(plan_diff))
+        if replaced := replacements.replacements(plan_diff, run):
+            parts.append(replacements.render_markdown(replaced))
     parts += [table_markdown(t) for t in tables(run, violations, policies_run)]
     parts += [f"#### {title}\n\n{body}" for title, body in extra]
     return "\n\n".join(parts) + "\n"
@@ -237,6 +285,7 @@ def text(run: RunResult, violations: Sequence[Violation], policies_run: int, pla
          extra: Sequence[Section] = ()) -> str:
     parts = [table_text(t) for t in tables(run, violations, policies_run)]
     if plan_diff is not None:
-        parts.insert(0, render_text(plan_diff))
-    parts += [f"{title}\n{body}" for title, body in extra]
+        replaced = replacements.replacements(plan_diff, run)
+        parts[:0] = [render_text(plan_diff), *([replacements.render_text(replaced)] if replaced else [])]
+    parts += [f"{title}\n{markdown_text(body)}" for title, body in extra]
     return "\n\n".join(parts)

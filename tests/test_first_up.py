@@ -3,8 +3,12 @@ account's roles, the temporary default pool's hardening and the ordering of work
 
 from __future__ import annotations
 
+import copy
+
 from conftest import stack_run
 
+from model.yamlio import load_yaml
+from preview import diff, plan, replacements, summary
 from preview.engine import Registration, RunResult
 
 CLUSTER = "gcp:container/cluster:Cluster"
@@ -76,3 +80,94 @@ def test_workload_pulling_the_stack_image_waits_for_the_read_grant(dev: RunResul
 
 def test_gaudi_workload_does_not_wait_for_a_registry() -> None:
     assert stack_run("gaudi").by_type(READER) == []
+
+
+# --- 2. Existing clusters: adopt, never delete ---------------------------------------------------
+
+NAMESPACE = "kubernetes:core/v1:Namespace"
+CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
+
+
+def test_existing_cluster_provider_adopts_objects_created_by_hand() -> None:
+    # pulumi-kubernetes 4.34 ProviderArgs.upsert_existing_objects: off by default, "allow Pulumi to create
+    # resources that already exist in the cluster by updating them" (the SDK's docstring). Omnia 1.7's DeepSpeed
+    # guide (docs/source/OmniaInstallGuide/Ubuntu/InstallAITools/DeepSpeed.rst) creates `workloads` and
+    # `shared-model` by hand.
+    provider = stack_run("gaudi").one(PROVIDER).inputs
+    assert provider["upsertExistingObjects"] == "true"  # provider inputs travel as strings
+    assert provider["enableServerSideApply"] == "true"
+
+
+def test_existing_cluster_namespace_and_claim_survive_destroy() -> None:
+    gaudi = stack_run("gaudi")
+    kept = {r.type: r.inputs["metadata"]["name"] for r in gaudi.resources if r.retain_on_delete}
+    assert kept == {NAMESPACE: "workloads", CLAIM: "shared-model"}
+
+
+def test_the_stacks_own_cluster_neither_adopts_nor_retains(dev: RunResult) -> None:
+    assert "upsertExistingObjects" not in dev.one(PROVIDER).inputs
+    assert [r.name for r in dev.resources if r.retain_on_delete] == []
+
+
+# --- 3. The preview says when a change replaces a stateful resource ------------------------------
+
+def _base_with(run: RunResult, changes: dict[str, dict[str, object]]) -> dict:
+    """The run's plan with some inputs set to other values: the base branch as it was before a PR."""
+    base = copy.deepcopy(plan.build(run))
+    for res in base["resources"]:
+        for path, value in changes.get(res["type"], {}).items():
+            node = res["inputs"]
+            *parents, last = path.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
+    return base
+
+
+def _replaced(run: RunResult, changes: dict[str, dict[str, object]]) -> list[replacements.Replacement]:
+    return replacements.replacements(diff.diff(_base_with(run, changes), plan.build(run)), run)
+
+
+def test_datapath_or_master_cidr_change_replaces_the_protected_prod_cluster(prod: RunResult) -> None:
+    # terraform-provider-google resource_container_cluster.go: datapath_provider and
+    # private_cluster_config.master_ipv4_cidr_block are ForceNew.
+    (found,) = _replaced(prod, {CLUSTER: {"datapathProvider": "LEGACY_DATAPATH",
+                                          "privateClusterConfig.masterIpv4CidrBlock": "172.16.0.0/28",
+                                          "releaseChannel.channel": "REGULAR"}})
+    assert (found.type, found.keys) == (CLUSTER, ["datapathProvider", "privateClusterConfig.masterIpv4CidrBlock"])
+    assert (found.protected, found.delete_first) == (True, True)
+    text = found.sentence()
+    assert "replaces the cluster: every node pool and every workload on it is recreated" in text
+    assert "deleted before the new one is created" in text and "protected" in text
+
+
+def test_in_place_changes_warn_of_nothing(dev: RunResult) -> None:
+    # releaseChannel and enableIntranodeVisibility update in place; the cluster's nodeConfig is ignored.
+    assert _replaced(dev, {CLUSTER: {"releaseChannel.channel": "STABLE", "enableIntranodeVisibility": False,
+                                     "nodeConfig.oauthScopes": []}}) == []
+
+
+def test_registry_format_and_bucket_location_replace_them() -> None:
+    # resource_artifact_registry_repository.go: format ForceNew; resource_storage_bucket.go: location ForceNew.
+    vertex = stack_run("vertex")
+    found = _replaced(vertex, {REPOSITORY: {"format": "PYTHON"}, BUCKET: {"location": "EU"}})
+    assert [(r.type, r.keys, r.what) for r in found] == [
+        (REPOSITORY, ["format"], "replaces the image repository"), (BUCKET, ["location"], "replaces the bucket")]
+    assert all(r.delete_first for r in found)
+
+
+def test_summary_says_it_in_words(dev: RunResult) -> None:
+    plan_diff = diff.diff(_base_with(dev, {CLUSTER: {"datapathProvider": "LEGACY_DATAPATH"}}), plan.build(dev))
+    md = summary.markdown(dev, [], 0, plan_diff)
+    assert "**Replaces stateful resources:**" in md
+    assert "replaces the cluster: every node pool and every workload on it is recreated" in md
+    assert "Replacements of stateful resources:" in summary.text(dev, [], 0, plan_diff)
+    unchanged = diff.diff(plan.build(dev), plan.build(dev))
+    assert "Replaces stateful" not in summary.markdown(dev, [], 0, unchanged)
+
+
+def test_replacement_table_names_its_sources() -> None:
+    doc = load_yaml(replacements.DATA)
+    assert "terraform-provider-google" in doc["source"] and "pulumi-kubernetes" in doc["source"]
+    assert {"datapathProvider", "networkingMode", "privateClusterConfig.masterIpv4CidrBlock"} <= set(
+        doc["types"][CLUSTER]["inputs"])

@@ -334,3 +334,15 @@ def test_the_pack_through_pulumis_analyzer(prod: RunResult) -> None:
     (diagnostic,) = analyze(changed(prod.one(CLUSTER), "enableLegacyAbac", True))
     assert (diagnostic.policyName, diagnostic.enforcementLevel) == ("gke-no-legacy-abac", proto.MANDATORY)
     assert diagnostic.message.endswith("enableLegacyAbac is true; authorize with RBAC only")
+
+
+def test_dws_pools_must_have_auto_repair_off(dev: RunResult) -> None:
+    # GKE refuses auto-repair on flex-start / queued-provisioning pools (data/capacity.yaml, GKE DWS docs).
+    flex = changed(gpu_pool(dev), "nodeConfig.flexStart", True)
+    assert check("gke-node-auto-repair-upgrade", flex) == [
+        "management.autoRepair must be false on a flex-start or queued-provisioning pool (GKE refuses it)"]
+    assert check("gke-node-auto-repair-upgrade", changed(flex, "management.autoRepair", False)) == []
+    queued = changed(changed(gpu_pool(dev), "queuedProvisioning", {"enabled": True}), "management.autoRepair", False)
+    assert check("gke-node-auto-repair-upgrade", queued) == []
+    assert check("gke-node-auto-repair-upgrade", changed(queued, "management.autoUpgrade", False)) == [
+        "management.autoUpgrade must be true"]

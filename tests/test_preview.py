@@ -272,7 +272,8 @@ def test_changed_paths() -> None:
 def test_config_error_exits_2_with_the_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = stack_yaml("dev")
     set_path(config, "nodePools[0].maxNodes", 0)
-    code = main(["--stack-file", str(write_stack(tmp_path, "broken", config)), "--out", str(tmp_path / "build")])
+    code = main(["--stack", "broken", "--stack-file", str(write_stack(tmp_path, "broken", config)),
+                 "--out", str(tmp_path / "build")])
     err = capsys.readouterr().err
     assert code == 2
     assert "invalid stack configuration" in err and "nodePools[0].maxNodes: must be at least 1, got 0" in err
@@ -291,7 +292,7 @@ def test_policy_violation_exits_1_unless_no_policy(dev: RunResult, tmp_path: Pat
     plan (dev's, one value changed) the output also shows the diff."""
     out = tmp_path / "build"
     path = write_stack(tmp_path, "staging", stack_yaml("dev"))
-    assert main(["--stack-file", str(path), "--out", str(out)]) == 1
+    assert main(["--stack", "staging", "--stack-file", str(path), "--out", str(out)]) == 1
     captured = capsys.readouterr()
     assert "gke-private-nodes" in captured.out and "1 mandatory policy violation(s)" in captured.err
     assert (out / "staging" / "plan.json").exists()  # written anyway, for the PR comment
@@ -300,7 +301,8 @@ def test_policy_violation_exits_1_unless_no_policy(dev: RunResult, tmp_path: Pat
     cluster = next(r for r in base["resources"] if r["type"] == "gcp:container/cluster:Cluster")
     cluster["inputs"]["releaseChannel"]["channel"] = "STABLE"
     (tmp_path / "base.json").write_text(json.dumps(base))
-    code = main(["--stack-file", str(path), "--out", str(out), "--no-policy", "--base", str(tmp_path / "base.json")])
+    code = main(["--stack", "staging", "--stack-file", str(path), "--out", str(out), "--no-policy",
+                 "--base", str(tmp_path / "base.json")])
     captured = capsys.readouterr()
     assert code == 0
     assert "0 to add, 1 to change, 0 to delete" in captured.out

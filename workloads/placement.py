@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from model import capacity
 from model import catalog as gpu_catalog
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 
@@ -82,6 +83,13 @@ def fitted_cpu_memory(vcpus: float, memory_gib: float) -> tuple[str, str]:
     return str(cpu), f"{mem}Gi"
 
 
+def capacity_tolerations(pool: NodePoolConfig) -> list[dict[str, str]]:
+    """The queued-provisioning taint: only pods that GKE provisioned the nodes for may land there."""
+    if not pool.queued_provisioning:
+        return []
+    return [{"key": capacity.load().queued_taint, "operator": "Exists", "effect": "NoSchedule"}]
+
+
 def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
     pool = cfg.pool(w.pool or "")
     if pool is None:
@@ -94,8 +102,10 @@ def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
         resource=NVIDIA_RESOURCE,
         per_worker=w.accelerator.count or pool.gpu.count,
         node_selector={GKE_ACCELERATOR_LABEL: pool.gpu.type, "deepspeed-stack/pool": pool.name},
-        # GKE taints GPU nodes with nvidia.com/gpu=present:NoSchedule.
-        tolerations=[{"key": NVIDIA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        # GKE taints GPU nodes with nvidia.com/gpu=present:NoSchedule (and queued-provisioning nodes with
+        # cloud.google.com/gke-queued=true:NoSchedule).
+        tolerations=[{"key": NVIDIA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+                     *capacity_tolerations(pool)],
         cpu=w.resources.cpu or cpu,
         memory=w.resources.memory or memory,
         hugepages=w.resources.hugepages2_mi,

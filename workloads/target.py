@@ -39,6 +39,11 @@ class ExistingCluster(pulumi.ComponentResource):
             kubeconfig=kubeconfig,
             context=args.context,
             enable_server_side_apply=True,
+            # Adopt what is already there: Omnia's guide has users create the namespace and the claim by hand,
+            # and pulumi-kubernetes 4.34 refuses to create an object that exists unless this is on (server-side
+            # apply then takes over the fields the stack sets). The stack never deletes what it adopted: those
+            # objects are retained on delete (TrainingJobArgs.retain_on_delete).
+            upsert_existing_objects=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.register_outputs({"context": args.context})

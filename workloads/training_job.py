@@ -34,6 +34,9 @@ class TrainingJobArgs:
     operator_version: str = "v0.8.0"  # mpiOperator.version: the fields the cluster's operator knows
     gaudi_image: pulumi.Input[str] | None = None  # the stack's Gaudi image, pinned by digest
     registry: pull_secret.RegistryLogin | None = None  # credentials the pods pull the image with
+    # On an existing cluster the namespace and the claim may predate the stack (adopted, see ExistingCluster):
+    # `pulumi destroy` leaves them, and the claim's data, in place.
+    retain_on_delete: bool = False
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -53,10 +56,10 @@ class TrainingJob(pulumi.ComponentResource):
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-namespace",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels=labels(w)),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_delete),
         )
         ns = self.namespace.metadata.name
-        self.claim = self._claim(name, w, ns, args.claim_depends_on)
+        self.claim = self._claim(name, w, ns, args.claim_depends_on, args.retain_on_delete)
         self.hf_token = self._token(name, w, ns, args.hf_token) if args.hf_token is not None else None
         self.config_map = k8s.core.v1.ConfigMap(
             f"{name}-config",
@@ -84,8 +87,8 @@ class TrainingJob(pulumi.ComponentResource):
         })
         self.register_outputs({"namespace": ns, "claim": self.claim.metadata.name, "job": w.name})
 
-    def _claim(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str],
-               depends_on: list[pulumi.Resource]) -> k8s.core.v1.PersistentVolumeClaim:
+    def _claim(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str], depends_on: list[pulumi.Resource],
+               retain: bool = False) -> k8s.core.v1.PersistentVolumeClaim:
         s = w.storage
         return k8s.core.v1.PersistentVolumeClaim(
             f"{name}-claim",
@@ -96,7 +99,7 @@ class TrainingJob(pulumi.ComponentResource):
                 storage_class_name=s.storage_class,
                 resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": s.size}),
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on or None),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on or None, retain_on_delete=retain),
         )
 
     def _token(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str],

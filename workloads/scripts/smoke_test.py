@@ -11,7 +11,22 @@ trains a small MLP (built in code, nothing downloaded) on random data for a few
 steps under ``deepspeed.initialize`` with the given DeepSpeed config, and
 reports its throughput (samples/s) and peak GPU memory. Rank 0 prints a summary
 of all ranks and a ``SMOKE_TEST_RESULT {json}`` line. Exit status: 0 on
-success, 3 when a rank does not see enough GPUs, 4 when the loss is not finite.
+success, 2 on bad arguments or launcher variables, 3 when a rank does not see
+enough GPUs (agreed over gloo before NCCL starts, so every rank stops with this
+status and rank 0 names the failing ranks), 4 when the loss is not finite, 143
+when stopped by SIGTERM after saving a checkpoint.
+
+Preemption recovery (the contract for a user's training script as well): with a
+checkpoint directory (``--checkpoint-dir``, else ``AIP_CHECKPOINT_DIR`` on
+Vertex AI, else ``CHECKPOINT_DIR``: the bucket's FUSE path on GKE, the NFS claim
+on Gaudi) every rank saves a DeepSpeed checkpoint every ``--checkpoint-every``
+steps, at the end, and when any rank gets SIGTERM (Kubernetes' notice, before
+the grace period ends in SIGKILL); on start it resumes from the latest one. At a
+different world size the checkpoint is converted once to DeepSpeed's universal
+format (``ds_to_universal``) and loaded with ``checkpoint.load_universal``.
+
+``DS_ACCELERATOR=cpu`` runs the same path on CPUs with gloo (no GPU check):
+that is how ``make e2e`` runs it across network-namespace hosts.
 
 The helpers above ``main`` do not need torch or deepspeed (they are imported in
 ``main``), so they can be unit-tested anywhere.
@@ -20,6 +35,7 @@ The helpers above ``main`` do not need torch or deepspeed (they are imported in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -34,6 +50,8 @@ DEFAULT_WARMUP_STEPS = 3
 DEFAULT_MICRO_BATCH = 8
 EXIT_GPU_CHECK_FAILED = 3
 EXIT_LOSS_NOT_FINITE = 4
+EXIT_USAGE = 2
+EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports it: stopped on notice, after saving a checkpoint
 
 
 def _int_at_least(minimum: int, word: str) -> Callable[[str], int]:
@@ -82,6 +100,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="fail unless every rank sees exactly this many GPUs (default: at least LOCAL_WORLD_SIZE)",
     )
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate when the config names no optimizer")
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="save DeepSpeed checkpoints here and resume from the latest on start "
+        "(default: AIP_CHECKPOINT_DIR, else CHECKPOINT_DIR; none: no checkpoints)",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=_non_negative_int,
+        default=int(os.environ.get("CHECKPOINT_EVERY_STEPS", "0") or 0),
+        help="also save every N steps (default CHECKPOINT_EVERY_STEPS, else 0: only on SIGTERM and at the end)",
+    )
     # Added by the DeepSpeed launcher to every rank (both spellings exist in the wild).
     parser.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=None)
     return parser.parse_args(argv)
@@ -206,44 +237,195 @@ def load_config(path: str) -> dict[str, Any]:
     return config
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - needs GPUs, torch, deepspeed
+def rank_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The torch.distributed rendezvous variables of this process, as a dict to put into os.environ.
+
+    The DeepSpeed launcher (pdsh/ssh) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
+    Under Open MPI's mpirun (DeepSpeed's ``--launcher openmpi``) only OMPI_COMM_WORLD_* and the exported
+    MASTER_ADDR/MASTER_PORT exist, so the ranks come from Open MPI's names. A bare ``python smoke_test.py``
+    is a world of one on this host.
+    """
+    out: dict[str, str] = {}
+    sources = {
+        "RANK": ("RANK", "OMPI_COMM_WORLD_RANK"),
+        "WORLD_SIZE": ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"),
+        "LOCAL_RANK": ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        "LOCAL_SIZE": ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    }
+    defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_SIZE": "1"}
+    for name, candidates in sources.items():
+        value = next((env[c].strip() for c in candidates if env.get(c, "").strip()), defaults[name])
+        if not value.isdigit():
+            raise ValueError(f"{name}={value!r}: expected a non-negative integer from the launcher")
+        out[name] = value
+    if int(out["WORLD_SIZE"]) < 1 or int(out["RANK"]) >= int(out["WORLD_SIZE"]):
+        raise ValueError(f"RANK={out['RANK']} is not below WORLD_SIZE={out['WORLD_SIZE']}")
+    if int(out["WORLD_SIZE"]) > 1 and not env.get("MASTER_ADDR", "").strip():
+        raise ValueError("MASTER_ADDR is not set: the launcher must name the first host of the hostfile")
+    out["MASTER_ADDR"] = env.get("MASTER_ADDR", "").strip() or "127.0.0.1"
+    port = env.get("MASTER_PORT", "").strip() or "29500"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"MASTER_PORT={port!r}: expected a TCP port")
+    out["MASTER_PORT"] = port
+    return out
+
+
+def cpu_run_requested(env: Mapping[str, str]) -> bool:
+    """``DS_ACCELERATOR=cpu`` asks DeepSpeed for its CPU accelerator: the GPU check does not apply.
+
+    Only the explicit request counts: without it DeepSpeed also falls back to the CPU on a pod that sees
+    no GPU, which is exactly what the check must report.
+    """
+    return env.get("DS_ACCELERATOR", "").strip().lower() == "cpu"
+
+
+def checkpoint_dir(argument: str | None, env: Mapping[str, str]) -> str | None:
+    """Where checkpoints go: ``--checkpoint-dir``, else Vertex AI's AIP_CHECKPOINT_DIR (mapped to the
+    /gcs/ FUSE path by the image's start script), else CHECKPOINT_DIR (the stack's bucket or NFS path)."""
+    for value in (argument, env.get("AIP_CHECKPOINT_DIR"), env.get("CHECKPOINT_DIR")):
+        if value and value.strip():
+            return value.strip()
+    return None
+
+
+STATE_FILE = "smoke_state.json"
+
+
+def read_resume_state(directory: str | None) -> dict[str, Any] | None:
+    """The state file rank 0 writes after each checkpoint (step, world size, tag, loss), or None."""
+    if not directory:
+        return None
+    path = os.path.join(directory, STATE_FILE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except FileNotFoundError:
+        return None
+    if not isinstance(state, dict) or not {"step", "world_size", "tag"} <= state.keys():
+        raise ValueError(f"{path}: not a smoke-test checkpoint state (step, world_size, tag)")
+    return state
+
+
+def write_resume_state(directory: str, state: Mapping[str, Any]) -> None:
+    """Atomically (write, then rename): a preemption mid-write leaves the previous state intact."""
+    path = os.path.join(directory, STATE_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(dict(state), handle, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def universal_tag(tag: str) -> str:
+    return f"{tag}_universal"
+
+
+def due_for_checkpoint(step: int, every: int) -> bool:
+    """A periodic checkpoint after every `every` steps (0: none, only on SIGTERM and at the end)."""
+    return every > 0 and step > 0 and step % every == 0
+
+
+def say(text: str, *, err: bool = False) -> None:
+    """Print, surviving a closed stdout: on preemption the ssh session that carries it may be gone first."""
+    with contextlib.suppress(OSError):
+        print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+class StopRequest:
+    """Set by SIGTERM (Kubernetes' preemption notice, the grace period starting) and SIGINT."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        self.signal = signum
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by the e2e (make e2e) and on GPUs
     args = parse_args(argv)
     config = load_config(args.deepspeed_config)
+    try:
+        ranks = rank_env(os.environ)
+    except ValueError as error:
+        say(f"[smoke] FAILED: {error}", err=True)
+        return EXIT_USAGE
+    os.environ.update(ranks)
+    rank, world_size = int(ranks["RANK"]), int(ranks["WORLD_SIZE"])
 
+    import datetime
+    import signal
     import time
 
-    import deepspeed
     import torch
     import torch.distributed as dist
 
+    stop = StopRequest()
+    signal.signal(signal.SIGTERM, stop)
     host = socket.gethostname()
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = args.local_rank if args.local_rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
-    ok, message = check_gpu_visibility(
-        torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        local_world_size(os.environ),
-        args.expected_gpus_per_node,
-        rank=rank,
-        host=host,
-        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-    )
-    print(f"[smoke] {message}", flush=True)
+    local_rank = args.local_rank if args.local_rank is not None else int(ranks["LOCAL_RANK"])
+    cpu = cpu_run_requested(os.environ)
+    if cpu:
+        ok, message = True, f"rank {rank} on {host}: CPU run (DS_ACCELERATOR=cpu), no GPU check"
+    else:
+        ok, message = check_gpu_visibility(
+            torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            local_world_size(os.environ),
+            args.expected_gpus_per_node,
+            rank=rank,
+            host=host,
+            visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
+    say(f"[smoke] {message}")
 
-    # Agree on the GPU check over a CPU (gloo) group, so that every rank stops
-    # together and rank 0 names the failing ones, even where no GPU is usable.
-    deepspeed.init_distributed(dist_backend="nccl")
-    world_size = dist.get_world_size()
+    # Agree on the GPU check over gloo BEFORE anything touches NCCL: NCCL refuses to start on a rank
+    # without a GPU (a traceback, exit 1), and every rank must stop together with rank 0 naming the
+    # failing ones. One rendezvous store serves the check's gloo group and then the training group.
+    store = dist.TCPStore(ranks["MASTER_ADDR"], int(ranks["MASTER_PORT"]), world_size, is_master=rank == 0,
+                          timeout=datetime.timedelta(minutes=10))
+    dist.init_process_group("gloo", store=dist.PrefixStore("smoke/gpu-check", store), rank=rank,
+                            world_size=world_size)
     checks: list[dict[str, Any] | None] = [None] * world_size
-    dist.all_gather_object(checks, {"ok": ok, "message": message}, group=dist.new_group(backend="gloo"))
+    dist.all_gather_object(checks, {"ok": ok, "message": message})
+    dist.destroy_process_group()
     failures = [item["message"] for item in checks if item is not None and not item["ok"]]
     if failures:
         if rank == 0:
             for failure in failures:
-                print(f"[smoke] FAILED: {failure}", file=sys.stderr, flush=True)
+                say(f"[smoke] FAILED: {failure}", err=True)
         return EXIT_GPU_CHECK_FAILED
-    torch.cuda.set_device(local_rank)
-    torch.manual_seed(args.seed + rank)
 
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    backend = accelerator.communication_backend_name()
+    if backend == "ccl":  # DeepSpeed's CPU accelerator without oneCCL installed talks gloo
+        backend = "gloo"
+    dist.init_process_group(backend, store=dist.PrefixStore("smoke/train", store), rank=rank,
+                            world_size=world_size)
+    deepspeed.init_distributed(dist_backend=backend)  # adopts the group above
+    if not cpu:
+        accelerator.set_device(local_rank)
+
+    directory = checkpoint_dir(args.checkpoint_dir, os.environ)
+    state = read_resume_state(directory)
+    load_tag = None
+    if state is not None and directory is not None:
+        load_tag = state["tag"]
+        if int(state["world_size"]) != world_size:
+            # A different world size: ZeRO's partitioned optimizer states are re-sliced through
+            # DeepSpeed's universal checkpoint (converted once, by rank 0, beside the original).
+            load_tag = universal_tag(state["tag"])
+            if rank == 0 and not os.path.isdir(os.path.join(directory, load_tag)):
+                say(f"[smoke] converting {state['tag']} (world size {state['world_size']}) to a universal checkpoint")
+                import subprocess
+
+                subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                                "--input_folder", os.path.join(directory, state["tag"]),
+                                "--output_folder", os.path.join(directory, load_tag),
+                                "--inject_missing_state"], check=True)
+            dist.barrier()
+            config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
     blocks: list[torch.nn.Module] = []
     for _ in range(args.layers):
         blocks += [
@@ -254,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - needs 
     model = torch.nn.Sequential(*blocks)
     optimizer = None
     if needs_client_optimizer(config):
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
@@ -262,42 +444,86 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - needs 
         config=config,
     )
 
+    start_step = 0
+    if load_tag is not None and directory is not None:
+        loaded, client_state = engine.load_checkpoint(directory, tag=load_tag)
+        if loaded is None:
+            say(f"[smoke] FAILED: cannot load checkpoint {load_tag} from {directory}", err=True)
+            return EXIT_USAGE
+        start_step = int((client_state or {}).get("smoke_step", state["step"]))
+        say(f"[smoke] rank {rank}: resumed from {directory}/{load_tag} at step {start_step} "
+            f"(saved at world size {state['world_size']}, now {world_size}, last loss {state.get('loss')})")
+
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision(config), torch.float32)
     batch = micro_batch_size(config, world_size)
     device = engine.device
-    inputs = torch.randn(batch, args.hidden_size, device=device, dtype=dtype)
-    targets = torch.randn(batch, args.hidden_size, device=device, dtype=dtype)
+    # A fixed regression task (a random linear teacher), a fresh batch per (step, rank): the loss falls
+    # as training goes on, and a resumed run continues where the saved one was.
+    teacher = torch.randn(args.hidden_size, args.hidden_size,
+                          generator=torch.Generator().manual_seed(args.seed)) / math.sqrt(args.hidden_size)
 
-    def step() -> float:
-        loss = torch.nn.functional.mse_loss(engine(inputs).float(), targets.float())
+    def step(number: int) -> float:
+        generator = torch.Generator().manual_seed(args.seed * 1_000_003 + number * 1009 + rank)
+        inputs = torch.randn(batch, args.hidden_size, generator=generator)
+        targets = inputs @ teacher
+        prediction = engine(inputs.to(device=device, dtype=dtype))
+        loss = torch.nn.functional.mse_loss(prediction.float(), targets.to(device))
         engine.backward(loss)
         engine.step()
         return loss.item()
 
-    for _ in range(args.warmup_steps):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    loss_value = float("nan")
-    for _ in range(args.steps):
-        loss_value = step()
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
+    def save(number: int, loss: float, why: str) -> None:
+        if directory is None:
+            return
+        tag = f"global_step{number}"
+        engine.save_checkpoint(directory, tag=tag, client_state={"smoke_step": number, "loss": loss})
+        if rank == 0:
+            write_resume_state(directory, {"step": number, "world_size": world_size, "tag": tag, "loss": loss})
+            say(f"[smoke] checkpoint {directory}/{tag} saved ({why})")
 
+    total_steps = args.warmup_steps + args.steps
+    measured_from = max(start_step, args.warmup_steps)
+    loss_value = float("nan")
+    number = start_step
+    start = time.perf_counter()
+    while number < total_steps:
+        if number == measured_from:
+            accelerator.synchronize()
+            if not cpu:
+                torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+        local_loss = step(number)
+        number += 1
+        # One small all-reduce per step: the mean loss, and whether any rank got SIGTERM (all must save).
+        flags = torch.tensor([local_loss, 1.0 if stop.signal is not None else 0.0], device=device)
+        dist.all_reduce(flags)
+        loss_value = flags[0].item() / world_size
+        if rank == 0:
+            say(f"[smoke] step {number} loss {loss_value:.6f}")
+        if flags[1].item() > 0:
+            save(number, loss_value, "SIGTERM: preempted")
+            say(f"[smoke] rank {rank} on {host}: stopped at step {number} on SIGTERM")
+            return EXIT_PREEMPTED
+        if due_for_checkpoint(number, args.checkpoint_every) and number < total_steps:
+            save(number, loss_value, f"every {args.checkpoint_every} steps")
+    accelerator.synchronize()
+    elapsed = time.perf_counter() - start
+    if directory is not None and number > start_step:
+        save(number, loss_value, "end of run")
+
+    measured = max(0, total_steps - measured_from)
     result = RankResult(
         rank=rank,
         host=host,
         local_rank=local_rank,
-        gpus_visible=torch.cuda.device_count(),
-        samples_per_second=throughput(batch * args.steps, elapsed),
-        peak_memory_mib=torch.cuda.max_memory_allocated() / 2**20,
+        gpus_visible=0 if cpu else torch.cuda.device_count(),
+        samples_per_second=throughput(batch * measured, elapsed) if measured and elapsed > 0 else 0.0,
+        peak_memory_mib=0.0 if cpu else torch.cuda.max_memory_allocated() / 2**20,
         final_loss=loss_value,
     )
-    print(
+    say(
         f"[smoke] rank {rank} on {host}: {result.samples_per_second:.1f} samples/s, "
-        f"peak memory {result.peak_memory_mib:.1f} MiB, loss {loss_value:.4f}",
-        flush=True,
+        f"peak memory {result.peak_memory_mib:.1f} MiB, loss {loss_value:.4f}"
     )
 
     gathered: list[dict[str, Any] | None] = [None] * world_size
@@ -305,19 +531,23 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - needs 
     results = [RankResult(**item) for item in gathered if item is not None]
     failed = [item.rank for item in results if not math.isfinite(item.final_loss)]
     if rank == 0:
-        print("[smoke] summary\n" + summarize(results), flush=True)
+        say("[smoke] summary\n" + summarize(results))
         report = {
             "ok": not failed,
             "world_size": world_size,
             "hosts": sorted({item.host for item in results}),
+            "accelerator": "cpu" if cpu else "gpu",
             "micro_batch_per_gpu": batch,
             "precision": precision(config),
             "steps": args.steps,
+            "start_step": start_step,
+            "final_step": number,
+            "final_loss": loss_value,
             "total_samples_per_second": round(sum(item.samples_per_second for item in results), 2),
             "max_peak_memory_mib": round(max(item.peak_memory_mib for item in results), 1),
             "non_finite_loss_ranks": failed,
         }
-        print("SMOKE_TEST_RESULT " + json.dumps(report, sort_keys=True), flush=True)
+        say("SMOKE_TEST_RESULT " + json.dumps(report, sort_keys=True))
     dist.barrier()
     return EXIT_LOSS_NOT_FINITE if failed else 0
 

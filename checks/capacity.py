@@ -1,0 +1,154 @@
+"""Capacity rules GKE enforces on GPU pools (reservations, flex-start, queued provisioning, spot) and what
+Kueue needs to queue jobs for them, refused at preview with GKE's reason instead of at `pulumi up`.
+
+Facts (minimum versions, the 7-day limit, the queued taint) come from data/capacity.yaml with their sources.
+"""
+
+from __future__ import annotations
+
+from checks.common import Check, at
+from model import capacity
+from model.types import NodePoolConfig, StackConfig
+
+# COMPACT placement with flex-start: only these machine families (FACTS.md section 2, CT gke-node-pool).
+COMPACT_FLEX_FAMILIES = ("a3-ultragpu-", "a4-", "h4d-")
+
+
+def _pools(m: StackConfig) -> list[tuple[int, NodePoolConfig]]:
+    return list(enumerate(m.node_pools))
+
+
+def check_spot_alone(m: StackConfig) -> list[str]:
+    """Spot VMs consume no reservation and are not DWS capacity: GKE refuses them together."""
+    problems = []
+    for i, p in _pools(m):
+        if not p.spot:
+            continue
+        for key, on in (("reservation", bool(p.reservation)), ("flexStart", p.flex_start),
+                        ("queuedProvisioning", p.queued_provisioning)):
+            if on:
+                problems.append(f"{at('nodePools', i, 'spot')}: spot VMs cannot be combined with {key} (GKE refuses "
+                                f"it); use a separate spot pool, or set spot: false")
+    return problems
+
+
+def check_dws_without_reservation(m: StackConfig) -> list[str]:
+    """Flex-start and queued provisioning take capacity from DWS, never from a reservation (NO_RESERVATION)."""
+    return [f"{at('nodePools', i, 'reservation')}: a flex-start or queued-provisioning pool cannot consume a "
+            f"reservation (GKE requires reservation affinity NO_RESERVATION); remove reservation or make a "
+            f"separate reservation pool" for i, p in _pools(m) if p.reservation and capacity.is_dws(p)]
+
+
+def check_reservation_zone(m: StackConfig) -> list[str]:
+    """A specific reservation is zonal: the pool's nodes must be in the reservation's zone, named explicitly."""
+    return [f"{at('nodePools', i, 'zones')}: a pool that consumes reservation {p.reservation} needs exactly one "
+            f"zone, the reservation's (e.g. zones: [{m.region}-a]); got {p.zones or 'none (every zone)'}"
+            for i, p in _pools(m) if p.reservation and len(p.zones) != 1]
+
+
+def check_flex_start_version(m: StackConfig) -> list[str]:
+    """GKE creates flex-start pools only on control planes at or above the minimum (data/capacity.yaml)."""
+    if m.cluster is None:
+        return []
+    facts = capacity.load()
+    flex = [p.name for p in m.node_pools if p.flex_start]
+    if not flex:
+        return []
+    version = m.cluster.min_master_version
+    parsed = capacity.gke_version(version) if version else None
+    if version is None:
+        return [f"cluster.minMasterVersion: pool(s) {', '.join(flex)} use flex-start, which needs GKE "
+                f"{facts.flex_start_min_gke} or later; set cluster.minMasterVersion to it (or newer, e.g. 1.33) so "
+                "GKE never runs an older control plane"]
+    if parsed is not None and parsed < capacity.gke_version(facts.flex_start_min_gke):
+        return [f"cluster.minMasterVersion: {version} is below {facts.flex_start_min_gke}, the oldest GKE that "
+                f"accepts flex-start (pool(s) {', '.join(flex)}); set it to that or newer, e.g. 1.33"]
+    return []
+
+
+def check_max_run_duration(m: StackConfig) -> list[str]:
+    """Flex-start nodes run at most 7 days; GKE refuses a longer maxRunDuration on them."""
+    limit = capacity.load().flex_start_max_run_seconds
+    return [f"{at('nodePools', i, 'maxRunDuration')}: {p.max_run_duration} is longer than flex-start's limit of "
+            f"{limit}s ({limit // 86400} days); use {limit}s or less"
+            for i, p in _pools(m)
+            if p.flex_start and p.max_run_duration and capacity.seconds(p.max_run_duration) > limit]
+
+
+def check_queued_provisioning_scales_from_zero(m: StackConfig) -> list[str]:
+    """Queued provisioning adds nodes only for a ProvisioningRequest: the pool starts (and idles) at 0."""
+    return [f"{at('nodePools', i, 'minNodes')}: a queued-provisioning pool must have minNodes 0 (GKE creates its "
+            f"nodes only for admitted jobs), got {p.min_nodes}"
+            for i, p in _pools(m) if p.queued_provisioning and p.min_nodes != 0]
+
+
+def check_compact_placement_capacity(m: StackConfig) -> list[str]:
+    """COMPACT placement: never with queued provisioning on GPUs; with flex-start only on A3 Ultra, A4, H4D."""
+    problems = []
+    for i, p in _pools(m):
+        if not p.compact_placement:
+            continue
+        if p.queued_provisioning:
+            problems.append(f"{at('nodePools', i, 'compactPlacement')}: GKE refuses COMPACT placement on a GPU pool "
+                            "with queued provisioning; set compactPlacement: false (Kueue admits the job's nodes "
+                            "together anyway)")
+        elif p.flex_start and not p.machine_type.startswith(COMPACT_FLEX_FAMILIES):
+            problems.append(f"{at('nodePools', i, 'compactPlacement')}: COMPACT placement with flex-start works only "
+                            f"on A3 Ultra, A4 and H4D machines, not {p.machine_type}; set compactPlacement: false")
+    return problems
+
+
+def check_queued_pools_have_kueue(m: StackConfig) -> list[str]:
+    """A queued-provisioning pool gets nodes only through a ProvisioningRequest, which Kueue makes."""
+    queued = [p.name for p in m.node_pools if p.queued_provisioning]
+    if queued and not m.kueue.install:
+        return [f"kueue.install: pool(s) {', '.join(queued)} use queued provisioning, which gets nodes only "
+                "through Kueue's ProvisioningRequest; set kueue.install: true"]
+    return []
+
+
+def check_queued_pool_workloads(m: StackConfig) -> list[str]:
+    """Only MPIJobs are queued by Kueue here; a Helm release on a queued pool would wait for nodes forever."""
+    problems = []
+    for name, w in m.workloads.items():
+        pool = m.pool(w.pool or "")
+        if pool is not None and pool.queued_provisioning and w.kind != "mpijob":
+            problems.append(f"{at('workloads', name, 'kind')}: {w.kind} workloads are not queued by Kueue, so "
+                            f"nothing would request nodes of queued-provisioning pool {pool.name}; use kind: mpijob "
+                            "or a pool without queued provisioning")
+    return problems
+
+
+def check_kueue_target(m: StackConfig) -> list[str]:
+    """Kueue's flavors and quotas come from the stack's GPU pools, and its MPIJob integration needs
+    mpi-operator v0.8.0 or newer."""
+    if not m.kueue.install:
+        return []
+    problems = []
+    if m.cluster is None:
+        problems.append("kueue.install: Kueue's queues are built from the stack's GKE pools; it needs `cluster` "
+                        "(set kueue.install: false for an existing cluster)")
+    minimum = capacity.load().kueue_min_mpi_operator
+    if any(w.kind == "mpijob" for w in m.workloads.values()) and \
+            _version(m.mpi_operator.version) < _version(minimum):
+        problems.append(f"mpiOperator.version: Kueue queues MPIJobs only with mpi-operator {minimum} or newer, "
+                        f"got {m.mpi_operator.version}")
+    return problems
+
+
+def _version(tag: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in tag.lstrip("v").split("."))
+
+
+CHECKS: list[Check] = [
+    check_spot_alone,
+    check_dws_without_reservation,
+    check_reservation_zone,
+    check_flex_start_version,
+    check_max_run_duration,
+    check_queued_provisioning_scales_from_zero,
+    check_compact_placement_capacity,
+    check_queued_pools_have_kueue,
+    check_queued_pool_workloads,
+    check_kueue_target,
+]

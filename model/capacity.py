@@ -1,0 +1,108 @@
+"""Capacity facts (`data/capacity.yaml`) and how each GPU pool obtains its nodes.
+
+A pool gets capacity one way: a specific reservation, the Dynamic Workload Scheduler (flex-start, with or
+without queued provisioning), on-demand, or spot. Components, checks, Kueue and the capacity plan all ask
+`source(pool)`, so the four agree on what a pool is.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model.types import NodePoolConfig
+from model.yamlio import load_yaml
+
+CAPACITY_PATH = Path(__file__).resolve().parent.parent / "data" / "capacity.yaml"
+
+RESERVATION, DWS, ON_DEMAND, SPOT = "reservation", "dws", "on-demand", "spot"
+# Human names for the summary's capacity plan.
+TITLES = {RESERVATION: "reservation", DWS: "DWS", ON_DEMAND: "on-demand", SPOT: "spot"}
+
+_GKE_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:-gke\.(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Facts:
+    flex_start_min_gke: str
+    flex_start_max_run_seconds: int
+    flex_start_label: str
+    queued_taint: str
+    provisioning_class: str
+    max_pod_sets: int
+    reservation_consume_type: str
+    reservation_key: str
+    kueue_version: str
+    kueue_api_version: str
+    kueue_manifest_url: str
+    queue_label: str
+    provisioning_controller: str
+    kueue_min_mpi_operator: str
+    order: tuple[str, ...]
+    source: str
+    date: str
+
+
+def parse(raw: dict[str, Any]) -> Facts:
+    flex, queued, res, kq = raw["flexStart"], raw["queuedProvisioning"], raw["reservation"], raw["kueue"]
+    return Facts(
+        flex_start_min_gke=str(flex["minGkeVersion"]),
+        flex_start_max_run_seconds=int(flex["maxRunDurationSeconds"]),
+        flex_start_label=str(flex["nodeLabel"]),
+        queued_taint=str(queued["taintKey"]),
+        provisioning_class=str(queued["provisioningClass"]),
+        max_pod_sets=int(queued["maxPodSets"]),
+        reservation_consume_type=str(res["consumeType"]),
+        reservation_key=str(res["key"]),
+        kueue_version=str(kq["version"]),
+        kueue_api_version=str(kq["apiVersion"]),
+        kueue_manifest_url=str(kq["manifestUrl"]).format(version=kq["version"]),
+        queue_label=str(kq["queueLabel"]),
+        provisioning_controller=str(kq["provisioningController"]),
+        kueue_min_mpi_operator=str(kq["minMpiOperator"]),
+        order=tuple(raw["order"]),
+        source=str(raw["source"]),
+        date=str(raw["date"]),
+    )
+
+
+@functools.cache
+def load(path: Path = CAPACITY_PATH) -> Facts:
+    return parse(load_yaml(path))
+
+
+def source(pool: NodePoolConfig) -> str:
+    """Where the pool's nodes come from: reservation, dws, on-demand or spot."""
+    if pool.reservation:
+        return RESERVATION
+    if pool.flex_start or pool.queued_provisioning:
+        return DWS
+    return SPOT if pool.spot else ON_DEMAND
+
+
+def rank(pool: NodePoolConfig) -> int:
+    """The pool's place in the order the stack obtains capacity (data/capacity.yaml `order`)."""
+    return load().order.index(source(pool))
+
+
+def is_dws(pool: NodePoolConfig) -> bool:
+    """Flex-start or queued provisioning, whatever else the pool (wrongly) asks for."""
+    return pool.flex_start or pool.queued_provisioning
+
+
+def gke_version(text: str) -> tuple[int, int, int, int] | None:
+    """`1.32.2-gke.1652000` -> (1, 32, 2, 1652000). A prefix (`1.32`, `1.32.2`) counts as its earliest build:
+    as a minimum it does not promise anything newer."""
+    m = _GKE_VERSION.match(text.strip())
+    if m is None:
+        return None
+    major, minor, patch, build = m.groups()
+    return int(major), int(minor), int(patch or 0), int(build or 0)
+
+
+def seconds(duration: str) -> int:
+    """GKE's duration form `3600s` -> 3600."""
+    return int(duration.rstrip("s"))

@@ -1,0 +1,306 @@
+"""GPU fabric contracts (`data/gpu_fabric.yaml`) and the stack's fabric plan derived from them.
+
+A machine family's contract says what its pools need to reach full GPU-to-GPU bandwidth: extra VPCs
+(NIC count and kind, MTU, network profile), bundled local SSDs, the NCCL plugin installer (and NRI
+injector), the per-pod daemon, NCCL environment and the minimum GKE versions. Checks, components,
+workloads and the docs all read it from here, so a fact changes in one place.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from model import catalog as gpu_catalog
+from model.types import NodePoolConfig, StackConfig
+from model.yamlio import load_yaml
+
+FABRIC_PATH = Path(__file__).resolve().parent.parent / "data" / "gpu_fabric.yaml"
+SUBNET_PREFIX = 24  # CT multivpc: one /24 per GPU subnet
+
+
+@dataclass(frozen=True)
+class Vpc:
+    name: str
+    device_mode: str  # NetDevice | RDMA (GKENetworkParamSet.spec.deviceMode)
+    nics: tuple[str, ...]  # Kubernetes Network names, one subnet each, in additionalNodeNetworkConfigs order
+    network_profile: str | None = None  # "{zone}-vpc-roce" for the RoCE VPC
+
+    @property
+    def rdma(self) -> bool:
+        return self.device_mode == "RDMA"
+
+
+@dataclass(frozen=True)
+class HostVolume:
+    name: str
+    host_path: str
+    mount_path: str
+    daemon: bool
+    app: bool
+    daemon_mount_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Daemon:
+    name: str
+    image: str
+    command: tuple[str, ...]
+    capabilities: tuple[str, ...]
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Installer:
+    manifest: str  # path in container-engine-accelerators
+    daemon_set: str
+    image: str
+
+
+@dataclass(frozen=True)
+class NcclTestSpec:
+    image: str
+    binaries: str
+    reference_bus_bandwidth: str
+
+
+@dataclass(frozen=True)
+class Fabric:
+    name: str  # tcpx | tcpxo | rdma
+    display_name: str
+    family: str
+    machine_types: dict[str, str]  # machine type -> gke-accelerator
+    max_bandwidth_gbps: int
+    mtu: int
+    primary_mtu: int | None
+    local_ssds: int
+    vpcs: tuple[Vpc, ...]
+    pod_interfaces: dict[str, str]  # eth -> Network name
+    installer: Installer
+    nri: bool
+    daemon: Daemon | None
+    host_volumes: tuple[HostVolume, ...]
+    shm_size: str
+    nccl_env: dict[str, str]
+    nccl_profile: str
+    min_gke_versions: tuple[str, ...]
+    nccl_test: NcclTestSpec
+
+    @property
+    def nics(self) -> tuple[str, ...]:
+        """Every extra NIC's Network name, in the order the pool attaches them (gVNIC first, then RDMA)."""
+        return tuple(nic for vpc in self.vpcs for nic in vpc.nics)
+
+    @property
+    def zonal(self) -> bool:
+        """A RoCE network profile is per zone, so such a fabric's VPCs (and pools) are too."""
+        return any(v.network_profile for v in self.vpcs)
+
+
+@dataclass(frozen=True)
+class FabricCatalog:
+    source: str
+    date: str
+    manifest_base: str
+    manifest_commit: str
+    nri_manifest: str
+    nri_image: str
+    fabrics: dict[str, Fabric]
+    monitoring_component: str
+    gpu_taint: dict[str, str]
+
+    def for_machine(self, machine_type: str) -> Fabric | None:
+        return next((f for f in self.fabrics.values() if machine_type in f.machine_types), None)
+
+    def url(self, manifest: str) -> str:
+        return f"{self.manifest_base}/{manifest}"
+
+
+def _fabric(name: str, raw: dict) -> Fabric:
+    daemon = raw.get("daemon")
+    test = raw["ncclTest"]
+    return Fabric(
+        name=name,
+        display_name=raw["displayName"],
+        family=raw["family"],
+        machine_types=dict(raw["machineTypes"]),
+        max_bandwidth_gbps=int(raw["maxBandwidthGbps"]),
+        mtu=int(raw["mtu"]),
+        primary_mtu=raw.get("primaryMtu"),
+        local_ssds=int(raw["localSsds"]),
+        vpcs=tuple(Vpc(v["name"], v["deviceMode"], tuple(v["nics"]), v.get("networkProfile")) for v in raw["vpcs"]),
+        pod_interfaces=dict(raw["podInterfaces"]),
+        installer=Installer(raw["installer"]["manifest"], raw["installer"]["daemonSet"], raw["installer"]["image"]),
+        nri=bool(raw["nri"]),
+        daemon=Daemon(daemon["name"], daemon["image"], tuple(daemon["command"]), tuple(daemon["capabilities"]),
+                      tuple(daemon["devices"])) if daemon else None,
+        host_volumes=tuple(HostVolume(v["name"], v["hostPath"], v["mountPath"], bool(v["daemon"]), bool(v["app"]),
+                                      v.get("daemonMountPath")) for v in raw["hostVolumes"]),
+        shm_size=str(raw.get("shmSize") or ""),
+        nccl_env={k: str(v) for k, v in raw["ncclEnv"].items()},
+        nccl_profile=str(raw.get("ncclProfile") or ""),
+        min_gke_versions=tuple(raw["minGkeVersions"]),
+        nccl_test=NcclTestSpec(test["image"], test["binaries"], test["referenceBusBandwidth"]),
+    )
+
+
+def parse(raw: dict) -> FabricCatalog:
+    return FabricCatalog(
+        source=raw["source"],
+        date=str(raw["date"]),
+        manifest_base=raw["manifestBase"].rstrip("/"),
+        manifest_commit=raw["manifestCommit"],
+        nri_manifest=raw["nriInjector"]["manifest"],
+        nri_image=raw["nriInjector"]["image"],
+        fabrics={name: _fabric(name, f) for name, f in raw["fabrics"].items()},
+        monitoring_component=raw["cluster"]["monitoringComponent"],
+        gpu_taint=dict(raw["cluster"]["gpuTaint"]),
+    )
+
+
+@functools.cache
+def load(path: Path = FABRIC_PATH) -> FabricCatalog:
+    return parse(load_yaml(path))
+
+
+# --- GKE versions ---------------------------------------------------------------------------------
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:-gke\.(\d+))?$")
+_NEWEST = 10**12  # a prefix such as "1.32" lets GKE pick the minor's current patch: newer than any minimum
+
+
+def version_key(version: str) -> tuple[int, int, int, int] | None:
+    """`1.32.11-gke.1174000` -> (1, 32, 11, 1174000); a missing part counts as GKE's newest; None if not a version."""
+    match = _VERSION.match(version.strip())
+    if not match:
+        return None
+    major, minor, patch, gke = match.groups()
+    return (int(major), int(minor), int(patch) if patch else _NEWEST,
+            int(gke) if gke else (_NEWEST if not patch else 0))
+
+
+def meets_minimum(version: str, minimums: tuple[str, ...]) -> bool:
+    """The minimums are the oldest supported patch per minor (CT gpu_direct.tf): a minor below the first is
+    unsupported, a listed minor must reach its patch, a minor above the last listed one is supported."""
+    key = version_key(version)
+    floors = sorted(k for k in (version_key(m) for m in minimums) if k)
+    if key is None or not floors:
+        return key is not None
+    if key[:2] < floors[0][:2]:
+        return False
+    same_minor = [f for f in floors if f[:2] == key[:2]]
+    return key >= same_minor[0] if same_minor else True
+
+
+# --- the stack's fabric plan ----------------------------------------------------------------------
+
+def pool_fabric(pool: NodePoolConfig) -> Fabric | None:
+    """The contract a pool follows: its machine family's, unless the pool turns the fabric off."""
+    if not pool.fabric.enabled:
+        return None
+    return load().for_machine(pool.machine_type)
+
+
+def pool_zones(m: StackConfig, pool: NodePoolConfig) -> list[str]:
+    """The pool's zones, or every zone of the region that offers its GPU (as the stack places it)."""
+    return list(pool.zones or gpu_catalog.load().zones(pool.gpu.type, m.region))
+
+
+@dataclass(frozen=True)
+class Subnet:
+    nic: str  # the Kubernetes Network name (vpc1, rdma-0, ...)
+    cidr: str
+
+
+@dataclass(frozen=True)
+class PlannedVpc:
+    vpc: Vpc
+    subnets: tuple[Subnet, ...]
+    network_profile: str | None  # resolved: us-central1-b-vpc-roce
+
+
+@dataclass(frozen=True)
+class FabricSet:
+    """One set of extra VPCs, shared by every pool of the same fabric (and zone, for a zonal fabric)."""
+
+    key: str  # resource-name part: tcpxo, rdma-us-central1-b
+    fabric: Fabric
+    zone: str | None
+    pools: tuple[str, ...]
+    vpcs: tuple[PlannedVpc, ...]
+
+    @property
+    def network_names(self) -> tuple[str, ...]:
+        """Kubernetes Network names (cluster-wide: two sets must not share one; checks/fabric.py refuses that)."""
+        return tuple(s.nic for v in self.vpcs for s in v.subnets)
+
+
+def _subnets(cidr: str) -> list[str]:
+    network = ipaddress.IPv4Network(cidr, strict=False)
+    if network.prefixlen > SUBNET_PREFIX:
+        return []
+    return [str(s) for s in network.subnets(new_prefix=SUBNET_PREFIX)]
+
+
+def fabric_sets(m: StackConfig) -> list[FabricSet]:
+    """The extra VPCs the stack's fabric pools need, with /24 subnets carved in order from network.fabricCidr.
+
+    Pools of one fabric share its VPCs (a zonal fabric: per zone), so a second A3 Mega pool adds no networks."""
+    groups: dict[tuple[str, str | None], list[str]] = {}
+    for pool in m.node_pools:
+        fabric = pool_fabric(pool)
+        if fabric is None:
+            continue
+        zones = pool_zones(m, pool)
+        zone = zones[0] if fabric.zonal and zones else None
+        groups.setdefault((fabric.name, zone), []).append(pool.name)
+    free = iter(_subnets(m.network.fabric_cidr))
+    sets = []
+    for (name, zone), pools in groups.items():
+        fabric = load().fabrics[name]
+        vpcs = []
+        for vpc in fabric.vpcs:
+            subnets = tuple(Subnet(nic, next(free, "")) for nic in vpc.nics)
+            profile = vpc.network_profile.format(zone=zone) if vpc.network_profile and zone else None
+            vpcs.append(PlannedVpc(vpc, subnets, profile))
+        sets.append(FabricSet(f"{name}-{zone}" if zone else name, fabric, zone, tuple(pools), tuple(vpcs)))
+    return sets
+
+
+def subnets_needed(m: StackConfig) -> int:
+    return sum(len(v.subnets) for s in fabric_sets(m) for v in s.vpcs)
+
+
+def set_for_pool(m: StackConfig, pool_name: str) -> FabricSet | None:
+    return next((s for s in fabric_sets(m) if pool_name in s.pools), None)
+
+
+def primary_mtu(m: StackConfig) -> int | None:
+    """The primary VPC's MTU the stack's fabrics ask for (TCPX/TCPXO: 8244), or None for GCE's default."""
+    wanted = [s.fabric.primary_mtu for s in fabric_sets(m) if s.fabric.primary_mtu]
+    return max(wanted) if wanted else None
+
+
+def multi_networking(m: StackConfig) -> bool:
+    """cluster.multiNetworking as set, else on exactly when a pool has a fabric (its NICs need it)."""
+    if m.cluster is None:
+        return False
+    if m.cluster.multi_networking is not None:
+        return m.cluster.multi_networking
+    return bool(fabric_sets(m))
+
+
+def additional_networks(pool: NodePoolConfig) -> int:
+    """How many extra NICs the pool attaches: the config's count, else the contract's."""
+    f = pool_fabric(pool)
+    if f is None:
+        return 0
+    return len(f.nics) if pool.fabric.additional_networks is None else pool.fabric.additional_networks
+
+
+def installs(m: StackConfig, fabric_set: FabricSet) -> bool:
+    """Apply the set's installer when any of its pools asks for it (checks/fabric.py refuses a pool without)."""
+    return any((p := m.pool(name)) is not None and p.fabric.installer for name in fabric_set.pools)

@@ -1,0 +1,155 @@
+"""Pool capacity options (reservation, flex-start, queued provisioning, spot) as registered under mocks."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import DELETE, problems, stack_run
+
+from model import capacity
+from preview.engine import RunResult
+
+NODE_POOL = "gcp:container/nodePool:NodePool"
+
+
+@pytest.fixture(scope="module")
+def dws() -> RunResult:
+    return stack_run("dws")
+
+
+def test_capacity_facts_pinned() -> None:
+    facts = capacity.load()
+    # cloud.google.com/kubernetes-engine/docs/concepts/dws: flex-start from 1.32.2-gke.1652000, 7 days at most.
+    assert facts.flex_start_min_gke == "1.32.2-gke.1652000"
+    assert facts.flex_start_max_run_seconds == 7 * 24 * 3600
+    # GKE's queued-provisioning taint and ProvisioningRequest class (FACTS.md section 2 and 3, CT dws example).
+    assert facts.queued_taint == "cloud.google.com/gke-queued"
+    assert facts.provisioning_class == "queued-provisioning.gke.io"
+    assert facts.kueue_manifest_url == (
+        "https://github.com/kubernetes-sigs/kueue/releases/download/v0.19.2/manifests.yaml")
+    assert facts.order == ("reservation", "dws", "on-demand", "spot")
+
+
+def test_gke_version_parsing() -> None:
+    assert capacity.gke_version("1.32.2-gke.1652000") == (1, 32, 2, 1652000)
+    assert capacity.gke_version("1.33") == (1, 33, 0, 0)
+    assert capacity.gke_version("1.32.2-gke.1651999") < capacity.gke_version("1.32.2-gke.1652000")
+    assert capacity.gke_version("latest") is None
+
+
+def test_reservation_pool_consumes_its_specific_reservation(dws: RunResult) -> None:
+    pool = dws.one(NODE_POOL, "h100-reserved").inputs
+    assert pool["nodeConfig"]["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
+        "values": ["h100-reservation"]}
+    assert pool["nodeLocations"] == ["us-central1-a"]
+    assert pool["management"] == {"autoRepair": True, "autoUpgrade": True}
+    assert "flexStart" not in pool["nodeConfig"] and "queuedProvisioning" not in pool
+    assert pool["autoscaling"]["locationPolicy"] == "BALANCED"
+
+
+def test_queued_provisioning_pool(dws: RunResult) -> None:
+    pool = dws.one(NODE_POOL, "h100-dws").inputs
+    node = pool["nodeConfig"]
+    assert pool["queuedProvisioning"] == {"enabled": True}
+    assert node["flexStart"] is True
+    assert node["maxRunDuration"] == "86400s"
+    assert node["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+    assert node["spot"] is False
+    assert pool["management"] == {"autoRepair": False, "autoUpgrade": True}
+    assert pool["autoscaling"] == {"totalMinNodeCount": 0, "totalMaxNodeCount": 4, "locationPolicy": "ANY"}
+
+
+def test_cluster_min_master_version(dws: RunResult) -> None:
+    assert dws.one("gcp:container/cluster:Cluster").inputs["minMasterVersion"] == "1.33"
+
+
+def test_plain_pools_keep_their_fields(dev: RunResult) -> None:
+    # Nothing new on an existing spot pool: a new node_config field would replace it.
+    pool = dev.one(NODE_POOL, "t4").inputs
+    assert {"reservationAffinity", "flexStart", "maxRunDuration"}.isdisjoint(pool["nodeConfig"])
+    assert "queuedProvisioning" not in pool
+
+
+# --- Capacity rules (checks/capacity.py): each refused with GKE's reason ---------------------------
+
+def dws_problems(changes: dict) -> list[str]:
+    return problems("dws", changes)
+
+
+def test_dws_stack_has_no_capacity_problem() -> None:
+    assert dws_problems({}) == []
+
+
+def test_spot_with_a_reservation_or_dws_is_refused() -> None:
+    found = dws_problems({"nodePools[0].spot": True, "nodePools[1].spot": True})
+    assert found == [
+        "nodePools[0].spot: spot VMs cannot be combined with reservation (GKE refuses it); use a separate spot "
+        "pool, or set spot: false",
+        "nodePools[1].spot: spot VMs cannot be combined with flexStart (GKE refuses it); use a separate spot "
+        "pool, or set spot: false",
+        "nodePools[1].spot: spot VMs cannot be combined with queuedProvisioning (GKE refuses it); use a separate "
+        "spot pool, or set spot: false",
+    ]
+
+
+def test_dws_pool_with_a_reservation_is_refused() -> None:
+    found = dws_problems({"nodePools[1].reservation": "h100-reservation", "nodePools[1].zones": ["us-central1-a"]})
+    assert found == ["nodePools[1].reservation: a flex-start or queued-provisioning pool cannot consume a "
+                     "reservation (GKE requires reservation affinity NO_RESERVATION); remove reservation or make a "
+                     "separate reservation pool"]
+
+
+def test_reservation_pool_needs_its_one_zone() -> None:
+    assert dws_problems({"nodePools[0].zones": []}) == [
+        "nodePools[0].zones: a pool that consumes reservation h100-reservation needs exactly one zone, the "
+        "reservation's (e.g. zones: [us-central1-a]); got none (every zone)"]
+    assert dws_problems({"nodePools[0].zones": ["us-central1-a", "us-central1-b"]})[0].startswith(
+        "nodePools[0].zones: a pool that consumes reservation h100-reservation needs exactly one zone")
+
+
+def test_gke_version_below_flex_starts_minimum_is_refused() -> None:
+    # 1.32.2-gke.1652000: cloud.google.com/kubernetes-engine/docs/concepts/dws (data/capacity.yaml).
+    assert dws_problems({"cluster.minMasterVersion": "1.32.2-gke.1651000"}) == [
+        "cluster.minMasterVersion: 1.32.2-gke.1651000 is below 1.32.2-gke.1652000, the oldest GKE that accepts "
+        "flex-start (pool(s) h100-dws); set it to that or newer, e.g. 1.33"]
+    assert dws_problems({"cluster.minMasterVersion": "1.32.2-gke.1652000"}) == []
+    (unset,) = dws_problems({"cluster.minMasterVersion": DELETE})
+    assert unset.startswith("cluster.minMasterVersion: pool(s) h100-dws use flex-start, which needs GKE "
+                            "1.32.2-gke.1652000 or later")
+
+
+def test_flex_start_longer_than_seven_days_is_refused() -> None:
+    assert dws_problems({"nodePools[1].maxRunDuration": "604801s"}) == [
+        "nodePools[1].maxRunDuration: 604801s is longer than flex-start's limit of 604800s (7 days); use 604800s "
+        "or less"]
+    assert dws_problems({"nodePools[1].maxRunDuration": "604800s"}) == []
+
+
+def test_queued_provisioning_pool_must_scale_from_zero() -> None:
+    assert dws_problems({"nodePools[1].minNodes": 1}) == [
+        "nodePools[1].minNodes: a queued-provisioning pool must have minNodes 0 (GKE creates its nodes only for "
+        "admitted jobs), got 1"]
+
+
+def test_compact_placement_with_queued_provisioning_on_gpus_is_refused() -> None:
+    found = dws_problems({"nodePools[1].compactPlacement": True, "nodePools[1].zones": ["us-central1-a"]})
+    assert "nodePools[1].compactPlacement: GKE refuses COMPACT placement on a GPU pool with queued provisioning; " \
+           "set compactPlacement: false (Kueue admits the job's nodes together anyway)" in found
+
+
+def test_compact_placement_with_flex_start_only_on_a3_ultra_a4_h4d() -> None:
+    found = dws_problems({"nodePools[1].queuedProvisioning": False, "nodePools[1].compactPlacement": True,
+                          "nodePools[1].zones": ["us-central1-a"]})
+    assert "nodePools[1].compactPlacement: COMPACT placement with flex-start works only on A3 Ultra, A4 and H4D " \
+           "machines, not a3-highgpu-8g; set compactPlacement: false" in found
+
+
+def test_queued_provisioning_needs_kueue() -> None:
+    assert dws_problems({"kueue.install": False}) == [
+        "kueue.install: pool(s) h100-dws use queued provisioning, which gets nodes only through Kueue's "
+        "ProvisioningRequest; set kueue.install: true"]
+
+
+def test_kueue_needs_a_gke_cluster() -> None:
+    assert problems("gaudi", {"kueue.install": True})[0].startswith(
+        "kueue.install: Kueue's queues are built from the stack's GKE pools; it needs `cluster`")

@@ -1,0 +1,314 @@
+"""GPU fabrics: the contracts in data/gpu_fabric.yaml against Google's pinned manifests, and what the stack
+declares for each fabric under mocks (extra VPCs, cluster, pool, objects, installers, pod contract).
+
+Expected values are read from ../shared/reference/gke-gpu-fabric (container-engine-accelerators @ 992db81 and
+cluster-toolkit @ 1047080), never copied from the code under test."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+import pytest
+import yaml
+from conftest import reference, stack_yaml
+
+from model import fabric
+from preview.engine import RunResult, run_stack
+
+CEA = ("gke-gpu-fabric", "container-engine-accelerators")
+NETWORK = "gcp:compute/network:Network"
+SUBNET = "gcp:compute/subnetwork:Subnetwork"
+FIREWALL = "gcp:compute/firewall:Firewall"
+
+
+def manifest(path: str) -> list[dict[str, Any]]:
+    with open(reference(*CEA, *path.split("/")), encoding="utf-8") as fh:
+        return [d for d in yaml.safe_load_all(fh) if d]
+
+
+def first(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind)
+
+
+def test_pod_reference(path: str) -> dict[str, Any]:
+    return first(manifest(path), "Pod")
+
+
+test_pod_reference.__test__ = False  # a helper, not a test
+
+
+TEST_MANIFEST = {"tcpx": "gpudirect-tcpx/nccl-test-latest.yaml", "tcpxo": "gpudirect-tcpxo/nccl-test-latest.yaml",
+                 "rdma": "gpudirect-rdma/nccl-test.yaml"}
+
+
+# --- the contracts against the pinned manifests ---------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_installer_image_and_affinity_match_the_pinned_manifest(name: str) -> None:
+    f = fabric.load().fabrics[name]
+    ds = first(manifest(f.installer.manifest), "DaemonSet")
+    assert ds["metadata"]["name"] == f.installer.daemon_set
+    spec = ds["spec"]["template"]["spec"]
+    images = [c["image"] for c in spec.get("initContainers", []) + spec["containers"]]
+    assert f.installer.image in images
+    # The DaemonSet lands on exactly the accelerators this contract covers.
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    accelerators = {v for t in terms for e in t["matchExpressions"] for v in e["values"]}
+    assert accelerators == set(f.machine_types.values())
+
+
+def test_installer_urls_are_pinned_by_commit() -> None:
+    cat = fabric.load()
+    assert len(cat.manifest_commit) == 40
+    for f in cat.fabrics.values():
+        url = cat.url(f.installer.manifest)
+        assert url.startswith("https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators/")
+        assert f"/{cat.manifest_commit}/" in url
+
+
+def test_nri_injector_image_matches_the_pinned_manifest() -> None:
+    cat = fabric.load()
+    ds = first(manifest(cat.nri_manifest), "DaemonSet")
+    assert cat.nri_image in [c["image"] for c in ds["spec"]["template"]["spec"]["containers"]]
+    assert [n for n, f in cat.fabrics.items() if f.nri] == ["tcpx", "tcpxo"]
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo"])
+def test_daemon_matches_the_pinned_test_pod(name: str) -> None:
+    f = fabric.load().fabrics[name]
+    pod = test_pod_reference(TEST_MANIFEST[name])
+    daemon = next(c for c in pod["spec"]["containers"] if c["name"] == f.daemon.name)
+    assert daemon["image"] == f.daemon.image
+    assert tuple(daemon.get("command", []) + daemon.get("args", [])) == f.daemon.command
+    assert tuple(daemon["securityContext"]["capabilities"]["add"]) == f.daemon.capabilities
+    devices = yaml.safe_load(pod["metadata"]["annotations"][f"devices.gke.io/container.{f.daemon.name}"])
+    assert tuple(d["path"] for d in devices) == f.daemon.devices
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_interfaces_and_volumes_match_the_pinned_test_pod(name: str) -> None:
+    f = fabric.load().fabrics[name]
+    pod = test_pod_reference(TEST_MANIFEST[name])
+    interfaces = yaml.safe_load(pod["metadata"]["annotations"]["networking.gke.io/interfaces"])
+    assert interfaces[0] == {"interfaceName": "eth0", "network": "default"}
+    assert {i["interfaceName"]: i["network"] for i in interfaces[1:]} == f.pod_interfaces
+    host_paths = {v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v}
+    assert {v.host_path for v in f.host_volumes} == host_paths
+    app = next(c for c in pod["spec"]["containers"] if c["name"] in ("nccl-test", "test"))
+    by_name = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounted = {by_name[m["name"]]["hostPath"]["path"]: m["mountPath"] for m in app["volumeMounts"]
+               if "hostPath" in by_name[m["name"]]}
+    assert {v.host_path: v.mount_path for v in f.host_volumes if v.app} == mounted
+    assert {"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"} in app["env"]
+
+
+def test_rdma_contract_matches_the_pinned_manifests() -> None:
+    f = fabric.load().fabrics["rdma"]
+    pod = test_pod_reference(TEST_MANIFEST["rdma"])
+    shm = next(v for v in pod["spec"]["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory")
+    assert shm["emptyDir"]["sizeLimit"] == f.shm_size
+    assert f"source {f.nccl_profile}" in pod["spec"]["containers"][0]["args"][0]
+    assert pod["spec"]["containers"][0]["image"] == f.nccl_test.image
+    # The RoCE VPC carries the 8 RDMA NICs the pod names; the gVNIC VPC comes first.
+    assert [v.device_mode for v in f.vpcs] == ["NetDevice", "RDMA"]
+    assert f.vpcs[1].nics == tuple(f.pod_interfaces.values())
+    assert f.vpcs[1].network_profile == "{zone}-vpc-roce"
+
+
+def test_tcpxo_env_matches_the_pinned_test_pod() -> None:
+    f = fabric.load().fabrics["tcpxo"]
+    app = next(c for c in test_pod_reference(TEST_MANIFEST["tcpxo"])["spec"]["containers"] if c["name"] == "nccl-test")
+    for env in app["env"]:
+        if env["name"] != "LD_LIBRARY_PATH":
+            assert f.nccl_env[env["name"]] == env["value"]
+    assert app["image"] == f.installer.image == f.nccl_test.image
+    assert f.nccl_profile == f"{f.nccl_env['NCCL_LIB_DIR']}/nccl-env-profile.sh"  # CEA gpudirect-tcpxo/README.md
+
+
+def test_nic_counts_mtus_and_ssds_per_family() -> None:
+    # FACTS.md section 1 (CT examples and modules; BW for bandwidth).
+    fabrics = fabric.load().fabrics
+    expected = {"tcpx": (4, 8244, 16, 1000), "tcpxo": (8, 8244, 16, 1800), "rdma": (9, 8896, 32, 3600)}
+    assert {n: (len(f.nics), f.mtu, f.local_ssds, f.max_bandwidth_gbps) for n, f in fabrics.items()} == expected
+    assert fabric.load().for_machine("a4-highgpu-8g").name == "rdma"
+    assert fabric.load().for_machine("a3-highgpu-4g") is None  # only the 8-GPU shapes have the fabric
+
+
+@pytest.mark.parametrize(("version", "ok"), [
+    ("1.32.11-gke.1174000", True), ("1.32.11-gke.1173999", False), ("1.32.10-gke.9999999", False),
+    ("1.32", True), ("1.33.1-gke.100", True), ("1.27.16-gke.2874000", False), ("1.31.14-gke.1243000", True),
+])
+def test_tcpxo_minimum_versions(version: str, ok: bool) -> None:
+    # CT gpu_direct.tf: TCPXO from 1.28.15-gke.3163000, ..., 1.32.11-gke.1174000 (oldest patch per minor).
+    assert fabric.meets_minimum(version, fabric.load().fabrics["tcpxo"].min_gke_versions) is ok
+
+
+# --- the stack under mocks: one run per fabric ----------------------------------------------------
+
+def _pool(machine: str, gpu: str, zone: str) -> dict[str, Any]:
+    pool = dict(stack_yaml("h100")["deepspeed-stack:nodePools"][0])
+    pool.update(machineType=machine, gpu={**pool["gpu"], "type": gpu}, zones=[zone])
+    return pool
+
+
+@pytest.fixture(scope="module")
+def runs(request: pytest.FixtureRequest) -> dict[str, RunResult]:
+    from conftest import stack_run
+
+    return {
+        "tcpxo": stack_run("h100"),
+        "tcpx": run_stack("h100", {"deepspeed-stack:nodePools": [
+            _pool("a3-highgpu-8g", "nvidia-h100-80gb", "us-central1-a")]}),
+        "rdma": run_stack("h100", {"deepspeed-stack:nodePools": [
+            {**_pool("a3-ultragpu-8g", "nvidia-h200-141gb", "us-central1-b"), "localSsdCount": 32}],
+            "deepspeed-stack:cluster": {**stack_yaml("h100")["deepspeed-stack:cluster"],
+                                        "minMasterVersion": "1.33"}}),
+    }
+
+
+def _fabric_networks(run: RunResult) -> list:
+    return [n for n in run.by_type(NETWORK) if n.name.startswith("fabric-")]
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_extra_vpcs_at_the_contract_mtu(runs: dict[str, RunResult], name: str) -> None:
+    f = fabric.load().fabrics[name]
+    run = runs[name]
+    nets = _fabric_networks(run)
+    assert len(nets) == len(f.vpcs)
+    assert {n.inputs["mtu"] for n in nets} == {f.mtu}
+    assert all(n.inputs["autoCreateSubnetworks"] is False for n in nets)
+    subnets = [s for s in run.by_type(SUBNET) if s.name.startswith("fabric-")]
+    assert len(subnets) == len(f.nics)
+    cidrs = [ipaddress.IPv4Network(s.inputs["ipCidrRange"]) for s in subnets]
+    assert all(c.prefixlen == 24 and c.subnet_of(ipaddress.IPv4Network("192.168.0.0/16")) for c in cidrs)
+    assert len(set(cidrs)) == len(cidrs)
+    assert {s.inputs["region"] for s in subnets} == {"us-central1"}
+
+
+def test_primary_vpc_mtu_follows_the_fabric(runs: dict[str, RunResult]) -> None:
+    primary = {name: run.one(NETWORK, "network-vpc").inputs.get("mtu") for name, run in runs.items()}
+    assert primary == {"tcpx": 8244, "tcpxo": 8244, "rdma": None}  # CT: a3-high/mega set 8244 on the primary VPC
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo"])
+def test_gvnic_vpcs_allow_internal_traffic(runs: dict[str, RunResult], name: str) -> None:
+    rules = [r for r in runs[name].by_type(FIREWALL) if r.name.startswith("fabric-")]
+    assert len(rules) == len(fabric.load().fabrics[name].vpcs)
+    for rule in rules:
+        assert rule.inputs["sourceRanges"] == ["192.168.0.0/16"]
+        assert sorted(a["protocol"] for a in rule.inputs["allows"]) == ["icmp", "tcp", "udp"]
+
+
+def test_roce_vpc_has_the_zonal_profile_and_no_firewall_rules(runs: dict[str, RunResult]) -> None:
+    run = runs["rdma"]
+    nets = {n.name: n for n in _fabric_networks(run)}
+    roce = nets["fabric-rdma-us-central1-b-rdma"].inputs
+    assert roce["networkProfile"] == "projects/my-gcp-project/global/networkProfiles/us-central1-b-vpc-roce"
+    assert "networkProfile" not in nets["fabric-rdma-us-central1-b-gvnic-1"].inputs
+    rules = [r for r in run.by_type(FIREWALL) if r.name.startswith("fabric-")]
+    assert [r.name for r in rules] == ["fabric-rdma-us-central1-b-gvnic-1-internal"]
+    roce_urn = nets["fabric-rdma-us-central1-b-rdma"].urn
+    assert all(roce_urn not in r.dependencies for r in run.by_type(FIREWALL))
+    roce_subnets = [s for s in run.by_type(SUBNET) if s.name.startswith("fabric-rdma-us-central1-b-rdma-")]
+    assert len(roce_subnets) == 8
+
+
+def test_stacks_without_a_fabric_get_no_extra_networks(dev: RunResult) -> None:
+    assert _fabric_networks(dev) == []
+    assert "mtu" not in dev.one(NETWORK, "network-vpc").inputs
+
+
+# --- cluster, pool, objects and installers --------------------------------------------------------
+
+CLUSTER = "gcp:container/cluster:Cluster"
+NODE_POOL = "gcp:container/nodePool:NodePool"
+PARAM_SET = "kubernetes:networking.gke.io/v1:GKENetworkParamSet"
+K8S_NETWORK = "kubernetes:networking.gke.io/v1:Network"
+CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_cluster_has_multi_networking_on_dataplane_v2_and_dcgm(runs: dict[str, RunResult], name: str) -> None:
+    c = runs[name].one(CLUSTER).inputs
+    assert c["enableMultiNetworking"] is True
+    assert c["datapathProvider"] == "ADVANCED_DATAPATH"
+    # FACTS.md section 4: DCGM component with Managed Prometheus (CT gke-cluster/main.tf).
+    assert "DCGM" in c["monitoringConfig"]["enableComponents"]
+    assert c["monitoringConfig"]["managedPrometheus"] == {"enabled": True}
+
+
+def test_cluster_without_fabric_has_no_multi_networking(dev: RunResult) -> None:
+    assert "enableMultiNetworking" not in dev.one(CLUSTER).inputs
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_pool_attaches_the_fabric_nics_in_contract_order(runs: dict[str, RunResult], name: str) -> None:
+    f = fabric.load().fabrics[name]
+    run = runs[name]
+    pool = run.one(NODE_POOL, "h100").inputs
+    extra = pool["networkConfig"]["additionalNodeNetworkConfigs"]
+    subnets = {s.physical_name or s.inputs.get("name"): s for s in run.by_type(SUBNET)}
+    assert len(extra) == len(f.nics)
+    # Each NIC's subnet is the one made for that NIC, in the contract's order (gVNIC first, then RDMA).
+    assert [subnets[e["subnetwork"]].name for e in extra] == [
+        n for n in (s.name for s in run.by_type(SUBNET)) if n.startswith("fabric-")]
+    node = pool["nodeConfig"]
+    assert node["gvnic"] == {"enabled": True}
+    assert node["ephemeralStorageLocalSsdConfig"]["localSsdCount"] == f.local_ssds
+    assert node["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
+    assert node["guestAccelerators"][0]["count"] == 8
+    assert "placementPolicy" not in pool
+
+
+def test_compact_placement_when_asked() -> None:
+    pool = {**stack_yaml("h100")["deepspeed-stack:nodePools"][0], "compactPlacement": True}
+    run = run_stack("h100", {"deepspeed-stack:nodePools": [pool]})
+    assert run.one(NODE_POOL, "h100").inputs["placementPolicy"] == {"type": "COMPACT"}
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_one_param_set_and_network_per_nic(runs: dict[str, RunResult], name: str) -> None:
+    f = fabric.load().fabrics[name]
+    run = runs[name]
+    params = {p.inputs["metadata"]["name"]: p.inputs for p in run.by_type(PARAM_SET)}
+    networks = {n.inputs["metadata"]["name"]: n.inputs for n in run.by_type(K8S_NETWORK)}
+    assert list(params) == list(networks) == list(f.nics)
+    modes = {nic: vpc.device_mode for vpc in f.vpcs for nic in vpc.nics}
+    vpc_names = {n.physical_name for n in _fabric_networks(run)}
+    for nic, p in params.items():
+        assert p["apiVersion"] == "networking.gke.io/v1"
+        assert set(p["spec"]) == {"vpc", "vpcSubnet", "deviceMode"}
+        assert p["spec"]["deviceMode"] == modes[nic]
+        assert p["spec"]["vpc"] in vpc_names
+        assert networks[nic]["spec"] == {"type": "Device", "parametersRef": {
+            "group": "networking.gke.io", "kind": "GKENetworkParamSet", "name": nic}}
+    # Pods name these networks: every interface of the pinned test pod has its Network.
+    pod = test_pod_reference(TEST_MANIFEST[name])
+    named = {i["network"] for i in yaml.safe_load(pod["metadata"]["annotations"]["networking.gke.io/interfaces"])}
+    assert named - {"default"} <= set(networks)
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_installers_applied_from_the_pinned_commit(runs: dict[str, RunResult], name: str) -> None:
+    cat = fabric.load()
+    files = sorted(c.inputs["file"] for c in runs[name].by_type(CONFIG_FILE) if "container-engine" in c.inputs["file"])
+    f = cat.fabrics[name]
+    paths = {"tcpx": ["gpudirect-tcpx/nccl-tcpx-installer.yaml", "nri_device_injector/nri-device-injector.yaml"],
+             "tcpxo": ["gpudirect-tcpxo/nccl-tcpxo-installer.yaml", "nri_device_injector/nri-device-injector.yaml"],
+             "rdma": ["gpudirect-rdma/nccl-rdma-installer.yaml"]}[name]
+    base = ("https://raw.githubusercontent.com/GoogleCloudPlatform/container-engine-accelerators/"
+            "992db81257553607f1477945f1b3219632991829/")
+    assert files == sorted(base + p for p in paths)
+    assert f.installer.manifest == paths[0]
+    for p in paths:  # the pinned path is a file of the reference snapshot
+        assert manifest(p)
+
+
+def test_workloads_wait_for_the_fabric(runs: dict[str, RunResult]) -> None:
+    run = runs["tcpxo"]
+    parts = [r.urn for r in run.by_type(K8S_NETWORK) + run.by_type(CONFIG_FILE) if "GpuFabric" in r.urn]
+    job = run.one("deepspeed-stack:workloads:TrainingJob")
+    assert len(parts) == 10  # 8 Networks, the installer and the NRI injector
+    assert set(parts) <= set(job.dependencies)

@@ -1,0 +1,157 @@
+"""A new user's first hour with the offline preview (issue 10): warnings that reach the reviewer, stack
+files and base plans that are explicit, and a terminal summary without raw Markdown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from conftest import changed, config_model, problems
+
+import checks
+from preview import plan, stackfile, summary, tree
+from preview.__main__ import main
+from preview.engine import RunResult, engine_config_from_yaml, run_program
+
+WORKLOAD = "workloads.zero3-smoke"
+
+
+def tight_training() -> dict[str, Any]:
+    # prod's L4s with a 2.2B-parameter model at ZeRO-3 without offload, one sequence per GPU: it fits, with
+    # under 10 % of the 24 GB free (the planner's numbers; test_planner pins the arithmetic).
+    return changed("prod", {f"{WORKLOAD}.model": {"parameters": 2.2, "mode": "training", "precision": "bf16"},
+                            f"{WORKLOAD}.deepspeed.offloadOptimizer": "none",
+                            f"{WORKLOAD}.deepspeed.microBatchPerGpu": 1,
+                            f"{WORKLOAD}.deepspeed.trainBatchSize": 16})
+
+
+@pytest.fixture(scope="module")
+def tight() -> RunResult:
+    return run_program(*engine_config_from_yaml(tight_training()), stack="prod")
+
+
+def write_stack(tmp_path: Path, name: str, doc: Any) -> Path:
+    path = tmp_path / f"Pulumi.{name}.yaml"
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+# --- 1. warnings reach the terminal, summary.md and plan.json -------------------------------------
+
+def test_the_run_records_the_programs_warnings(tight: RunResult) -> None:
+    (warning,) = tight.warnings
+    assert warning.startswith(f"{WORKLOAD}.model: 2.2B (2.20B parameters") and "headroom (under 10%)" in warning
+    assert tight.warnings == checks.warnings(config_model(tight_training()))
+
+
+def test_warnings_top_the_summary_and_are_listed_in_plan_json(tight: RunResult) -> None:
+    md = summary.markdown(tight, [], 16)
+    title, warnings_section, *_ = md.split("\n\n#### ")
+    assert title == f"### Stack `prod`: {len(tight.resources)} resources, ok, 1 warning"
+    assert warnings_section == f"Warnings\n\n- :warning: {tight.warnings[0]}"
+    doc = plan.build(tight)
+    assert doc["warnings"] == tight.warnings
+    jsonschema.validate(json.loads(plan.dumps(doc)), plan.schema())
+
+
+def test_a_stack_without_warnings_has_no_warnings_section(prod: RunResult) -> None:
+    assert prod.warnings == []
+    assert "#### Warnings" not in summary.markdown(prod, [], 16)
+    assert plan.build(prod)["warnings"] == []
+
+
+def test_the_terminal_labels_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_stack(tmp_path, "prod", {"config": tight_training()})
+    assert main(["--stack", "prod", "--stack-file", str(path), "--out", str(tmp_path / "build")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    (line,) = [e for e in err if "headroom" in e]
+    assert line.startswith(f"warning: {WORKLOAD}.model: 2.2B")
+    assert "#### Warnings" in (tmp_path / "build" / "prod" / "summary.md").read_text()
+
+
+# --- 6. stack files and base plans ---------------------------------------------------------------
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+def test_stack_file_needs_an_explicit_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_stack(tmp_path, "staging", {"config": changed("dev")})
+    code, err = run_main(["--stack-file", str(path), "--out", str(tmp_path)], capsys)
+    assert code == 2
+    assert err.strip() == f"error: --stack-file {path} needs --stack NAME, the stack it runs as (e.g. --stack staging)"
+
+
+def test_base_plan_of_another_stack_is_refused(dev: RunResult, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    base = plan.write(plan.build(dev), tmp_path / "dev-plan.json")
+    code, err = run_main(["--stack", "prod", "--base", str(base), "--out", str(tmp_path)], capsys)
+    assert code == 2
+    assert err.strip() == (f"error: --base: {base} is a plan of stack 'dev', not of 'prod'; give the base branch's "
+                           "build/prod/plan.json")
+    assert not (tmp_path / "prod").exists()
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    ({"confg": {"gcp:region": "us-west1"}}, "confg: unknown top-level key; did you mean `config`?"),
+    ({"config": 5}, "config: expected a mapping of keys to values (e.g. `gcp:region: us-central1`), got int 5"),
+    ({"config": {"deepspeedstack:cluster": {}}},
+     "config: deepspeedstack:cluster: unknown namespace `deepspeedstack`; did you mean `deepspeed-stack:`?"),
+])
+def test_stack_file_mistakes_are_errors_that_name_them(doc: dict, expected: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_stack(tmp_path, "broken", doc)
+    code, err = run_main(["--stack", "broken", "--stack-file", str(path), "--out", str(tmp_path / "b")], capsys)
+    assert code == 2
+    assert err.splitlines() == [f"error: {path}: not a valid stack file:", f"  - {expected}"]
+    assert "Traceback" not in err and not (tmp_path / "b").exists()
+
+
+def test_yaml_syntax_error_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_stack(tmp_path, "broken", "config:\n  gcp:region: [us-west1\n")
+    code, err = run_main(["--stack", "broken", "--stack-file", str(path)], capsys)
+    assert code == 2
+    assert err.startswith(f"error: {path}: not valid YAML: ") and "line 3" in err
+
+
+def test_stack_name_from_a_file_name() -> None:
+    assert stackfile.stack_name(Path("/x/Pulumi.staging.yaml")) == "staging"
+    assert stackfile.stack_name(Path("prod.yaml")) == ""
+
+
+# --- 10. the terminal summary --------------------------------------------------------------------
+
+def test_hook_markdown_tables_are_aligned_text_in_the_terminal() -> None:
+    body = "| pool | $/h |\n| --- | ---: |\n| system | $0.13 |\n| l4 \\| spot | $0.85 |\n\nStack: **$0.98/h** `x`"
+    assert summary.markdown_text(body).splitlines() == [
+        "  pool       $/h",
+        "  system     $0.13",
+        "  l4 | spot  $0.85",
+        "",
+        "  Stack: $0.98/h x",
+    ]
+
+
+def test_wrote_line_names_every_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--stack", "vertex", "--out", str(tmp_path)]) == 0
+    (wrote,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    assert wrote.endswith("/vertex/: plan.json, summary.md, vertex-customjob.yaml")
+
+
+def test_each_problem_is_reported_once() -> None:
+    assert problems("dev", {"nodePools[0].zones": "us-west1-b"}) == [
+        'nodePools[0].zones: expected array, got "us-west1-b"']
+
+
+def test_readme_sample_tree_is_in_the_real_order(dev: RunResult) -> None:
+    """The README's sample lines (`...` where it leaves lines out) appear in dev's real tree, in that order."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    block = "     Type  " + readme.split("     Type  ", 1)[1].split("\nGPU inventory", 1)[0]
+    sample = [line.split() for line in block.splitlines() if line.strip() != "..."]
+    real = iter(line.split() for line in tree.render(dev).splitlines())
+    assert len(sample) > 10 and all(line in real for line in sample)  # `in` on an iterator: in order
