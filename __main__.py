@@ -22,6 +22,7 @@ from planner import cost
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
 from workloads.gcs_fuse import BucketAccess
 from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
+from workloads.kueue import Kueue, KueueArgs, queue_name
 from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
 from workloads.placement import placement
@@ -116,6 +117,7 @@ if target is not None:
     gpu_fabrics = {pool: f for s in (fabric.fabric_sets(cfg) if cluster else []) for f in [GpuFabric(
         f"gpu-fabric-{s.key}", GpuFabricArgs(fabric_set=s, nics=fabric_networks[s.key].nics,
                                             install=fabric.installs(cfg, s)), on_target)] for pool in s.pools}
+    queued: dict[str, pulumi.Output[str]] = {}  # namespace of each job Kueue queues
     for name, w in cfg.workloads.items():
         # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
         reader = registry.reader if registry and not w.image and w.accelerator.kind == "nvidia" else None
@@ -132,8 +134,15 @@ if target is not None:
                 hf_token=cfg.hf_token, claim_depends_on=[nfs] if nfs else [], bucket=bucket,
                 operator_version=cfg.mpi_operator.version, gaudi_image=gaudi_ref,
                 registry=gaudi_login if w.accelerator.kind == "gaudi" else None,
-                retain_on_delete=cluster is None), opts)
+                retain_on_delete=cluster is None, queue=queue_name(cfg, w)), opts)
+            if queue_name(cfg, w):
+                queued[w.namespace] = workload.namespace.metadata.name
         workload_summary[name] = workload.summary
+    # Kueue: flavors per GPU pool, one ClusterQueue, a LocalQueue in each queued job's namespace. After the MPI
+    # operator, so Kueue's MPIJob integration finds its CRD.
+    if cfg.kueue.install and cluster is not None:
+        Kueue("kueue", KueueArgs(config=cfg.kueue, pools=cfg.node_pools, namespaces=queued),
+              pulumi.ResourceOptions(provider=target, depends_on=[operator] if operator else None))
 
 # 7. Vertex AI: a training identity, an optional TensorBoard and the CustomJob spec to start runs with.
 vertex = None

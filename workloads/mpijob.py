@@ -26,7 +26,7 @@ from typing import Any
 
 from model import gaudi_software
 from model.types import WorkloadConfig
-from workloads import gcs_fuse, pod_security
+from workloads import gcs_fuse, kueue, pod_security
 from workloads.ds_config import build_ds_config, nvme_volume
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
@@ -81,6 +81,7 @@ class MpiJobInputs:
     operator_version: str = "v0.8.0"  # what the cluster's mpi-operator knows decides the fields we may set
     gcs: gcs_fuse.GcsMount | None = None  # the stack's bucket over GCS FUSE (GKE only)
     image_pull_secret: str | None = None  # a kubernetes.io/dockerconfigjson Secret for a private registry
+    queue: str | None = None  # the Kueue LocalQueue: the job is created suspended and waits to be admitted
 
 
 # --- names ----------------------------------------------------------------------------------------
@@ -531,7 +532,8 @@ def render_spec(inputs: MpiJobInputs) -> dict[str, Any]:
     w, where = inputs.workload, inputs.placement
     spec: dict[str, Any] = {
         "slotsPerWorker": where.per_worker,
-        "runPolicy": {"cleanPodPolicy": "Running"},
+        # Queued: no pods until Kueue admits the job (and unsuspends it) when all of them fit.
+        "runPolicy": {"cleanPodPolicy": "Running", **({"suspend": True} if inputs.queue else {})},
         "mpiImplementation": "OpenMPI",
         "mpiReplicaSpecs": {
             "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher_template(inputs)},
@@ -558,8 +560,9 @@ def operator_knows_launcher_policy(version: str) -> bool:
 def render(inputs: MpiJobInputs, namespace: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """The whole MPIJob object (apiVersion, kind, metadata, spec)."""
     meta: dict[str, Any] = {"name": inputs.workload.name, "namespace": namespace}
+    labels = {**(labels or {}), **kueue.job_labels(inputs.queue)}
     if labels:
-        meta["labels"] = dict(labels)
+        meta["labels"] = labels
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": render_spec(inputs)}
 
 

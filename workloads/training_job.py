@@ -17,7 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import WorkloadConfig
-from workloads import gcs_fuse, mpijob, network_policy, pull_secret
+from workloads import gcs_fuse, kueue, mpijob, network_policy, pull_secret
 from workloads.placement import Placement, labels
 
 
@@ -34,6 +34,7 @@ class TrainingJobArgs:
     operator_version: str = "v0.8.0"  # mpiOperator.version: the fields the cluster's operator knows
     gaudi_image: pulumi.Input[str] | None = None  # the stack's Gaudi image, pinned by digest
     registry: pull_secret.RegistryLogin | None = None  # credentials the pods pull the image with
+    queue: str | None = None  # the Kueue LocalQueue the job waits in (workloads/kueue.py); None: not queued
     # On an existing cluster the namespace and the claim may predate the stack (adopted, see ExistingCluster):
     # `pulumi destroy` leaves them, and the claim's data, in place.
     retain_on_delete: bool = False
@@ -128,13 +129,15 @@ class TrainingJob(pulumi.ComponentResource):
             return mpijob.render_spec(mpijob.MpiJobInputs(
                 workload=w, placement=where, image=mpijob.launcher_image(w, stack_image, gaudi_image),
                 config_map=mpijob.config_map_name(w.name), hf_token_secret=secret, gcs=gcs,
-                operator_version=args.operator_version, image_pull_secret=pull_name))
+                operator_version=args.operator_version, image_pull_secret=pull_name, queue=args.queue))
 
         return k8s.apiextensions.CustomResource(
             f"{name}-mpijob",
             api_version=mpijob.API_VERSION,
             kind=mpijob.KIND,
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=w.name, namespace=ns, labels={**labels(w), **kueue.job_labels(args.queue)},
+                annotations=kueue.job_annotations(args.queue, where.pool) or None),
             # The ConfigMap and the claim are referenced by name inside the spec: depend on them explicitly.
             spec=pulumi.Output.all(image, secret_name, access.bucket if access else None, gaudi, pull).apply(spec),
             opts=pulumi.ResourceOptions(

@@ -1,0 +1,172 @@
+"""Kueue: its objects validated against the v0.19.2 CRDs, the ClusterQueue's flavors and quotas, and a queued
+MPIJob's label and suspension, as the dws stack registers them under mocks."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from conftest import model, reference, stack_run, stack_yaml
+
+from model import capacity
+from preview.engine import RunResult
+from workloads import kueue, mpijob
+from workloads.placement import placement
+
+KUEUE = "kubernetes:kueue.x-k8s.io/v1beta2:"
+MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
+CRD_FILES = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
+             "AdmissionCheck": "admissionchecks", "ProvisioningRequestConfig": "provisioningrequestconfigs"}
+
+
+@pytest.fixture(scope="module")
+def dws() -> RunResult:
+    return stack_run("dws")
+
+
+@functools.cache
+def crd_schema(kind: str) -> dict[str, Any]:
+    path = reference("gke-gpu-fabric", "kueue-v0.19.2", "crd", f"kueue.x-k8s.io_{CRD_FILES[kind]}.yaml")
+    with open(path, encoding="utf-8") as fh:
+        crd = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
+    assert served["served"] and served["storage"]  # v1beta2: Kueue 0.19's storage version (FACTS.md section 3)
+    return python_patterns(served["schema"]["openAPIV3Schema"])
+
+
+def python_patterns(node: Any) -> Any:
+    """Go's RE2 takes `^(?i)...`; Python wants inline flags first: `(?i)^...` means the same."""
+    if isinstance(node, dict):
+        return {k: (v.replace("^(?i)", "(?i)^") if k == "pattern" and isinstance(v, str) else python_patterns(v))
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [python_patterns(v) for v in node]
+    return node
+
+
+def crd_problems(obj: dict[str, Any]) -> list[str]:
+    schema = crd_schema(obj["kind"])
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in jsonschema.Draft7Validator(schema).iter_errors(obj)]
+
+
+def registered(run: RunResult, kind: str) -> list[dict[str, Any]]:
+    """The Kueue objects of a kind as the program registered them (apiVersion, kind, metadata, spec)."""
+    return [{"apiVersion": r.inputs["apiVersion"], "kind": r.inputs["kind"], "metadata": r.inputs["metadata"],
+             "spec": r.inputs["spec"]} for r in run.by_type(KUEUE + kind)]
+
+
+@pytest.mark.parametrize("kind", list(CRD_FILES))
+def test_registered_objects_match_the_crds(dws: RunResult, kind: str) -> None:
+    objects = registered(dws, kind)
+    assert objects
+    for obj in objects:
+        assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+        assert crd_problems(obj) == []
+
+
+def test_crd_validation_catches_a_bad_object() -> None:
+    # The validator does refuse what the CRD refuses: an unknown queueing strategy, a bad merge policy.
+    queue = kueue.cluster_queue("q", model("dws").node_pools)
+    queue["spec"]["queueingStrategy"] = "FirstComeFirstServed"
+    assert any("queueingStrategy" in p for p in crd_problems(queue))
+    config = kueue.provisioning_request_config()
+    config["spec"]["podSetMergePolicy"] = "Anything"
+    assert any("podSetMergePolicy" in p for p in crd_problems(config))
+
+
+def test_a_flavor_per_gpu_pool_in_capacity_order(dws: RunResult) -> None:
+    flavors = {f["metadata"]["name"]: f["spec"] for f in registered(dws, "ResourceFlavor")}
+    assert flavors == {"h100-reserved": {"nodeLabels": {"deepspeed-stack/pool": "h100-reserved"}},
+                       "h100-dws": {"nodeLabels": {"deepspeed-stack/pool": "h100-dws"}},
+                       "cpu-memory": {}}
+    (queue,) = registered(dws, "ClusterQueue")
+    gpus, cpu_memory = queue["spec"]["resourceGroups"]
+    assert gpus["coveredResources"] == ["nvidia.com/gpu"]
+    # Reservation before DWS; quota = maxNodes x 8 GPUs (2 and 4 nodes in Pulumi.dws.yaml).
+    assert gpus["flavors"] == [
+        {"name": "h100-reserved", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 16}]},
+        {"name": "h100-dws", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 32}]}]
+    # a3-highgpu-8g: 208 vCPUs, 1872 GB (data/gpu_catalog.yaml), 6 nodes at most.
+    assert cpu_memory == {"coveredResources": ["cpu", "memory"], "flavors": [{"name": "cpu-memory", "resources": [
+        {"name": "cpu", "nominalQuota": 6 * 208}, {"name": "memory", "nominalQuota": f"{6 * 1872}G"}]}]}
+    assert queue["metadata"]["name"] == "deepspeed"
+
+
+def test_capacity_order_puts_spot_last() -> None:
+    h100 = {"machineType": "a3-highgpu-8g", "gpu": {"type": "nvidia-h100-80gb", "count": 8}}
+    pools = stack_yaml("dws")["deepspeed-stack:nodePools"]
+    m = model("dws", {"nodePools": [{**h100, "name": "h100-spot", "spot": True}, *pools, {**h100, "name": "h100"}]})
+    assert [p.name for p in kueue.ordered_pools(m.node_pools)] == ["h100-reserved", "h100-dws", "h100", "h100-spot"]
+
+
+def test_dws_admission_check_only_on_the_queued_pool(dws: RunResult) -> None:
+    (queue,) = registered(dws, "ClusterQueue")
+    assert queue["spec"]["admissionChecksStrategy"] == {
+        "admissionChecks": [{"name": "dws-provisioning", "onFlavors": ["h100-dws"]}]}
+    (check,) = registered(dws, "AdmissionCheck")
+    assert check["spec"] == {"controllerName": "kueue.x-k8s.io/provisioning-request", "parameters": {
+        "apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig", "name": "dws-provisioning"}}
+    (config,) = registered(dws, "ProvisioningRequestConfig")
+    # queued-provisioning.gke.io: GKE's class (CT dws example); only GPU PodSets go into the request.
+    assert config["spec"] == {"provisioningClassName": "queued-provisioning.gke.io",
+                              "managedResources": ["nvidia.com/gpu"]}
+
+
+def test_no_admission_check_without_a_queued_pool() -> None:
+    pools = [p for p in model("dws").node_pools if not p.queued_provisioning]
+    objects = kueue.cluster_objects(model("dws").kueue, pools)
+    assert [o["kind"] for o in objects] == ["ResourceFlavor", "ResourceFlavor", "ClusterQueue"]
+    assert "admissionChecksStrategy" not in objects[-1]["spec"]
+
+
+def test_local_queue_in_the_jobs_namespace(dws: RunResult) -> None:
+    (local,) = dws.by_type(KUEUE + "LocalQueue")
+    assert local.inputs["metadata"]["namespace"] == "pretrain"
+    assert local.inputs["metadata"]["name"] == "deepspeed"
+    assert local.inputs["spec"] == {"clusterQueue": "deepspeed"}
+    namespace = dws.one("kubernetes:core/v1:Namespace", "pretrain-namespace")
+    assert namespace.urn in local.dependencies  # created once the namespace exists
+
+
+def test_kueue_release_pinned_and_after_the_mpi_operator(dws: RunResult) -> None:
+    manifest = dws.one("kubernetes:yaml/v2:ConfigFile", "kueue-manifest")
+    assert manifest.inputs == {
+        "file": "https://github.com/kubernetes-sigs/kueue/releases/download/v0.19.2/manifests.yaml"}
+    component = dws.one("deepspeed-stack:workloads:Kueue", "kueue")
+    operator = dws.one("deepspeed-stack:workloads:MpiOperator", "mpi-operator")
+    # Depending on a component means depending on its children: the operator's manifest (the MPIJob CRD).
+    assert {r.urn for r in dws.children(operator.urn)} <= set(component.dependencies)
+    for reg in dws.by_type(KUEUE + "ResourceFlavor"):
+        assert manifest.urn in reg.dependencies  # Kueue's CRDs and webhooks first
+
+
+def test_queued_mpijob_is_labelled_and_suspended(dws: RunResult) -> None:
+    job = dws.one(MPIJOB).inputs
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "deepspeed"
+    assert job["spec"]["runPolicy"]["suspend"] is True
+    assert job["metadata"]["annotations"] == {"provreq.kueue.x-k8s.io/maxRunDurationSeconds": "86400"}
+    replicas = job["spec"]["mpiReplicaSpecs"]
+    # Workers tolerate the queued-provisioning taint; the launcher asks for no GPU and no GPU node, so the
+    # ProvisioningRequest gets one PodSet (the workers) and the launcher runs on the system pool.
+    worker, launcher = replicas["Worker"]["template"]["spec"], replicas["Launcher"]["template"]["spec"]
+    assert {"key": "cloud.google.com/gke-queued", "operator": "Exists", "effect": "NoSchedule"} in \
+        worker["tolerations"]
+    assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "nvidia.com/gpu" not in str(launcher.get("containers", [{}])[0].get("resources", {}))
+    assert "nodeSelector" not in launcher and "tolerations" not in launcher
+
+
+def test_unqueued_mpijob_is_not_suspended() -> None:
+    m = model("dws", {"kueue.install": False, "nodePools[1].queuedProvisioning": False})
+    w = m.workloads["pretrain"]
+    assert kueue.queue_name(m, w) is None
+    job = mpijob.render(mpijob.MpiJobInputs(workload=w, placement=placement(m, w), image="img",
+                                            config_map="cm"), w.namespace)
+    assert "suspend" not in job["spec"]["runPolicy"]
+    assert "kueue.x-k8s.io/queue-name" not in job["metadata"].get("labels", {})
+    # A flex-start pool without queued provisioning carries no gke-queued taint to tolerate.
+    assert all(t["key"] != capacity.load().queued_taint for t in placement(m, w).tolerations)

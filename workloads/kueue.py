@@ -1,0 +1,191 @@
+"""Kueue: the pinned release, a ResourceFlavor per GPU pool, one ClusterQueue, a LocalQueue per workload
+namespace and, for DWS queued-provisioning pools, a ProvisioningRequest admission check.
+
+Kueue admits a job only when all of its pods fit (gang admission); for a queued-provisioning pool it first
+asks GKE for all the nodes at once through a ProvisioningRequest (`queued-provisioning.gke.io`).
+
+Two resource groups, so the MPI launcher needs no GPU capacity:
+- `nvidia.com/gpu`, one flavor per GPU pool (node label `deepspeed-stack/pool`), in the order the stack
+  obtains capacity (reservation -> DWS -> on-demand -> spot; data/capacity.yaml), quota = maxNodes x GPUs;
+- `cpu` and `memory`, one label-less flavor sized to the GPU pools' machines at maxNodes.
+The launcher requests no GPU, so Kueue gives it no GPU flavor (no pool's node selector) and the
+ProvisioningRequestConfig's `managedResources: [nvidia.com/gpu]` leaves its PodSet out of the request: GKE's
+queued provisioning then sees the one PodSet it accepts, the workers, and the launcher runs on the system pool.
+
+The objects are plain dicts from pure functions, validated in tests against Kueue's CRDs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from model import capacity
+from model import catalog as gpu_catalog
+from model.types import KueueConfig, NodePoolConfig, StackConfig, WorkloadConfig
+from workloads.placement import NVIDIA_RESOURCE
+
+POOL_LABEL = "deepspeed-stack/pool"  # the node label every GPU pool sets (components/gpu_node_pool.py)
+CPU_FLAVOR = "cpu-memory"  # the label-less flavor of the cpu/memory group (launchers, the workers' CPU and memory)
+DWS_CHECK = "dws-provisioning"  # the AdmissionCheck and its ProvisioningRequestConfig
+
+
+def queue_name(cfg: StackConfig, w: WorkloadConfig) -> str | None:
+    """The LocalQueue a workload waits in: every `mpijob` on a stack GPU pool when Kueue is installed."""
+    if not cfg.kueue.install or cfg.cluster is None or w.kind != "mpijob" or cfg.pool(w.pool or "") is None:
+        return None
+    return cfg.kueue.queue_name
+
+
+def flavor_name(pool: NodePoolConfig) -> str:
+    return pool.name
+
+
+def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
+    meta = {"name": name, "labels": {"app.kubernetes.io/managed-by": "pulumi"}}
+    return {**meta, "namespace": namespace} if namespace else meta
+
+
+def _obj(kind: str, name: str, spec: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+    return {"apiVersion": capacity.load().kueue_api_version, "kind": kind, "metadata": _meta(name, namespace),
+            "spec": spec}
+
+
+def ordered_pools(pools: list[NodePoolConfig]) -> list[NodePoolConfig]:
+    """Reservation, then DWS, then on-demand, then spot: Kueue tries a group's flavors in this order."""
+    return sorted(pools, key=capacity.rank)  # stable: pools of one kind keep the config's order
+
+
+def resource_flavor(pool: NodePoolConfig) -> dict[str, Any]:
+    # Kueue adds nodeLabels to the admitted pods' nodeSelector: the workers land on this pool's nodes.
+    return _obj("ResourceFlavor", flavor_name(pool), {"nodeLabels": {POOL_LABEL: pool.name}})
+
+
+def cpu_flavor() -> dict[str, Any]:
+    return _obj("ResourceFlavor", CPU_FLAVOR, {})
+
+
+def _shape(pool: NodePoolConfig) -> gpu_catalog.Shape | None:
+    return gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
+
+
+def cpu_memory_quota(pools: list[NodePoolConfig]) -> tuple[int, int]:
+    """vCPUs and GB of every GPU pool's machines at maxNodes: what the workers can use at most."""
+    shapes = [(p.max_nodes, _shape(p)) for p in pools]
+    cpu = sum(n * s.vcpus for n, s in shapes if s)
+    memory = sum(n * s.memory_gb for n, s in shapes if s)
+    return int(cpu), int(memory)
+
+
+def cluster_queue(name: str, pools: list[NodePoolConfig]) -> dict[str, Any]:
+    ordered = ordered_pools(pools)
+    cpu, memory = cpu_memory_quota(pools)
+    spec: dict[str, Any] = {
+        "namespaceSelector": {},  # LocalQueues decide which namespaces submit here
+        "queueingStrategy": "BestEffortFIFO",  # a job that does not fit does not block smaller ones behind it
+        "resourceGroups": [
+            {"coveredResources": [NVIDIA_RESOURCE],
+             "flavors": [{"name": flavor_name(p), "resources": [
+                 {"name": NVIDIA_RESOURCE, "nominalQuota": p.max_nodes * p.gpu.count}]} for p in ordered]},
+            {"coveredResources": ["cpu", "memory"],
+             "flavors": [{"name": CPU_FLAVOR, "resources": [
+                 {"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": f"{memory}G"}]}]},
+        ],
+    }
+    queued = [flavor_name(p) for p in ordered if p.queued_provisioning]
+    if queued:
+        # Only jobs admitted to a queued-provisioning pool wait for a ProvisioningRequest.
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": DWS_CHECK, "onFlavors": queued}]}
+    return _obj("ClusterQueue", name, spec)
+
+
+def local_queue(name: str, namespace: str) -> dict[str, Any]:
+    return _obj("LocalQueue", name, {"clusterQueue": name}, namespace)
+
+
+def admission_check() -> dict[str, Any]:
+    return _obj("AdmissionCheck", DWS_CHECK, {
+        "controllerName": capacity.load().provisioning_controller,
+        "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig", "name": DWS_CHECK}})
+
+
+def provisioning_request_config() -> dict[str, Any]:
+    return _obj("ProvisioningRequestConfig", DWS_CHECK, {
+        "provisioningClassName": capacity.load().provisioning_class,
+        # Only PodSets that request GPUs go into the request: the workers, never the launcher (one PodSet).
+        "managedResources": [NVIDIA_RESOURCE]})
+
+
+def cluster_objects(config: KueueConfig, pools: list[NodePoolConfig]) -> list[dict[str, Any]]:
+    """Every cluster-scoped object, flavors before the queue that names them."""
+    objects = [*(resource_flavor(p) for p in ordered_pools(pools)), cpu_flavor()]
+    if any(p.queued_provisioning for p in pools):
+        objects += [provisioning_request_config(), admission_check()]
+    return [*objects, cluster_queue(config.queue_name, pools)]
+
+
+@dataclass(frozen=True)
+class KueueArgs:
+    config: KueueConfig
+    pools: list[NodePoolConfig]
+    # Workload namespace -> its name as an output of the Namespace that creates it (so the LocalQueue waits).
+    namespaces: dict[str, pulumi.Input[str]] = field(default_factory=dict)
+
+
+class Kueue(pulumi.ComponentResource):
+    manifest: k8s.yaml.v2.ConfigFile
+    objects: list[k8s.apiextensions.CustomResource]
+    local_queues: list[k8s.apiextensions.CustomResource]
+
+    def __init__(self, name: str, args: KueueArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:workloads:Kueue", name, None, opts)
+        facts = capacity.load()
+        url = facts.kueue_manifest_url.replace(facts.kueue_version, args.config.version)
+        # Provider-side: the Kubernetes provider fetches and applies the pinned release (CRDs, webhooks,
+        # controller) during `pulumi up`; the program never downloads it.
+        self.manifest = k8s.yaml.v2.ConfigFile(f"{name}-manifest", file=url, opts=pulumi.ResourceOptions(parent=self))
+        # Kueue's webhooks validate these objects: they wait for the release (its CRDs and Deployment).
+        after_install = pulumi.ResourceOptions(parent=self, depends_on=[self.manifest])
+        self.objects = []
+        for obj in cluster_objects(args.config, args.pools):
+            # A ClusterQueue names its flavors and admission check, an AdmissionCheck its config: created after
+            # them, deleted before them (Kueue keeps an object in use from going).
+            names_others = obj["kind"] in ("ClusterQueue", "AdmissionCheck")
+            opts_ = pulumi.ResourceOptions.merge(after_install, pulumi.ResourceOptions(
+                depends_on=[self.manifest, *self.objects])) if names_others else after_install
+            self.objects.append(self._custom(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, opts_))
+        queue = args.config.queue_name
+        in_queue = pulumi.ResourceOptions(parent=self, depends_on=[self.objects[-1]])  # the ClusterQueue
+        self.local_queues = [self._custom(f"{name}-localqueue-{ns}", local_queue(queue, ns), in_queue, ns_output)
+                             for ns, ns_output in sorted(args.namespaces.items())]
+        self.register_outputs({"version": args.config.version, "manifest": url, "clusterQueue": queue})
+
+    @staticmethod
+    def _custom(logical: str, obj: dict[str, Any], opts: pulumi.ResourceOptions,
+                namespace: pulumi.Input[str] | None = None) -> k8s.apiextensions.CustomResource:
+        meta = obj["metadata"]
+        return k8s.apiextensions.CustomResource(
+            logical,
+            api_version=obj["apiVersion"],
+            kind=obj["kind"],
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=meta["name"], namespace=namespace, labels=meta["labels"]),
+            spec=obj["spec"],
+            # Fixed names: a replacement must delete the old object first.
+            opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(delete_before_replace=True)),
+        )
+
+
+def job_labels(queue: str | None) -> dict[str, str]:
+    """The label that puts a job in its namespace's LocalQueue (Kueue then suspends it until admitted)."""
+    return {capacity.load().queue_label: queue} if queue else {}
+
+
+def job_annotations(queue: str | None, pool: NodePoolConfig | None) -> dict[str, str]:
+    """On a queued-provisioning pool, the ProvisioningRequest asks for the nodes for the pool's maxRunDuration
+    (Kueue passes `provreq.kueue.x-k8s.io/*` annotations on to the request)."""
+    if not queue or pool is None or not pool.queued_provisioning or not pool.max_run_duration:
+        return {}
+    return {"provreq.kueue.x-k8s.io/maxRunDurationSeconds": str(capacity.seconds(pool.max_run_duration))}
