@@ -15,8 +15,8 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-import yaml
-from conftest import DELETE, PROJECT_DIR, changed, model, problems, reference, stack_yaml
+from conftest import DELETE, PROJECT_DIR, changed, model, problems, stack_yaml
+from test_mpijob import crd_schema, unknown_fields
 
 from model import gaudi_software
 from model.config import ConfigError
@@ -137,6 +137,23 @@ def test_pull_secret_is_dockerconfigjson_and_only_a_secret(with_login: RunResult
     assert PASSWORD not in everything
 
 
+def test_with_google_cloud_settings_the_image_goes_to_artifact_registry() -> None:
+    config = changed("gaudi", {"gcp:project": "my-gcp-project", "gcp:region": "us-central1",
+                               "gaudiImage.registry": DELETE})
+    engine_cfg, secret_keys = engine_config_from_yaml(config)
+    run = run_program(engine_cfg, secret_keys, stack="gaudi")
+    repo = run.one("gcp:artifactregistry/repository:Repository")
+    assert (repo.inputs["project"], repo.inputs["location"], repo.inputs["repositoryId"]) == (
+        "my-gcp-project", "us-central1", "deepspeed")
+    build = run.one(BUILD)
+    image = "us-central1-docker.pkg.dev/my-gcp-project/deepspeed/deepspeed-gaudi"
+    assert build.inputs["tags"] == [f"{image}:1.19.1-oh1.15.0"]
+    assert build.inputs["registries"] == [
+        {"address": "us-central1-docker.pkg.dev", "username": "oauth2accesstoken", "password": SECRET}]
+    assert run.outputs["gaudiImageRef"].startswith(f"{image}@sha256:")
+    assert "imagePullSecrets" not in pods(run.one(MPIJOB).inputs)["Worker"]  # no login configured
+
+
 def test_docker_config_is_what_kubectl_writes() -> None:
     from workloads.pull_secret import docker_config
 
@@ -220,10 +237,9 @@ def test_opt_in_keeps_what_root_allows(opt_in: dict[str, Any]) -> None:
 @pytest.mark.parametrize("version", ["v0.4.0", "v0.8.0"])
 def test_hardened_job_is_valid_for_both_crds_and_kubernetes(version: str) -> None:
     job = render({"mpiOperator.version": version}, secret="gaudi-llm-ds-ft-hf-token")
-    with open(reference("mpi-operator", f"kubeflow.org_mpijobs.{version}.yaml"), encoding="utf-8") as fh:
-        crd = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == "v2beta1"]
-    assert [e.message for e in jsonschema.Draft7Validator(served["schema"]["openAPIV3Schema"]).iter_errors(job)] == []
+    schema = crd_schema(version)  # test_mpijob's cached reader of ../shared/reference/mpi-operator
+    assert [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(job)] == []
+    assert unknown_fields(schema, job) == []  # nothing a server-side apply would refuse or prune
     assert mpijob.operator_problems(job) == []
     for role, spec in pods(job).items():
         kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": role.lower()},
