@@ -312,3 +312,136 @@ def test_workloads_wait_for_the_fabric(runs: dict[str, RunResult]) -> None:
     job = run.one("deepspeed-stack:workloads:TrainingJob")
     assert len(parts) == 10  # 8 Networks, the installer and the NRI injector
     assert set(parts) <= set(job.dependencies)
+
+
+# --- the pod contract ------------------------------------------------------------------------------
+
+MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
+
+
+def _worker(run: RunResult) -> dict[str, Any]:
+    return run.one(MPIJOB).inputs["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+
+
+def _app_container(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] in ("nccl-test", "test"))
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_worker_gets_the_interfaces_of_the_pinned_pod(runs: dict[str, RunResult], name: str) -> None:
+    ref = test_pod_reference(TEST_MANIFEST[name])["metadata"]["annotations"]
+    ours = _worker(runs[name])["metadata"]["annotations"]
+    key = "networking.gke.io/interfaces"
+    assert yaml.safe_load(ours[key]) == yaml.safe_load(ref[key])
+    assert ours["networking.gke.io/default-interface"] == ref["networking.gke.io/default-interface"]
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo"])
+def test_rxdm_daemon_is_a_native_sidecar_like_the_pinned_pod(runs: dict[str, RunResult], name: str) -> None:
+    ref = test_pod_reference(TEST_MANIFEST[name])
+    ref_daemon = ref["spec"]["containers"][0]
+    worker = _worker(runs[name])
+    (daemon,) = worker["spec"]["initContainers"]
+    assert daemon["name"] == ref_daemon["name"]
+    assert daemon["image"] == ref_daemon["image"]
+    assert daemon["command"] == ref_daemon.get("command", []) + ref_daemon.get("args", [])
+    assert daemon["restartPolicy"] == "Always"  # native sidecar (CEA gpudirect-tcpxo/best-practice.md)
+    assert daemon["securityContext"]["capabilities"]["add"] == ref_daemon["securityContext"]["capabilities"]["add"]
+    assert "privileged" not in daemon["securityContext"]
+    ref_vols = {v["name"]: v["hostPath"]["path"] for v in ref["spec"]["volumes"] if "hostPath" in v}
+    our_vols = {v["name"]: v["hostPath"]["path"] for v in worker["spec"]["volumes"] if "hostPath" in v}
+    assert {ref_vols[m["name"]]: m["mountPath"] for m in ref_daemon["volumeMounts"]} == {
+        our_vols[m["name"]]: m["mountPath"] for m in daemon["volumeMounts"]}
+    device_key = f"devices.gke.io/container.{ref_daemon['name']}"
+    assert yaml.safe_load(worker["metadata"]["annotations"][device_key]) == yaml.safe_load(
+        ref["metadata"]["annotations"][device_key])
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_training_container_gets_libraries_env_and_shm(runs: dict[str, RunResult], name: str) -> None:
+    ref = test_pod_reference(TEST_MANIFEST[name])
+    ref_app = _app_container(ref)
+    worker = _worker(runs[name])
+    (app,) = worker["spec"]["containers"]
+    ref_vols = {v["name"]: v for v in ref["spec"]["volumes"]}
+    our_vols = {v["name"]: v for v in worker["spec"]["volumes"]}
+
+    def host_mounts(container: dict[str, Any], vols: dict[str, Any]) -> dict[str, str]:
+        return {vols[m["name"]]["hostPath"]["path"]: m["mountPath"] for m in container["volumeMounts"]
+                if "hostPath" in vols[m["name"]]}
+
+    assert host_mounts(app, our_vols) == host_mounts(ref_app, ref_vols)
+    env = {e["name"]: e["value"] for e in app["env"]}
+    for e in ref_app["env"]:
+        assert env[e["name"]] == e["value"]
+    shm = next(our_vols[m["name"]] for m in app["volumeMounts"] if m["mountPath"] == "/dev/shm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    if name == "rdma":  # the RDMA manifest sizes /dev/shm for 8 GPUs
+        ref_shm = next(ref_vols[m["name"]] for m in ref_app["volumeMounts"] if m["mountPath"] == "/dev/shm")
+        assert shm["emptyDir"]["sizeLimit"] == ref_shm["emptyDir"]["sizeLimit"]
+    assert "initContainers" not in worker["spec"] or name != "rdma"
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_every_rank_sources_the_fabric_env(runs: dict[str, RunResult], name: str) -> None:
+    run = runs[name]
+    data = next(c.inputs["data"] for c in run.by_type(CONFIG_MAP) if "nccl_env.sh" in c.inputs.get("data", {}))
+    script = data["nccl_env.sh"]
+    launcher = run.one(MPIJOB).inputs["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert "--no_python --no_local_rank /bin/bash /etc/deepspeed/nccl_env.sh" in launcher["args"][0]
+    assert script.rstrip().endswith('exec "$@"')
+    if name == "rdma":  # CEA gpudirect-rdma/nccl-test.yaml: `source /usr/local/gib/scripts/set_nccl_env.sh`
+        ref_args = _app_container(test_pod_reference(TEST_MANIFEST["rdma"]))["args"][0]
+        profile = next(line.split()[1] for line in ref_args.splitlines() if line.startswith("source "))
+        assert f". {profile}" in script
+        assert "export NCCL_NET=gIB" in script
+    if name == "tcpxo":  # CEA gpudirect-tcpxo/README.md: source ${NCCL_LIB_DIR}/nccl-env-profile.sh
+        assert "export NCCL_LIB_DIR=/usr/local/nvidia/lib64" in script
+        assert script.index("NCCL_LIB_DIR") < script.index(". /usr/local/nvidia/lib64/nccl-env-profile.sh")
+    if name == "tcpx":  # FACTS.md: the TCPX NCCL variables of CEA gpudirect-tcpx/nccl-config.yaml
+        assert "export NCCL_GPUDIRECTTCPX_SOCKET_IFNAME=eth1,eth2,eth3,eth4" in script
+        assert "export NCCL_GPUDIRECTTCPX_CTRL_DEV=eth0" in script
+
+
+def test_pods_off_a_fabric_are_unchanged(dev: RunResult) -> None:
+    values = dev.one("kubernetes:helm.sh/v3:Release").inputs["values"]
+    worker = values["worker"]
+    assert "networking.gke.io/interfaces" not in worker["podAnnotations"]
+    assert "initContainers" not in worker
+    assert "--no_python" not in values["source"]["launchCommand"]
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
+def test_fabric_worker_pod_is_a_valid_pod(runs: dict[str, RunResult], name: str) -> None:
+    import kubernetes_validate
+
+    template = _worker(runs[name])
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", **template["metadata"]},
+           "spec": template["spec"]}
+    kubernetes_validate.validate(pod, "1.33.0", strict=True)
+    for reg in runs[name].by_type(CONFIG_MAP):
+        obj = {k: v for k, v in reg.inputs.items() if k in ("apiVersion", "kind", "metadata", "data")}
+        kubernetes_validate.validate(obj, "1.33.0", strict=True)
+
+
+def test_helm_release_on_a_fabric_pool_gets_the_contract() -> None:
+    helm = {"kind": "helm", "pool": "h100", "workers": 2, "namespace": "fabric-helm",
+            "launch": {"script": "smoke_test.py", "args": ["--expected-gpus-per-node", "8"]},
+            "deepspeed": {"zeroStage": 2, "precision": "bf16", "microBatchPerGpu": 1, "gradientAccumulation": 1}}
+    pool = {**stack_yaml("h100")["deepspeed-stack:nodePools"][0], "maxNodes": 3}
+    run = run_stack("h100", {"deepspeed-stack:workloads": {"smoke": helm}, "deepspeed-stack:nodePools": [pool]})
+    values = run.one("kubernetes:helm.sh/v3:Release").inputs["values"]
+    f = fabric.load().fabrics["tcpxo"]
+    worker, client = values["worker"], values["client"]
+    ref = test_pod_reference(TEST_MANIFEST["tcpxo"])
+    assert yaml.safe_load(worker["podAnnotations"]["networking.gke.io/interfaces"]) == yaml.safe_load(
+        ref["metadata"]["annotations"]["networking.gke.io/interfaces"])
+    assert [c["image"] for c in worker["initContainers"]] == [ref["spec"]["containers"][0]["image"]]
+    assert {v["hostPath"]["path"] for v in worker["extraVolumes"] if "hostPath" in v} == {
+        v["hostPath"]["path"] for v in ref["spec"]["volumes"] if "hostPath" in v}
+    assert {e["name"] for e in client["extraEnvVars"]} >= {"LD_LIBRARY_PATH", *f.nccl_env}
+    assert "initContainers" not in client
+    assert "--no_python --no_local_rank /bin/bash /app/nccl_env.sh" in values["source"]["launchCommand"]
+    source = next(c for c in run.by_type(CONFIG_MAP) if "nccl_env.sh" in c.inputs["data"])
+    assert ". /usr/local/nvidia/lib64/nccl-env-profile.sh" in source.inputs["data"]["nccl_env.sh"]

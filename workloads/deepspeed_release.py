@@ -19,7 +19,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import WorkloadConfig
-from workloads import gcs_fuse
+from workloads import fabric, gcs_fuse
 from workloads.ds_config import build_ds_config, nvme_volume
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 from workloads.placement import labels as workload_labels
@@ -69,21 +69,30 @@ def image_values(ref: str) -> dict[str, str]:
     return {"registry": registry, "repository": repository, "tag": tag or "latest"}
 
 
-def launch_command(w: WorkloadConfig) -> str:
-    """What the client runs once the workers answer on SSH; launch.command replaces it."""
+def launch_command(w: WorkloadConfig, where: Placement | None = None) -> str:
+    """What the client runs once the workers answer on SSH; launch.command replaces it. On a GPU fabric
+    each rank runs through the fabric's NCCL env script (workloads/fabric.py)."""
     if w.launch.command:
         return w.launch.command
-    parts = ["deepspeed", "--hostfile", HOSTFILE, w.launch.script, "--deepspeed_config", DS_CONFIG_FILE,
-             *w.launch.args]
-    return f"cd {SOURCE_DIR} && " + " ".join(shlex.quote(p) for p in parts)
+    script = [w.launch.script, "--deepspeed_config", DS_CONFIG_FILE, *w.launch.args]
+    if fabric.pod_contract(where) is None:
+        return f"cd {SOURCE_DIR} && " + " ".join(shlex.quote(p) for p in ["deepspeed", "--hostfile", HOSTFILE,
+                                                                          *script])
+    launcher = " ".join(shlex.quote(p) for p in ["deepspeed", "--hostfile", HOSTFILE, *fabric.LAUNCH_FLAGS])
+    rank = fabric.rank_command(f"{SOURCE_DIR}/{fabric.ENV_SCRIPT}")
+    return f"cd {SOURCE_DIR} && {launcher} {rank} " + " ".join(shlex.quote(p) for p in script)
 
 
-def source_files(w: WorkloadConfig, per_worker: int, with_token: bool = False) -> dict[str, str]:
+def source_files(w: WorkloadConfig, per_worker: int, with_token: bool = False,
+                 where: Placement | None = None) -> dict[str, str]:
     """The source ConfigMap's files: the launch script (when it exists), the generated ds_config.json and,
     with a token, the `.deepspeed_env` that points every rank at the token file."""
     files = {DS_CONFIG_FILE: json.dumps(build_ds_config(w.deepspeed, w.workers, per_worker), indent=2) + "\n"}
     if with_token:
         files[DEEPSPEED_ENV_FILE] = f"HF_TOKEN_PATH={HF_TOKEN_DIR}/token\n"
+    contract = fabric.pod_contract(where)
+    if contract is not None:
+        files[fabric.ENV_SCRIPT] = contract.env_script
     script = SCRIPTS_DIR / w.launch.script
     if script.is_file():  # a config check requires it unless launch.command is set
         files[w.launch.script] = script.read_text(encoding="utf-8")
@@ -91,7 +100,7 @@ def source_files(w: WorkloadConfig, per_worker: int, with_token: bool = False) -
 
 
 def _pod_values(w: WorkloadConfig, where: Placement, token_secret: str | None,
-                gcs: gcs_fuse.GcsMount | None = None) -> dict[str, Any]:
+                gcs: gcs_fuse.GcsMount | None = None, worker: bool = True) -> dict[str, Any]:
     """What client and workers share: GPU resources, placement, /dev/shm, the token and the bucket."""
     limits = where.limits()
     volumes: list[dict[str, Any]] = [
@@ -103,7 +112,7 @@ def _pod_values(w: WorkloadConfig, where: Placement, token_secret: str | None,
     if nvme:
         volumes.append(nvme[0])
         mounts.append(nvme[1])
-    files = source_files(w, where.per_worker, with_token=token_secret is not None)
+    files = source_files(w, where.per_worker, with_token=token_secret is not None, where=where)
     pod: dict[str, Any] = {
         # A new script or ds_config.json rolls the client and workers (the chart hashes only its own ConfigMap).
         "podAnnotations": {CONFIG_DIGEST_ANNOTATION: config_digest(files)},
@@ -124,7 +133,26 @@ def _pod_values(w: WorkloadConfig, where: Placement, token_secret: str | None,
         pod["serviceAccount"] = {"create": False, "name": gcs.service_account}
     pod["extraVolumes"] = volumes
     pod["extraVolumeMounts"] = mounts
+    _apply_fabric(pod, fabric.pod_contract(where), worker)
     return pod
+
+
+def _apply_fabric(pod: dict[str, Any], contract: fabric.PodContract | None, worker: bool) -> None:
+    """The GPU fabric's pod contract: the client only needs the NCCL environment (DeepSpeed passes NCCL_* on
+    to every rank); workers, where the ranks run, get the NICs, the daemon, the libraries and /dev/shm."""
+    if contract is None:
+        return
+    pod["extraEnvVars"] = [*pod.get("extraEnvVars", []), *contract.env]
+    if not worker:
+        return
+    pod["podAnnotations"].update(contract.annotations)
+    pod["extraVolumes"] += contract.volumes
+    pod["extraVolumeMounts"] += contract.mounts
+    if contract.sidecars:
+        pod["initContainers"] = [*pod.get("initContainers", []), *contract.sidecars]
+    if contract.shm_size:
+        shm = next(v for v in pod["extraVolumes"] if v["name"] == SHM_VOLUME)
+        shm["emptyDir"]["sizeLimit"] = contract.shm_size
 
 
 def chart_values(w: WorkloadConfig, where: Placement, image: dict[str, str], source_config_map: str,
@@ -135,11 +163,12 @@ def chart_values(w: WorkloadConfig, where: Placement, image: dict[str, str], sou
         "global": {"security": {"allowInsecureImages": True}},
         "image": {**image, "pullPolicy": "IfNotPresent"},
         # configmap (never git): the git-clone init container would pull docker.io/bitnami/git.
-        "source": {"type": "configmap", "existingConfigMap": source_config_map, "launchCommand": launch_command(w)},
+        "source": {"type": "configmap", "existingConfigMap": source_config_map,
+                   "launchCommand": launch_command(w, where)},
         # The os-shell init container (docker.io/bitnami/os-shell) stays off; no PVC needs chown.
         "volumePermissions": {"enabled": False},
         # A Deployment, not a Job: the chart's Job template sets no restartPolicy, which the API rejects.
-        "client": {"enabled": True, "useJob": False, **_pod_values(w, where, token_secret, gcs)},
+        "client": {"enabled": True, "useJob": False, **_pod_values(w, where, token_secret, gcs, worker=False)},
         "worker": {"enabled": True, "replicaCount": w.workers, "slotsPerNode": where.per_worker,
                    **_pod_values(w, where, token_secret, gcs)},
     }
@@ -190,7 +219,7 @@ class DeepSpeedRelease(pulumi.ComponentResource):
         self.source = k8s.core.v1.ConfigMap(
             f"{name}-source",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{w.name}-source", namespace=ns, labels=labels),
-            data=source_files(w, where.per_worker, with_token=args.hf_token is not None),
+            data=source_files(w, where.per_worker, with_token=args.hf_token is not None, where=where),
             opts=child,
         )
         self.token = self._token_secret(name, w, ns, labels, args.hf_token)

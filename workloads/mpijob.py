@@ -26,7 +26,7 @@ from typing import Any
 
 from model import gaudi_software
 from model.types import WorkloadConfig
-from workloads import gcs_fuse, kueue, pod_security
+from workloads import fabric, gcs_fuse, kueue, pod_security
 from workloads.ds_config import build_ds_config, nvme_volume
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
@@ -158,6 +158,9 @@ def plain_env(w: WorkloadConfig, where: Placement) -> dict[str, str]:
         # The names the Omnia launcher uses, so its command reads the same.
         env |= {"LLM_MODEL": w.training.model, "NUM_HPU": str(where.per_worker),
                 "NUM_EPOCHS": str(w.training.epochs)}
+    contract = fabric.pod_contract(where)
+    if contract is not None:  # on the launcher too: DeepSpeed passes NCCL_* on to every rank
+        env |= contract.env_dict()
     return env
 
 
@@ -202,6 +205,9 @@ def config_map_data(w: WorkloadConfig, where: Placement, has_token: bool) -> dic
         data[SSH_CLIENT_KEY] = ssh_client_config(forwarded_env(w, where, has_token), [GAUDI_KEX])
     if where.accelerator_kind == "nvidia":
         data[SSH_CLIENT_KEY] = ssh_client_config(forwarded_env(w, where, has_token))
+        contract = fabric.pod_contract(where)
+        if contract is not None:
+            data[fabric.ENV_SCRIPT] = contract.env_script
         if not w.launch.command:
             data[w.launch.script] = (SCRIPTS_DIR / w.launch.script).read_text(encoding="utf-8")
     return data
@@ -363,8 +369,11 @@ def gaudi_worker_script(send_env: list[str]) -> str:
     ])
 
 
-def nvidia_launcher_script(w: WorkloadConfig) -> str:
+def nvidia_launcher_script(w: WorkloadConfig, where: Placement | None = None) -> str:
     script = f"{CONFIG_DIR}/{w.launch.script}"
+    # On a GPU fabric each rank runs through the fabric's NCCL env script (workloads/fabric.py).
+    rank = "" if fabric.pod_contract(where) is None else (
+        " ".join(fabric.LAUNCH_FLAGS) + " " + fabric.rank_command(f"{CONFIG_DIR}/{fabric.ENV_SCRIPT}") + " ")
     return "\n".join([
         "set -eo pipefail",
         *HOSTFILE_PREAMBLE,
@@ -372,7 +381,7 @@ def nvidia_launcher_script(w: WorkloadConfig) -> str:
         f"cd {CONFIG_DIR}",
         # --force_multi: the launcher has no GPU and is not in the hostfile, even with one worker.
         'exec deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
-        f"{shlex.quote(script)} --deepspeed_config {CONFIG_DIR}/{DS_CONFIG_KEY} {_q(w.launch.args)}".rstrip(),
+        f"{rank}{shlex.quote(script)} --deepspeed_config {CONFIG_DIR}/{DS_CONFIG_KEY} {_q(w.launch.args)}".rstrip(),
     ])
 
 
@@ -477,7 +486,7 @@ def launcher_template(inputs: MpiJobInputs) -> dict[str, Any]:
     elif where.accelerator_kind == "gaudi":
         script = gaudi_launcher_script(w, where, has_token)
     else:
-        script = nvidia_launcher_script(w)
+        script = nvidia_launcher_script(w, where)
     if _ssh_client_config_mounted(w):
         mounts.append({"name": SSH_CONFIG_VOLUME, "mountPath": "/etc/ssh/ssh_config.d", "readOnly": True})
     if has_token:
@@ -525,7 +534,23 @@ def worker_template(inputs: MpiJobInputs) -> dict[str, Any]:
         spec["nodeSelector"] = dict(where.node_selector)
     if where.tolerations:
         spec["tolerations"] = [dict(t) for t in where.tolerations]
-    return _template(inputs, spec, "worker")
+    return _with_fabric(_template(inputs, spec, "worker"), fabric.pod_contract(where))
+
+
+def _with_fabric(template: dict[str, Any], contract: fabric.PodContract | None) -> dict[str, Any]:
+    """A worker on a GPU fabric: its NICs, the RxDM daemon as a native sidecar, the host's NCCL plugin and
+    a /dev/shm for 8 GPUs (the NCCL variables are in plain_env already)."""
+    if contract is None:
+        return template
+    template["metadata"]["annotations"].update(contract.annotations)
+    spec = template["spec"]
+    spec["volumes"] += contract.volumes
+    spec["containers"][0]["volumeMounts"] += contract.mounts
+    if contract.sidecars:
+        spec["initContainers"] = [*spec.get("initContainers", []), *contract.sidecars]
+    if contract.shm_size:
+        next(v for v in spec["volumes"] if v["name"] == SHM_VOLUME)["emptyDir"]["sizeLimit"] = contract.shm_size
+    return template
 
 
 def render_spec(inputs: MpiJobInputs) -> dict[str, Any]:

@@ -1,0 +1,147 @@
+"""The pod side of a GPU fabric: what a training pod on an A3/A4 pool adds to reach the fabric's bandwidth.
+
+A pure function of the pool's contract (data/gpu_fabric.yaml), applied by both workload kinds (the Helm
+release and the MPIJob), so they cannot drift apart. From Google's pinned manifests (container-engine-
+accelerators `*/nccl-test-latest.yaml`, `gpudirect-rdma/nccl-test.yaml`) and the TCPXO best practices:
+
+- `networking.gke.io/default-interface` and `networking.gke.io/interfaces`: eth0 on the pod network, the
+  fabric's NICs on their Networks (TCPX eth1-4, TCPXO eth1-8, RDMA eth2-9);
+- TCPX/TCPXO: the RxDM daemon beside the training container, as a native sidecar (an init container with
+  `restartPolicy: Always`, GKE >= 1.29) so a finished job is not kept alive by it, with its GPU devices
+  injected by the NRI device injector (`devices.gke.io/container.<daemon>`) instead of running privileged;
+- the host's NCCL plugin and driver libraries (and gIB for RDMA) as hostPath volumes, LD_LIBRARY_PATH;
+- the NCCL environment, and the fabric's profile script (TCPXO `nccl-env-profile.sh`, gIB `set_nccl_env.sh`)
+  sourced by every rank through `nccl_env.sh` (ranks start over ssh and see no pod environment);
+- a memory-backed /dev/shm sized for 8 GPUs.
+
+Security waivers (each from the pinned manifests): the daemon runs as root with NET_ADMIN (TCPXO also
+NET_BIND_SERVICE) to program flow steering on the GPU NICs; hostPath volumes for the libraries the installer
+DaemonSet puts on the node, and for /sys and /proc/sys the daemon reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from model.fabric import Fabric, pool_fabric
+from workloads.placement import Placement
+
+INTERFACES_ANNOTATION = "networking.gke.io/interfaces"
+DEFAULT_INTERFACE_ANNOTATION = "networking.gke.io/default-interface"
+DEVICES_ANNOTATION = "devices.gke.io/container.{name}"
+LIBRARY_PATH = "/usr/local/nvidia/lib64"
+ENV_SCRIPT = "nccl_env.sh"
+
+
+@dataclass(frozen=True)
+class PodContract:
+    fabric: str
+    annotations: dict[str, str]
+    env: list[dict[str, Any]]  # the training container's (and the launcher's: DeepSpeed exports NCCL_* to ranks)
+    volumes: list[dict[str, Any]]
+    mounts: list[dict[str, Any]]  # the training container's
+    sidecars: list[dict[str, Any]] = field(default_factory=list)  # native sidecars: initContainers
+    shm_size: str = ""  # the memory-backed /dev/shm for 8 GPUs; "" keeps the workload's own
+    env_script: str = ""  # nccl_env.sh: every rank runs its command through it
+
+    def env_dict(self) -> dict[str, str]:
+        return {e["name"]: e["value"] for e in self.env}
+
+
+def interfaces(f: Fabric) -> list[dict[str, str]]:
+    return [{"interfaceName": "eth0", "network": "default"},
+            *({"interfaceName": eth, "network": net} for eth, net in f.pod_interfaces.items())]
+
+
+def annotations(f: Fabric) -> dict[str, str]:
+    out = {DEFAULT_INTERFACE_ANNOTATION: "eth0", INTERFACES_ANNOTATION: json.dumps(interfaces(f))}
+    if f.daemon:
+        out[DEVICES_ANNOTATION.format(name=f.daemon.name)] = "".join(f"- path: {d}\n" for d in f.daemon.devices)
+    return out
+
+
+def environment(f: Fabric) -> dict[str, str]:
+    return {"LD_LIBRARY_PATH": LIBRARY_PATH, **f.nccl_env}
+
+
+def env_script(f: Fabric) -> str:
+    """What each rank runs its command through: the contract's NCCL variables, then the fabric's profile
+    (which may read them, e.g. NCCL_LIB_DIR), sourced on the rank's own node where the installer put it."""
+    lines = ["#!/bin/bash",
+             f"# deepspeed-stack: the {f.display_name} NCCL environment for this rank (data/gpu_fabric.yaml).",
+             "set -e"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in environment(f).items()]
+    if f.nccl_profile:
+        profile = shlex.quote(f.nccl_profile)
+        lines += [f"if [ ! -r {profile} ]; then",
+                  f'  echo "{f.nccl_profile} is missing: is the {f.installer.daemon_set} DaemonSet running on '
+                  '$(hostname)?" >&2',
+                  "  exit 1",
+                  "fi",
+                  f". {profile}"]
+    lines.append('exec "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def _volumes(f: Fabric) -> list[dict[str, Any]]:
+    return [{"name": v.name, "hostPath": {"path": v.host_path}} for v in f.host_volumes]
+
+
+def _mounts(f: Fabric, daemon: bool) -> list[dict[str, Any]]:
+    if daemon:
+        return [{"name": v.name, "mountPath": v.daemon_mount_path or v.mount_path} for v in f.host_volumes if v.daemon]
+    return [{"name": v.name, "mountPath": v.mount_path} for v in f.host_volumes if v.app]
+
+
+def daemon_sidecar(f: Fabric) -> dict[str, Any] | None:
+    """The RxDM daemon as a native sidecar; root with only the capabilities the pinned manifest adds."""
+    if f.daemon is None:
+        return None
+    d = f.daemon
+    return {
+        "name": d.name,
+        "image": d.image,
+        "imagePullPolicy": "IfNotPresent",  # pinned tag
+        "restartPolicy": "Always",
+        "command": list(d.command),
+        "env": [{"name": "LD_LIBRARY_PATH", "value": LIBRARY_PATH}],
+        "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+                            "capabilities": {"add": list(d.capabilities)}},
+        "volumeMounts": _mounts(f, daemon=True),
+    }
+
+
+def contract(f: Fabric) -> PodContract:
+    sidecar = daemon_sidecar(f)
+    return PodContract(
+        fabric=f.name,
+        annotations=annotations(f),
+        env=[{"name": k, "value": v} for k, v in environment(f).items()],
+        volumes=_volumes(f),
+        mounts=_mounts(f, daemon=False),
+        sidecars=[sidecar] if sidecar else [],
+        shm_size=f.shm_size,
+        env_script=env_script(f),
+    )
+
+
+def pod_contract(where: Placement | None) -> PodContract | None:
+    """The contract for a workload's pods, or None off a fabric pool (Gaudi, T4, L4, a pool with fabric off)."""
+    if where is None or where.pool is None:
+        return None
+    f = pool_fabric(where.pool)
+    return contract(f) if f else None
+
+
+# `deepspeed` starts each rank's command through the env script: --no_python (the command names its own
+# interpreter) and --no_local_rank (LOCAL_RANK is in the environment; bash would take the flag as its own).
+LAUNCH_FLAGS = ("--no_python", "--no_local_rank")
+
+
+def rank_command(script_path: str) -> str:
+    """Shell words before the training script: bash runs the env script, which execs the launcher's python
+    (same image on every pod, so the same path; ranks started over ssh may not have it on their PATH)."""
+    return f'/bin/bash {shlex.quote(script_path)} "$(command -v python)" -u'
