@@ -19,6 +19,7 @@ from components.storage import Storage, StorageArgs
 from components.vertex import VertexTraining, VertexTrainingArgs
 from model import catalog, fabric
 from planner import cost
+from planner.capacity_plan import capacity_plan
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
 from workloads.gcs_fuse import BucketAccess
 from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
@@ -161,6 +162,7 @@ if cluster is not None:
     pulumi.export("nodeServiceAccount", identity.email)
     pulumi.export("nodePools", {name: pool.node_pool.name for name, pool in pools.items()})
     pulumi.export("costs", cost.stack_costs(cfg))  # estimated $/h per pool (min/max nodes) and the stack at max
+    pulumi.export("capacityPlan", capacity_plan(cfg))  # per GPU: its pools in capacity order, zones, $/h
 if image is not None:
     pulumi.export("registryUrl", registry.url)
     pulumi.export("imageRef", image.ref)

@@ -42,6 +42,7 @@ class Facts:
     provisioning_controller: str
     kueue_min_mpi_operator: str
     order: tuple[str, ...]
+    price_basis: dict[str, tuple[str, str]]  # source -> (onDemand | spot, what the price means)
     source: str
     date: str
 
@@ -64,6 +65,7 @@ def parse(raw: dict[str, Any]) -> Facts:
         provisioning_controller=str(kq["provisioningController"]),
         kueue_min_mpi_operator=str(kq["minMpiOperator"]),
         order=tuple(raw["order"]),
+        price_basis={k: (str(v["price"]), str(v["note"])) for k, v in raw["priceBasis"].items()},
         source=str(raw["source"]),
         date=str(raw["date"]),
     )

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from conftest import DELETE, problems, stack_run
+from conftest import DELETE, model, problems, stack_run, stack_yaml
 
 from model import capacity
+from planner import preview_hooks
+from planner.capacity_plan import capacity_plan
+from preview import hooks
 from preview.engine import RunResult
 
 NODE_POOL = "gcp:container/nodePool:NodePool"
@@ -153,3 +156,40 @@ def test_queued_provisioning_needs_kueue() -> None:
 def test_kueue_needs_a_gke_cluster() -> None:
     assert problems("gaudi", {"kueue.install": True})[0].startswith(
         "kueue.install: Kueue's queues are built from the stack's GKE pools; it needs `cluster`")
+
+
+# --- The capacity plan (planner/capacity_plan.py, a summary section) ------------------------------
+
+def test_capacity_plan_output(dws: RunResult) -> None:
+    plan = dws.outputs["capacityPlan"]
+    assert plan["order"] == ["reservation", "dws", "on-demand", "spot"]
+    assert plan["queue"] == "deepspeed"
+    reserved, dws_pool = plan["gpus"]["nvidia-h100-80gb"]
+    # a3-highgpu-8g: $88.49/h on-demand in data/gpu_catalog.yaml; H100 zones of us-central1 from the catalog.
+    assert reserved == {"pool": "h100-reserved", "capacity": "reservation", "machineType": "a3-highgpu-8g",
+                        "gpusPerNode": 8, "maxNodes": 2, "zones": ["us-central1-a"],
+                        "zonesOffering": ["us-central1-a", "us-central1-b", "us-central1-c"],
+                        "priceNote": "on-demand rate, billed whether used or not", "reservation": "h100-reservation",
+                        "perNodeHour": 88.49, "atMaxPerHour": 176.98}
+    assert (dws_pool["pool"], dws_pool["capacity"], dws_pool["queuedProvisioning"]) == ("h100-dws", "DWS", True)
+    assert dws_pool["zones"] == ["us-central1-a", "us-central1-b", "us-central1-c"]
+    assert dws_pool["atMaxPerHour"] == 353.96
+
+
+def test_capacity_plan_orders_spot_last_and_prices_it_as_spot() -> None:
+    t4 = stack_yaml("dev")["deepspeed-stack:nodePools"][0]
+    m = model("dev", {"nodePools": [t4, {**t4, "name": "t4-od", "spot": False}]})
+    rows = capacity_plan(m)["gpus"]["nvidia-tesla-t4"]
+    assert [(r["pool"], r["capacity"]) for r in rows] == [("t4-od", "on-demand"), ("t4", "spot")]
+    # n1-standard-8 + 1 T4: on-demand 0.38 + 0.35, spot 0.08 + 0.14 (data/gpu_catalog.yaml).
+    assert [r["perNodeHour"] for r in rows] == [0.73, 0.22]
+
+
+def test_capacity_plan_section_in_the_summary(dws: RunResult) -> None:
+    ((title, body),) = hooks.sections(dws, [preview_hooks.capacity_plan])
+    assert title == "Capacity plan"
+    assert body.startswith("Capacity is obtained in the order reservation → DWS → on-demand → spot. Kueue admits "
+                           "jobs from ClusterQueue `deepspeed`")
+    assert "| 1 | h100-reserved | reservation `h100-reservation` | us-central1-a | us-central1-a, us-central1-b, " \
+           "us-central1-c | $88.49 | $176.98 (max 2) | on-demand rate, billed whether used or not |" in body
+    assert "| 2 | h100-dws | DWS (queued provisioning) |" in body

@@ -1,0 +1,78 @@
+"""The capacity plan: for each GPU type, the pools that supply it in the order the stack obtains capacity
+(reservation -> DWS -> on-demand -> spot, data/capacity.yaml), the zones that offer it, and what each costs.
+
+The `capacityPlan` stack output; the preview renders it as a summary section (planner/preview_hooks.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model import capacity
+from model import catalog as gpu_catalog
+from model.types import NodePoolConfig, StackConfig
+
+
+def _pool_row(cfg: StackConfig, p: NodePoolConfig, cat: gpu_catalog.Catalog) -> dict[str, Any]:
+    facts = capacity.load()
+    source = capacity.source(p)
+    basis, note = facts.price_basis[source]
+    shape = cat.shape(p.gpu.type, p.machine_type, p.gpu.count)
+    per_node = shape.price.for_spot(basis == "spot") if shape else None
+    offered = list(cat.zones(p.gpu.type, cfg.region))
+    row: dict[str, Any] = {
+        "pool": p.name, "capacity": capacity.TITLES[source], "machineType": p.machine_type,
+        "gpusPerNode": p.gpu.count, "maxNodes": p.max_nodes,
+        "zones": list(p.zones) or offered, "zonesOffering": offered, "priceNote": note,
+    }
+    if p.reservation:
+        row["reservation"] = p.reservation
+    if p.queued_provisioning:
+        row["queuedProvisioning"] = True
+    if per_node is not None:
+        row["perNodeHour"] = round(per_node, 4)
+        row["atMaxPerHour"] = round(per_node * p.max_nodes, 4)
+    return row
+
+
+def capacity_plan(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> dict[str, Any]:
+    """GPU type -> its pools, first to last in the order capacity is obtained (config order within a kind)."""
+    cat = cat or gpu_catalog.load()
+    if cfg.cluster is None or not cfg.node_pools:
+        return {}
+    by_gpu: dict[str, list[NodePoolConfig]] = {}
+    for p in sorted(cfg.node_pools, key=capacity.rank):
+        by_gpu.setdefault(p.gpu.type, []).append(p)
+    return {
+        "order": list(capacity.load().order),
+        "queue": cfg.kueue.queue_name if cfg.kueue.install else None,
+        "gpus": {gpu: [_pool_row(cfg, p, cat) for p in pools] for gpu, pools in by_gpu.items()},
+        "priceSource": f"data/gpu_catalog.yaml ({cat.source}, {cat.date})",
+    }
+
+
+def _money(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:,.2f}"
+
+
+def capacity_markdown(plan: dict[str, Any]) -> str:
+    """The `capacityPlan` output as Markdown, without a heading (the caller titles it)."""
+    if not plan.get("gpus"):
+        return "No GPU pools in this stack.\n"
+    order = " → ".join(capacity.TITLES.get(o, o) for o in plan["order"])
+    how = (f"Kueue admits jobs from ClusterQueue `{plan['queue']}` to the first pool with free quota, in this order."
+           if plan.get("queue") else "Each job runs on its own pool (and its fallback pool, if any).")
+    lines = [f"Capacity is obtained in the order {order}. {how}", ""]
+    for gpu, rows in plan["gpus"].items():
+        lines += [f"**{gpu}**", "",
+                  "| # | pool | capacity | zones | offered in | $/node-hour | $/h at max nodes | price |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for i, r in enumerate(rows, 1):
+            kind = r["capacity"] + (f" `{r['reservation']}`" if r.get("reservation") else "") + \
+                (" (queued provisioning)" if r.get("queuedProvisioning") else "")
+            lines.append(f"| {i} | {r['pool']} | {kind} | {', '.join(r['zones'])} | {', '.join(r['zonesOffering'])} "
+                         f"| {_money(r.get('perNodeHour'))} | {_money(r.get('atMaxPerHour'))} "
+                         f"(max {r['maxNodes']}) | {r['priceNote']} |")
+        lines.append("")
+    lines.append(f"Estimates from {plan['priceSource']}.")
+    return "\n".join([*lines, ""])
