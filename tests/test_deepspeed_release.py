@@ -162,8 +162,10 @@ def test_token_secret_stays_secret(two_pools_with_token: RunResult) -> None:
     name = secret.inputs["metadata"]["name"]
     v = values(run)
     for role in ("client", "worker"):
-        assert v[role]["extraEnvVarsSecret"] == name
-        # Ranks started over SSH do not inherit the container env: the token is also a read-only file...
+        # Only a mounted file, never env from the Secret (checkov CKV_K8S_35): no envFrom, no secretKeyRef...
+        assert "extraEnvVarsSecret" not in v[role]
+        assert v[role]["extraEnvVars"] == [{"name": "HF_TOKEN_PATH", "value": "/etc/huggingface/token"}]
+        # ...a read-only file, which huggingface_hub reads through HF_TOKEN_PATH...
         token_volume = next(vol for vol in v[role]["extraVolumes"] if "secret" in vol)
         assert token_volume["secret"]["secretName"] == name
         assert token_volume["secret"]["items"] == [{"key": "HF_TOKEN", "path": "token"}]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from conftest import stack_run
+from conftest import DELETE, stack_run, stack_yaml
 
 from model.yamlio import load_yaml
 from preview import diff, plan, replacements, summary
@@ -171,3 +171,59 @@ def test_replacement_table_names_its_sources() -> None:
     assert "terraform-provider-google" in doc["source"] and "pulumi-kubernetes" in doc["source"]
     assert {"datapathProvider", "networkingMode", "privateClusterConfig.masterIpv4CidrBlock"} <= set(
         doc["types"][CLUSTER]["inputs"])
+
+
+# --- 9. The Helm release: only the client reaches the workers' SSH; the token is a file ----------
+
+def test_workers_admit_only_the_release_client_to_ssh(dev: RunResult, prod: RunResult) -> None:
+    # bitnami/deepspeed values.yaml: worker.networkPolicy.allowExternal defaults to true ("Deepspeed will accept
+    # connections from any source"); false admits "only pods with the correct client label", which the chart's
+    # templates/worker/networkpolicy.yaml spells `{{ common.names.fullname }}-client: "true"`. Release "smoke"
+    # does not contain the chart name, so fullname is "smoke-deepspeed" (bitnami/common _names.tpl).
+    for run, label in ((dev, "smoke-deepspeed-client"), (prod, "zero3-smoke-deepspeed-client")):
+        v = run.one(RELEASE).inputs["values"]
+        assert v["worker"]["networkPolicy"] == {"enabled": True, "allowExternal": False}
+        assert v["client"]["podLabels"] == {label: "true"}
+
+
+def test_chart_fullname_follows_bitnami_common() -> None:
+    from workloads.deepspeed_release import chart_fullname, client_label
+
+    assert chart_fullname("smoke") == "smoke-deepspeed"
+    assert chart_fullname("my-deepspeed-run") == "my-deepspeed-run"  # contains the chart name: used as is
+    assert chart_fullname("a" * 60) == "a" * 60 + "-de"  # cut to 63
+    assert client_label("smoke") == "smoke-deepspeed-client"
+
+
+def test_values_with_network_policy_and_token_file_match_the_chart_schema(dev: RunResult) -> None:
+    import json
+
+    import jsonschema
+    from conftest import reference
+
+    schema = json.loads(reference("bitnami-deepspeed", "values.schema.json").read_text())
+    v = dev.one(RELEASE).inputs["values"]
+    jsonschema.validate(v, schema)
+    bad = {**v, "worker": {**v["worker"], "networkPolicy": {"allowExternal": "false"}}}
+    try:
+        jsonschema.validate(bad, schema)
+    except jsonschema.ValidationError as err:
+        assert list(err.absolute_path) == ["worker", "networkPolicy", "allowExternal"]
+    else:
+        raise AssertionError("a string allowExternal must not validate")
+
+
+def stack_yaml_workload(stack: str, name: str) -> dict:
+    return stack_yaml(stack)["deepspeed-stack:workloads"][name]
+
+
+def test_a_helm_name_too_long_for_the_client_label_is_a_config_error() -> None:
+    from conftest import problems
+
+    name = "n" * 47  # 47 + "-deepspeed-client" = 64 > 63
+    found = problems("dev", {f"workloads.{name}": stack_yaml_workload("dev", "smoke"), "workloads.smoke": DELETE})
+    assert found == [f"workloads.{name}: the chart's client pod label '{name}-deepspeed-client' is 64 characters, "
+                     "over Kubernetes' 63 for a label key; use a name of at most 46 characters, or one that "
+                     "contains 'deepspeed' (then the chart does not append it)"]
+    ok = "n" * 37 + "-deepspeed"  # 47 characters, but it contains the chart's name
+    assert problems("dev", {f"workloads.{ok}": stack_yaml_workload("dev", "smoke"), "workloads.smoke": DELETE}) == []

@@ -33,12 +33,14 @@ HOSTFILE = "/job/hostfile"
 DS_CONFIG_FILE = "ds_config.json"
 SHM_VOLUME = "dshm"
 TOKEN_VOLUME = "hf-token"
-TOKEN_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-# Ranks that DeepSpeed starts over SSH (pdsh) do not see the container's env. The token is therefore also a
-# read-only file from the Secret, and `.deepspeed_env` in /app (DeepSpeed's runner exports its lines to every
-# rank) names it in HF_TOKEN_PATH, so only the path, never the token, is on a command line or in a log.
+TOKEN_KEY = "HF_TOKEN"
+# The token reaches the pods only as a read-only file from the Secret, never as env (checkov CKV_K8S_35; and ranks
+# that DeepSpeed starts over SSH (pdsh) would not see the container's env anyway). `.deepspeed_env` in /app
+# (DeepSpeed's runner exports its lines to every rank) and the pods' env name it in HF_TOKEN_PATH, which
+# huggingface_hub reads the token from, so only the path is on a command line or in a log.
 # Not under $HF_HOME: a mount point there would leave root-owned directories in the writable cache.
 HF_TOKEN_DIR = "/etc/huggingface"
+HF_TOKEN_FILE = f"{HF_TOKEN_DIR}/token"
 DEEPSPEED_ENV_FILE = ".deepspeed_env"
 # GPU nodes scale from zero: node creation, driver install and a multi-GB image pull take minutes, so
 # the release waits up to 30 minutes for the client and workers to be ready before it counts as failed.
@@ -89,7 +91,7 @@ def source_files(w: WorkloadConfig, per_worker: int, with_token: bool = False,
     with a token, the `.deepspeed_env` that points every rank at the token file."""
     files = {DS_CONFIG_FILE: json.dumps(build_ds_config(w.deepspeed, w.workers, per_worker), indent=2) + "\n"}
     if with_token:
-        files[DEEPSPEED_ENV_FILE] = f"HF_TOKEN_PATH={HF_TOKEN_DIR}/token\n"
+        files[DEEPSPEED_ENV_FILE] = f"HF_TOKEN_PATH={HF_TOKEN_FILE}\n"
     contract = fabric.pod_contract(where)
     if contract is not None:
         files[fabric.ENV_SCRIPT] = contract.env_script
@@ -122,9 +124,9 @@ def _pod_values(w: WorkloadConfig, where: Placement, token_secret: str | None,
     }
     if token_secret:
         volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": token_secret, "defaultMode": 0o440,
-                                                         "items": [{"key": TOKEN_KEYS[0], "path": "token"}]}})
+                                                         "items": [{"key": TOKEN_KEY, "path": "token"}]}})
         mounts.append({"name": TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True})
-        pod["extraEnvVarsSecret"] = token_secret
+        pod["extraEnvVars"] = [{"name": "HF_TOKEN_PATH", "value": HF_TOKEN_FILE}]  # the path, not the token
     if gcs:
         volumes.append(gcs_fuse.volume(gcs))
         mounts.append(gcs_fuse.volume_mount(gcs))
@@ -155,6 +157,21 @@ def _apply_fabric(pod: dict[str, Any], contract: fabric.PodContract | None, work
         shm["emptyDir"]["sizeLimit"] = contract.shm_size
 
 
+def chart_fullname(release: str) -> str:
+    """Bitnami common's `common.names.fullname` without fullnameOverride/nameOverride: the release name when it
+    contains the chart's name, else `<release>-deepspeed`, cut to 63 characters (bitnami/charts
+    bitnami/common/templates/_names.tpl)."""
+    full = release if CHART in release else f"{release}-{CHART}"
+    return full[:63].rstrip("-")
+
+
+def client_label(release: str) -> str:
+    """The pod label the chart's worker NetworkPolicy admits to the workers' SSH port when
+    `worker.networkPolicy.allowExternal` is false: `<fullname>-client: "true"`
+    (bitnami/deepspeed templates/worker/networkpolicy.yaml)."""
+    return f"{chart_fullname(release)}-client"
+
+
 def chart_values(w: WorkloadConfig, where: Placement, image: dict[str, str], source_config_map: str,
                  token_secret: str | None = None, gcs: gcs_fuse.GcsMount | None = None) -> dict[str, Any]:
     """The chart's values for this workload (validated in tests against the chart's values.yaml and schema)."""
@@ -168,8 +185,12 @@ def chart_values(w: WorkloadConfig, where: Placement, image: dict[str, str], sou
         # The os-shell init container (docker.io/bitnami/os-shell) stays off; no PVC needs chown.
         "volumePermissions": {"enabled": False},
         # A Deployment, not a Job: the chart's Job template sets no restartPolicy, which the API rejects.
-        "client": {"enabled": True, "useJob": False, **_pod_values(w, where, token_secret, gcs, worker=False)},
+        # The client carries the label the workers' NetworkPolicy admits to SSH; nothing else in the cluster may
+        # reach port 2222 (the chart's default, allowExternal: true, admits any pod).
+        "client": {"enabled": True, "useJob": False, "podLabels": {client_label(w.name): "true"},
+                   **_pod_values(w, where, token_secret, gcs, worker=False)},
         "worker": {"enabled": True, "replicaCount": w.workers, "slotsPerNode": where.per_worker,
+                   "networkPolicy": {"enabled": True, "allowExternal": False},
                    **_pod_values(w, where, token_secret, gcs)},
     }
 
@@ -266,7 +287,7 @@ class DeepSpeedRelease(pulumi.ComponentResource):
 
     def _token_secret(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str], labels: dict[str, str],
                       token: pulumi.Output[str] | None) -> k8s.core.v1.Secret | None:
-        """The HF token as a Secret for the pods' env; it stays a Pulumi secret. None without a token."""
+        """The HF token as a Secret the pods mount as a file; it stays a Pulumi secret. None without a token."""
         if token is None:
             return None
         secret_token = pulumi.Output.secret(token)
@@ -274,6 +295,6 @@ class DeepSpeedRelease(pulumi.ComponentResource):
             f"{name}-hf-token",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{w.name}-hf-token", namespace=ns, labels=labels),
             type="Opaque",
-            string_data={key: secret_token for key in TOKEN_KEYS},
+            string_data={TOKEN_KEY: secret_token},
             opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["data", "stringData"]),
         )
