@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-from conftest import DELETE, PROJECT_DIR, changed, model, problems, stack_yaml
+from conftest import DELETE, PROJECT_DIR, changed, model, problems, stack_run, stack_yaml
 from test_mpijob import crd_schema, unknown_fields
 
 from model import gaudi_software
@@ -335,3 +335,5 @@ def test_warnings_name_the_unconfirmed_digest_and_the_opt_in() -> None:
     assert any(w.startswith(f"workloads.{JOB}.gaudi.softwareVersion: the Habana base image") for w in found)
     found = warnings(model("gaudi", {f"workloads.{JOB}.gaudi.installAtStart": True}))
     assert any(w.startswith(f"workloads.{JOB}.gaudi.installAtStart: Omnia's original path") for w in found)
+    # The preview (and so the PR summary) shows it.
+    assert any("pinned by tag only (digest unconfirmed)" in w for w in stack_run("gaudi").warnings)
