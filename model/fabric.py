@@ -239,7 +239,10 @@ class FabricSet:
 
 
 def _subnets(cidr: str) -> list[str]:
-    network = ipaddress.IPv4Network(cidr, strict=False)
+    try:
+        network = ipaddress.IPv4Network(cidr, strict=False)
+    except ValueError:
+        return []  # checks/fabric.py reports it
     if network.prefixlen > SUBNET_PREFIX:
         return []
     return [str(s) for s in network.subnets(new_prefix=SUBNET_PREFIX)]

@@ -314,6 +314,19 @@ class VertexConfig:
 
 
 @dataclass(frozen=True)
+class NcclTestConfig:
+    """One entry of `ncclTests`; `name` is its key in the map."""
+
+    name: str
+    pools: list[str]
+    nodes: int
+    namespace: str
+    benchmarks: list[str]
+    min_bytes: str
+    max_bytes: str
+
+
+@dataclass(frozen=True)
 class StackConfig:
     """Everything the program needs, validated. `project`/`region` come from the `gcp:` namespace."""
 
@@ -333,6 +346,7 @@ class StackConfig:
     gaudi_image: GaudiImageConfig = field(default_factory=lambda: GaudiImageConfig(
         name="deepspeed-gaudi", context="workloads/images/gaudi", tag="0.1.0", platform="linux/amd64"))
     kueue: KueueConfig = field(default_factory=KueueConfig)
+    nccl_tests: dict[str, NcclTestConfig] = field(default_factory=dict)
     hf_token: pulumi.Output[str] | None = field(default=None, compare=False)
     registry_password: pulumi.Output[str] | None = field(default=None, compare=False)
     kubeconfig: pulumi.Output[str] | None = field(default=None, compare=False)

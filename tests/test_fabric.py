@@ -445,3 +445,99 @@ def test_helm_release_on_a_fabric_pool_gets_the_contract() -> None:
     assert "--no_python --no_local_rank /bin/bash /app/nccl_env.sh" in values["source"]["launchCommand"]
     source = next(c for c in run.by_type(CONFIG_MAP) if "nccl_env.sh" in c.inputs["data"])
     assert ". /usr/local/nvidia/lib64/nccl-env-profile.sh" in source.inputs["data"]["nccl_env.sh"]
+
+
+# --- rules: a broken fabric plan is refused before anything is created ----------------------------
+
+def _problems(changes: dict[str, Any]) -> list[str]:
+    from conftest import problems
+
+    return problems("h100", changes)
+
+
+def _rdma_pool(zones: list[str]) -> dict[str, Any]:
+    return {**_pool("a3-ultragpu-8g", "nvidia-h200-141gb", zones[0] if zones else "us-central1-b"), "zones": zones,
+            "name": "h200"}
+
+
+def test_the_h100_stack_passes_every_fabric_rule() -> None:
+    assert _problems({}) == []
+
+
+def test_multi_networking_off_is_refused() -> None:
+    found = _problems({"cluster.multiNetworking": False})
+    assert len(found) == 1 and found[0].startswith("cluster.multiNetworking: is off, but pool(s) h100")
+
+
+def test_fabric_without_dataplane_v2_is_refused() -> None:
+    found = _problems({"cluster.dataplaneV2": False})
+    assert any(p.startswith("cluster.dataplaneV2: GKE multi-networking") for p in found)
+
+
+def test_fewer_additional_networks_than_nics_is_refused() -> None:
+    (found,) = _problems({"nodePools[0].fabric.additionalNetworks": 4})
+    assert found.startswith("nodePools[0].fabric.additionalNetworks: 4 is fewer than the 8 extra NICs")
+    assert _problems({"nodePools[0].fabric.additionalNetworks": 8}) == []
+
+
+def test_fabric_pool_without_its_installer_is_refused() -> None:
+    (found,) = _problems({"nodePools[0].fabric.installer": False})
+    assert found.startswith("nodePools[0].fabric.installer: pool h100 (GPUDirect-TCPXO) needs the "
+                            "nccl-tcpxo-installer DaemonSet")
+    # Turning the fabric off is the way out for single-node work: then no rule asks for it.
+    assert _problems({"nodePools[0].fabric.installer": False, "nodePools[0].fabric.enabled": False}) == []
+
+
+def test_one_job_across_pools_of_different_fabrics_is_refused() -> None:
+    pools = [stack_yaml("h100")["deepspeed-stack:nodePools"][0], _rdma_pool(["us-central1-b"])]
+    found = _problems({"nodePools": pools, "ncclTests": {"bw": {"pools": ["h100", "h200"]}}})
+    assert found == ["ncclTests.bw.pools: one job across pools of different fabrics (h100: tcpxo, h200: rdma); "
+                     "NCCL runs one transport per job, so use pools of one fabric"]
+    assert _problems({"nodePools": pools, "ncclTests": {"bw": {"pools": ["h200"]}}}) == []
+
+
+def test_nccl_test_needs_fabric_pools_and_enough_nodes() -> None:
+    (found,) = _problems({"ncclTests": {"bw": {"pools": ["h100"], "nodes": 3}}})
+    assert found.startswith("ncclTests.bw.nodes: 3 nodes, but the pools reach at most 2")
+    (found,) = _problems({"nodePools[0].fabric.enabled": False, "ncclTests": {"bw": {"pools": ["h100"]}}})
+    assert found.startswith("ncclTests.bw.pools: h100 has no GPU fabric")
+
+
+def test_compact_placement_across_zones_is_refused() -> None:
+    (found,) = _problems({"nodePools[0].compactPlacement": True, "nodePools[0].zones": []})
+    # The catalog offers a3-megagpu-8g in two us-central1 zones; an empty list means both.
+    assert found.startswith("nodePools[0].compactPlacement: COMPACT placement works in one zone, but pool h100 "
+                            "spans 2 (us-central1-a, us-central1-c)")
+    assert _problems({"nodePools[0].compactPlacement": True}) == []
+
+
+def test_gke_version_below_the_minimum_is_refused() -> None:
+    # CT gpu_direct.tf: TCPXO on 1.32 needs 1.32.11-gke.1174000.
+    (found,) = _problems({"cluster.minMasterVersion": "1.32.11-gke.1000000"})
+    assert found.startswith("cluster.minMasterVersion: 1.32.11-gke.1000000 is below what GPUDirect-TCPXO (A3 Mega)")
+    assert _problems({"cluster.minMasterVersion": "1.32.11-gke.1174000"}) == []
+    (found,) = _problems({"cluster.minMasterVersion": "1.28.15-gke.3163000"})
+    assert "native sidecar" in found
+
+
+def test_rdma_pool_spans_one_zone() -> None:
+    # The catalog has H200 in one us-central1 zone only, so the second zone is refused by the zone rule too.
+    found = _problems({"nodePools": [_rdma_pool(["us-central1-b", "us-central1-c"])], "workloads": {}})
+    assert [p for p in found if p.startswith("nodePools[0].zones:")] == [
+        "nodePools[0].zones: GPUDirect RDMA (RoCEv2) with NCCL gIB needs its pool in one zone (the RoCE VPC's network "
+        "profile is zonal), but h200 spans us-central1-b, us-central1-c; list one zone"]
+
+
+def test_tcpx_and_tcpxo_in_one_cluster_collide() -> None:
+    pools = [stack_yaml("h100")["deepspeed-stack:nodePools"][0],
+             {**_pool("a3-highgpu-8g", "nvidia-h100-80gb", "us-central1-a"), "name": "h100high"}]
+    (found,) = _problems({"nodePools": pools})
+    assert found.startswith("nodePools: pool(s) h100high (tcpx) and tcpxo need Networks of the same names (vpc1,")
+
+
+def test_fabric_cidr_must_hold_the_subnets_and_not_overlap() -> None:
+    (found,) = _problems({"network.fabricCidr": "192.168.0.0/22"})
+    assert found == ("network.fabricCidr: 192.168.0.0/22 holds 4 /24 subnet(s), the fabrics need 8; use a larger "
+                     "range such as 192.168.0.0/16")
+    (found,) = _problems({"network.fabricCidr": "10.10.0.0/16"})
+    assert found.startswith("network.fabricCidr: 10.10.0.0/16 overlaps network.subnetCidr 10.10.0.0/20")
