@@ -123,7 +123,7 @@ if target is not None:
         # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
         reader = registry.reader if registry and not w.image and w.accelerator.kind == "nvidia" else None
         waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None, reader,
-                                 gpu_fabrics.get(w.pool or "")) if r]
+                                 gpu_fabrics.get(w.pool or ""), pools.get(w.fallback_pool or "")) if r]
         opts = pulumi.ResourceOptions(provider=target, depends_on=waits_for)
         if w.kind == "helm":
             workload = DeepSpeedRelease(name, DeepSpeedReleaseArgs(

@@ -119,6 +119,33 @@ def check_queued_pool_workloads(m: StackConfig) -> list[str]:
     return problems
 
 
+def check_fallback_pool(m: StackConfig) -> list[str]:
+    """The fallback pool must be another pool of the same shape (the workers' resources are fitted to it); a
+    queued-provisioning one only for jobs that Kueue queues."""
+    problems = []
+    for name, w in m.workloads.items():
+        if not w.fallback_pool:
+            continue
+        key = at("workloads", name, "fallbackPool")
+        pool, fallback = m.pool(w.pool or ""), m.pool(w.fallback_pool)
+        if w.accelerator.kind != "nvidia" or pool is None:
+            problems.append(f"{key}: a fallback pool needs an nvidia workload on a `pool`")
+        elif fallback is None:
+            problems.append(f"{key}: no pool named {w.fallback_pool!r} (pools: "
+                            f"{', '.join(p.name for p in m.node_pools) or 'none'})")
+        elif fallback.name == pool.name:
+            problems.append(f"{key}: {fallback.name} is the workload's `pool` itself; name another pool")
+        elif (fallback.machine_type, fallback.gpu.type, fallback.gpu.count) != \
+                (pool.machine_type, pool.gpu.type, pool.gpu.count):
+            problems.append(f"{key}: {fallback.name} has {fallback.gpu.count} x {fallback.gpu.type} on "
+                            f"{fallback.machine_type}, {pool.name} {pool.gpu.count} x {pool.gpu.type} on "
+                            f"{pool.machine_type}; the workers are sized for one shape, so both pools need the same")
+        elif fallback.queued_provisioning and w.kind != "mpijob":
+            problems.append(f"{key}: {fallback.name} has queued provisioning, whose nodes only Kueue-admitted "
+                            "MPIJobs get; use kind: mpijob or a fallback pool without queued provisioning")
+    return problems
+
+
 def check_kueue_target(m: StackConfig) -> list[str]:
     """Kueue's flavors and quotas come from the stack's GPU pools, and its MPIJob integration needs
     mpi-operator v0.8.0 or newer."""
@@ -151,4 +178,5 @@ CHECKS: list[Check] = [
     check_queued_pools_have_kueue,
     check_queued_pool_workloads,
     check_kueue_target,
+    check_fallback_pool,
 ]

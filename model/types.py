@@ -272,6 +272,7 @@ class WorkloadConfig:
     deepspeed: DeepSpeedConfig
     gcs_fuse: GcsFuseConfig
     pool: str | None = None
+    fallback_pool: str | None = None
     image: str | None = None
     model: ModelConfig | None = None
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from model import capacity
 from model import catalog as gpu_catalog
-from model.types import NodePoolConfig, StackConfig
+from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 
 
 def _pool_row(cfg: StackConfig, p: NodePoolConfig, cat: gpu_catalog.Catalog) -> dict[str, Any]:
@@ -47,8 +47,21 @@ def capacity_plan(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> d
         "order": list(capacity.load().order),
         "queue": cfg.kueue.queue_name if cfg.kueue.install else None,
         "gpus": {gpu: [_pool_row(cfg, p, cat) for p in pools] for gpu, pools in by_gpu.items()},
+        "jobs": {name: job for name, w in cfg.workloads.items() if (job := _job(cfg, w))},
         "priceSource": f"data/gpu_catalog.yaml ({cat.source}, {cat.date})",
     }
+
+
+def _job(cfg: StackConfig, w: WorkloadConfig) -> dict[str, Any] | None:
+    """The pools a job may run on, first choice first: Kueue's ClusterQueue order for a queued job (mpijob
+    with Kueue), else its `pool` (preferred) then its `fallbackPool`."""
+    pools = [p for p in (cfg.pool(w.pool or ""), cfg.pool(w.fallback_pool or "")) if p is not None]
+    if not pools or w.accelerator.kind != "nvidia":
+        return None
+    queued = cfg.kueue.install and w.kind == "mpijob"
+    ordered = sorted(pools, key=capacity.rank) if queued else pools
+    return {"queued": queued, "pools": [{"pool": p.name, "capacity": capacity.TITLES[capacity.source(p)]}
+                                        for p in ordered]}
 
 
 def _money(value: float | None) -> str:
@@ -60,8 +73,8 @@ def capacity_markdown(plan: dict[str, Any]) -> str:
     if not plan.get("gpus"):
         return "No GPU pools in this stack.\n"
     order = " → ".join(capacity.TITLES.get(o, o) for o in plan["order"])
-    how = (f"Kueue admits jobs from ClusterQueue `{plan['queue']}` to the first pool with free quota, in this order."
-           if plan.get("queue") else "Each job runs on its own pool (and its fallback pool, if any).")
+    how = (f"Kueue admits MPIJobs from ClusterQueue `{plan['queue']}` to the first of their pools with free quota, "
+           "in this order." if plan.get("queue") else "Each job runs on its pool (or its fallback pool).")
     lines = [f"Capacity is obtained in the order {order}. {how}", ""]
     for gpu, rows in plan["gpus"].items():
         lines += [f"**{gpu}**", "",
@@ -73,6 +86,14 @@ def capacity_markdown(plan: dict[str, Any]) -> str:
             lines.append(f"| {i} | {r['pool']} | {kind} | {', '.join(r['zones'])} | {', '.join(r['zonesOffering'])} "
                          f"| {_money(r.get('perNodeHour'))} | {_money(r.get('atMaxPerHour'))} "
                          f"(max {r['maxNodes']}) | {r['priceNote']} |")
+        lines.append("")
+    if plan.get("jobs"):
+        lines += ["| job | where its workers run, first choice first | chosen by |", "| --- | --- | --- |"]
+        for name, job in plan["jobs"].items():
+            chain = " → ".join(f"{p['pool']} ({p['capacity']})" for p in job["pools"])
+            how = f"Kueue, queue `{plan['queue']}`" if job["queued"] else \
+                ("scheduler, preferred node affinity" if len(job["pools"]) > 1 else "scheduler")
+            lines.append(f"| {name} | {chain} | {how} |")
         lines.append("")
     lines.append(f"Estimates from {plan['priceSource']}.")
     return "\n".join([*lines, ""])

@@ -174,6 +174,12 @@ def test_capacity_plan_output(dws: RunResult) -> None:
     assert (dws_pool["pool"], dws_pool["capacity"], dws_pool["queuedProvisioning"]) == ("h100-dws", "DWS", True)
     assert dws_pool["zones"] == ["us-central1-a", "us-central1-b", "us-central1-c"]
     assert dws_pool["atMaxPerHour"] == 353.96
+    assert [(r["pool"], r["capacity"]) for r in plan["gpus"]["nvidia-l4"]] == [("l4", "on-demand"), ("l4-spot", "spot")]
+    assert plan["jobs"] == {
+        "pretrain": {"queued": True, "pools": [{"pool": "h100-reserved", "capacity": "reservation"},
+                                               {"pool": "h100-dws", "capacity": "DWS"}]},
+        "finetune": {"queued": False, "pools": [{"pool": "l4-spot", "capacity": "spot"},
+                                                {"pool": "l4", "capacity": "on-demand"}]}}
 
 
 def test_capacity_plan_orders_spot_last_and_prices_it_as_spot() -> None:
@@ -189,7 +195,62 @@ def test_capacity_plan_section_in_the_summary(dws: RunResult) -> None:
     ((title, body),) = hooks.sections(dws, [preview_hooks.capacity_plan])
     assert title == "Capacity plan"
     assert body.startswith("Capacity is obtained in the order reservation → DWS → on-demand → spot. Kueue admits "
-                           "jobs from ClusterQueue `deepspeed`")
+                           "MPIJobs from ClusterQueue `deepspeed` to the first of their pools with free quota")
+    assert "| pretrain | h100-reserved (reservation) → h100-dws (DWS) | Kueue, queue `deepspeed` |" in body
+    assert "| finetune | l4-spot (spot) → l4 (on-demand) | scheduler, preferred node affinity |" in body
     assert "| 1 | h100-reserved | reservation `h100-reservation` | us-central1-a | us-central1-a, us-central1-b, " \
            "us-central1-c | $88.49 | $176.98 (max 2) | on-demand rate, billed whether used or not |" in body
     assert "| 2 | h100-dws | DWS (queued provisioning) |" in body
+
+
+# --- Spot with a fallback (workloads/placement.py fallbackPool) -----------------------------------
+
+FALLBACK = {"nodeAffinity": {
+    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "deepspeed-stack/pool", "operator": "In", "values": ["l4-spot", "l4"]}]}]},
+    "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {"matchExpressions": [
+        {"key": "deepspeed-stack/pool", "operator": "In", "values": ["l4-spot"]}]}}]}}
+
+
+def test_helm_job_prefers_spot_and_falls_back_to_on_demand(dws: RunResult) -> None:
+    import json
+
+    import jsonschema
+    from conftest import reference
+
+    values = dws.one("kubernetes:helm.sh/v3:Release").inputs["values"]
+    for role in ("client", "worker"):
+        assert values[role]["affinity"] == FALLBACK
+        # No pool in the node selector: the affinity names both pools.
+        assert values[role]["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    jsonschema.validate(values, json.loads(reference("bitnami-deepspeed", "values.schema.json").read_text()))
+
+
+def test_queued_job_may_use_its_reservation_or_dws(dws: RunResult) -> None:
+    import kubernetes_validate
+
+    job = dws.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    terms = worker["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "deepspeed-stack/pool", "operator": "In", "values": ["h100-reserved", "h100-dws"]}]}]}
+    assert "deepspeed-stack/pool" not in worker["nodeSelector"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w"}, "spec": worker}
+    kubernetes_validate.validate(pod, "1.33.0", strict=True)
+    # The workload waits for both of its pools (depending on a component records its children).
+    pretrain = dws.one("deepspeed-stack:workloads:TrainingJob", "pretrain")
+    for pool in ("h100-reserved", "h100-dws"):
+        assert dws.one(NODE_POOL, pool).urn in pretrain.dependencies
+
+
+def test_fallback_pool_rules() -> None:
+    key = "workloads.finetune.fallbackPool"
+    assert dws_problems({key: "l4x"}) == [f"{key}: no pool named 'l4x' (pools: h100-reserved, h100-dws, l4-spot, l4)"]
+    assert dws_problems({key: "l4-spot"}) == [f"{key}: l4-spot is the workload's `pool` itself; name another pool"]
+    assert dws_problems({key: "h100-reserved"}) == [
+        f"{key}: h100-reserved has 8 x nvidia-h100-80gb on a3-highgpu-8g, l4-spot 1 x nvidia-l4 on g2-standard-8; "
+        "the workers are sized for one shape, so both pools need the same"]
+    found = dws_problems({"workloads.finetune.pool": "h100-reserved", key: "h100-dws",
+                          "workloads.finetune.resources": {"shmSize": "8Gi"}})
+    assert f"{key}: h100-dws has queued provisioning, whose nodes only Kueue-admitted MPIJobs get; use kind: mpijob " \
+           "or a fallback pool without queued provisioning" in found

@@ -80,19 +80,21 @@ def test_crd_validation_catches_a_bad_object() -> None:
 
 def test_a_flavor_per_gpu_pool_in_capacity_order(dws: RunResult) -> None:
     flavors = {f["metadata"]["name"]: f["spec"] for f in registered(dws, "ResourceFlavor")}
-    assert flavors == {"h100-reserved": {"nodeLabels": {"deepspeed-stack/pool": "h100-reserved"}},
-                       "h100-dws": {"nodeLabels": {"deepspeed-stack/pool": "h100-dws"}},
-                       "cpu-memory": {}}
+    assert flavors == {name: {"nodeLabels": {"deepspeed-stack/pool": name}}
+                       for name in ("h100-reserved", "h100-dws", "l4", "l4-spot")} | {"cpu-memory": {}}
     (queue,) = registered(dws, "ClusterQueue")
     gpus, cpu_memory = queue["spec"]["resourceGroups"]
     assert gpus["coveredResources"] == ["nvidia.com/gpu"]
-    # Reservation before DWS; quota = maxNodes x 8 GPUs (2 and 4 nodes in Pulumi.dws.yaml).
+    # Reservation, DWS, on-demand, spot; quota = maxNodes x GPUs per node (Pulumi.dws.yaml: 2, 4, 2 and 4 nodes).
     assert gpus["flavors"] == [
         {"name": "h100-reserved", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 16}]},
-        {"name": "h100-dws", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 32}]}]
-    # a3-highgpu-8g: 208 vCPUs, 1872 GB (data/gpu_catalog.yaml), 6 nodes at most.
+        {"name": "h100-dws", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 32}]},
+        {"name": "l4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 2}]},
+        {"name": "l4-spot", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]}]
+    # a3-highgpu-8g: 208 vCPUs, 1872 GB; g2-standard-8: 8 vCPUs, 32 GB (data/gpu_catalog.yaml); 6 nodes of each.
     assert cpu_memory == {"coveredResources": ["cpu", "memory"], "flavors": [{"name": "cpu-memory", "resources": [
-        {"name": "cpu", "nominalQuota": 6 * 208}, {"name": "memory", "nominalQuota": f"{6 * 1872}G"}]}]}
+        {"name": "cpu", "nominalQuota": 6 * 208 + 6 * 8},
+        {"name": "memory", "nominalQuota": f"{6 * 1872 + 6 * 32}G"}]}]}
     assert queue["metadata"]["name"] == "deepspeed"
 
 
@@ -100,7 +102,8 @@ def test_capacity_order_puts_spot_last() -> None:
     h100 = {"machineType": "a3-highgpu-8g", "gpu": {"type": "nvidia-h100-80gb", "count": 8}}
     pools = stack_yaml("dws")["deepspeed-stack:nodePools"]
     m = model("dws", {"nodePools": [{**h100, "name": "h100-spot", "spot": True}, *pools, {**h100, "name": "h100"}]})
-    assert [p.name for p in kueue.ordered_pools(m.node_pools)] == ["h100-reserved", "h100-dws", "h100", "h100-spot"]
+    assert [p.name for p in kueue.ordered_pools(m.node_pools)] == [
+        "h100-reserved", "h100-dws", "l4", "h100", "h100-spot", "l4-spot"]
 
 
 def test_dws_admission_check_only_on_the_queued_pool(dws: RunResult) -> None:
@@ -119,7 +122,7 @@ def test_dws_admission_check_only_on_the_queued_pool(dws: RunResult) -> None:
 def test_no_admission_check_without_a_queued_pool() -> None:
     pools = [p for p in model("dws").node_pools if not p.queued_provisioning]
     objects = kueue.cluster_objects(model("dws").kueue, pools)
-    assert [o["kind"] for o in objects] == ["ResourceFlavor", "ResourceFlavor", "ClusterQueue"]
+    assert [o["kind"] for o in objects] == ["ResourceFlavor"] * 4 + ["ClusterQueue"]
     assert "admissionChecksStrategy" not in objects[-1]["spec"]
 
 

@@ -9,6 +9,7 @@ images to docker.io/bitnamilegacy in August 2025).
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 from dataclasses import dataclass
@@ -122,6 +123,8 @@ def _pod_values(w: WorkloadConfig, where: Placement, token_secret: str | None,
         "nodeSelector": dict(where.node_selector),
         "tolerations": [dict(t) for t in where.tolerations],
     }
+    if where.affinity:
+        pod["affinity"] = copy.deepcopy(where.affinity)  # spot first, the fallback pool when it has no room
     if token_secret:
         volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": token_secret, "defaultMode": 0o440,
                                                          "items": [{"key": TOKEN_KEY, "path": "token"}]}})

@@ -34,7 +34,9 @@ DWS_CHECK = "dws-provisioning"  # the AdmissionCheck and its ProvisioningRequest
 
 
 def queue_name(cfg: StackConfig, w: WorkloadConfig) -> str | None:
-    """The LocalQueue a workload waits in: every `mpijob` on a stack GPU pool when Kueue is installed."""
+    """The LocalQueue a workload waits in: every `mpijob` on a stack GPU pool when Kueue is installed. A job
+    with a `fallbackPool` may use either pool's flavor: Kueue admits it to the first with free quota in the
+    ClusterQueue's order (e.g. its reservation, then DWS)."""
     if not cfg.kueue.install or cfg.cluster is None or w.kind != "mpijob" or cfg.pool(w.pool or "") is None:
         return None
     return cfg.kueue.queue_name
@@ -183,9 +185,10 @@ def job_labels(queue: str | None) -> dict[str, str]:
     return {capacity.load().queue_label: queue} if queue else {}
 
 
-def job_annotations(queue: str | None, pool: NodePoolConfig | None) -> dict[str, str]:
+def job_annotations(queue: str | None, pools: list[NodePoolConfig | None]) -> dict[str, str]:
     """On a queued-provisioning pool, the ProvisioningRequest asks for the nodes for the pool's maxRunDuration
     (Kueue passes `provreq.kueue.x-k8s.io/*` annotations on to the request)."""
-    if not queue or pool is None or not pool.queued_provisioning or not pool.max_run_duration:
+    queued = [p for p in pools if p is not None and p.queued_provisioning and p.max_run_duration]
+    if not queue or not queued:
         return {}
-    return {"provreq.kueue.x-k8s.io/maxRunDurationSeconds": str(capacity.seconds(pool.max_run_duration))}
+    return {"provreq.kueue.x-k8s.io/maxRunDurationSeconds": str(capacity.seconds(queued[0].max_run_duration))}

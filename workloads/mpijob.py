@@ -17,6 +17,7 @@ token travels from the launcher's Secret-backed environment, not through a file 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shlex
@@ -534,6 +535,8 @@ def worker_template(inputs: MpiJobInputs) -> dict[str, Any]:
         spec["nodeSelector"] = dict(where.node_selector)
     if where.tolerations:
         spec["tolerations"] = [dict(t) for t in where.tolerations]
+    if where.affinity:
+        spec["affinity"] = copy.deepcopy(where.affinity)
     return _with_fabric(_template(inputs, spec, "worker"), fabric.pod_contract(where))
 
 

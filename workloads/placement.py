@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from model import capacity
 from model import catalog as gpu_catalog
@@ -18,6 +19,7 @@ from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 NVIDIA_RESOURCE = "nvidia.com/gpu"
 GAUDI_RESOURCE = "habana.ai/gaudi"
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+POOL_LABEL = "deepspeed-stack/pool"  # every GPU pool's node label (components/gpu_node_pool.py)
 DEFAULT_GAUDI_CARDS = 8
 # The Omnia reference worker: memory and hugepages per 8-card Gaudi node (limits = requests), from the newest
 # example (dell/omnia release_1.7.1, examples/ai_examples/intel/deepSpeed/ds_configuration.yml, 2025-02-01;
@@ -42,6 +44,10 @@ class Placement:
     memory_gb_per_accelerator: float
     accelerator_type: str
     pool: NodePoolConfig | None = None
+    # With `fallbackPool`: required on either pool, preferring `pool` (spot), so a reclaimed spot pool does not
+    # stop the run: the recreated pods land on the fallback.
+    affinity: dict[str, Any] | None = None
+    fallback: NodePoolConfig | None = None
 
     def limits(self) -> dict[str, str]:
         """Worker requests = limits: accelerators, CPU, memory (and hugepages on Gaudi)."""
@@ -90,10 +96,25 @@ def capacity_tolerations(pool: NodePoolConfig) -> list[dict[str, str]]:
     return [{"key": capacity.load().queued_taint, "operator": "Exists", "effect": "NoSchedule"}]
 
 
+def fallback_affinity(pool: NodePoolConfig, fallback: NodePoolConfig) -> dict[str, Any]:
+    """Either pool's nodes, `pool`'s first: the scheduler places on the fallback only when `pool` has no room."""
+    either = {"key": POOL_LABEL, "operator": "In", "values": [pool.name, fallback.name]}
+    first = {"key": POOL_LABEL, "operator": "In", "values": [pool.name]}
+    return {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [either]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
+            "matchExpressions": [first]}}]}}
+
+
 def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
     pool = cfg.pool(w.pool or "")
     if pool is None:
         return None
+    fallback = cfg.pool(w.fallback_pool or "")
+    fallback = fallback if fallback is not None and fallback.name != pool.name else None
+    selector = {GKE_ACCELERATOR_LABEL: pool.gpu.type, POOL_LABEL: pool.name}
+    if fallback is not None:
+        del selector[POOL_LABEL]  # the affinity names both pools
     shape = gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
     gpu = gpu_catalog.load().gpus.get(pool.gpu.type)
     cpu, memory = fitted_cpu_memory(shape.vcpus, shape.memory_gb) if shape else (None, "8Gi")
@@ -101,17 +122,19 @@ def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
         accelerator_kind="nvidia",
         resource=NVIDIA_RESOURCE,
         per_worker=w.accelerator.count or pool.gpu.count,
-        node_selector={GKE_ACCELERATOR_LABEL: pool.gpu.type, "deepspeed-stack/pool": pool.name},
+        node_selector=selector,
         # GKE taints GPU nodes with nvidia.com/gpu=present:NoSchedule (and queued-provisioning nodes with
         # cloud.google.com/gke-queued=true:NoSchedule).
         tolerations=[{"key": NVIDIA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-                     *capacity_tolerations(pool)],
+                     *capacity_tolerations(pool), *(capacity_tolerations(fallback) if fallback else [])],
         cpu=w.resources.cpu or cpu,
         memory=w.resources.memory or memory,
         hugepages=w.resources.hugepages2_mi,
         memory_gb_per_accelerator=gpu.memory_gb if gpu else 0.0,
         accelerator_type=pool.gpu.type,
         pool=pool,
+        affinity=fallback_affinity(pool, fallback) if fallback else None,
+        fallback=fallback,
     )
 
 

@@ -137,7 +137,7 @@ class TrainingJob(pulumi.ComponentResource):
             kind=mpijob.KIND,
             metadata=k8s.meta.v1.ObjectMetaArgs(
                 name=w.name, namespace=ns, labels={**labels(w), **kueue.job_labels(args.queue)},
-                annotations=kueue.job_annotations(args.queue, where.pool) or None),
+                annotations=kueue.job_annotations(args.queue, [where.pool, where.fallback]) or None),
             # The ConfigMap and the claim are referenced by name inside the spec: depend on them explicitly.
             spec=pulumi.Output.all(image, secret_name, access.bucket if access else None, gaudi, pull).apply(spec),
             opts=pulumi.ResourceOptions(
