@@ -14,6 +14,7 @@ from model import catalog as gpu_catalog
 from model.types import StackConfig, WorkloadConfig
 from planner.recommend import cheapest, recommend, short_name
 from planner.sizing import (
+    GB,
     HEADROOM,
     INFERENCE,
     TRAINING_PRECISIONS,
@@ -24,7 +25,7 @@ from planner.sizing import (
     estimate,
     resolve,
 )
-from workloads.placement import Placement, placement
+from workloads.placement import Placement, offload_memory_bytes, placement
 
 # The suggestions search up to this many workers of the workload's own accelerator.
 MAX_WORKERS = 128
@@ -41,7 +42,9 @@ class Sized:
     strategy: Strategy
     where: Placement
     estimate: Estimate
-    machine_memory_gb: float | None  # the pool's machine (nvidia), None where unknown (Gaudi nodes)
+    # What a worker pod may hold in CPU memory (its limit less /dev/shm, workloads/placement.py), in GB;
+    # None where the limit is not a plain quantity. ZeRO's offloaded states must fit in it.
+    offload_memory_gb: float | None
 
     @property
     def memory_gb(self) -> float:
@@ -95,20 +98,17 @@ def size_workload(m: StackConfig, name: str, w: WorkloadConfig) -> Sized | None:
     if request is None or where is None or where.memory_gb_per_accelerator <= 0:
         return None  # no model, or no accelerator to compare with (other checks name the cause)
     strategy = workload_strategy(w)
-    machine_gb = None
-    if where.pool is not None:
-        shape = gpu_catalog.load().shape(where.pool.gpu.type, where.pool.machine_type, where.pool.gpu.count)
-        machine_gb = shape.memory_gb if shape else None
+    pod_bytes = offload_memory_bytes(where, w.resources.shm_size)
     est = estimate(request, strategy, where.per_worker, w.workers)
-    return Sized(name, w, request, strategy, where, est, machine_gb)
+    return Sized(name, w, request, strategy, where, est, None if pod_bytes is None else pod_bytes / GB)
 
 
 def sized_workloads(m: StackConfig) -> list[Sized]:
     return [s for name, w in m.workloads.items() if (s := size_workload(m, name, w)) is not None]
 
 
-def _fits(est: Estimate, memory_gb: float, machine_memory_gb: float | None) -> bool:
-    cpu_ok = machine_memory_gb is None or est.cpu_gb_per_node <= machine_memory_gb
+def _fits(est: Estimate, memory_gb: float, offload_memory_gb: float | None) -> bool:
+    cpu_ok = offload_memory_gb is None or est.cpu_gb_per_node <= offload_memory_gb
     return est.fits(memory_gb, HEADROOM) and cpu_ok
 
 
@@ -118,7 +118,7 @@ def alternatives(s: Sized) -> list[tuple[Strategy, Estimate]]:
     for order, strategy in enumerate(s.request.strategies()):
         for workers in range(1, MAX_WORKERS + 1):
             est = estimate(s.request, strategy, s.where.per_worker, workers)
-            if _fits(est, s.memory_gb, s.machine_memory_gb):
+            if _fits(est, s.memory_gb, s.offload_memory_gb):
                 found.append((est.gpus, order, strategy, est))
                 break
     found.sort(key=lambda f: (f[0], f[1]))
@@ -210,7 +210,8 @@ def check_model_fits(m: StackConfig) -> list[str]:
 
 
 def warnings(m: StackConfig) -> list[str]:
-    """What fits, but tightly: under HEADROOM free per accelerator, or offloaded states beyond the node's memory."""
+    """What fits, but tightly: under HEADROOM free per accelerator (offloaded states beyond the pod's memory are
+    an error: checks/offload.py)."""
     out = []
     for s in sized_workloads(m):
         est, memory = s.estimate, s.memory_gb
@@ -218,10 +219,6 @@ def warnings(m: StackConfig) -> list[str]:
             out.append(f"{_model_key(s.name)}: {_what(s)} needs {est.per_gpu_gb:.1f} GB per {s.unit} of "
                        f"{s.where.accelerator_type}'s {memory:g} GB, {est.headroom(memory):.1%} headroom (under "
                        f"{HEADROOM:.0%}); a longer sequence or allocator fragmentation can run it out of memory")
-        if s.machine_memory_gb is not None and est.cpu_gb_per_node > s.machine_memory_gb:
-            out.append(f"{at('workloads', s.name, 'deepspeed', 'offloadOptimizer')}: DeepSpeed estimates "
-                       f"{est.cpu_gb_per_node:.0f} GB of CPU memory per node for the offloaded states (its 1.5 "
-                       f"buffer factor included); {s.where.pool.machine_type} has {s.machine_memory_gb:g} GB")
     return out
 
 

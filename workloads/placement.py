@@ -171,3 +171,25 @@ def config_digest(files: dict[str, str]) -> str:
 def placement(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
     """None when an NVIDIA workload names no existing pool (a config check reports that)."""
     return _gaudi(w) if w.accelerator.kind == "gaudi" else _nvidia(cfg, w)
+
+
+_QUANTITY = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_bytes(quantity: str) -> float | None:
+    """A Kubernetes memory quantity (the schema's forms: 24Gi, 500M, 1024) in bytes; None for another form."""
+    number = quantity.rstrip("kKMGTPEi")
+    try:
+        return float(number) * _QUANTITY[quantity[len(number):]]
+    except (KeyError, ValueError):
+        return None
+
+
+def offload_memory_bytes(where: Placement, shm_size: str) -> float | None:
+    """What a worker's processes may hold in memory, e.g. ZeRO's offloaded states: the pod's memory limit
+    (fitted to the node after GKE's reservations, or set by resources.memory) less the memory-backed
+    /dev/shm, which counts against the same limit. None when either is not a quantity."""
+    limit, shm = quantity_bytes(where.memory), quantity_bytes(shm_size)
+    return None if limit is None or shm is None else max(0.0, limit - shm)
+
