@@ -28,6 +28,7 @@ from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
 from workloads.placement import placement
 from workloads.pull_secret import RegistryLogin
+from workloads.serving import ModelServer, ModelServerArgs
 from workloads.target import ExistingCluster, ExistingClusterArgs, needs_kubernetes
 from workloads.training_job import TrainingJob, TrainingJobArgs
 
@@ -107,7 +108,7 @@ if cluster is None and needs_kubernetes(cfg):
         kubeconfig=cfg.kubeconfig, context=cfg.kubernetes.context)).provider
 
 # 6. Workloads, each waiting only for its own pool (and the MPI operator's CRD for MPIJobs).
-workload_summary = {}
+workload_summary, serving_endpoints = {}, {}
 if target is not None:
     on_target = pulumi.ResourceOptions(provider=target)
     operator = MpiOperator("mpi-operator", MpiOperatorArgs(config=cfg.mpi_operator), on_target) \
@@ -129,6 +130,11 @@ if target is not None:
             workload = DeepSpeedRelease(name, DeepSpeedReleaseArgs(
                 workload=w, placement=placement(cfg, w), image_ref=image.ref, hf_token=cfg.hf_token,
                 bucket=bucket), opts)
+        elif w.kind == "serve":
+            workload = ModelServer(name, ModelServerArgs(
+                workload=w, placement=placement(cfg, w), image_ref=image.ref, hf_token=cfg.hf_token, bucket=bucket,
+                protect=bool(cfg.cluster and cfg.cluster.deletion_protection)), opts)
+            serving_endpoints[name] = workload.summary
         else:
             workload = TrainingJob(name, TrainingJobArgs(
                 config=w, placement=placement(cfg, w), stack_image=image.ref if image else None,
@@ -176,3 +182,7 @@ if vertex is not None:
     pulumi.export("vertexCustomJob", vertex.spec)
 if workload_summary:
     pulumi.export("workloads", workload_summary)
+if serving_endpoints:  # in-cluster URL and the port-forward command of each `serve` workload
+    pulumi.export("servingEndpoints", {
+        name: summary.apply(lambda s: {k: s[k] for k in ("endpoint", "portForward", "loadBalancerIp") if k in s})
+        for name, summary in serving_endpoints.items()})

@@ -161,7 +161,7 @@ def check_bf16_support(m: StackConfig) -> list[str]:
     """bf16 needs Ampere or newer; T4, P100 and V100 would fail at the first step."""
     problems, gpus = [], gpu_catalog.load().gpus
     for name, w in m.workloads.items():
-        pool = _pool_facts(m, w)
+        pool = _pool_facts(m, w) if w.kind != "serve" else None  # a server trains nothing: checks/serving.py
         gpu = gpus.get(pool.gpu.type) if pool else None
         if gpu is not None and w.deepspeed.precision == "bf16" and not gpu.bf16:
             problems.append(f"{at('workloads', name, 'deepspeed', 'precision')}: {gpu.display_name} "

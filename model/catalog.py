@@ -45,6 +45,11 @@ class Gpu:
     shapes: tuple[Shape, ...]
     zones: dict[str, tuple[str, ...]]
     price_per_gpu: Price
+    compute_capability: tuple[int, int] = (0, 0)  # CUDA (major, minor); (0, 0) where the catalog gives none
+
+    @property
+    def compute_capability_text(self) -> str:
+        return "{}.{}".format(*self.compute_capability)
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,14 @@ def _per_gpu_price(raw: dict, shapes: tuple[Shape, ...]) -> Price:
                key=lambda p: p.on_demand)
 
 
+def _compute_capability(raw: object) -> tuple[int, int]:
+    """`"8.9"` -> (8, 9); a string in the YAML, so that "10.0" is not read as the float 10."""
+    if raw is None:
+        return (0, 0)
+    major, _, minor = str(raw).partition(".")
+    return int(major), int(minor or 0)
+
+
 def parse(raw: dict) -> Catalog:
     gpus = {}
     for name, g in raw["gpus"].items():
@@ -157,6 +170,7 @@ def parse(raw: dict) -> Catalog:
             shapes=shapes,
             zones={region: tuple(z) for region, z in g["zones"].items()},
             price_per_gpu=_per_gpu_price(g, shapes),
+            compute_capability=_compute_capability(g.get("computeCapability")),
         )
     return Catalog(
         source=raw["source"],

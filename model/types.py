@@ -252,6 +252,42 @@ class GcsFuseConfig:
 
 
 @dataclass(frozen=True)
+class AutoscalingConfig:
+    enabled: bool
+    max_replicas: int
+    cpu_utilization: int
+
+
+@dataclass(frozen=True)
+class OpenAiConfig:
+    enabled: bool
+    port: int
+
+
+@dataclass(frozen=True)
+class AllowedSource:
+    namespace: str | None = None
+    pod_labels: dict[str, str] | None = None
+    cidr: str | None = None
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """`serving` of a `serve` workload (DeepSpeed-MII)."""
+
+    replicas: int
+    autoscaling: AutoscalingConfig
+    port: int
+    openai: OpenAiConfig
+    service: str
+    allow_from: list[AllowedSource]
+    startup_minutes: int
+    cache_size: str
+    model: str | None = None
+    model_path: str | None = None
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
     """One entry of `workloads`; `name` is its key in the map."""
 
@@ -275,6 +311,7 @@ class WorkloadConfig:
     fallback_pool: str | None = None
     image: str | None = None
     model: ModelConfig | None = None
+    serving: ServingConfig | None = None  # the schema's default fills it for every workload
 
 
 @dataclass(frozen=True)
