@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 from conftest import DELETE, PROJECT_DIR, changed, model, problems, stack_run, stack_yaml
 from test_mpijob import crd_schema, unknown_fields
 
@@ -337,3 +338,15 @@ def test_warnings_name_the_unconfirmed_digest_and_the_opt_in() -> None:
     assert any(w.startswith(f"workloads.{JOB}.gaudi.installAtStart: Omnia's original path") for w in found)
     # The preview (and so the PR summary) shows it.
     assert any("pinned by tag only (digest unconfirmed)" in w for w in stack_run("gaudi").warnings)
+
+
+def test_preview_writes_the_pod_templates_as_pods_for_scanners() -> None:
+    from workloads.preview_hooks import mpijob_pods
+
+    files = mpijob_pods(stack_run("gaudi"))
+    assert sorted(files) == ["pods/gaudi-llm-ds-ft-launcher.yaml", "pods/gaudi-llm-ds-ft-worker.yaml"]
+    for path, text in files.items():
+        pod = yaml.safe_load(text)
+        assert (pod["kind"], pod["metadata"]["namespace"]) == ("Pod", "workloads")
+        assert pod["metadata"]["labels"]["deepspeed-stack/role"] == path.split("-")[-1].removesuffix(".yaml")
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)

@@ -35,7 +35,8 @@ def specs(w: WorkloadConfig) -> dict[str, dict[str, Any]]:
     opt_in = mpijob.gaudi_installs_at_start(w)
     from_launcher: dict[str, Any] = {"from": [_from(w, "launcher")]}
     if not opt_in:
-        from_launcher["ports"] = [{"protocol": "TCP", "port": GAUDI_SSH_PORT}]
+        port = GAUDI_SSH_PORT if w.accelerator.kind == "gaudi" else mpijob.NVIDIA_SSH_PORT  # each image's sshd
+        from_launcher["ports"] = [{"protocol": "TCP", "port": port}]
     worker = {"podSelector": {"matchLabels": mpijob.pod_labels(w, "worker")}, "policyTypes": ["Ingress"],
               "ingress": [from_launcher, {"from": [_from(w, "worker")]}]}
     launcher = {"podSelector": {"matchLabels": mpijob.pod_labels(w, "launcher")}, "policyTypes": ["Ingress"],
