@@ -25,6 +25,7 @@ from workloads.gcs_fuse import BucketAccess
 from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
 from workloads.kueue import Kueue, KueueArgs, queue_name
 from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
+from workloads.nccl_test import NcclTest, NcclTestInputs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
 from workloads.placement import placement
 from workloads.pull_secret import RegistryLogin
@@ -145,6 +146,11 @@ if target is not None:
             if queue_name(cfg, w):
                 queued[w.namespace] = workload.namespace.metadata.name
         workload_summary[name] = workload.summary
+    # NCCL tests: bus bandwidth across a fabric pool's nodes, once its pools, fabric and image read grant exist.
+    for name, t in (cfg.nccl_tests.items() if cluster else []):
+        waits_for = [r for p in t.pools for r in (pools.get(p), gpu_fabrics.get(p)) if r] + [registry.reader]
+        workload_summary[name] = NcclTest(name, NcclTestInputs(t, [cfg.pool(p) for p in t.pools], ""), image.ref,
+                                          pulumi.ResourceOptions(provider=target, depends_on=waits_for)).summary
     # Kueue: flavors per GPU pool, one ClusterQueue, a LocalQueue in each queued job's namespace. After the MPI
     # operator, so Kueue's MPIJob integration finds its CRD.
     if cfg.kueue.install and cluster is not None:

@@ -485,7 +485,8 @@ def test_fabric_pool_without_its_installer_is_refused() -> None:
     assert found.startswith("nodePools[0].fabric.installer: pool h100 (GPUDirect-TCPXO) needs the "
                             "nccl-tcpxo-installer DaemonSet")
     # Turning the fabric off is the way out for single-node work: then no rule asks for it.
-    assert _problems({"nodePools[0].fabric.installer": False, "nodePools[0].fabric.enabled": False}) == []
+    assert _problems({"nodePools[0].fabric.installer": False, "nodePools[0].fabric.enabled": False,
+                      "ncclTests": {}}) == []
 
 
 def test_one_job_across_pools_of_different_fabrics_is_refused() -> None:
@@ -541,3 +542,75 @@ def test_fabric_cidr_must_hold_the_subnets_and_not_overlap() -> None:
                      "range such as 192.168.0.0/16")
     (found,) = _problems({"network.fabricCidr": "10.10.0.0/16"})
     assert found.startswith("network.fabricCidr: 10.10.0.0/16 overlaps network.subnetCidr 10.10.0.0/20")
+
+
+# --- the NCCL test --------------------------------------------------------------------------------
+
+JOB = "kubernetes:batch/v1:Job"
+
+
+def test_bus_bandwidth_follows_nccl_tests() -> None:
+    # nccl-tests doc/PERFORMANCE.md: busbw = algbw * 2(n-1)/n (all_reduce), * (n-1)/n (all_gather, reduce_scatter).
+    from workloads.scripts import nccl_bench
+
+    assert nccl_bench.bandwidth("all_reduce", 8 * 10**9, 1.0, 16) == (8.0, 8.0 * 30 / 16)
+    assert nccl_bench.bandwidth("all_gather", 8 * 10**9, 0.5, 16) == (16.0, 16.0 * 15 / 16)
+    assert nccl_bench.parse_size("8Gi") == 8 * 2**30 and nccl_bench.parse_size("1M") == 10**6
+    sizes = nccl_bench.sizes(2**20, 8 * 2**30, 16)
+    assert sizes[0] == 2**20 and sizes[-1] == 8 * 2**30 and len(sizes) == 14
+    assert all(s % (16 * 4) == 0 for s in sizes)
+    with pytest.raises(SystemExit):
+        nccl_bench.parse_args(["--benchmarks", "alltoall"])
+
+
+@pytest.fixture(scope="module")
+def nccl(runs: dict[str, RunResult]) -> dict[str, Any]:
+    run = runs["tcpxo"]
+    return {"job": run.one(JOB).inputs, "service": run.one("kubernetes:core/v1:Service", "bandwidth-service").inputs,
+            "config": run.one(CONFIG_MAP, "bandwidth-config").inputs,
+            "policy": run.one("kubernetes:networking.k8s.io/v1:NetworkPolicy", "bandwidth-policy").inputs}
+
+
+def test_nccl_test_is_one_indexed_job_across_the_pool(nccl: dict[str, Any]) -> None:
+    job = nccl["job"]
+    assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 2, 2)
+    pod = job["spec"]["template"]
+    assert pod["spec"]["subdomain"] == nccl["service"]["metadata"]["name"] == "bandwidth"
+    assert nccl["service"]["spec"]["clusterIP"] == "None"
+    (app,) = pod["spec"]["containers"]
+    assert app["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert app["command"] == ["/bin/bash", "/etc/nccl-test/nccl_env.sh", "/bin/bash", "/etc/nccl-test/run.sh"]
+    env = {e["name"]: e["value"] for e in app["env"]}
+    assert env["MASTER_ADDR"] == "bandwidth-0.bandwidth" and env["NODES"] == "2"
+    data = nccl["config"]["data"]
+    from workloads.nccl_test import SCRIPT
+
+    assert data["nccl_bench.py"] == SCRIPT.read_text(encoding="utf-8")
+    assert "--benchmarks all_gather,all_reduce --min-bytes 1Mi --max-bytes 8Gi" in data["run.sh"]
+    assert "--nproc-per-node=8" in data["run.sh"]
+
+
+def test_nccl_test_pods_get_the_fabric_contract(nccl: dict[str, Any]) -> None:
+    ref = test_pod_reference(TEST_MANIFEST["tcpxo"])
+    pod = nccl["job"]["spec"]["template"]
+    key = "networking.gke.io/interfaces"
+    assert yaml.safe_load(pod["metadata"]["annotations"][key]) == yaml.safe_load(ref["metadata"]["annotations"][key])
+    assert [c["image"] for c in pod["spec"]["initContainers"]] == [ref["spec"]["containers"][0]["image"]]
+    assert {v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v} == {
+        v["hostPath"]["path"] for v in ref["spec"]["volumes"] if "hostPath" in v}
+
+
+def test_nccl_test_objects_are_valid(nccl: dict[str, Any]) -> None:
+    import kubernetes_validate
+
+    for obj in nccl.values():
+        clean = {k: v for k, v in obj.items() if k in ("apiVersion", "kind", "metadata", "spec", "data")}
+        kubernetes_validate.validate(clean, "1.33.0", strict=True)
+
+
+def test_the_readme_gives_the_reference_bandwidths() -> None:
+    from conftest import PROJECT_DIR
+
+    readme = (PROJECT_DIR / "README.md").read_text(encoding="utf-8")
+    for f in fabric.load().fabrics.values():
+        assert f.nccl_test.reference_bus_bandwidth.split(" (")[0] in readme

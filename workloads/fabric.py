@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from model.fabric import Fabric, pool_fabric
+from model.types import NodePoolConfig
 from workloads.placement import Placement
 
 INTERFACES_ANNOTATION = "networking.gke.io/interfaces"
@@ -128,12 +129,16 @@ def contract(f: Fabric) -> PodContract:
     )
 
 
+def pod_contract_for_pool(pool: NodePoolConfig) -> PodContract | None:
+    f = pool_fabric(pool)
+    return contract(f) if f else None
+
+
 def pod_contract(where: Placement | None) -> PodContract | None:
     """The contract for a workload's pods, or None off a fabric pool (Gaudi, T4, L4, a pool with fabric off)."""
     if where is None or where.pool is None:
         return None
-    f = pool_fabric(where.pool)
-    return contract(f) if f else None
+    return pod_contract_for_pool(where.pool)
 
 
 # `deepspeed` starts each rank's command through the env script: --no_python (the command names its own

@@ -1,0 +1,205 @@
+"""NcclTest: the first thing to run on a new GPU fabric pool. An Indexed Job with one pod per node (all its
+GPUs), a headless Service that gives each pod a DNS name, and a ConfigMap with the benchmark; `torchrun`
+starts one rank per GPU on every node and rank 0 prints the bus bandwidth of all_gather / all_reduce
+(workloads/scripts/nccl_bench.py), to compare with Google's figures in the README.
+
+Like Google's nccl-test manifests (container-engine-accelerators `*/nccl-test-latest.yaml`), each pod gets the
+fabric's pod contract (workloads/fabric.py): its NICs, the RxDM daemon, the plugin libraries and the NCCL
+environment. Unlike them it runs the stack's own image, so it measures the PyTorch NCCL the training uses,
+and needs no ssh or MPI between pods. Read the result with `kubectl logs -n <namespace> job/<name>`.
+
+Rendered as plain dicts by pure functions, validated with kubernetes-validate in tests.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from model import catalog as gpu_catalog
+from model.fabric import pool_fabric
+from model.types import NcclTestConfig, NodePoolConfig
+from workloads import fabric
+from workloads.placement import GKE_ACCELERATOR_LABEL, NVIDIA_RESOURCE, fitted_cpu_memory
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "nccl_bench.py"
+CONFIG_DIR = "/etc/nccl-test"
+RUN_SCRIPT = "run.sh"
+BENCH_SCRIPT = "nccl_bench.py"
+SHM_VOLUME = "dshm"
+CONFIG_VOLUME = "nccl-test"
+MASTER_PORT = 29500
+IMAGE_USER = 1001  # the stack's image (workloads/images/deepspeed)
+POOL_LABEL = "deepspeed-stack/pool"
+ACTIVE_DEADLINE_SECONDS = 3600  # like Google's JobSet example: a stuck rendezvous does not hold 16 GPUs for ever
+
+
+@dataclass(frozen=True)
+class NcclTestInputs:
+    test: NcclTestConfig
+    pools: list[NodePoolConfig]
+    image: str
+
+
+def labels(test: NcclTestConfig) -> dict[str, str]:
+    return {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/nccl-test": test.name}
+
+
+def run_script(test: NcclTestConfig, gpus: int) -> str:
+    """torchrun on every node: rank 0's pod is the rendezvous (static: node rank = the Job's completion index)."""
+    bench = [f"{CONFIG_DIR}/{BENCH_SCRIPT}", "--benchmarks", ",".join(test.benchmarks),
+             "--min-bytes", test.min_bytes, "--max-bytes", test.max_bytes]
+    return "\n".join([
+        "set -eo pipefail",
+        f'exec python -u -m torch.distributed.run --nnodes="$NODES" --nproc-per-node={gpus} '
+        '--node-rank="$JOB_COMPLETION_INDEX" --master-addr="$MASTER_ADDR" '
+        f"--master-port={MASTER_PORT} " + " ".join(shlex.quote(p) for p in bench),
+        "",
+    ])
+
+
+def config_map_data(inputs: NcclTestInputs) -> dict[str, str]:
+    contract = fabric.pod_contract_for_pool(inputs.pools[0])
+    data = {BENCH_SCRIPT: SCRIPT.read_text(encoding="utf-8"),
+            RUN_SCRIPT: run_script(inputs.test, inputs.pools[0].gpu.count)}
+    if contract is not None:
+        data[fabric.ENV_SCRIPT] = contract.env_script
+    return data
+
+
+def _resources(pool: NodePoolConfig) -> dict[str, str]:
+    shape = gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
+    cpu, memory = fitted_cpu_memory(shape.vcpus, shape.memory_gb) if shape else ("8", "32Gi")
+    return {NVIDIA_RESOURCE: str(pool.gpu.count), "cpu": cpu, "memory": memory}
+
+
+def pod_spec(inputs: NcclTestInputs, service: str, job: str) -> dict[str, Any]:
+    test, pool = inputs.test, inputs.pools[0]
+    contract = fabric.pod_contract_for_pool(pool)
+    limits = _resources(pool)
+    command = ["/bin/bash", f"{CONFIG_DIR}/{RUN_SCRIPT}"]
+    if contract is not None:
+        command = ["/bin/bash", f"{CONFIG_DIR}/{fabric.ENV_SCRIPT}", *command]
+    env = [{"name": "NODES", "value": str(test.nodes)},
+           {"name": "MASTER_ADDR", "value": f"{job}-0.{service}"},
+           *(contract.env if contract else [])]
+    mounts = [{"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
+              {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *(contract.mounts if contract else [])]
+    volumes = [{"name": CONFIG_VOLUME, "configMap": {"name": job}},
+               {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
+                                                 "sizeLimit": (contract.shm_size if contract else "") or "8Gi"}},
+               *(contract.volumes if contract else [])]
+    spec: dict[str, Any] = {
+        "subdomain": service,  # <job>-<index>.<service>: the rendezvous address
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsUser": IMAGE_USER, "runAsGroup": IMAGE_USER, "runAsNonRoot": True},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [p.name for p in inputs.pools]},
+                                  {"key": GKE_ACCELERATOR_LABEL, "operator": "In",
+                                   "values": sorted({p.gpu.type for p in inputs.pools})}]}]}},
+            # One pod per node: each takes all of its node's GPUs and NICs.
+            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": labels(test)}, "topologyKey": "kubernetes.io/hostname"}]}},
+        "tolerations": [{"key": NVIDIA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{
+            "name": "nccl-test",
+            "image": inputs.image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": command,
+            "env": env,
+            "resources": {"requests": dict(limits), "limits": dict(limits)},
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "volumeMounts": mounts,
+        }],
+        "volumes": volumes,
+    }
+    if contract is not None and contract.sidecars:
+        spec["initContainers"] = list(contract.sidecars)
+    return spec
+
+
+def job_manifest(inputs: NcclTestInputs, namespace: str, service: str) -> dict[str, Any]:
+    test = inputs.test
+    contract = fabric.pod_contract_for_pool(inputs.pools[0])
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        # `pulumi up` does not wait for the test to finish (nodes may first have to scale up): read its log.
+        "metadata": {"name": test.name, "namespace": namespace, "labels": labels(test),
+                     "annotations": {"pulumi.com/skipAwait": "true"}},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": test.nodes,
+            "parallelism": test.nodes,
+            "backoffLimit": 0,  # a failed rank fails the test: its log says why
+            "activeDeadlineSeconds": ACTIVE_DEADLINE_SECONDS,
+            "template": {
+                "metadata": {"labels": labels(test), "annotations": dict(contract.annotations) if contract else {}},
+                "spec": pod_spec(inputs, service, test.name),
+            },
+        },
+    }
+
+
+def service_manifest(test: NcclTestConfig, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": test.name, "namespace": namespace, "labels": labels(test)},
+        # DNS names before the pods are ready: rank 0 is the rendezvous from its first second.
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": labels(test)},
+    }
+
+
+def network_policy_spec(test: NcclTestConfig) -> dict[str, Any]:
+    return {"podSelector": {"matchLabels": labels(test)}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": labels(test)}}]}]}
+
+
+class NcclTest(pulumi.ComponentResource):
+    """Pass the cluster's Kubernetes provider and `depends_on=[pools..., the fabric]` in `opts`."""
+
+    def __init__(self, name: str, inputs: NcclTestInputs, image: pulumi.Input[str],
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepspeed-stack:workloads:NcclTest", name, None, opts)
+        test = inputs.test
+        child = pulumi.ResourceOptions(parent=self)
+        meta = labels(test)
+        ns = k8s.core.v1.Namespace(f"{name}-ns", metadata=k8s.meta.v1.ObjectMetaArgs(name=test.namespace,
+                                                                                      labels=meta), opts=child)
+        namespace = ns.metadata.name
+        config = k8s.core.v1.ConfigMap(
+            f"{name}-config", metadata=k8s.meta.v1.ObjectMetaArgs(name=test.name, namespace=namespace, labels=meta),
+            data=config_map_data(inputs), opts=child)
+        service = k8s.core.v1.Service(
+            f"{name}-service", metadata=k8s.meta.v1.ObjectMetaArgs(name=test.name, namespace=namespace, labels=meta),
+            spec=service_manifest(test, test.namespace)["spec"], opts=child)
+        # Only the test's own pods reach its pods (rendezvous and NCCL bootstrap on eth0; the GPU NICs carry the
+        # data and are outside Kubernetes network policy).
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-policy", metadata=k8s.meta.v1.ObjectMetaArgs(name=test.name, namespace=namespace, labels=meta),
+            spec=network_policy_spec(test), opts=child)
+        deps = opts.depends_on if opts and isinstance(opts.depends_on, list) else []
+        job = pulumi.Output.all(image, namespace).apply(lambda v: job_manifest(
+            NcclTestInputs(test, inputs.pools, v[0]), v[1], test.name))
+        self.job = k8s.batch.v1.Job(
+            f"{name}-job",
+            metadata=job.apply(lambda j: j["metadata"]),
+            spec=job.apply(lambda j: j["spec"]),
+            # A Job's pod template cannot change in place: a changed test replaces the Job (a fixed name).
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*deps, config, service],
+                                        delete_before_replace=True, replace_on_changes=["spec"]),
+        )
+        self.summary = pulumi.Output.from_input({
+            "kind": "nccl-test", "namespace": namespace, "job": test.name, "pools": test.pools,
+            "nodes": test.nodes, "benchmarks": test.benchmarks,
+            "fabric": f.name if (f := pool_fabric(inputs.pools[0])) else None,
+            "logs": f"kubectl logs -n {test.namespace} job/{test.name}",
+        })
+        self.register_outputs({"job": test.name, "namespace": namespace})

@@ -1,0 +1,128 @@
+"""NCCL bus bandwidth across nodes: all_gather / all_reduce / reduce_scatter, the way nccl-tests' *_perf report it.
+
+Started by `torchrun` on every node of an NCCL test (workloads/nccl_test.py), one process per GPU, through the
+fabric's NCCL env script. Rank 0 prints one line per message size (bytes, time, algorithm and bus bandwidth in
+GB/s) and, per collective, `# Avg bus bandwidth` like nccl-tests, so the figure compares with Google's
+(README, Training at scale). Bus bandwidth follows nccl-tests' PERFORMANCE.md: algbw x 2(n-1)/n for
+all_reduce, algbw x (n-1)/n for all_gather and reduce_scatter, where n is the number of ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Sequence
+
+UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+         "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+BENCHMARKS = ("all_gather", "all_reduce", "reduce_scatter")
+ELEMENT_BYTES = 4  # float32, as nccl-tests' default
+
+
+def parse_size(text: str) -> int:
+    """`1Mi`, `8G`, `512K`, `4096` -> bytes (Kubernetes-style suffixes, as the stack config writes them)."""
+    match = re.fullmatch(r"(\d+)\s*([KMGT]i?)?B?", text.strip(), flags=re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a size such as 1Mi or 8G, got {text!r}")
+    return int(match.group(1)) * UNITS[(match.group(2) or "").upper()]
+
+
+def sizes(min_bytes: int, max_bytes: int, world: int) -> list[int]:
+    """Message sizes from min to max, doubling (nccl-tests -f 2), each a whole number of elements per rank."""
+    step = world * ELEMENT_BYTES
+    out, size = [], max(min_bytes, step)
+    while size <= max_bytes:
+        out.append(size - size % step)
+        size *= 2
+    return out
+
+
+def bus_factor(benchmark: str, world: int) -> float:
+    if benchmark == "all_reduce":
+        return 2 * (world - 1) / world
+    return (world - 1) / world
+
+
+def bandwidth(benchmark: str, size: int, seconds: float, world: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s for one operation on `size` bytes that took `seconds`."""
+    algbw = size / seconds / 1e9
+    return algbw, algbw * bus_factor(benchmark, world)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--benchmarks", default="all_gather,all_reduce",
+                        help=f"comma-separated, of {', '.join(BENCHMARKS)}")
+    parser.add_argument("--min-bytes", type=parse_size, default=parse_size("1Mi"))
+    parser.add_argument("--max-bytes", type=parse_size, default=parse_size("8Gi"))
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args(argv)
+    args.benchmarks = [b for b in args.benchmarks.split(",") if b]
+    unknown = [b for b in args.benchmarks if b not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
+    return args
+
+
+def _time(torch, dist, benchmark: str, size: int, world: int, iters: int, warmup: int) -> float:
+    """Seconds per operation, on GPU events (nccl-tests times out-of-place operations the same way)."""
+    per_rank = size // ELEMENT_BYTES // (1 if benchmark == "all_reduce" else world)
+    send = torch.ones(per_rank if benchmark != "reduce_scatter" else per_rank * world, device="cuda")
+    recv = torch.empty(per_rank * world if benchmark == "all_gather" else per_rank, device="cuda")
+
+    def op() -> None:
+        if benchmark == "all_reduce":
+            dist.all_reduce(send)
+        elif benchmark == "all_gather":
+            dist.all_gather_into_tensor(recv, send)
+        else:
+            dist.reduce_scatter_tensor(recv, send)
+
+    for _ in range(warmup):
+        op()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        op()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1000 / iters
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    nodes = int(os.environ.get("NODES", "1"))
+    if rank == 0:
+        print(f"# nccl_bench: {world} ranks on {nodes} node(s), NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+    for benchmark in args.benchmarks:
+        busbws = []
+        if rank == 0:
+            print(f"# {benchmark}\n#{'size':>13} {'count':>12} {'type':>6} {'time(us)':>10} "
+                  f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12}")
+        for size in sizes(args.min_bytes, args.max_bytes, world):
+            seconds = _time(torch, dist, benchmark, size, world, args.iters, args.warmup)
+            algbw, busbw = bandwidth(benchmark, size, seconds, world)
+            busbws.append(busbw)
+            if rank == 0:
+                print(f"{size:>14} {size // ELEMENT_BYTES:>12} {'float':>6} {seconds * 1e6:>10.1f} "
+                      f"{algbw:>12.2f} {busbw:>12.2f}", flush=True)
+        if rank == 0 and busbws:
+            print(f"# {benchmark} Avg bus bandwidth    : {sum(busbws) / len(busbws):.2f} GB/s")
+            print(f"# {benchmark} bus bandwidth at {sizes(args.min_bytes, args.max_bytes, world)[-1]} bytes: "
+                  f"{busbws[-1]:.2f} GB/s", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
