@@ -42,8 +42,9 @@ for warning in checks.warnings(cfg):
 cluster, identity, pools = None, None, {}
 if cfg.cluster is not None:
     identity = NodeIdentity("nodes", NodeIdentityArgs(project=cfg.project, cluster_name=cfg.cluster.name))
-    network = Network("network", NetworkArgs(name=cfg.cluster.name, region=cfg.region, config=cfg.network,
-                                             nat=cfg.cluster.private_nodes, mtu=fabric.primary_mtu(cfg)))
+    network = Network("network", NetworkArgs(
+        name=cfg.cluster.name, region=cfg.region, config=cfg.network, nat=cfg.cluster.private_nodes,
+        mtu=fabric.primary_mtu(cfg), master_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None))
     # GPU fabrics (A3/A4): the extra VPCs their NICs attach to, one set per fabric (data/gpu_fabric.yaml).
     fabric_networks = {s.key: FabricNetwork(f"fabric-{s.key}", FabricNetworkArgs(
         project=cfg.project, region=cfg.region, fabric_set=s, fabric_cidr=cfg.network.fabric_cidr))

@@ -1,4 +1,5 @@
-"""Network: a custom-mode VPC, one subnet with pod and service ranges, and NAT for private nodes."""
+"""Network: a custom-mode VPC, one subnet with pod and service ranges (flow logs when asked), explicit firewall
+rules, and NAT for private nodes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from model.types import NetworkConfig
+from components import firewall
+from model.types import FlowLogsConfig, NetworkConfig
 
 PODS_RANGE = "pods"
 SERVICES_RANGE = "services"
@@ -22,6 +24,15 @@ class NetworkArgs:
     nat: bool
     # GPUDirect-TCPX(O) wants jumbo frames on the primary VPC too (data/gpu_fabric.yaml); None: GCE's default.
     mtu: int | None = None
+    # A private cluster's control-plane range, which the firewall lets reach the nodes; None: public nodes.
+    master_cidr: str | None = None
+
+
+def flow_log_config(cfg: FlowLogsConfig) -> gcp.compute.SubnetworkLogConfigArgs | None:
+    if not cfg.enabled:
+        return None
+    return gcp.compute.SubnetworkLogConfigArgs(aggregation_interval=cfg.aggregation_interval,
+                                               flow_sampling=cfg.sampling, metadata="INCLUDE_ALL_METADATA")
 
 
 class Network(pulumi.ComponentResource):
@@ -51,8 +62,14 @@ class Network(pulumi.ComponentResource):
                     range_name=SERVICES_RANGE, ip_cidr_range=args.config.services_cidr
                 ),
             ],
+            log_config=flow_log_config(args.config.flow_logs),
             opts=child,
         )
+        for rule in firewall.rules(args.config.subnet_cidr, args.config.pods_cidr, args.master_cidr):
+            gcp.compute.Firewall(
+                f"{name}-{rule.suffix}", network=self.vpc.id, description=rule.description,
+                direction=rule.direction, priority=rule.priority, source_ranges=rule.source_ranges,
+                allows=rule.allows or None, denies=rule.denies or None, opts=child)
         outputs: dict[str, pulumi.Input] = {"network": self.vpc.id, "subnetwork": self.subnet.id}
         if args.nat:
             router = gcp.compute.Router(f"{name}-router", region=args.region, network=self.vpc.id, opts=child)

@@ -55,11 +55,19 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class FlowLogsConfig:
+    enabled: bool = False
+    sampling: float = 0.5
+    aggregation_interval: str = "INTERVAL_5_SEC"
+
+
+@dataclass(frozen=True)
 class NetworkConfig:
     subnet_cidr: str
     pods_cidr: str
     services_cidr: str
     fabric_cidr: str = "192.168.0.0/16"
+    flow_logs: FlowLogsConfig = field(default_factory=FlowLogsConfig)
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,15 @@ def node_configs(args: ResourceValidationArgs, props: Mapping[str, Any]) -> Iter
             yield f"nodePools[{i}].nodeConfig", pool.get("nodeConfig") or {}
 
 
+def hardened_node_configs(args: ResourceValidationArgs,
+                          props: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """node_configs, plus a cluster's default pool even when `removeDefaultNodePool` deletes it: GKE creates it
+    first, so an organization policy requiring Shielded VMs blocks the cluster if it is not hardened too."""
+    yield from node_configs(args, props)
+    if args.resource_type == CLUSTER and props.get("removeDefaultNodePool") and not props.get("enableAutopilot"):
+        yield "nodeConfig", props.get("nodeConfig") or {}
+
+
 Validate = Callable[[ResourceValidationArgs, ReportViolation], None]
 
 
@@ -184,7 +193,7 @@ def workload_identity(args: ResourceValidationArgs, report: ReportViolation) -> 
         pool = get(props, "workloadIdentityConfig.workloadPool")
         if not pool or not str(pool).endswith(".svc.id.goog"):
             report(f"workloadIdentityConfig.workloadPool must be PROJECT.svc.id.goog, got {pool!r}")
-    for path, node in node_configs(args, props):
+    for path, node in hardened_node_configs(args, props):
         mode = get(node, "workloadMetadataConfig.mode")
         if mode not in (None, "GKE_METADATA"):
             report(f"{path}.workloadMetadataConfig.mode is {mode}: pods would see the node's credentials; "
@@ -195,7 +204,7 @@ def shielded_nodes(args: ResourceValidationArgs, report: ReportViolation) -> Non
     props = props_of(args)
     if args.resource_type == CLUSTER and props.get("enableShieldedNodes") is False:
         report("enableShieldedNodes is false")
-    for path, node in node_configs(args, props):
+    for path, node in hardened_node_configs(args, props):
         shielded = node.get("shieldedInstanceConfig") or {}
         for key in ("enableSecureBoot", "enableIntegrityMonitoring"):
             if shielded.get(key) is not True:
@@ -379,6 +388,43 @@ def helm_chart_version_pinned(args: ResourceValidationArgs, report: ReportViolat
                "(e.g. 2.3.51), never a range or the latest")
 
 
+# --- VPC ------------------------------------------------------------------------------------------
+
+SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
+FIREWALL = "gcp:compute/firewall:Firewall"
+
+
+def intranode_visibility(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Pod-to-pod traffic on one node goes through the VPC, where flow logs and firewall rules see it
+    (checkov CKV_GCP_61)."""
+    if args.resource_type == CLUSTER and props_of(args).get("enableIntranodeVisibility") is not True:
+        report("enableIntranodeVisibility must be true: same-node pod traffic would bypass flow logs and firewalls")
+
+
+def subnet_flow_logs_on_prod(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Production subnets keep a sample of their flows (checkov CKV_GCP_26)."""
+    if args.resource_type == SUBNETWORK and is_prod(args) and not props_of(args).get("logConfig"):
+        report(f"logConfig is unset on stack {stack_name(args)!r}: set network.flowLogs.enabled: true")
+
+
+def firewall_ingress_not_open(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """No ingress rule allows anything from the whole internet (checkov CKV_GCP_2, CKV_GCP_3, CKV_GCP_88 and
+    their siblings check this per port)."""
+    props = props_of(args)
+    if args.resource_type != FIREWALL or str(props.get("direction") or "INGRESS") != "INGRESS":
+        return
+    if not props.get("allows"):
+        return
+    for cidr in props.get("sourceRanges") or []:
+        try:
+            open_to_all = ipaddress.ip_network(str(cidr), strict=False).prefixlen == 0
+        except ValueError:
+            continue
+        if open_to_all:
+            report(f"sourceRanges has {cidr} on an allow rule: the internet could reach the nodes; list only "
+                   "the ranges that need to")
+
+
 def _policy(name: str, description: str, validate: Validate,
             level: EnforcementLevel = EnforcementLevel.MANDATORY) -> ResourceValidationPolicy:
     return ResourceValidationPolicy(name=name, description=description, validate=validate, enforcement_level=level,
@@ -409,4 +455,9 @@ POLICIES: list[ResourceValidationPolicy] = [
     _policy("habana-images-by-digest", "Habana images (versioned path, `latest` tag) are pinned by digest.",
             habana_images_by_digest, EnforcementLevel.ADVISORY),
     _policy("helm-chart-version-pinned", "Helm charts are pinned to an exact version.", helm_chart_version_pinned),
+    _policy("gke-intranode-visibility", "Intranode visibility is on.", intranode_visibility),
+    _policy("gcp-subnet-flow-logs-on-prod", "Production subnets log a sample of their flows.",
+            subnet_flow_logs_on_prod),
+    _policy("gcp-firewall-ingress-not-open", "No ingress allow rule is open to 0.0.0.0/0 or ::/0.",
+            firewall_ingress_not_open),
 ]

@@ -227,3 +227,98 @@ def test_a_helm_name_too_long_for_the_client_label_is_a_config_error() -> None:
                      "contains 'deepspeed' (then the chart does not append it)"]
     ok = "n" * 37 + "-deepspeed"  # 47 characters, but it contains the chart's name
     assert problems("dev", {f"workloads.{ok}": stack_yaml_workload("dev", "smoke"), "workloads.smoke": DELETE}) == []
+
+
+# --- 5/6. prod against checkov's GCP checks: the values they read, and the pack's rules ------------
+
+SUBNET = "gcp:compute/subnetwork:Subnetwork"
+FIREWALL = "gcp:compute/firewall:Firewall"
+
+
+def test_prod_hardening_values(prod: RunResult) -> None:
+    """What checkov's GCP checks read, on prod (each failed before issue 9 under checkov 3.3.30, run on prod's
+    registrations converted to a Terraform plan; see README, Policy pack)."""
+    cluster = prod.one(CLUSTER).inputs
+    assert cluster["enableIntranodeVisibility"] is True  # CKV_GCP_61
+    assert cluster["nodeConfig"]["shieldedInstanceConfig"]["enableSecureBoot"] is True  # CKV_GCP_68
+    assert cluster["nodeConfig"]["workloadMetadataConfig"]["mode"] == "GKE_METADATA"  # CKV_GCP_69
+    assert prod.one(SUBNET).inputs["logConfig"] == {  # CKV_GCP_26: sampled, per network.flowLogs
+        "aggregationInterval": "INTERVAL_5_SEC", "flowSampling": 0.5, "metadata": "INCLUDE_ALL_METADATA"}
+    vpc = prod.one("gcp:compute/network:Network")
+    rules = {r.name: r for r in prod.by_type(FIREWALL)}
+    # CKV2_GCP_18: explicit rules on the stack's VPC (its id is the rules' `network`).
+    assert [r.property_dependencies["network"] for r in rules.values()] == [[vpc.urn]] * 3
+    assert {n: (r.inputs["priority"], r.inputs["sourceRanges"], r.inputs.get("allows"), r.inputs.get("denies"))
+            for n, r in rules.items()} == {
+        # NCCL (any TCP port) and SSH (2222) between nodes and pods: node range + pod range only.
+        "network-internal": (1000, ["10.10.0.0/20", "10.20.0.0/14"],
+                             [{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}], None),
+        # prod's masterCidr to kubelets (10250), 443 and controller webhooks (9443).
+        "network-control-plane": (1000, ["172.16.0.32/28"], [{"protocol": "tcp", "ports": ["443", "10250", "9443"]}],
+                                  None),
+        "network-deny-ingress": (65534, ["0.0.0.0/0"], None, [{"protocol": "all"}]),
+    }
+
+
+def test_dev_has_no_control_plane_rule_and_no_flow_logs(dev: RunResult) -> None:
+    assert sorted(r.name for r in dev.by_type(FIREWALL)) == ["network-deny-ingress", "network-internal"]
+    assert "logConfig" not in dev.one(SUBNET).inputs
+
+
+def test_flow_log_sampling_is_checked() -> None:
+    from conftest import problems
+
+    assert problems("prod", {"network.flowLogs.sampling": 0}) == [
+        "network.flowLogs.sampling: must be more than 0, got 0"]
+    assert problems("prod", {"network.flowLogs.sampling": 1.5}) == [
+        "network.flowLogs.sampling: must be at most 1, got 1.5"]
+
+
+def _with(reg: Registration, path: str, value: object, stack: str | None = None) -> Registration:
+    import re
+
+    inputs = copy.deepcopy(reg.inputs)
+    *parents, last = path.split(".")
+    node = inputs
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is DELETE:
+        node.pop(last, None)
+    else:
+        node[last] = value
+    urn = reg.urn if stack is None else re.sub(r"^urn:pulumi:[^:]+::", f"urn:pulumi:{stack}::", reg.urn)
+    return Registration(**{**reg.__dict__, "inputs": inputs, "urn": urn})
+
+
+def _violations(policy: str, reg: Registration) -> list[str]:
+    from policy import rules
+    from preview import policy_check
+
+    return policy_check.validate(next(p for p in rules.POLICIES if p.name == policy), reg, None)
+
+
+def test_policies_catch_what_checkov_caught(prod: RunResult) -> None:
+    cluster, subnet = prod.one(CLUSTER), prod.one(SUBNET)
+    assert _violations("gke-intranode-visibility", cluster) == []
+    assert _violations("gke-intranode-visibility", _with(cluster, "enableIntranodeVisibility", False)) == [
+        "enableIntranodeVisibility must be true: same-node pod traffic would bypass flow logs and firewalls"]
+    assert _violations("gcp-subnet-flow-logs-on-prod", subnet) == []
+    assert _violations("gcp-subnet-flow-logs-on-prod", _with(subnet, "logConfig", DELETE)) == [
+        "logConfig is unset on stack 'prod': set network.flowLogs.enabled: true"]
+    assert _violations("gcp-subnet-flow-logs-on-prod", _with(subnet, "logConfig", DELETE, stack="dev")) == []
+    # The temporary default pool counts, though removeDefaultNodePool deletes it (CKV_GCP_68/69).
+    assert _violations("gke-shielded-nodes", cluster) == []
+    assert _violations("gke-shielded-nodes", _with(cluster, "nodeConfig.shieldedInstanceConfig", DELETE)) == [
+        "nodeConfig.shieldedInstanceConfig.enableSecureBoot must be true",
+        "nodeConfig.shieldedInstanceConfig.enableIntegrityMonitoring must be true"]
+    (msg,) = _violations("gke-workload-identity", _with(cluster, "nodeConfig.workloadMetadataConfig.mode",
+                                                        "GCE_METADATA"))
+    assert msg.startswith("nodeConfig.workloadMetadataConfig.mode is GCE_METADATA")
+
+
+def test_firewall_policy_refuses_an_allow_from_anywhere(prod: RunResult) -> None:
+    internal = prod.one(FIREWALL, "network-internal")
+    assert [_violations("gcp-firewall-ingress-not-open", r) for r in prod.by_type(FIREWALL)] == [[], [], []]
+    assert _violations("gcp-firewall-ingress-not-open", _with(internal, "sourceRanges", ["0.0.0.0/0"])) == [
+        "sourceRanges has 0.0.0.0/0 on an allow rule: the internet could reach the nodes; list only the ranges "
+        "that need to"]
