@@ -201,7 +201,8 @@ def test_prebuilt_image_builds_nothing() -> None:
 
 COMPONENT_CHILDREN = {
     "deepspeed-stack:gcp:NodeIdentity": {"gcp:serviceaccount/account:Account", "gcp:projects/iAMMember:IAMMember"},
-    "deepspeed-stack:gcp:Network": {"gcp:compute/network:Network", "gcp:compute/subnetwork:Subnetwork"},
+    "deepspeed-stack:gcp:Network": {"gcp:compute/network:Network", "gcp:compute/subnetwork:Subnetwork",
+                                    "gcp:compute/firewall:Firewall"},
     "deepspeed-stack:gcp:GkeCluster": {CLUSTER, NODE_POOL, "pulumi:providers:kubernetes"},
     "deepspeed-stack:gcp:GpuNodePool": {NODE_POOL},
     "deepspeed-stack:gcp:ArtifactRegistry": {"gcp:artifactregistry/repository:Repository",
