@@ -163,11 +163,13 @@ def test_docker_config_is_what_kubectl_writes() -> None:
         "auths": {"registry.example.internal": {"username": "robot", "password": "pw", "auth": "cm9ib3Q6cHc="}}}
 
 
-def test_no_build_with_an_image_override() -> None:
-    engine_cfg, secret_keys = engine_config_from_yaml(changed("gaudi", {f"workloads.{JOB}.image": IMAGE}))
-    run = run_program(engine_cfg, secret_keys, stack="gaudi")
-    assert run.by_type(BUILD) == [] and "gaudiImageRef" not in run.outputs
-    assert pods(run.one(MPIJOB).inputs)["Worker"]["containers"][0]["image"] == IMAGE
+def test_no_build_with_an_image_override_or_the_opt_in() -> None:
+    from components import gaudi_image
+
+    assert [w.name for w in gaudi_image.workloads_on_it(model("gaudi"))] == [JOB]
+    for change in ({f"workloads.{JOB}.image": IMAGE}, {f"workloads.{JOB}.gaudi.installAtStart": True}):
+        assert gaudi_image.workloads_on_it(model("gaudi", change)) == []  # __main__.py builds for these only
+    assert pods(render({f"workloads.{JOB}.image": IMAGE}))["Worker"]["containers"][0]["image"] == IMAGE
 
 
 # --- hardening ------------------------------------------------------------------------------------
