@@ -46,6 +46,7 @@ class GpuPool:
     max_nodes: int | None
     spot: bool
     zones: list[str] = field(default_factory=list)
+    capacity: str = ""  # reservation NAME | DWS queued | DWS flex-start | spot | on-demand
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,18 @@ def counts(run: RunResult) -> list[tuple[str, int]]:
     return sorted(Counter(r.type for r in run.resources).items())
 
 
+def _capacity(pool: dict[str, Any], node: dict[str, Any]) -> str:
+    """Where the pool's nodes come from, as its recorded inputs say (README, Capacity and queueing)."""
+    affinity = node.get("reservationAffinity") or {}
+    if affinity.get("consumeReservationType") == "SPECIFIC_RESERVATION":
+        return "reservation " + ", ".join(affinity.get("values") or [])
+    if (pool.get("queuedProvisioning") or {}).get("enabled"):
+        return "DWS queued"
+    if node.get("flexStart"):
+        return "DWS flex-start"
+    return "spot" if node.get("spot") or node.get("preemptible") else "on-demand"
+
+
 def gpu_inventory(run: RunResult) -> list[GpuPool]:
     pools = []
     for reg in run.by_type(NODE_POOL):
@@ -91,6 +104,7 @@ def gpu_inventory(run: RunResult) -> list[GpuPool]:
                 max_nodes=scaling.get("totalMaxNodeCount", scaling.get("maxNodeCount", fixed)),
                 spot=bool(node.get("spot") or node.get("preemptible")),
                 zones=list(reg.inputs.get("nodeLocations") or []),
+                capacity=_capacity(reg.inputs, node),
             ))
     return pools
 
@@ -176,7 +190,8 @@ def tables(run: RunResult, violations: Sequence[Violation], policies_run: int) -
                    f"{len(run.resources) - custom} components."),
         Table("GPU inventory", ["pool", "machine", "GPUs per node", "nodes", "capacity", "zones"],
               [[p.pool, p.machine_type, f"{p.gpu_type} x {p.gpus_per_node}", _nodes(p),
-                "spot" if p.spot else "on-demand", ", ".join(p.zones) or "region default"] for p in pools],
+                p.capacity or ("spot" if p.spot else "on-demand"), ", ".join(p.zones) or "region default"]
+               for p in pools],
               note=f"At most {max_gpus} GPU(s) when every pool is at its maximum." if pools else "",
               empty="no GPU node pools in this stack"),
         Table("Workloads", ["workload", "kind", "namespace", "runs on", "accelerators per worker", "workers"],

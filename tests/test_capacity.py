@@ -254,3 +254,12 @@ def test_fallback_pool_rules() -> None:
                           "workloads.finetune.resources": {"shmSize": "8Gi"}})
     assert f"{key}: h100-dws has queued provisioning, whose nodes only Kueue-admitted MPIJobs get; use kind: mpijob " \
            "or a fallback pool without queued provisioning" in found
+
+
+def test_gpu_inventory_names_each_pools_capacity(dws: RunResult, dev: RunResult) -> None:
+    from preview.summary import gpu_inventory
+
+    assert {p.pool: p.capacity for p in gpu_inventory(dws)} == {
+        "h100-reserved": "reservation h100-reservation", "h100-dws": "DWS queued", "l4-spot": "spot",
+        "l4": "on-demand"}
+    assert [p.capacity for p in gpu_inventory(dev)] == ["spot"]
