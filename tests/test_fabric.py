@@ -152,16 +152,25 @@ def _pool(machine: str, gpu: str, zone: str) -> dict[str, Any]:
     return pool
 
 
+HELM = {"kind": "helm", "pool": "h100", "workers": 2, "namespace": "fabric-helm",
+        "launch": {"script": "smoke_test.py", "args": ["--expected-gpus-per-node", "8"]},
+        "deepspeed": {"zeroStage": 2, "precision": "bf16", "microBatchPerGpu": 1, "gradientAccumulation": 1}}
+
+
 @pytest.fixture(scope="module")
 def runs(request: pytest.FixtureRequest) -> dict[str, RunResult]:
     from conftest import stack_run
 
     return {
         "tcpxo": stack_run("h100"),
+        # TCPX also runs the smoke test as a Helm release (2 workers + the client: 3 nodes).
         "tcpx": run_stack("h100", {"deepspeed-stack:nodePools": [
-            _pool("a3-highgpu-8g", "nvidia-h100-80gb", "us-central1-a")]}),
+            {**_pool("a3-highgpu-8g", "nvidia-h100-80gb", "us-central1-a"), "maxNodes": 3}],
+            "deepspeed-stack:workloads": {**stack_yaml("h100")["deepspeed-stack:workloads"], "helm-smoke": HELM}}),
+        # RDMA also asks for COMPACT placement (one zone).
         "rdma": run_stack("h100", {"deepspeed-stack:nodePools": [
-            {**_pool("a3-ultragpu-8g", "nvidia-h200-141gb", "us-central1-b"), "localSsdCount": 32}],
+            {**_pool("a3-ultragpu-8g", "nvidia-h200-141gb", "us-central1-b"), "localSsdCount": 32,
+             "compactPlacement": True}],
             "deepspeed-stack:cluster": {**stack_yaml("h100")["deepspeed-stack:cluster"],
                                         "minMasterVersion": "1.33"}}),
     }
@@ -259,13 +268,7 @@ def test_pool_attaches_the_fabric_nics_in_contract_order(runs: dict[str, RunResu
     assert node["ephemeralStorageLocalSsdConfig"]["localSsdCount"] == f.local_ssds
     assert node["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
     assert node["guestAccelerators"][0]["count"] == 8
-    assert "placementPolicy" not in pool
-
-
-def test_compact_placement_when_asked() -> None:
-    pool = {**stack_yaml("h100")["deepspeed-stack:nodePools"][0], "compactPlacement": True}
-    run = run_stack("h100", {"deepspeed-stack:nodePools": [pool]})
-    assert run.one(NODE_POOL, "h100").inputs["placementPolicy"] == {"type": "COMPACT"}
+    assert pool.get("placementPolicy") == ({"type": "COMPACT"} if name == "rdma" else None)
 
 
 @pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])
@@ -425,16 +428,12 @@ def test_fabric_worker_pod_is_a_valid_pod(runs: dict[str, RunResult], name: str)
         kubernetes_validate.validate(obj, "1.33.0", strict=True)
 
 
-def test_helm_release_on_a_fabric_pool_gets_the_contract() -> None:
-    helm = {"kind": "helm", "pool": "h100", "workers": 2, "namespace": "fabric-helm",
-            "launch": {"script": "smoke_test.py", "args": ["--expected-gpus-per-node", "8"]},
-            "deepspeed": {"zeroStage": 2, "precision": "bf16", "microBatchPerGpu": 1, "gradientAccumulation": 1}}
-    pool = {**stack_yaml("h100")["deepspeed-stack:nodePools"][0], "maxNodes": 3}
-    run = run_stack("h100", {"deepspeed-stack:workloads": {"smoke": helm}, "deepspeed-stack:nodePools": [pool]})
+def test_helm_release_on_a_fabric_pool_gets_the_contract(runs: dict[str, RunResult]) -> None:
+    run = runs["tcpx"]
     values = run.one("kubernetes:helm.sh/v3:Release").inputs["values"]
-    f = fabric.load().fabrics["tcpxo"]
+    f = fabric.load().fabrics["tcpx"]
     worker, client = values["worker"], values["client"]
-    ref = test_pod_reference(TEST_MANIFEST["tcpxo"])
+    ref = test_pod_reference(TEST_MANIFEST["tcpx"])
     assert yaml.safe_load(worker["podAnnotations"]["networking.gke.io/interfaces"]) == yaml.safe_load(
         ref["metadata"]["annotations"]["networking.gke.io/interfaces"])
     assert [c["image"] for c in worker["initContainers"]] == [ref["spec"]["containers"][0]["image"]]
@@ -443,8 +442,8 @@ def test_helm_release_on_a_fabric_pool_gets_the_contract() -> None:
     assert {e["name"] for e in client["extraEnvVars"]} >= {"LD_LIBRARY_PATH", *f.nccl_env}
     assert "initContainers" not in client
     assert "--no_python --no_local_rank /bin/bash /app/nccl_env.sh" in values["source"]["launchCommand"]
-    source = next(c for c in run.by_type(CONFIG_MAP) if "nccl_env.sh" in c.inputs["data"])
-    assert ". /usr/local/nvidia/lib64/nccl-env-profile.sh" in source.inputs["data"]["nccl_env.sh"]
+    source = next(c for c in run.by_type(CONFIG_MAP) if c.name == "helm-smoke-source")
+    assert "export NCCL_GPUDIRECTTCPX_CTRL_DEV=eth0" in source.inputs["data"]["nccl_env.sh"]
 
 
 # --- rules: a broken fabric plan is refused before anything is created ----------------------------
