@@ -12,6 +12,7 @@ from model.types import NodePoolConfig, StackConfig
 
 # COMPACT placement with flex-start: only these machine families (FACTS.md section 2, CT gke-node-pool).
 COMPACT_FLEX_FAMILIES = ("a3-ultragpu-", "a4-", "h4d-")
+KUEUE_MAX_FLAVORS = 64  # ClusterQueue resourceGroups[].flavors maxItems (Kueue v0.19.2 CRD)
 
 
 def _pools(m: StackConfig) -> list[tuple[int, NodePoolConfig]]:
@@ -155,6 +156,12 @@ def check_kueue_target(m: StackConfig) -> list[str]:
     if m.cluster is None:
         problems.append("kueue.install: Kueue's queues are built from the stack's GKE pools; it needs `cluster` "
                         "(set kueue.install: false for an existing cluster)")
+    elif not m.node_pools:
+        problems.append("kueue.install: the ClusterQueue's GPU flavors come from `nodePools`, and there are none; "
+                        "add a GPU pool or set kueue.install: false")
+    elif len(m.node_pools) > KUEUE_MAX_FLAVORS:
+        problems.append(f"kueue.install: a ClusterQueue resource group holds at most {KUEUE_MAX_FLAVORS} flavors "
+                        f"(one per GPU pool), got {len(m.node_pools)} pools")
     minimum = capacity.load().kueue_min_mpi_operator
     if any(w.kind == "mpijob" for w in m.workloads.values()) and \
             _version(m.mpi_operator.version) < _version(minimum):

@@ -263,3 +263,11 @@ def test_gpu_inventory_names_each_pools_capacity(dws: RunResult, dev: RunResult)
         "h100-reserved": "reservation h100-reservation", "h100-dws": "DWS queued", "l4-spot": "spot",
         "l4": "on-demand"}
     assert [p.capacity for p in gpu_inventory(dev)] == ["spot"]
+
+
+def test_kueue_needs_gpu_pools_and_a_recent_mpi_operator() -> None:
+    assert "kueue.install: the ClusterQueue's GPU flavors come from `nodePools`, and there are none; add a GPU " \
+           "pool or set kueue.install: false" in problems("dev", {"kueue.install": True, "nodePools": []})
+    # Kueue's MPIJob integration: mpi-operator v0.8.0 or newer (Kueue docs; data/capacity.yaml).
+    assert dws_problems({"mpiOperator.install": False, "mpiOperator.version": "v0.7.0"}) == [
+        "mpiOperator.version: Kueue queues MPIJobs only with mpi-operator v0.8.0 or newer, got v0.7.0"]

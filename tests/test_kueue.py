@@ -173,3 +173,10 @@ def test_unqueued_mpijob_is_not_suspended() -> None:
     assert "kueue.x-k8s.io/queue-name" not in job["metadata"].get("labels", {})
     # A flex-start pool without queued provisioning carries no gke-queued taint to tolerate.
     assert all(t["key"] != capacity.load().queued_taint for t in placement(m, w).tolerations)
+
+
+def test_flavor_limit_is_the_crds() -> None:
+    from checks.capacity import KUEUE_MAX_FLAVORS
+
+    groups = crd_schema("ClusterQueue")["properties"]["spec"]["properties"]["resourceGroups"]
+    assert groups["items"]["properties"]["flavors"]["maxItems"] == KUEUE_MAX_FLAVORS
