@@ -22,6 +22,8 @@ from preview.policy_check import Violation
 NODE_POOL = "gcp:container/nodePool:NodePool"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 MPIJOB_SUFFIX = ":MPIJob"
+SERVER_DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+SERVER_COMPONENT = "deepspeed-stack:workloads:ModelServer"
 POOL_LABEL = "deepspeed-stack/pool"
 GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
 ACCELERATORS = ("nvidia.com/gpu", "habana.ai/gaudi")
@@ -163,6 +165,21 @@ def _mpijob_workload(reg: Registration) -> Workload:
     )
 
 
+def _server_workload(reg: Registration) -> Workload:
+    """A `serve` workload's Deployment (workloads/serving.py): one pod per replica."""
+    pod = _get(reg.inputs, "spec", "template", "spec") or {}
+    resource, count = _limits(_get(pod, "containers", 0, "resources"))
+    meta = reg.inputs.get("metadata") or {}
+    return Workload(
+        name=str(meta.get("name") or reg.physical_name or reg.name),
+        kind="DeepSpeed-MII server (Deployment)",
+        namespace=str(meta.get("namespace", "default")),
+        runs_on=_runs_on(pod.get("nodeSelector"), resource),
+        accelerators=_per_worker(resource, count),
+        workers=_get(reg.inputs, "spec", "replicas"),
+    )
+
+
 def workloads(run: RunResult) -> list[Workload]:
     found = []
     for reg in run.resources:
@@ -170,6 +187,8 @@ def workloads(run: RunResult) -> list[Workload]:
             found.append(_helm_workload(reg))
         elif reg.type.startswith("kubernetes:") and reg.type.endswith(MPIJOB_SUFFIX):
             found.append(_mpijob_workload(reg))
+        elif reg.type == SERVER_DEPLOYMENT and run.index().get(reg.parent or "", reg).type == SERVER_COMPONENT:
+            found.append(_server_workload(reg))
     return found
 
 

@@ -3,7 +3,9 @@ run against a stub of MII."""
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
+import json
 import sys
 import threading
 import types
@@ -367,13 +369,23 @@ def test_entry_script_loads_the_model_the_stack_names(serve: RunResult, serve_py
     assert kwargs == {
         "model_name_or_path": "mistralai/Mistral-7B-Instruct-v0.3", "deployment_name": "mistral",
         "tensor_parallel": 1, "replica_num": 1, "max_length": 4096,
-        "inference_engine_config": {"state_manager": {"max_context": 4096}},
         "enable_restful_api": True, "restful_api_host": "0.0.0.0", "restful_api_port": 51080,
         "port_number": 50050,
     }
     ((h, host, port),) = health
     assert (host, port) == ("0.0.0.0", 8081)
     assert h.loaded.is_set()
+
+
+def test_long_sequences_raise_fastgens_context_bound(serve_py: types.ModuleType) -> None:
+    # FastGen bounds one sequence by max_context, 8192 by default (deepspeed 0.16.4, DSStateManagerConfig).
+    short = serve_py.serve_kwargs(serve_py.parse_args(["--model", "m", "--deployment-name", "d",
+                                                       "--max-length", "8192"]))
+    assert "inference_engine_config" not in short
+    long = serve_py.serve_kwargs(serve_py.parse_args(["--model", "m", "--deployment-name", "d",
+                                                      "--max-length", "32768"]))
+    assert long["inference_engine_config"] == {"state_manager": {"max_context": 32768}}
+    assert long["max_length"] == 32768
 
 
 def test_entry_script_refuses_too_few_gpus(serve_py: types.ModuleType, monkeypatch: pytest.MonkeyPatch,
@@ -424,3 +436,102 @@ def test_health_endpoints(serve_py: types.ModuleType) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- send_prompt.py: the documented way to send one prompt ----------------------------------------
+
+SEND_PROMPT = PROJECT_DIR / "workloads" / "scripts" / "send_prompt.py"
+
+
+@pytest.fixture(scope="module")
+def send_prompt() -> types.ModuleType:
+    return load_script(SEND_PROMPT)
+
+
+def test_send_prompt_builds_mii_rest_requests(send_prompt: types.ModuleType, serve: RunResult) -> None:
+    args = send_prompt.parse_args(["--deployment", "mistral", "What is DeepSpeed?"])
+    request = send_prompt.build_request(args)
+    # The port-forward of the stack's output, and MII's RESTful path for the deployment the server was given.
+    forwarded = serve.outputs["servingEndpoints"]["mistral"]["portForward"].rsplit(":", 1)[1]
+    assert request.full_url == f"http://localhost:{forwarded}/mii/mistral"
+    assert request.get_method() == "POST"
+    assert request.get_header("Content-type") == "application/json"
+    assert json.loads(request.data) == {"prompts": ["What is DeepSpeed?"], "max_new_tokens": 128}
+    args = send_prompt.parse_args(["--url", "http://10.0.0.7:51080/", "--deployment", "d", "--max-new-tokens", "16",
+                                   "hi"])
+    request = send_prompt.build_request(args)
+    assert request.full_url == "http://10.0.0.7:51080/mii/d"
+    assert json.loads(request.data)["max_new_tokens"] == 16
+
+
+def test_send_prompt_builds_openai_requests(send_prompt: types.ModuleType) -> None:
+    args = send_prompt.parse_args(["--openai", "--url", "http://localhost:8000", "--model",
+                                   "mistralai/Mistral-7B-Instruct-v0.3", "Hello"])
+    request = send_prompt.build_request(args)
+    assert request.full_url == "http://localhost:8000/v1/completions"
+    assert json.loads(request.data) == {"model": "mistralai/Mistral-7B-Instruct-v0.3", "prompt": "Hello",
+                                        "max_tokens": 128}
+
+
+@pytest.mark.parametrize("argv", [
+    ["hi"],  # no deployment
+    ["--openai", "hi"],  # no model for the OpenAI server
+    ["--deployment", "d", "--max-new-tokens", "0", "hi"],
+    ["--deployment", "d"],  # no prompt
+])
+def test_send_prompt_refuses_incomplete_arguments(send_prompt: types.ModuleType, argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        send_prompt.parse_args(argv)
+
+
+def test_send_prompt_reads_both_replies(send_prompt: types.ModuleType) -> None:
+    # deepspeed-mii 0.3.3: the RESTful gateway answers [Response.to_msg_dict()]; the OpenAI server a completion.
+    mii_reply = [{"generated_text": "DeepSpeed is", "prompt_length": 5, "generated_length": 3,
+                  "finish_reason": "length"}]
+    assert send_prompt.reply_text(False, mii_reply) == "DeepSpeed is"
+    assert send_prompt.reply_text(True, {"choices": [{"index": 0, "text": " a library"}]}) == " a library"
+
+
+def test_send_prompt_round_trip_on_loopback(send_prompt: types.ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[tuple[str, Any]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            reply = json.dumps([{"generated_text": "pong"}]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert send_prompt.main(["--url", url, "--deployment", "mistral", "ping"]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [("/mii/mistral", {"prompts": ["ping"], "max_new_tokens": 128})]
+    assert capsys.readouterr().out == "pong\n"
+
+
+# --- the preview summary --------------------------------------------------------------------------
+
+def test_preview_lists_the_server_with_its_cost_and_the_prompt_command(serve: RunResult) -> None:
+    from preview import summary
+    from workloads import preview_hooks
+
+    (w,) = summary.workloads(serve)
+    assert (w.name, w.namespace, w.runs_on, w.accelerators, w.workers) == (
+        "mistral", "serving", "pool l4 (nvidia-l4)", "nvidia.com/gpu x 1", 1)
+    ((title, body),) = preview_hooks.serving_summary(serve)
+    assert title == "Serving"
+    node = catalog.load().shape("nvidia-l4", "g2-standard-8", 1).price.on_demand  # the pool is on-demand
+    assert f"| mistral | mistralai/Mistral-7B-Instruct-v0.3 | 1 | 1 | ${node:.2f} (pool l4) |" in body
+    assert "kubectl -n serving port-forward svc/mistral 51080:51080 &" in body
+    assert 'python workloads/scripts/send_prompt.py --deployment mistral "What is DeepSpeed?"' in body

@@ -29,6 +29,8 @@ from typing import Any
 LOCALHOST = "127.0.0.1"
 MII_LOAD_BALANCER_PORT = 50050  # deepspeed-mii's default `port_number`
 CHECK_SECONDS = 10.0
+# FastGen's default max_context (deepspeed 0.16.4, DSStateManagerConfig): tokens one sequence may hold.
+FASTGEN_MAX_CONTEXT = 8192
 
 
 def _port(text: str) -> int:
@@ -75,7 +77,8 @@ def serve_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.max_length:
         kwargs["max_length"] = args.max_length
-        # FastGen sizes its per-sequence KV-cache bookkeeping by max_context (default 8192).
+    if args.max_length and args.max_length > FASTGEN_MAX_CONTEXT:
+        # A longer sequence than FastGen's default bound on one sequence: raise the bound with it.
         kwargs["inference_engine_config"] = {"state_manager": {"max_context": args.max_length}}
     return kwargs
 
