@@ -613,3 +613,30 @@ def test_the_readme_gives_the_reference_bandwidths() -> None:
     readme = (PROJECT_DIR / "README.md").read_text(encoding="utf-8")
     for f in fabric.load().fabrics.values():
         assert f.nccl_test.reference_bus_bandwidth.split(" (")[0] in readme
+
+
+def test_fabric_helm_values_fit_the_chart(runs: dict[str, RunResult]) -> None:
+    """The keys the contract adds (extraEnvVars, initContainers, extraVolumes...) are the chart's own."""
+    import json
+
+    import jsonschema
+    from test_deepspeed_release import _unknown_paths
+
+    values = runs["tcpx"].one("kubernetes:helm.sh/v3:Release").inputs["values"]
+    chart_values = yaml.safe_load(reference("bitnami-deepspeed", "values.yaml").read_text())
+    assert _unknown_paths(values, chart_values) == []
+    jsonschema.validate(values, json.loads(reference("bitnami-deepspeed", "values.schema.json").read_text()))
+
+
+def test_preview_shows_the_fabric(runs: dict[str, RunResult], dev: RunResult) -> None:
+    from components.preview_hooks import fabric_summary
+
+    ((title, body),) = fabric_summary(runs["tcpxo"])
+    assert title == "GPU fabric"
+    assert "| h100 | a3-megagpu-8g | 8 | on | 16 | - |" in body
+    assert "fabric-tcpxo`: 8 VPC(s) at MTU 8244" in body
+    assert "container-engine-accelerators@992db81:gpudirect-tcpxo/nccl-tcpxo-installer.yaml" in body
+    assert "multi-networking on" in body and "DCGM on" in body
+    ((_, rdma),) = fabric_summary(runs["rdma"])
+    assert "network profile us-central1-b-vpc-roce" in rdma and "| COMPACT |" in rdma
+    assert fabric_summary(dev) == []
