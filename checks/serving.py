@@ -2,8 +2,8 @@
 
 FastGen serves one replica per node, the model tensor-parallel over that node's GPUs: the planner's inference
 estimate on the pool's GPUs per node must fit, and what would fit is searched on one node of each GPU type.
-Facts: compute capability in data/gpu_catalog.yaml; FastGen's kernels (DeepSpeed-Kernels) need 8.0+ (the
-deepspeed-mii 0.3.3 README); FastGen runs 16-bit weights (fp16, bf16).
+Facts: compute capability in data/gpu_catalog.yaml; what FastGen needs (compute capability 8.0+, 16-bit
+weights) and the ports MII takes in data/serving.yaml, each with its source.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from model.types import StackConfig, WorkloadConfig
 from planner.recommend import Option, cheapest_for_gpu, short_name
 from planner.sizing import HEADROOM, INFERENCE, estimate
 from workloads.placement import placement
-from workloads.serving import mii_reserved_ports, most_replicas
+from workloads.serving import mii_facts, mii_reserved_ports, most_replicas
 
-MIN_COMPUTE_CAPABILITY = (8, 0)
-SERVING_PRECISIONS = ("fp16", "bf16")
+MIN_COMPUTE_CAPABILITY = mii_facts().min_compute_capability  # data/serving.yaml, with its source
+SERVING_PRECISIONS = mii_facts().precisions
 SUGGESTIONS = 3
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

@@ -160,10 +160,12 @@ def test_service_pdb_and_network_policy(serve: RunResult) -> None:
     assert serve.by_type(HPA) == []
 
 
-def test_no_sources_admit_nobody() -> None:
-    run = engine.run_program(*engine.engine_config_from_yaml(
-        changed("serve", {"workloads.mistral.serving.allowFrom": []})), stack="serve")
+def test_no_sources_admit_nobody_and_a_protected_cluster_protects_the_server() -> None:
+    run = engine.run_program(*engine.engine_config_from_yaml(changed("serve", {
+        "workloads.mistral.serving.allowFrom": [], "cluster.deletionProtection": True})), stack="serve")
     assert run.one(NETPOL).inputs["spec"].get("ingress", []) == []
+    assert run.one(DEPLOYMENT).protect and run.one(SERVICE).protect
+    assert not run.one(PDB).protect  # a budget holds nothing
 
 
 def test_endpoint_in_the_outputs(serve: RunResult) -> None:
@@ -220,12 +222,6 @@ def test_variant_autoscaler_load_balancer_openai_bucket_and_token(variant: RunRe
     assert ingress[0]["ports"] == [{"port": 51080, "protocol": "TCP"}, {"port": 8000, "protocol": "TCP"}]
 
 
-def test_protected_where_the_cluster_is() -> None:
-    run = engine.run_program(*engine.engine_config_from_yaml(
-        changed("serve", {"cluster.deletionProtection": True})), stack="serve")
-    assert run.one(DEPLOYMENT).protect and run.one(SERVICE).protect
-
-
 # --- the catalog fact and the rules ---------------------------------------------------------------
 
 def test_compute_capabilities_in_the_catalog() -> None:
@@ -236,6 +232,23 @@ def test_compute_capabilities_in_the_catalog() -> None:
         "nvidia-tesla-t4": (7, 5), "nvidia-tesla-v100": (7, 0), "nvidia-tesla-p100": (6, 0),
         "nvidia-l4": (8, 9), "nvidia-tesla-a100": (8, 0), "nvidia-h100-80gb": (9, 0)}
     assert all(g.compute_capability != (0, 0) for g in gpus.values())
+
+
+def test_mii_facts_and_their_copies_agree(serve_py: types.ModuleType) -> None:
+    # data/serving.yaml (deepspeed-mii 0.3.3 and deepspeed 0.16.4, sources there) is the one place for these facts;
+    # the image's pin and the entry script, which runs in the pod without data/, must say the same.
+    import re
+
+    from model.yamlio import load_yaml
+    from workloads.serving import mii_facts
+
+    raw = load_yaml(PROJECT_DIR / "data" / "serving.yaml")
+    facts = mii_facts()
+    assert (facts.version, facts.min_compute_capability, facts.precisions) == ("0.3.3", (8, 0), ("fp16", "bf16"))
+    dockerfile = (PROJECT_DIR / "workloads" / "images" / "deepspeed" / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^ARG DEEPSPEED_MII_VERSION=(\S+)$", dockerfile, re.M).group(1) == facts.version
+    assert serve_py.MII_LOAD_BALANCER_PORT == facts.load_balancer_port == 50050
+    assert serve_py.FASTGEN_MAX_CONTEXT == raw["fastgenMaxContext"] == 8192
 
 
 def test_serve_stack_is_valid() -> None:

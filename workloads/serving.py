@@ -14,6 +14,7 @@ RESTful gateway is no readiness signal: MII starts it before the model has loade
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import AllowedSource, WorkloadConfig
+from model.yamlio import load_yaml
 from workloads import gcs_fuse
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
@@ -30,12 +32,31 @@ SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 SERVER_SCRIPT = "serve.py"
 SCRIPT_DIR = "/app"  # where the ConfigMap with the entry script is mounted
 HEALTH_PORT = 8081
-# MII's own ports inside the pod (deepspeed-mii 0.3.3 defaults, mii/config.py): the load balancer at 50050 and
-# one port per tensor-parallel rank after it, torch.distributed at 29500, ZMQ at 25555. The configurable ports
-# must not take them.
-MII_LOAD_BALANCER_PORT = 50050
-MII_TORCH_DIST_PORT = 29500
-MII_ZMQ_PORT = 25555
+SERVING_FACTS_PATH = Path(__file__).resolve().parent.parent / "data" / "serving.yaml"
+
+
+@dataclass(frozen=True)
+class MiiFacts:
+    """data/serving.yaml: what the pinned DeepSpeed-MII needs and uses (each fact with its source there)."""
+
+    version: str
+    min_compute_capability: tuple[int, int]
+    precisions: tuple[str, ...]
+    load_balancer_port: int
+    torch_dist_port: int
+    zmq_port: int
+    rest_path: str
+
+
+@functools.cache
+def mii_facts(path: Path = SERVING_FACTS_PATH) -> MiiFacts:
+    raw = load_yaml(path)
+    major, _, minor = str(raw["minComputeCapability"]).partition(".")
+    ports = raw["ports"]
+    return MiiFacts(version=str(raw["deepspeedMiiVersion"]), min_compute_capability=(int(major), int(minor or 0)),
+                    precisions=tuple(raw["precisions"]), load_balancer_port=int(ports["loadBalancer"]),
+                    torch_dist_port=int(ports["torchDistributed"]), zmq_port=int(ports["zmq"]),
+                    rest_path=str(raw["restPath"]))
 # The image's user (workloads/images/deepspeed/Dockerfile) and its home, where HF_HOME, Triton's and torch's
 # extension caches live: a scratch volume, because the root filesystem is read-only.
 USER_ID = 1001
@@ -50,11 +71,13 @@ NODE_PROVISIONING_MINUTES = 20
 
 
 def mii_reserved_ports(tensor_parallel: int) -> dict[int, str]:
-    """Ports MII and the entry script use inside the pod, with what uses each."""
-    ports = {HEALTH_PORT: "the entry script's health endpoint", MII_TORCH_DIST_PORT: "torch.distributed",
-             MII_ZMQ_PORT: "MII's ZMQ broadcast", MII_LOAD_BALANCER_PORT: "MII's load balancer"}
-    for rank in range(tensor_parallel):
-        ports[MII_LOAD_BALANCER_PORT + 1 + rank] = f"MII's model server (rank {rank})"
+    """Ports MII and the entry script use inside the pod, with what uses each: the configurable API ports must
+    not take them."""
+    f = mii_facts()
+    ports = {HEALTH_PORT: "the entry script's health endpoint", f.torch_dist_port: "torch.distributed",
+             f.zmq_port: "MII's ZMQ broadcast", f.load_balancer_port: "MII's load balancer"}
+    for rank in range(tensor_parallel):  # one model-server port per tensor-parallel rank after the balancer's
+        ports[f.load_balancer_port + 1 + rank] = f"MII's model server (rank {rank})"
     return ports
 
 
@@ -88,7 +111,7 @@ def model_ref(w: WorkloadConfig) -> str:
 
 def rest_path(w: WorkloadConfig) -> str:
     """MII's RESTful API path: `/mii/<deployment name>`; the deployment is named after the workload."""
-    return f"/mii/{w.name}"
+    return f"{mii_facts().rest_path}/{w.name}"
 
 
 def server_args(w: WorkloadConfig, where: Placement) -> list[str]:
