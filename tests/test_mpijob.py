@@ -177,7 +177,7 @@ def test_gaudi_job_shape(gaudi_job: dict[str, Any]) -> None:
     assert (gaudi_job["apiVersion"], gaudi_job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
     assert spec["slotsPerWorker"] == 8
     assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
-    assert spec["runPolicy"] == {"cleanPodPolicy": "Running"}
+    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 6}  # restarts resume (recovery)
     launcher, worker = spec["mpiReplicaSpecs"]["Launcher"], spec["mpiReplicaSpecs"]["Worker"]
     assert (launcher["replicas"], launcher["restartPolicy"]) == (1, "OnFailure")
     assert (worker["replicas"], worker["restartPolicy"]) == (1, "Never")

@@ -20,7 +20,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import WorkloadConfig
-from workloads import fabric, gcs_fuse
+from workloads import fabric, gcs_fuse, recovery
 from workloads.ds_config import build_ds_config, nvme_volume
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 from workloads.placement import labels as workload_labels
@@ -191,10 +191,13 @@ def chart_values(w: WorkloadConfig, where: Placement, image: dict[str, str], sou
         # The client carries the label the workers' NetworkPolicy admits to SSH; nothing else in the cluster may
         # reach port 2222 (the chart's default, allowExternal: true, admits any pod).
         "client": {"enabled": True, "useJob": False, "podLabels": {client_label(w.name): "true"},
-                   **_pod_values(w, where, token_secret, gcs, worker=False)},
+                   **_pod_values(w, where, token_secret, gcs, worker=False),
+                   # A restarted client relaunches and the script resumes from its checkpoint (workloads/recovery.py).
+                   "terminationGracePeriodSeconds": str(recovery.TERMINATION_GRACE_SECONDS)},
         "worker": {"enabled": True, "replicaCount": w.workers, "slotsPerNode": where.per_worker,
                    "networkPolicy": {"enabled": True, "allowExternal": False},
-                   **_pod_values(w, where, token_secret, gcs)},
+                   **_pod_values(w, where, token_secret, gcs),
+                   "terminationGracePeriodSeconds": str(recovery.TERMINATION_GRACE_SECONDS)},
     }
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from model import gaudi_software
 from model.types import WorkloadConfig
-from workloads import fabric, gcs_fuse, kueue, pod_security
+from workloads import fabric, gcs_fuse, kueue, pod_security, recovery
 from workloads.ds_config import build_ds_config, nvme_volume
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
@@ -451,6 +451,7 @@ def _template(inputs: MpiJobInputs, spec: dict[str, Any], role: str = "") -> dic
     # The ConfigMap's content in the spec: a new script or ds_config.json is a new spec, hence a new run.
     files = config_map_data(inputs.workload, inputs.placement, has_token=inputs.hf_token_secret is not None)
     annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(files)}
+    spec["terminationGracePeriodSeconds"] = recovery.TERMINATION_GRACE_SECONDS  # time to save on SIGTERM
     if inputs.gcs is not None:
         spec["serviceAccountName"] = inputs.gcs.service_account
         annotations.update(gcs_fuse.POD_ANNOTATIONS)
@@ -560,8 +561,11 @@ def render_spec(inputs: MpiJobInputs) -> dict[str, Any]:
     w, where = inputs.workload, inputs.placement
     spec: dict[str, Any] = {
         "slotsPerWorker": where.per_worker,
-        # Queued: no pods until Kueue admits the job (and unsuspends it) when all of them fit.
-        "runPolicy": {"cleanPodPolicy": "Running", **({"suspend": True} if inputs.queue else {})},
+        # Queued: no pods until Kueue admits the job (and unsuspends it) when all of them fit. The launcher
+        # restarts OnFailure and the script resumes from its checkpoint; backoffLimit ends a run that can never
+        # succeed (workloads/recovery.py).
+        "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": recovery.MPIJOB_BACKOFF_LIMIT,
+                      **({"suspend": True} if inputs.queue else {})},
         "mpiImplementation": "OpenMPI",
         "mpiReplicaSpecs": {
             "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher_template(inputs)},

@@ -1,0 +1,52 @@
+"""How long a checkpoint takes to save, whether it fits a Spot VM's notice, and how often to save.
+
+A ZeRO checkpoint holds the weights in the training precision plus the fp32 master weights and Adam's
+two moments (12 bytes per parameter), partitioned over the ranks: every node writes its share in
+parallel. The interval follows Young's approximation of the optimum, sqrt(2 x save time x mean time
+between interruptions), at least one minute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Adam's fp32 master weights, first and second moments.
+OPTIMIZER_BYTES_PER_PARAM = 12
+WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# GKE gives a Spot VM's pods about 30 s between the preemption notice and the VM's stop; with graceful
+# node shutdown the kubelet lets non-system pods use the first part of it. Assumption, not a published
+# per-pod figure: 25 s usable by the training pods.
+SPOT_NOTICE_SECONDS = 30
+SPOT_USABLE_SECONDS = 25
+# Sustained write bandwidth per node, GB/s. Assumptions for the estimate, not measured here: Cloud
+# Storage FUSE with parallel uploads on a GPU VM's NIC, and an NFS share (Filestore basic HDD writes
+# 100 MiB/s per share; the in-cluster NFS provisioner is bound by one disk).
+WRITE_GBPS = {"gcsfuse": 0.4, "nfs": 0.1}
+# Mean time between interruptions, hours. Assumptions: Google publishes no Spot preemption rate (it
+# varies by zone and hour); on-demand nodes are interrupted by upgrades and maintenance, about weekly.
+MEAN_HOURS_BETWEEN_INTERRUPTIONS = {True: 6.0, False: 168.0}
+MIN_INTERVAL_MINUTES = 1.0
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    checkpoint_gb: float
+    save_seconds: float
+    fits_spot_notice: bool
+    interval_minutes: float
+    mean_hours_between_interruptions: float
+
+
+def checkpoint_bytes(parameters: float, precision: str) -> float:
+    return parameters * (OPTIMIZER_BYTES_PER_PARAM + WEIGHT_BYTES.get(precision, 2))
+
+
+def plan(parameters: float, precision: str, nodes: int, storage: str, spot: bool) -> RecoveryPlan:
+    """`parameters` in units (not billions); `storage` "gcsfuse" or "nfs"; `spot` whether the pool is."""
+    size = checkpoint_bytes(parameters, precision)
+    save = size / (WRITE_GBPS[storage] * 1e9 * max(1, nodes))
+    mtbi = MEAN_HOURS_BETWEEN_INTERRUPTIONS[spot]
+    interval = max(MIN_INTERVAL_MINUTES, math.sqrt(2 * save * mtbi * 3600) / 60)
+    return RecoveryPlan(checkpoint_gb=size / 1e9, save_seconds=save, fits_spot_notice=save <= SPOT_USABLE_SECONDS,
+                        interval_minutes=interval, mean_hours_between_interruptions=mtbi)
