@@ -378,6 +378,9 @@ def nvidia_launcher_script(w: WorkloadConfig, where: Placement | None = None) ->
     return "\n".join([
         "set -eo pipefail",
         *HOSTFILE_PREAMBLE,
+        # sshd resets PATH whatever the client sends (SendEnv): DeepSpeed's runner exports what ~/.deepspeed_env
+        # lists to every rank, so the ranks find the image's venv (ninja for JIT-built ops) and driver libraries.
+        'printf "PATH=%s\\nLD_LIBRARY_PATH=%s\\n" "$PATH" "${LD_LIBRARY_PATH:-}" >> "$HOME/.deepspeed_env"',
         # DeepSpeed runs `cd <this directory>` on every worker: the ConfigMap is mounted there too.
         f"cd {CONFIG_DIR}",
         # --force_multi: the launcher has no GPU and is not in the hostfile, even with one worker.

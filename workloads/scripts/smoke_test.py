@@ -342,6 +342,11 @@ class StopRequest:
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by the e2e (make e2e) and on GPUs
     args = parse_args(argv)
     config = load_config(args.deepspeed_config)
+    if os.environ.get("OMPI_COMM_WORLD_RANK") and not os.environ.get("MASTER_ADDR"):
+        # DeepSpeed's openmpi launcher exports no MASTER_ADDR: rank 0 shares its address over MPI (mpi4py).
+        from deepspeed.comm.comm import mpi_discovery
+
+        mpi_discovery(distributed_port=int(os.environ.get("MASTER_PORT") or 29500), verbose=False)
     try:
         ranks = rank_env(os.environ)
     except ValueError as error:
