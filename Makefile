@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
 
-.PHONY: preview test lint docs gpus bench checkov clean
+.PHONY: preview test e2e lint docs gpus bench checkov clean
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ bench: $(STAMP)  ## time the offline preview against the bare Pulumi SDK (each s
 test: $(STAMP)  ## the whole test suite under Pulumi mocks, plus ruff
 	$(BIN)/python -m pytest
 	$(BIN)/ruff check .
+
+# Needs root (network namespaces); skips with the reason elsewhere. e2e/install.sh installs once (apt: openssh,
+# pdsh, openmpi; a CPU torch + DeepSpeed venv at /opt/ds-e2e-venv) and returns at once afterwards.
+e2e: $(STAMP)  ## DeepSpeed's launch paths and preemption recovery across network-namespace hosts, on CPU
+	@if $(BIN)/python e2e/run.py --preflight; then bash e2e/install.sh && $(BIN)/python e2e/run.py; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

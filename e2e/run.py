@@ -1,0 +1,641 @@
+"""`make e2e`: DeepSpeed's launch paths across network-namespace hosts on one machine, on CPU.
+
+Three hosts (e2e/hosts.py) run the stack's own files, rendered by the stack's own code:
+
+- chart:  the Bitnami chart's path. Workers serve SSH as UID 1001 on port 2222 with the chart's sshd
+          drop-in over the image's sshd_config; the client waits for them with the image entrypoint's
+          `retry_while`, then runs the release's launch command (`cd /app && deepspeed --hostfile
+          /job/hostfile smoke_test.py ...`, pdsh) with /app holding the release's source ConfigMap and
+          /job/hostfile written as the chart's template writes it;
+- mpijob: the Kubeflow MPIJob for NVIDIA as workloads/mpijob.py renders it: the worker script (its
+          own host key, sshd with StrictModes off for the operator's key Secret) and the launcher script
+          over the operator's hostfile, /etc/deepspeed holding the job's ConfigMap;
+- mpirun: the same hosts launched with OpenMPI (`deepspeed --launcher openmpi`);
+- vertex: vertex_start.sh on every host with a CLUSTER_SPEC, a local folder standing in for the bucket
+          at /gcs;
+- recovery: a run with checkpoints is preempted (a worker host gets SIGTERM, then SIGKILL after the
+          grace period), relaunched and resumes from the saved step; then the same checkpoint resumes
+          with one worker fewer through DeepSpeed's universal checkpoint.
+
+Run as root after e2e/install.sh (the Makefile's `e2e` target does both); skips with a reason where
+network namespaces are not permitted. Every launch runs under a timeout; every process and namespace
+is torn down at the end, also on failure or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import hosts as nshosts  # noqa: E402  (e2e/hosts.py, beside this file)
+
+IMAGE_DIR = ROOT / "workloads" / "images" / "deepspeed"
+ENTRYPOINT = IMAGE_DIR / "entrypoint.sh"
+DOCKERFILE = IMAGE_DIR / "Dockerfile"
+VENV = Path(os.environ.get("E2E_VENV", "/opt/ds-e2e-venv"))
+LAUNCH_TIMEOUT = float(os.environ.get("E2E_LAUNCH_TIMEOUT", "150"))
+RELEASE = "e2e"
+CHART_WORKER = f"{RELEASE}-deepspeed-worker"  # the chart's "deepspeed.v0.worker.fullname"
+CHART_CLIENT = f"{RELEASE}-deepspeed-client"
+MPIJOB = "ds-e2e"
+MPIJOB_NAMESPACE = "e2e"
+WORKERS = 2
+# The smoke test's size on CPU: a few small steps.
+SMOKE_ARGS = ["--steps", "4", "--warmup-steps", "1", "--hidden-size", "64", "--layers", "2"]
+DS_BLOCK = {"zeroStage": 1, "precision": "fp32", "microBatchPerGpu": 4, "gradientAccumulation": 1,
+            "stepsPerPrint": 1000}
+# The chart's defaultSSHServer drop-in (values.yaml config.defaultSSHServer, chart 2.3.x), port as
+# worker.containerPorts.ssh.
+CHART_SSHD_DROP_IN = "Port 2222\nPasswordAuthentication no\nUsePAM no\nPermitUserEnvironment yes\n"
+SSH_PORT = 2222
+# Environment every rank needs on CPU here: DeepSpeed's CPU accelerator, gloo on eth0 (the hostname
+# resolves to 127.0.1.1 on many machines), the shm op built by install.sh. It reaches remote ranks
+# through ~/.deepspeed_env, as a user's variables would.
+RANK_ENV = {
+    "DS_ACCELERATOR": "cpu",
+    "GLOO_SOCKET_IFNAME": "eth0",
+    "TORCH_EXTENSIONS_DIR": str(VENV / "torch_extensions"),
+    "OMP_NUM_THREADS": "1",
+}
+# The image's ENV, with the e2e venv where the image has /opt/venv.
+IMAGE_ENV = {
+    "PATH": f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "PDSH_RCMD_TYPE": "ssh",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "LANG": "C.UTF-8",
+}
+RESULT = re.compile(r"SMOKE_TEST_RESULT (\{.*\})")
+
+
+# --- the stack's own rendering -----------------------------------------------------------------------
+
+def stack_workload(kind: str, workers: int = WORKERS, args: Sequence[str] = SMOKE_ARGS) -> tuple[Any, Any]:
+    """A CPU-sized workload of the dev stack, loaded and checked by the stack's own code."""
+    import yaml
+
+    from checks import load
+    from preview.engine import engine_config_from_yaml, stack_file
+    from workloads.placement import placement
+
+    with open(stack_file("dev"), encoding="utf-8") as handle:
+        config = copy.deepcopy(yaml.safe_load(handle)["config"])
+    workload: dict[str, Any] = {"kind": kind, "pool": "t4", "workers": workers, "deepspeed": dict(DS_BLOCK),
+                                "launch": {"script": "smoke_test.py", "args": list(args)}}
+    if kind == "mpijob":
+        workload |= {"namespace": MPIJOB_NAMESPACE, "storage": {"storageClass": "standard-rwx"}}
+    else:
+        workload |= {"namespace": "deepspeed-e2e", "chart": {"version": "2.3.51"}}
+    config["deepspeed-stack:workloads"] = {MPIJOB if kind == "mpijob" else "smoke": workload}
+    engine_config, secret_keys = engine_config_from_yaml(config)
+    model = load(engine_config, set(secret_keys))
+    w = next(iter(model.workloads.values()))
+    return w, placement(model, w)
+
+
+def image_sshd_drop_in() -> str:
+    """The image's sshd drop-in, read from the Dockerfile's printf block (50-deepspeed.conf)."""
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    block = re.search(r"printf '%s\\n' \\\n(.*?)> /etc/ssh/sshd_config\.d/50-deepspeed\.conf", text, re.S)
+    if block is None:
+        raise RuntimeError("the Dockerfile no longer writes /etc/ssh/sshd_config.d/50-deepspeed.conf")
+    return "\n".join(re.findall(r"'([^']*)'", block.group(1))) + "\n"
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    scenario: str
+    ok: bool
+    seconds: float
+    detail: str
+
+
+def write(path: Path, text: str, mode: int = 0o644, owner: int | None = nshosts.UID) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    os.chmod(path, mode)
+    if owner is not None:
+        os.chown(path, owner, owner)
+
+
+def keypair(directory: Path, name: str, kind: str = "ed25519") -> tuple[Path, str]:
+    key = directory / name
+    key.unlink(missing_ok=True)
+    Path(f"{key}.pub").unlink(missing_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", name, "-f", str(key)], check=True)
+    return key, Path(f"{key}.pub").read_text()
+
+
+def image_etc(cluster: nshosts.Cluster, drop_in: str) -> None:
+    """Every host's /etc/ssh as the image has it (UsePAM off in the main file, the Include line), with
+    `drop_in` in sshd_config.d: the image's own, or what the chart mounts over the directory."""
+    for host in cluster.hosts:
+        main = host.path("/etc/ssh/sshd_config")
+        text = main.read_text() if main.exists() else ""
+        if "Include /etc/ssh/sshd_config.d/*.conf" not in text:
+            text = "Include /etc/ssh/sshd_config.d/*.conf\n" + text
+        text = re.sub(r"(?m)^#?UsePAM .*$", "UsePAM no", text)
+        write(main, text, owner=0)
+        drop_dir = host.path("/etc/ssh/sshd_config.d")
+        if drop_dir.exists():
+            for old in drop_dir.iterdir():
+                old.unlink()
+        write(drop_dir / "50-deepspeed.conf", drop_in, owner=0)
+
+
+def deepspeed_env(host: nshosts.Host, extra: dict[str, str] | None = None) -> None:
+    """~/.deepspeed_env: DeepSpeed's runner exports its lines to every rank it starts."""
+    variables = {**RANK_ENV, **(extra or {})}
+    write(host.home / ".deepspeed_env", "".join(f"{k}={v}\n" for k, v in variables.items()))
+
+
+def result_of(output: str) -> dict[str, Any] | None:
+    found = RESULT.findall(output)
+    return json.loads(found[-1]) if found else None
+
+
+def check_run(output: str, world: int, hosts: Sequence[str]) -> list[str]:
+    """What is wrong with a launch's output: every rank reported, the world size, the result line."""
+    problems = []
+    result = result_of(output)
+    if result is None:
+        return ["no SMOKE_TEST_RESULT line"]
+    if result.get("world_size") != world:
+        problems.append(f"world size {result.get('world_size')}, expected {world}")
+    if sorted(result.get("hosts", [])) != sorted(hosts):
+        problems.append(f"hosts {result.get('hosts')}, expected {sorted(hosts)}")
+    if not result.get("ok"):
+        problems.append("result not ok")
+    for rank in range(world):
+        if not re.search(rf"\[smoke\] rank {rank} on \S+: [\d.]+ samples/s", output):
+            problems.append(f"rank {rank} did not report")
+    return problems
+
+
+def timed(name: str, outcomes: list[Outcome], work: Path, body: Callable[[], str]) -> None:
+    start = time.monotonic()
+    print(f"[e2e] {name} ...", flush=True)
+    try:
+        detail = body()
+        ok = True
+    except Exception as error:
+        detail, ok = str(error), False
+    seconds = time.monotonic() - start
+    outcomes.append(Outcome(name, ok, seconds, detail))
+    print(f"[e2e] {name}: {'ok' if ok else 'FAILED'} in {seconds:.1f} s: {detail}", flush=True)
+    if not ok:
+        print(f"[e2e]   logs: {work / 'logs'}", flush=True)
+
+
+def launch(cluster: nshosts.Cluster, host: nshosts.Host, script: str, log: Path,
+           env: dict[str, str] | None = None, timeout: float = LAUNCH_TIMEOUT) -> tuple[int, str]:
+    """`bash -c script` on `host` as the image's user, under a timeout; (exit status, output)."""
+    process = cluster.spawn(host, ["/bin/bash", "-c", script], log=log, env={**IMAGE_ENV, **RANK_ENV, **(env or {})})
+    try:
+        status = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        cluster.stop_services()
+        process.wait(timeout=10)
+        raise RuntimeError(f"timed out after {timeout:.0f} s (log {log})") from None
+    return status, log.read_text(errors="replace")
+
+
+def fail_unless(condition: bool, message: str) -> None:
+    if not condition:
+        raise RuntimeError(message)
+
+
+# --- the chart's path (pdsh) -------------------------------------------------------------------------
+
+def chart_hostfile(workers: int, slots: int) -> str:
+    """config.defaultHostFile as the chart's template renders it."""
+    return "".join(f"{CHART_WORKER}-{i}.{CHART_WORKER}-headless slots={slots}\n" for i in range(workers))
+
+
+def start_chart_workers(cluster: nshosts.Cluster, workers: Sequence[nshosts.Host], client_pub: str,
+                        logs: Path) -> None:
+    for host in workers:
+        ssh = host.home / ".ssh"
+        write(ssh / "authorized_keys", client_pub, 0o600)
+        # The chart copies PATH and LD_LIBRARY_PATH into ~/.ssh/environment (PermitUserEnvironment yes).
+        write(ssh / "environment", f"PATH={IMAGE_ENV['PATH']}\nLD_LIBRARY_PATH=\n", 0o600)
+        key, _ = keypair(host.path("/tmp"), "ssh_host_ed25519_key")
+        os.chown(key, nshosts.UID, nshosts.UID)
+        cluster.spawn(host, ["/usr/sbin/sshd", "-D", "-e", "-h", "/tmp/ssh_host_ed25519_key",
+                             "-o", "PidFile=/tmp/sshd.pid"], log=logs / f"sshd-{host.name}.log")
+
+
+def chart_files(cluster: nshosts.Cluster, client: nshosts.Host, w: Any, where: Any, workers: int) -> None:
+    """The release's source ConfigMap at /app on the client and every worker; the hostfile at /job."""
+    from workloads import deepspeed_release
+
+    source = cluster.work / "chart-source"
+    source.mkdir(exist_ok=True)
+    os.chmod(source, 0o755)
+    for name, text in deepspeed_release.source_files(w, where.per_worker).items():
+        write(source / name, text)
+    job = client.root / "job"
+    job.mkdir(exist_ok=True)
+    write(job / "hostfile", chart_hostfile(workers, where.per_worker))
+    for host in cluster.hosts:
+        cluster.bind(host, source, deepspeed_release.SOURCE_DIR)
+    cluster.bind(client, job, str(Path(deepspeed_release.HOSTFILE).parent))
+
+
+def chart_ssh_client(client: nshosts.Host, workers: int) -> str:
+    """The client's key and the chart's defaultSSHClient blocks (one per worker FQDN)."""
+    ssh = client.home / ".ssh"
+    key, pub = keypair(ssh, "id_rsa")
+    os.chown(key, nshosts.UID, nshosts.UID)
+    blocks = [f"Host {CHART_WORKER}-{i}.{CHART_WORKER}-headless\n  Port {SSH_PORT}\n  IdentityFile ~/.ssh/id_rsa\n"
+              "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+              for i in range(workers)]
+    write(ssh / "config", "".join(blocks), 0o600)
+    return pub
+
+
+def wait_for_workers(cluster: nshosts.Cluster, client: nshosts.Host, names: Sequence[str]) -> None:
+    """The chart's wait-for-workers init container: the image entrypoint's retry_while over ssh."""
+    loop = " && ".join(f"retry_while {shlex.quote(f'ssh -o ConnectTimeout=2 -o BatchMode=yes {n} true')} 40 0.25"
+                       for n in names)
+    script = f"source {shlex.quote(str(ENTRYPOINT))} && {loop}"
+    result = cluster.run(client, ["/bin/bash", "-c", script], env=IMAGE_ENV, timeout=30)
+    fail_unless(result.returncode == 0, f"workers never answered over ssh: {result.stderr.strip()[-500:]}")
+
+
+def scenario_chart(cluster: nshosts.Cluster, logs: Path) -> str:
+    from workloads import deepspeed_release
+
+    w, where = stack_workload("helm")
+    client, workers = cluster.hosts[0], cluster.hosts[1:]
+    image_etc(cluster, CHART_SSHD_DROP_IN)
+    pub = chart_ssh_client(client, len(workers))
+    start_chart_workers(cluster, workers, pub, logs)
+    chart_files(cluster, client, w, where, len(workers))
+    deepspeed_env(client)
+    wait_for_workers(cluster, client, [f"{CHART_WORKER}-{i}.{CHART_WORKER}-headless" for i in range(len(workers))])
+    command = deepspeed_release.launch_command(w)
+    status, output = launch(cluster, client, command, logs / "chart-client.log")
+    cluster.stop_services()
+    problems = check_run(output, len(workers), [h.name for h in workers])
+    fail_unless(status == 0 and not problems, f"exit {status}; {'; '.join(problems)}")
+    return f"`{command}`: {len(workers)} ranks on {len(workers)} hosts"
+
+
+# --- the MPIJob's path (pdsh) and OpenMPI's mpirun -------------------------------------------------
+
+MPI_HOSTFILE = "/etc/mpi/hostfile"  # where mpi-operator mounts the hostfile it writes
+
+
+def mpijob_hostfile(workers: int, slots: int) -> str:
+    """The operator's hostfile for OpenMPI: one `<job>-worker-<i>.<job>.<namespace>.svc slots=N` per worker."""
+    return "".join(f"{MPIJOB}-worker-{i}.{MPIJOB}.{MPIJOB_NAMESPACE}.svc slots={slots}\n" for i in range(workers))
+
+
+def start_mpijob(cluster: nshosts.Cluster, logs: Path) -> tuple[Any, Any, str]:
+    """Workers as the MPIJob renders them; the launcher's files. Returns (workload, placement, script)."""
+    from workloads import mpijob
+
+    w, where = stack_workload("mpijob")
+    launcher, workers = cluster.hosts[0], cluster.hosts[1:]
+    send_env = mpijob.forwarded_env(w, where, has_token=False)
+    files = mpijob.config_map_data(w, where, has_token=False)
+    image_etc(cluster, image_sshd_drop_in())
+    # The operator's SSH Secret at sshAuthMountPath: root-owned, group-readable through fsGroup (hence
+    # the worker script's StrictModes=no), an ECDSA key under the name id_rsa.
+    keys = cluster.work / "mpijob-ssh"
+    keys.mkdir(exist_ok=True)
+    key, pub = keypair(keys, "id_rsa", "ecdsa")
+    for host in cluster.hosts:
+        for name, text in files.items():
+            if name != mpijob.SSH_CLIENT_KEY:
+                write(host.path(f"{mpijob.CONFIG_DIR}/{name}"), text, owner=0)
+        ssh = host.home / ".ssh"
+        for name, text in (("id_rsa", key.read_text()), ("id_rsa.pub", pub), ("authorized_keys", pub)):
+            write(ssh / name, text, 0o640, owner=0)
+            os.chown(ssh / name, 0, nshosts.UID)
+    write(launcher.path("/etc/ssh/ssh_config.d/deepspeed.conf"), files[mpijob.SSH_CLIENT_KEY], owner=0)
+    write(launcher.path(MPI_HOSTFILE), mpijob_hostfile(len(workers), where.per_worker), owner=0)
+    deepspeed_env(launcher)
+    worker_env = {**IMAGE_ENV, **mpijob.plain_env(w, where)}
+    for host in workers:
+        cluster.spawn(host, ["/bin/bash", "-c", mpijob.nvidia_worker_script(send_env)],
+                      log=logs / f"mpijob-worker-{host.name}.log", env=worker_env)
+    # launcherCreationPolicy WaitForWorkersReady: the launcher starts once every worker's readiness probe
+    # (a TCP connect to the ssh port) passes.
+    names = [f"{MPIJOB}-worker-{i}.{MPIJOB}.{MPIJOB_NAMESPACE}.svc" for i in range(len(workers))]
+    port = mpijob.NVIDIA_SSH_PORT
+    probe = " && ".join(f"retry_while {shlex.quote(f'(echo > /dev/tcp/{n}/{port}) 2>/dev/null')} 40 0.25"
+                        for n in names)
+    ready = cluster.run(launcher, ["/bin/bash", "-c", f"source {shlex.quote(str(ENTRYPOINT))} && {probe}"],
+                        env=IMAGE_ENV, timeout=30)
+    fail_unless(ready.returncode == 0, "MPIJob workers never became ready (sshd on port 2222)")
+    env = {**mpijob.plain_env(w, where), "OMPI_MCA_orte_default_hostfile": MPI_HOSTFILE}
+    return w, env, mpijob.nvidia_launcher_script(w)
+
+
+def scenario_mpijob(cluster: nshosts.Cluster, logs: Path) -> str:
+    _w, env, script = start_mpijob(cluster, logs)
+    workers = cluster.hosts[1:]
+    status, output = launch(cluster, cluster.hosts[0], script, logs / "mpijob-launcher.log", env=env)
+    problems = check_run(output, len(workers), [h.name for h in workers])
+    fail_unless(status == 0 and not problems, f"exit {status}; {'; '.join(problems)}")
+    return f"launcher script as rendered (deepspeed --force_multi, pdsh): {len(workers)} ranks"
+
+
+def scenario_mpirun(cluster: nshosts.Cluster, logs: Path) -> str:
+    _w, env, script = start_mpijob(cluster, logs)
+    workers = cluster.hosts[1:]
+    # The same launcher with DeepSpeed's OpenMPI runner: mpirun starts orted over the same ssh, the ranks
+    # find each other through mpi4py (rank 0's address), gloo on eth0.
+    fail_unless("exec deepspeed --force_multi " in script, "the MPIJob launcher script no longer runs deepspeed")
+    script = script.replace("exec deepspeed --force_multi ", "exec deepspeed --launcher openmpi --force_multi ", 1)
+    status, output = launch(cluster, cluster.hosts[0], script, logs / "mpirun-launcher.log", env=env)
+    problems = check_run(output, len(workers), [h.name for h in workers])
+    fail_unless("mpirun -n" in output, "DeepSpeed did not run mpirun")
+    fail_unless(status == 0 and not problems, f"exit {status}; {'; '.join(problems)}")
+    return f"deepspeed --launcher openmpi over the operator's hostfile: {len(workers)} ranks"
+
+
+# --- Vertex AI's path -------------------------------------------------------------------------------------
+
+BUCKET = "e2e-bucket"
+# vertex_start.sh counts `nvidia-smi -L` lines for the hostfile's slots: a CPU host stands in for one GPU.
+NVIDIA_SMI_STAND_IN = "#!/bin/sh\necho 'GPU 0: CPU stand-in (UUID: GPU-00000000-e2e)'\n"
+
+
+def vertex_cluster_spec(task: str, index: int, workers: int) -> str:
+    return json.dumps({"cluster": {"workerpool0": ["workerpool0-0:2222"],
+                                   "workerpool1": [f"workerpool1-{i}:2222" for i in range(workers)]},
+                       "task": {"type": task, "index": index, "trial": ""}, "environment": "cloud"})
+
+
+def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
+    from workloads import vertex_job
+    from workloads.ds_config import build_ds_config
+
+    w, _ = stack_workload("helm")
+    image_etc(cluster, image_sshd_drop_in())
+    hosts = cluster.hosts
+    bucket = cluster.work / "gcs"
+    code = bucket / BUCKET / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    write(code / "smoke_test.py", (ROOT / "workloads" / "scripts" / "smoke_test.py").read_text())
+    write(code / "ds_config.json", json.dumps(build_ds_config(w.deepspeed, len(hosts), 1), indent=2))
+    _chown_dirs(bucket)
+    # The image's /app (its WORKDIR) with the user's ~/.deepspeed_env equivalent: vertex_start.sh
+    # rewrites ~/.deepspeed_env, DeepSpeed also reads ./.deepspeed_env.
+    app = cluster.work / "vertex-app"
+    app.mkdir(exist_ok=True)
+    write(app / ".deepspeed_env", "".join(f"{k}={v}\n" for k, v in RANK_ENV.items()))
+    stand_in = cluster.work / "vertex-bin"
+    stand_in.mkdir(exist_ok=True)
+    write(stand_in / "nvidia-smi", NVIDIA_SMI_STAND_IN, 0o755)
+    for host in hosts:
+        cluster.bind(host, bucket, "/gcs")
+        cluster.bind(host, app, "/app")
+    spec = {"launch": {"script": f"/gcs/{BUCKET}/code/smoke_test.py",
+                       "args": ["--deepspeed_config", f"/gcs/{BUCKET}/code/ds_config.json", *SMOKE_ARGS]}}
+    pool = vertex_job._pool(_vertex_config(spec, len(hosts) - 1), "image", 1)["containerSpec"]
+    entry = str(IMAGE_DIR / "vertex_start.sh")  # the image installs it at containerSpec.command[0]
+    fail_unless(pool["command"] == [vertex_job.VERTEX_ENTRYPOINT], f"unexpected command {pool['command']}")
+    command = "cd /app && exec " + " ".join(shlex.quote(a) for a in [entry, *pool["args"]])
+    base = {**IMAGE_ENV, "PATH": f"{stand_in}:{IMAGE_ENV['PATH']}", "CLOUD_ML_JOB_ID": "e2e-vertex-1",
+            "AIP_MODEL_DIR": f"gs://{BUCKET}/vertex/model", "AIP_CHECKPOINT_DIR": f"gs://{BUCKET}/vertex/checkpoints",
+            "VERTEX_SSH_WAIT_SLEEP": "0.5", "VERTEX_SSH_WAIT_RETRIES": "120", "VERTEX_PYTHON": f"{VENV}/bin/python"}
+    for i, host in enumerate(hosts[1:]):
+        cluster.spawn(host, ["/bin/bash", "-c", command], log=logs / f"vertex-{host.name}.log",
+                      env={**base, "CLUSTER_SPEC": vertex_cluster_spec("workerpool1", i, len(hosts) - 1)})
+    status, output = launch(cluster, hosts[0], command, logs / "vertex-primary.log",
+                            env={**base, "CLUSTER_SPEC": vertex_cluster_spec("workerpool0", 0, len(hosts) - 1)})
+    problems = check_run(output, len(hosts), [h.name for h in hosts])
+    fail_unless(status == 0 and not problems, f"exit {status}; {'; '.join(problems)}")
+    saved = sorted(p.name for p in (bucket / BUCKET / "vertex" / "checkpoints").glob("global_step*"))
+    fail_unless(bool(saved), "no checkpoint under AIP_CHECKPOINT_DIR (/gcs/...)")
+    return (f"vertex_start.sh on {len(hosts)} hosts (CLUSTER_SPEC, /gcs folder): {len(hosts)} ranks, "
+            f"checkpoint {saved[-1]}")
+
+
+def _vertex_config(spec: dict[str, Any], workers: int) -> Any:
+    """The vertex stack's Vertex AI block, loaded by the stack's code, with the e2e's script and workers."""
+    import yaml
+
+    from checks import load
+    from preview.engine import engine_config_from_yaml, stack_file
+
+    with open(stack_file("vertex"), encoding="utf-8") as handle:
+        config = copy.deepcopy(yaml.safe_load(handle)["config"])
+    config["deepspeed-stack:vertex"] |= {"workers": workers, **spec}
+    engine_config, secret_keys = engine_config_from_yaml(config)
+    return load(engine_config, set(secret_keys)).vertex
+
+
+def _chown_dirs(path: Path) -> None:
+    for root, _dirs, files in os.walk(path):
+        os.chown(root, nshosts.UID, nshosts.UID)
+        for name in files:
+            os.chown(os.path.join(root, name), nshosts.UID, nshosts.UID)
+
+
+# --- preemption recovery ----------------------------------------------------------------------------------
+
+GRACE_SECONDS = 20  # the e2e's terminationGracePeriodSeconds: SIGTERM, then SIGKILL after this
+EVERY = 5  # --checkpoint-every
+RUN_STEPS = 400  # long enough to be preempted mid-run on any machine
+STEP_LINE = re.compile(r"\[smoke\] step (\d+) loss ([\d.]+)")
+
+
+def losses(output: str) -> dict[int, float]:
+    return {int(step): float(loss) for step, loss in STEP_LINE.findall(output)}
+
+
+def chart_run(cluster: nshosts.Cluster, logs: Path, name: str, workers: int, args: Sequence[str],
+              checkpoints: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """The chart's launch of `workers` workers with checkpoints in a folder every host shares (the
+    bucket's FUSE path or the NFS claim); returns the client's launch process and its log."""
+    from workloads import deepspeed_release
+
+    w, where = stack_workload("helm", workers, args)
+    client, hosts = cluster.hosts[0], cluster.hosts[1:1 + workers]
+    chart_files(cluster, client, w, where, workers)
+    deepspeed_env(client, {"CHECKPOINT_DIR": str(checkpoints)})
+    # Every launch starts with fresh worker pods (a preempted pod comes back; the others restart with it).
+    start_chart_workers(cluster, hosts, (client.home / ".ssh" / "id_rsa.pub").read_text(), logs)
+    wait_for_workers(cluster, client, [f"{CHART_WORKER}-{i}.{CHART_WORKER}-headless" for i in range(workers)])
+    log = logs / f"{name}.log"
+    process = cluster.spawn(client, ["/bin/bash", "-c", deepspeed_release.launch_command(w)], log=log,
+                            env={**IMAGE_ENV, **RANK_ENV})
+    return process, log
+
+
+def wait_process(cluster: nshosts.Cluster, process: subprocess.Popen[bytes], log: Path, what: str) -> tuple[int, str]:
+    try:
+        status = process.wait(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        cluster.stop_services()
+        raise RuntimeError(f"{what}: timed out after {LAUNCH_TIMEOUT:.0f} s (log {log})") from None
+    return status, log.read_text(errors="replace")
+
+
+def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
+    client, workers = cluster.hosts[0], cluster.hosts[1:]
+    image_etc(cluster, CHART_SSHD_DROP_IN)
+    chart_ssh_client(client, len(workers))
+    checkpoints = cluster.work / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
+    _chown_dirs(checkpoints)
+    base = ["--hidden-size", "256", "--layers", "2", "--lr", "0.003", "--warmup-steps", "0"]
+
+    # 1. A run with a checkpoint every EVERY steps; once the second one is saved, the last worker host
+    #    is preempted: SIGTERM to every process on it, SIGKILL after the grace period.
+    process, log = chart_run(cluster, logs, "recovery-1-preempted", len(workers),
+                             [*base, "--steps", str(RUN_STEPS), "--checkpoint-every", str(EVERY)], checkpoints)
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    target = f"global_step{2 * EVERY} saved"
+    while target not in log.read_text(errors="replace"):
+        fail_unless(process.poll() is None, f"the run ended before its second checkpoint (log {log})")
+        fail_unless(time.monotonic() < deadline, f"no second checkpoint within {LAUNCH_TIMEOUT:.0f} s")
+        time.sleep(0.05)
+    victim = workers[-1]
+    termed, killed = cluster.stop_host(victim, GRACE_SECONDS)
+    status, first = wait_process(cluster, process, log, "preempted run")
+    cluster.stop_services()
+    state = json.loads((checkpoints / "smoke_state.json").read_text())
+    before = losses(first)
+    stopped = max(before)
+    saved_on_term = "(SIGTERM: preempted)" in first
+    fail_unless(status != 0, "the launcher reported success for a preempted run")
+    fail_unless(state["step"] >= 2 * EVERY, f"last checkpoint at step {state['step']}, expected >= {2 * EVERY}")
+    fail_unless(stopped - state["step"] <= EVERY, f"stopped at {stopped}, saved {state['step']}: lost > {EVERY}")
+
+    # 2. The pods come back (the worker restarted, the client's launch restarted): resume from the saved step.
+    total = state["step"] + 2 * EVERY
+    process, log = chart_run(cluster, logs, "recovery-2-resumed", len(workers),
+                             [*base, "--steps", str(total), "--checkpoint-every", str(EVERY)], checkpoints)
+    status, second = wait_process(cluster, process, log, "resumed run")
+    cluster.stop_services()
+    result = result_of(second) or {}
+    after = losses(second)
+    fail_unless(status == 0 and result.get("ok") is True, f"resumed run: exit {status} (log {log})")
+    fail_unless(f"resumed from {checkpoints}/{state['tag']} at step {state['step']}" in second,
+                f"the relaunch did not resume from {state['tag']}")
+    fail_unless(result.get("start_step") == state["step"] and min(after) == state["step"] + 1,
+                f"resumed at {result.get('start_step')}, first step {min(after, default=None)}")
+    fresh = before[1]
+    fail_unless(after[min(after)] < 0.9 * fresh, f"loss after resume {after[min(after)]:.4f} vs fresh {fresh:.4f}: "
+                "looks like a fresh start")
+
+    # 3. One worker fewer: DeepSpeed's universal checkpoint re-slices ZeRO's optimizer states.
+    final_two = json.loads((checkpoints / "smoke_state.json").read_text())
+    process, log = chart_run(cluster, logs, "recovery-3-smaller", len(workers) - 1,
+                             [*base, "--steps", str(final_two["step"] + EVERY)], checkpoints)
+    status, third = wait_process(cluster, process, log, "resume at a smaller world size")
+    cluster.stop_services()
+    result3 = result_of(third) or {}
+    smaller = losses(third)
+    fail_unless(status == 0 and result3.get("ok") is True, f"smaller world: exit {status} (log {log})")
+    fail_unless("to a universal checkpoint" in third and f"resumed from {checkpoints}/{final_two['tag']}_universal"
+                in third, "no resume through the universal checkpoint")
+    fail_unless(result3.get("world_size") == len(workers) - 1 and result3.get("start_step") == final_two["step"],
+                f"smaller world: world size {result3.get('world_size')}, start step {result3.get('start_step')}")
+    fail_unless(smaller[min(smaller)] < 0.9 * fresh and smaller[min(smaller)] < 1.5 * final_two["loss"],
+                f"loss after the universal resume {smaller[min(smaller)]:.4f}, before {final_two['loss']:.4f}")
+    return (f"preempted at step {stopped} ({termed} processes got SIGTERM, {killed} SIGKILL after {GRACE_SECONDS} s; "
+            f"{'saved on SIGTERM' if saved_on_term else 'periodic checkpoint'} at step {state['step']}); "
+            f"resumed at {state['step']} (loss {before.get(state['step'], float('nan')):.4f} -> "
+            f"{after[min(after)]:.4f}, fresh {fresh:.4f}); {len(workers) - 1} worker resumed at "
+            f"{final_two['step']} via the universal checkpoint (loss {final_two['loss']:.4f} -> "
+            f"{smaller[min(smaller)]:.4f})")
+
+
+# --- main ---------------------------------------------------------------------------------------------
+
+def host_names(workers: int) -> list[tuple[str, tuple[str, ...]]]:
+    """Each host answers to the names every launch path gives it: the chart's pods and headless
+    service, the MPIJob's pods and service, Vertex AI's worker pools."""
+    names: list[tuple[str, tuple[str, ...]]] = [(f"{CHART_CLIENT}-0", (f"{MPIJOB}-launcher", "workerpool0-0"))]
+    for i in range(workers):
+        names.append((f"{CHART_WORKER}-{i}", (
+            f"{CHART_WORKER}-{i}.{CHART_WORKER}-headless", f"{MPIJOB}-worker-{i}",
+            f"{MPIJOB}-worker-{i}.{MPIJOB}.{MPIJOB_NAMESPACE}.svc", f"workerpool1-{i}")))
+    return names
+
+
+SCENARIOS: dict[str, Callable[[nshosts.Cluster, Path], str]] = {
+    "chart": scenario_chart,
+    "mpijob": scenario_mpijob,
+    "mpirun": scenario_mpirun,
+    "vertex": scenario_vertex,
+    "recovery": scenario_recovery,
+}
+
+# What `make e2e` runs.
+DEFAULT_SCENARIOS = ("chart",)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenarios", nargs="*", default=list(DEFAULT_SCENARIOS),
+                        help=f"default: {' '.join(DEFAULT_SCENARIOS)}; known: {' '.join(SCENARIOS)}")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) after a success")
+    parser.add_argument("--preflight", action="store_true",
+                        help="only say whether network-namespace hosts can run here (exit 0) or why not (exit 3)")
+    args = parser.parse_args(argv)
+    if args.preflight:
+        why = nshosts.preflight()
+        print(f"[e2e] SKIPPED: {why}" if why else "[e2e] network namespaces: ok", flush=True)
+        return 3 if why else 0
+    unknown = [s for s in args.scenarios if s not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s) {unknown}; known: {list(SCENARIOS)}")
+    reason = nshosts.preflight()
+    if reason is None and not (VENV / "bin" / "deepspeed").exists():
+        reason = f"{VENV} has no DeepSpeed: run e2e/install.sh first (make e2e does)"
+    if reason:
+        print(f"[e2e] SKIPPED: {reason}", flush=True)
+        return 0
+
+    work = Path(tempfile.mkdtemp(prefix="ds-e2e-", dir="/var/tmp"))
+    logs = work / "logs"
+    logs.mkdir()
+    outcomes: list[Outcome] = []
+    started = time.monotonic()
+    try:
+        with nshosts.Cluster(work, host_names(WORKERS)) as cluster:
+            for name in args.scenarios:
+                cluster.fresh_homes()
+                timed(name, outcomes, work, lambda name=name: SCENARIOS[name](cluster, logs))
+                cluster.stop_services()
+    finally:
+        total = time.monotonic() - started
+        print("\n[e2e] summary")
+        print(f"{'scenario':<10} {'result':<7} {'seconds':>8}  detail")
+        for item in outcomes:
+            print(f"{item.scenario:<10} {'ok' if item.ok else 'FAILED':<7} {item.seconds:>8.1f}  {item.detail}")
+        print(f"total {total:.1f} s; work folder {work}")
+    failed = [o.scenario for o in outcomes if not o.ok]
+    if not failed and not args.keep:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    return 1 if failed or len(outcomes) < len(args.scenarios) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
