@@ -9,13 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks import capacity, fabric, gaudi, helm_release, offload, planner, platform, serving, vertex, workloads
+from checks import (
+    capacity,
+    fabric,
+    gaudi,
+    helm_release,
+    machine_disks,
+    offload,
+    planner,
+    platform,
+    serving,
+    vertex,
+    workloads,
+)
 from checks.common import Check
 from model.config import ConfigError, parse_all
 from model.types import StackConfig
 
 ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, *gaudi.CHECKS, *planner.CHECKS, *vertex.CHECKS,
-                           *capacity.CHECKS, *helm_release.CHECKS, *fabric.CHECKS, *offload.CHECKS, *serving.CHECKS]
+                           *capacity.CHECKS, *helm_release.CHECKS, *fabric.CHECKS, *offload.CHECKS, *serving.CHECKS,
+                           *machine_disks.CHECKS]
 
 
 def run_all(m: StackConfig) -> list[str]:

@@ -322,3 +322,57 @@ def test_firewall_policy_refuses_an_allow_from_anywhere(prod: RunResult) -> None
     assert _violations("gcp-firewall-ingress-not-open", _with(internal, "sourceRanges", ["0.0.0.0/0"])) == [
         "sourceRanges has 0.0.0.0/0 on an allow rule: the internet could reach the nodes; list only the ranges "
         "that need to"]
+
+
+# --- 8. Machine shapes: local SSD counts and boot disk types -------------------------------------
+
+def _pool_problems(changes: dict[str, object]) -> list[str]:
+    from conftest import problems
+
+    return problems("prod", {"nodePools[0].zones": [], **changes})
+
+
+def test_catalog_disk_facts_and_their_source() -> None:
+    # Compute Engine "Local SSD disks": N1 takes 1-8, 16 or 24; A2 Ultra / A3 / A4 attach a fixed count.
+    # Hyperdisk "Machine type support": A3 Ultra and A4 boot only from Hyperdisk.
+    from model.machine_disks import _raw, for_machine
+
+    assert "local-ssd" in _raw()["source"] and _raw()["date"] == "2026-11-22"
+    n1 = for_machine("n1-standard-8")
+    assert (n1.local_ssds, n1.bundled) == ((1, 2, 3, 4, 5, 6, 7, 8, 16, 24), False)
+    assert [(m, for_machine(m).local_ssds, for_machine(m).bundled) for m in
+            ("a2-ultragpu-4g", "a3-highgpu-8g", "a3-megagpu-8g", "a3-ultragpu-8g", "a4-highgpu-8g")] == [
+        ("a2-ultragpu-4g", (4,), True), ("a3-highgpu-8g", (16,), True), ("a3-megagpu-8g", (16,), True),
+        ("a3-ultragpu-8g", (32,), True), ("a4-highgpu-8g", (32,), True)]
+    assert for_machine("a4-highgpu-8g").boot_disks == for_machine("a3-ultragpu-8g").boot_disks == (
+        "hyperdisk-balanced",)
+    assert "hyperdisk-balanced" not in for_machine("n1-standard-8").boot_disks
+    assert for_machine("e2-standard-4") is None  # not a GPU family: nothing to check
+
+
+def test_wrong_local_ssd_counts_are_config_errors() -> None:
+    # prod's pool is a g2-standard-8 (1 local SSD or none).
+    assert _pool_problems({"nodePools[0].localSsdCount": 2}) == [
+        "nodePools[0].localSsdCount: g2-standard-8 does not take 2 local SSDs; use 0 or 1"]
+    n1 = {"nodePools[0].gpu.type": "nvidia-tesla-t4", "nodePools[0].machineType": "n1-standard-8",
+          "nodePools[0].localSsdCount": 9, "workloads": {}}
+    assert _pool_problems(n1) == [
+        "nodePools[0].localSsdCount: n1-standard-8 does not take 9 local SSDs; use 0, 1, 2, 3, 4, 5, 6, 7, 8, 16 or 24"]
+    assert _pool_problems({**n1, "nodePools[0].localSsdCount": 24}) == []
+    a3 = {"nodePools[0].gpu.type": "nvidia-h100-80gb", "nodePools[0].gpu.count": 8,
+          "nodePools[0].machineType": "a3-highgpu-8g", "nodePools[0].localSsdCount": 8,
+          "workloads": {}}
+    found = [p for p in _pool_problems(a3) if p.startswith("nodePools[0].localSsdCount")]
+    assert found == ["nodePools[0].localSsdCount: a3-highgpu-8g does not take 8 local SSDs; use 0 (as the shape "
+                     "comes) or 16, the count it always has"]
+
+
+def test_wrong_boot_disk_types_are_config_errors() -> None:
+    assert _pool_problems({"nodePools[0].diskType": "hyperdisk-balanced"}) == [
+        "nodePools[0].diskType: g2-standard-8 does not boot from hyperdisk-balanced; use pd-balanced or pd-ssd"]
+    b200 = {"nodePools[0].gpu.type": "nvidia-b200", "nodePools[0].gpu.count": 8,
+            "nodePools[0].machineType": "a4-highgpu-8g", "workloads": {}}
+    found = [p for p in _pool_problems(b200) if p.startswith("nodePools[0].diskType")]
+    assert found == ["nodePools[0].diskType: a4-highgpu-8g does not boot from pd-balanced; use hyperdisk-balanced"]
+    assert [p for p in _pool_problems({**b200, "nodePools[0].diskType": "hyperdisk-balanced"})
+            if p.startswith("nodePools[0].diskType")] == []
