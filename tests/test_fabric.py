@@ -169,8 +169,9 @@ def runs(request: pytest.FixtureRequest) -> dict[str, RunResult]:
             "deepspeed-stack:workloads": {**stack_yaml("h100")["deepspeed-stack:workloads"], "helm-smoke": HELM}}),
         # RDMA also asks for COMPACT placement (one zone).
         "rdma": run_stack("h100", {"deepspeed-stack:nodePools": [
+            # A3 Ultra boots only from Hyperdisk (data/gpu_catalog.yaml machineDisks).
             {**_pool("a3-ultragpu-8g", "nvidia-h200-141gb", "us-central1-b"), "localSsdCount": 32,
-             "compactPlacement": True}],
+             "compactPlacement": True, "diskType": "hyperdisk-balanced"}],
             "deepspeed-stack:cluster": {**stack_yaml("h100")["deepspeed-stack:cluster"],
                                         "minMasterVersion": "1.33"}}),
     }
@@ -456,6 +457,7 @@ def _problems(changes: dict[str, Any]) -> list[str]:
 
 def _rdma_pool(zones: list[str]) -> dict[str, Any]:
     return {**_pool("a3-ultragpu-8g", "nvidia-h200-141gb", zones[0] if zones else "us-central1-b"), "zones": zones,
+            "diskType": "hyperdisk-balanced", "localSsdCount": 32,  # what A3 Ultra comes with and boots from
             "name": "h200"}
 
 
