@@ -271,3 +271,9 @@ def test_kueue_needs_gpu_pools_and_a_recent_mpi_operator() -> None:
     # Kueue's MPIJob integration: mpi-operator v0.8.0 or newer (Kueue docs; data/capacity.yaml).
     assert dws_problems({"mpiOperator.install": False, "mpiOperator.version": "v0.7.0"}) == [
         "mpiOperator.version: Kueue queues MPIJobs only with mpi-operator v0.8.0 or newer, got v0.7.0"]
+
+
+def test_helm_workload_on_a_queued_pool_is_refused() -> None:
+    found = dws_problems({"workloads.finetune.pool": "h100-dws", "workloads.finetune.fallbackPool": DELETE})
+    assert "workloads.finetune.kind: helm workloads are not queued by Kueue, so nothing would request nodes of " \
+           "queued-provisioning pool h100-dws; use kind: mpijob or a pool without queued provisioning" in found
