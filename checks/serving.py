@@ -8,13 +8,15 @@ weights) and the ports MII takes in data/serving.yaml, each with its source.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 
 from checks.common import Check, at, or_list
 from checks.planner import workload_request
 from model import catalog as gpu_catalog
-from model.types import StackConfig, WorkloadConfig
+from model import config
+from model.types import ServingConfig, StackConfig, WorkloadConfig, build
 from planner.recommend import Option, cheapest_for_gpu, short_name
 from planner.sizing import HEADROOM, INFERENCE, estimate
 from workloads.placement import placement
@@ -210,7 +212,21 @@ def check_serve_allow_from(m: StackConfig) -> list[str]:
                                       src.pod_labels)]
 
 
+@functools.cache
+def _default_serving() -> ServingConfig:
+    node = config.schema()["properties"]["workloads"]["additionalProperties"]["properties"]["serving"]
+    return build(ServingConfig, config.with_defaults(node, {}))
+
+
+def check_serving_only_for_serve(m: StackConfig) -> list[str]:
+    """`serving` would be silently ignored by the other kinds: say so instead."""
+    return [f"{at('workloads', name, 'serving')}: only kind serve reads it, but this workload is kind {w.kind}; "
+            "remove serving, or set kind: serve"
+            for name, w in m.workloads.items() if w.kind != "serve" and w.serving != _default_serving()]
+
+
 CHECKS: list[Check] = [
+    check_serving_only_for_serve,
     check_serve_accelerator,
     check_serve_compute_capability,
     check_serve_model_block,
