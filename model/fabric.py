@@ -42,6 +42,7 @@ class HostVolume:
     daemon: bool
     app: bool
     daemon_mount_path: str | None = None
+    raw_mount_path: str | None = None  # the pinned manifest's mount path where the stack deviates (and says why)
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ def _fabric(name: str, raw: dict) -> Fabric:
         daemon=Daemon(daemon["name"], daemon["image"], tuple(daemon["command"]), tuple(daemon["capabilities"]),
                       tuple(daemon["devices"])) if daemon else None,
         host_volumes=tuple(HostVolume(v["name"], v["hostPath"], v["mountPath"], bool(v["daemon"]), bool(v["app"]),
-                                      v.get("daemonMountPath")) for v in raw["hostVolumes"]),
+                                      v.get("daemonMountPath"), v.get("referenceMountPath"))
+                           for v in raw["hostVolumes"]),
         shm_size=str(raw.get("shmSize") or ""),
         nccl_env={k: str(v) for k, v in raw["ncclEnv"].items()},
         nccl_profile=str(raw.get("ncclProfile") or ""),

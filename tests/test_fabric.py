@@ -99,7 +99,9 @@ def test_interfaces_and_volumes_match_the_pinned_test_pod(name: str) -> None:
     by_name = {v["name"]: v for v in pod["spec"]["volumes"]}
     mounted = {by_name[m["name"]]["hostPath"]["path"]: m["mountPath"] for m in app["volumeMounts"]
                if "hostPath" in by_name[m["name"]]}
-    assert {v.host_path: v.mount_path for v in f.host_volumes if v.app} == mounted
+    # One deliberate deviation, written in the data file: TCPX's socket directory stays at /run/tcpx, not /tmp.
+    reference_paths = {v.host_path: v.raw_mount_path or v.mount_path for v in f.host_volumes if v.app}
+    assert reference_paths == mounted
     assert {"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"} in app["env"]
 
 
@@ -370,13 +372,18 @@ def test_training_container_gets_libraries_env_and_shm(runs: dict[str, RunResult
     (app,) = worker["spec"]["containers"]
     ref_vols = {v["name"]: v for v in ref["spec"]["volumes"]}
     our_vols = {v["name"]: v for v in worker["spec"]["volumes"]}
+    env = {e["name"]: e["value"] for e in app["env"]}
 
     def host_mounts(container: dict[str, Any], vols: dict[str, Any]) -> dict[str, str]:
         return {vols[m["name"]]["hostPath"]["path"]: m["mountPath"] for m in container["volumeMounts"]
                 if "hostPath" in vols[m["name"]]}
 
-    assert host_mounts(app, our_vols) == host_mounts(ref_app, ref_vols)
-    env = {e["name"]: e["value"] for e in app["env"]}
+    ours = host_mounts(app, our_vols)
+    if name == "tcpx":  # the socket directory's deviation from the manifest (data/gpu_fabric.yaml says why)
+        assert ours.pop("/run/tcpx") == env["NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX"] == "/run/tcpx"
+        assert host_mounts(ref_app, ref_vols).pop("/run/tcpx") == "/tmp"
+        ours["/run/tcpx"] = "/tmp"
+    assert ours == host_mounts(ref_app, ref_vols)
     for e in ref_app["env"]:
         assert env[e["name"]] == e["value"]
     shm = next(our_vols[m["name"]] for m in app["volumeMounts"] if m["mountPath"] == "/dev/shm")
