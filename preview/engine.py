@@ -174,7 +174,8 @@ class RecordingLogger(logging.Logger):
     `pulumi.log.warn` reaches the mock engine, which calls `logger.warning`."""
 
     def __init__(self) -> None:
-        super().__init__("deepspeed-stack.preview", logging.DEBUG)
+        # WARNING: debug and info messages were dropped anyway (no handler); this skips building their records.
+        super().__init__("deepspeed-stack.preview", logging.WARNING)
         self.propagate = False
         self.warnings: list[str] = []
 
