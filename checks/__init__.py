@@ -11,6 +11,7 @@ from typing import Any
 
 from checks import (
     capacity,
+    cluster_wide,
     fabric,
     gaudi,
     helm_release,
@@ -28,7 +29,7 @@ from model.types import StackConfig
 
 ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, *gaudi.CHECKS, *planner.CHECKS, *vertex.CHECKS,
                            *capacity.CHECKS, *helm_release.CHECKS, *fabric.CHECKS, *offload.CHECKS, *serving.CHECKS,
-                           *machine_disks.CHECKS]
+                           *machine_disks.CHECKS, *cluster_wide.CHECKS]
 
 
 def run_all(m: StackConfig) -> list[str]:
