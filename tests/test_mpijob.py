@@ -112,7 +112,7 @@ def gaudi_job(gaudi_model: StackConfig) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def nvidia_model() -> StackConfig:
-    return model("dev", {"workloads": {"ds-t4": copy.deepcopy(NVIDIA_WORKLOAD)}})
+    return model("dev", {"workloads": {"ds-t4": copy.deepcopy(NVIDIA_WORKLOAD)}, "mpiOperator.install": True})
 
 
 # --- CRD schema and operator rules ----------------------------------------------------------------
@@ -364,7 +364,7 @@ def test_nvidia_launcher_runs_deepspeed_with_the_shipped_script(nvidia_model: St
 
 @pytest.fixture(scope="module")
 def nvidia_run() -> RunResult:
-    return run_stack("dev", {"workloads": {"ds-t4": copy.deepcopy(NVIDIA_WORKLOAD)}})
+    return run_stack("dev", {"workloads": {"ds-t4": copy.deepcopy(NVIDIA_WORKLOAD)}, "mpiOperator": {"install": True}})
 
 
 def test_nvidia_mpijob_on_the_dev_pool_under_mocks(nvidia_run: RunResult) -> None:
@@ -381,12 +381,14 @@ def test_nvidia_mpijob_on_the_dev_pool_under_mocks(nvidia_run: RunResult) -> Non
     assert reg.provider == provider.urn
 
 
-def test_nvidia_training_job_waits_only_for_its_pool_and_the_image_grant(nvidia_run: RunResult) -> None:
+def test_nvidia_training_job_waits_only_for_its_pool_the_operator_and_the_image_grant(nvidia_run: RunResult) -> None:
     job = nvidia_run.one("deepspeed-stack:workloads:TrainingJob", "ds-t4")
     pool = nvidia_run.one("gcp:container/nodePool:NodePool", "t4")
-    # It pulls the stack's image, so it also waits for the nodes' read grant on the repository (issue 9).
+    # It pulls the stack's image, so it also waits for the nodes' read grant on the repository (issue 9), and the
+    # MPI operator's manifest (its CRD) the stack installs: a new GKE cluster has none (checks/cluster_wide.py).
     reader = nvidia_run.one("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")
-    assert job.dependencies == sorted([pool.urn, reader.urn])  # no operator installed here, and nothing else
+    manifest = nvidia_run.one("kubernetes:yaml/v2:ConfigFile", "mpi-operator-manifest")
+    assert job.dependencies == sorted([pool.urn, reader.urn, manifest.urn])  # and nothing else
 
 
 # --- config checks of mpijob workloads ------------------------------------------------------------
@@ -436,7 +438,8 @@ def test_gaudi_cannot_run_on_the_gke_cluster() -> None:
                                  "is 3; raise maxNodes or lower workers"),
 ])
 def test_nvidia_pool_rules(change: dict[str, Any], message: str) -> None:
-    changes = {"workloads.j": copy.deepcopy(NVIDIA_WORKLOAD), "workloads.j.workers": 1, **change}
+    changes = {"workloads.j": copy.deepcopy(NVIDIA_WORKLOAD), "workloads.j.workers": 1, "mpiOperator.install": True,
+               **change}
     assert message in problems("dev", changes)
 
 
@@ -518,7 +521,8 @@ def test_lora_flags_only_when_enabled() -> None:
 
 
 def test_nvidia_launch_script_must_exist() -> None:
-    changes = {"workloads.j": {**copy.deepcopy(NVIDIA_WORKLOAD), "workers": 1, "launch": {"script": "nope.py"}}}
+    changes = {"workloads.j": {**copy.deepcopy(NVIDIA_WORKLOAD), "workers": 1, "launch": {"script": "nope.py"}},
+               "mpiOperator.install": True, "nodePools[0].maxNodes": 4}
     assert only(problems("dev", changes)).startswith(
         "workloads.j.launch.script: no file 'nope.py' in workloads/scripts (there: ")
 

@@ -30,8 +30,12 @@ def _with_data_path() -> dict[str, Any]:
         "kind": "mpijob", "pool": "t4", "workers": 1, "namespace": "train", "launch": smoke["launch"],
         # The same DeepSpeed settings with train_batch_size computed (the helm one is for 2 workers).
         "deepspeed": {k: v for k, v in smoke.get("deepspeed", {}).items() if k != "trainBatchSize"},
-        "gcsFuse": {"enabled": True}}
+        "gcsFuse": {"enabled": True}, "storage": {"storageClass": "standard-rwx"}}
+    pools = cfg["deepspeed-stack:nodePools"]
+    pools[0]["maxNodes"] = 4  # smoke's 3 nodes and train's 1 at once
     return {
+        "deepspeed-stack:nodePools": pools,
+        "deepspeed-stack:mpiOperator": {"install": True},
         "deepspeed-stack:workloads": cfg["deepspeed-stack:workloads"],
         "deepspeed-stack:storage": {"enabled": True, "checkpointRetentionDays": 14},
         "deepspeed-stack:vertex": {"enabled": True, "machineType": "n1-standard-8", "workers": 2,
