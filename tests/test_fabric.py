@@ -165,9 +165,9 @@ def runs(request: pytest.FixtureRequest) -> dict[str, RunResult]:
 
     return {
         "tcpxo": stack_run("h100"),
-        # TCPX also runs the smoke test as a Helm release (2 workers + the client: 3 nodes).
+        # TCPX also runs the smoke test as a Helm release (2 workers + the client: 3 nodes, beside the MPIJob's 2).
         "tcpx": run_stack("h100", {"deepspeed-stack:nodePools": [
-            {**_pool("a3-highgpu-8g", "nvidia-h100-80gb", "us-central1-a"), "maxNodes": 3}],
+            {**_pool("a3-highgpu-8g", "nvidia-h100-80gb", "us-central1-a"), "maxNodes": 5}],
             "deepspeed-stack:workloads": {**stack_yaml("h100")["deepspeed-stack:workloads"], "helm-smoke": HELM}}),
         # RDMA also asks for COMPACT placement (one zone).
         "rdma": run_stack("h100", {"deepspeed-stack:nodePools": [
