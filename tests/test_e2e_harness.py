@@ -71,7 +71,8 @@ def test_mpijob_launcher_hands_path_to_the_ranks() -> None:
     # runner exports ~/.deepspeed_env's lines to every rank: the launcher writes PATH there before launching.
     m = model("dev", {"workloads": {"ds-t4": copy.deepcopy({"kind": "mpijob", "pool": "t4", "workers": 2,
                                                             "deepspeed": {"precision": "fp16"},
-                                                            "storage": {"storageClass": "standard-rwx"}})}})
+                                                            "storage": {"storageClass": "standard-rwx"}})},
+                      "mpiOperator.install": True})
     script = mpijob.nvidia_launcher_script(m.workloads["ds-t4"])
     lines = script.splitlines()
     env_line = next(i for i, line in enumerate(lines) if ".deepspeed_env" in line)
