@@ -41,7 +41,7 @@ NVIDIA_MPIJOB = {"kind": "mpijob", "pool": "t4", "workers": 2, "deepspeed": {"pr
 
 
 def test_mpijob_restarts_with_a_backoff_limit_and_grace_period() -> None:
-    m = model("dev", {"workloads": {"ds-t4": copy.deepcopy(NVIDIA_MPIJOB)}})
+    m = model("dev", {"workloads": {"ds-t4": copy.deepcopy(NVIDIA_MPIJOB)}, "mpiOperator.install": True})
     w = m.workloads["ds-t4"]
     inputs = mpijob.MpiJobInputs(workload=w, placement=placement(m, w), image="img", config_map="cm")
     spec = mpijob.render_spec(inputs)
