@@ -376,3 +376,21 @@ def test_wrong_boot_disk_types_are_config_errors() -> None:
     assert found == ["nodePools[0].diskType: a4-highgpu-8g does not boot from pd-balanced; use hyperdisk-balanced"]
     assert [p for p in _pool_problems({**b200, "nodePools[0].diskType": "hyperdisk-balanced"})
             if p.startswith("nodePools[0].diskType")] == []
+
+
+def test_tfplan_gives_checkov_what_its_gcp_checks_read(prod: RunResult) -> None:
+    """preview/tfplan.py: Terraform attribute names and blocks, and references for checkov's graph checks."""
+    from preview import tfplan
+
+    doc = tfplan.plan(prod)
+    after = {c["address"]: c["change"]["after"] for c in doc["resource_changes"]}
+    cluster = after["google_container_cluster.cluster"]
+    assert cluster["enable_intranode_visibility"] is True
+    assert cluster["node_config"][0]["shielded_instance_config"] == [
+        {"enable_secure_boot": True, "enable_integrity_monitoring": True}]
+    assert cluster["node_config"][0]["workload_metadata_config"] == [{"mode": "GKE_METADATA"}]
+    assert after["google_compute_subnetwork.network_subnet"]["log_config"][0]["flow_sampling"] == 0.5
+    assert after["google_compute_firewall.network_internal"]["allow"][0] == {"protocol": "tcp"}
+    refs = {r["address"]: r["expressions"] for r in doc["configuration"]["root_module"]["resources"]}
+    assert refs["google_compute_firewall.network_deny_ingress"]["network"] == {
+        "references": ["google_compute_network.network_vpc.id"]}
