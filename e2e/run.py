@@ -292,7 +292,7 @@ def scenario_chart(cluster: nshosts.Cluster, logs: Path) -> str:
     chart_files(cluster, client, w, where, len(workers))
     deepspeed_env(client)
     wait_for_workers(cluster, client, [f"{CHART_WORKER}-{i}.{CHART_WORKER}-headless" for i in range(len(workers))])
-    command = deepspeed_release.launch_command(w)
+    command = deepspeed_release.launch_command(w, where)
     status, output = launch(cluster, client, command, logs / "chart-client.log")
     cluster.stop_services()
     problems = check_run(output, len(workers), [h.name for h in workers])
@@ -481,7 +481,7 @@ def chart_run(cluster: nshosts.Cluster, logs: Path, name: str, workers: int, arg
     start_chart_workers(cluster, hosts, (client.home / ".ssh" / "id_rsa.pub").read_text(), logs)
     wait_for_workers(cluster, client, [f"{CHART_WORKER}-{i}.{CHART_WORKER}-headless" for i in range(workers)])
     log = logs / f"{name}.log"
-    process = cluster.spawn(client, ["/bin/bash", "-c", deepspeed_release.launch_command(w)], log=log,
+    process = cluster.spawn(client, ["/bin/bash", "-c", deepspeed_release.launch_command(w, where)], log=log,
                             env={**IMAGE_ENV, **RANK_ENV})
     return process, log
 
@@ -588,7 +588,7 @@ SCENARIOS: dict[str, Callable[[nshosts.Cluster, Path], str]] = {
 }
 
 # What `make e2e` runs.
-DEFAULT_SCENARIOS = ("chart",)
+DEFAULT_SCENARIOS = ("chart", "mpijob", "mpirun", "vertex", "recovery")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

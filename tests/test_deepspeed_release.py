@@ -112,7 +112,7 @@ def test_source_configmap_and_launch_command(dev: RunResult) -> None:
     source = values(dev)["source"]
     assert source["existingConfigMap"] == cm.inputs["metadata"]["name"] == "smoke-source"
     assert cm.inputs["metadata"]["namespace"] == "deepspeed-smoke"
-    assert source["launchCommand"] == ("cd /app && deepspeed --hostfile /job/hostfile smoke_test.py "
+    assert source["launchCommand"] == ("cd /app && deepspeed --force_multi --hostfile /job/hostfile smoke_test.py "
                                        "--deepspeed_config ds_config.json --expected-gpus-per-node 1")
     data = cm.inputs["data"]
     assert data["smoke_test.py"] == (PROJECT_DIR / "workloads" / "scripts" / "smoke_test.py").read_text()

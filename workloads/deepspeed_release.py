@@ -78,10 +78,12 @@ def launch_command(w: WorkloadConfig, where: Placement | None = None) -> str:
     if w.launch.command:
         return w.launch.command
     script = [w.launch.script, "--deepspeed_config", DS_CONFIG_FILE, *w.launch.args]
+    # --force_multi: the client is not in the hostfile. With one worker DeepSpeed would otherwise start the
+    # training on the client itself, against the worker's address as master, and hang (found by make e2e).
+    deepspeed = ["deepspeed", "--force_multi", "--hostfile", HOSTFILE]
     if fabric.pod_contract(where) is None:
-        return f"cd {SOURCE_DIR} && " + " ".join(shlex.quote(p) for p in ["deepspeed", "--hostfile", HOSTFILE,
-                                                                          *script])
-    launcher = " ".join(shlex.quote(p) for p in ["deepspeed", "--hostfile", HOSTFILE, *fabric.LAUNCH_FLAGS])
+        return f"cd {SOURCE_DIR} && " + " ".join(shlex.quote(p) for p in [*deepspeed, *script])
+    launcher = " ".join(shlex.quote(p) for p in [*deepspeed, *fabric.LAUNCH_FLAGS])
     rank = fabric.rank_command(f"{SOURCE_DIR}/{fabric.ENV_SCRIPT}")
     return f"cd {SOURCE_DIR} && {launcher} {rank} " + " ".join(shlex.quote(p) for p in script)
 

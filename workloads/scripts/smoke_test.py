@@ -462,17 +462,19 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision(config), torch.float32)
     batch = micro_batch_size(config, world_size)
     device = engine.device
-    # A fixed regression task (a random linear teacher), a fresh batch per (step, rank): the loss falls
-    # as training goes on, and a resumed run continues where the saved one was.
+    # A fixed regression task (a random linear teacher) and the same batch every step on a rank: the loss
+    # falls steadily, so a resumed run visibly continues where the saved one was (a fresh start would not).
     teacher = torch.randn(args.hidden_size, args.hidden_size,
                           generator=torch.Generator().manual_seed(args.seed)) / math.sqrt(args.hidden_size)
+    generator = torch.Generator().manual_seed(args.seed * 1_000_003 + rank)
+    inputs_cpu = torch.randn(batch, args.hidden_size, generator=generator)
+    inputs = inputs_cpu.to(device=device, dtype=dtype)
+    targets = (inputs_cpu @ teacher).to(device)
 
     def step(number: int) -> float:
-        generator = torch.Generator().manual_seed(args.seed * 1_000_003 + number * 1009 + rank)
-        inputs = torch.randn(batch, args.hidden_size, generator=generator)
-        targets = inputs @ teacher
-        prediction = engine(inputs.to(device=device, dtype=dtype))
-        loss = torch.nn.functional.mse_loss(prediction.float(), targets.to(device))
+        del number  # the same batch every step
+        prediction = engine(inputs)
+        loss = torch.nn.functional.mse_loss(prediction.float(), targets)
         engine.backward(loss)
         engine.step()
         return loss.item()
