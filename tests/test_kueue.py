@@ -180,3 +180,10 @@ def test_flavor_limit_is_the_crds() -> None:
 
     groups = crd_schema("ClusterQueue")["properties"]["spec"]["properties"]["resourceGroups"]
     assert groups["items"]["properties"]["flavors"]["maxItems"] == KUEUE_MAX_FLAVORS
+
+
+def test_kueue_owns_suspension_after_creation(dws: RunResult) -> None:
+    # Kueue unsuspends the admitted job; Pulumi must not put `suspend: true` back or see a diff there.
+    job = dws.one(MPIJOB)
+    assert job.ignore_changes == ["spec.runPolicy.suspend"]
+    assert kueue.owned_fields(None) is None

@@ -192,3 +192,11 @@ def job_annotations(queue: str | None, pools: list[NodePoolConfig | None]) -> di
     if not queue or not queued:
         return {}
     return {"provreq.kueue.x-k8s.io/maxRunDurationSeconds": str(capacity.seconds(queued[0].max_run_duration))}
+
+
+def owned_fields(queue: str | None) -> list[str] | None:
+    """What Kueue changes on a queued job after Pulumi created it: it unsuspends the job on admission (and
+    suspends it again on eviction). Pulumi leaves the field to Kueue, so an update of the job's metadata never
+    re-suspends a running job, and Kueue's change is no diff that replaces it."""
+    return ["spec.runPolicy.suspend"] if queue else None
+

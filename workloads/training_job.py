@@ -146,5 +146,6 @@ class TrainingJob(pulumi.ComponentResource):
                 # The operator runs a job once; a changed spec must start a new run, under the same name.
                 replace_on_changes=["spec"],
                 delete_before_replace=True,
+                ignore_changes=kueue.owned_fields(args.queue),
             ),
         )
