@@ -90,16 +90,20 @@ def read_base(path: Path, stack: str) -> dict:
 
 
 def write_build(run_result: RunResult, plan_doc: dict, summary_md: str, out_root: Path) -> Written:
-    """build/<stack>/: plan.json, manifests/ (recreated, so no stale object survives), summary.md, hook files."""
+    """build/<stack>/: plan.json, manifests/ (Kubernetes objects), helm/ (values and chart files), summary.md, and
+    hook files."""
     directory = out_root / run_result.stack
     directory.mkdir(parents=True, exist_ok=True)
     written = [plan.write(plan_doc, directory / "plan.json")]
-    manifest_dir = directory / "manifests"
-    shutil.rmtree(manifest_dir, ignore_errors=True)
-    manifest_dir.mkdir()
-    for name, content in manifests.render(run_result).items():
-        (manifest_dir / name).write_text(content, encoding="utf-8")
-        written.append(manifest_dir / name)
+    for folder, files in (("manifests", manifests.render(run_result)), ("helm", manifests.render_helm(run_result))):
+        target_dir = directory / folder
+        shutil.rmtree(target_dir, ignore_errors=True)  # recreated, so no stale file survives
+        if not files and folder == "helm":
+            continue
+        target_dir.mkdir()
+        for name, content in files.items():
+            (target_dir / name).write_text(content, encoding="utf-8")
+            written.append(target_dir / name)
     (directory / "summary.md").write_text(summary_md, encoding="utf-8")
     written.append(directory / "summary.md")
     for name, content in hooks.files(run_result).items():

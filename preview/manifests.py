@@ -1,10 +1,13 @@
 """Kubernetes objects and Helm releases of a run, as files `kubectl apply -f` and `helm install` take.
 
 Every custom `kubernetes:*` resource (other than Helm releases and ConfigFile/ConfigGroup/kustomize
-components, which stand for many objects) becomes one YAML document; each Helm release becomes
-`<release>.values.yaml` plus `<release>.chart.yaml` naming chart, version and repository. Values the
-engine saw as secrets stay "[secret]", and every value of a Secret's `data`/`stringData` is written as
-"[secret]" whether or not the program marked it, so no credential reaches a file.
+components, which stand for many objects) becomes one YAML document in `manifests/`, so `kubectl apply -f
+manifests/` takes the folder as it is; each Helm release becomes `helm/<release>.values.yaml` plus
+`helm/<release>.chart.yaml` naming chart, version and repository (not Kubernetes objects: kubectl would refuse
+them). Values the engine saw as secrets stay "[secret]", and every value of a Secret's `data`/`stringData` is
+written as "[secret]" whether or not the program marked it, so no credential reaches a file; a Secret whose
+whole `data`/`stringData` was secret (its keys unknown here) gets an empty map and an annotation saying so,
+so the object stays valid.
 """
 
 from __future__ import annotations
@@ -61,12 +64,21 @@ def api_version_kind(type_token: str) -> tuple[str, str]:
     return (version if group in ("core", "") else f"{group}/{version}"), kind
 
 
+REDACTED_ANNOTATION = "deepspeed-stack/redacted"
+
+
 def _redact_secret(doc: dict[str, Any]) -> dict[str, Any]:
+    hidden = []
     for key in SECRET_FIELDS:
         if isinstance(doc.get(key), dict):
             doc[key] = {k: SECRET for k in doc[key]}
         elif key in doc:
-            doc[key] = SECRET
+            doc[key] = {}  # a secret as a whole: its keys are unknown here; a map keeps the object valid
+            hidden.append(key)
+    if hidden:
+        metadata = doc["metadata"] = dict(doc["metadata"])
+        metadata["annotations"] = {**(metadata.get("annotations") or {}),
+                                   REDACTED_ANNOTATION: f"{', '.join(hidden)}: secret, not written by the preview"}
     return doc
 
 
@@ -122,12 +134,18 @@ def chart_file(chart: HelmChart) -> dict[str, Any]:
 
 
 def render(run: RunResult) -> dict[str, str]:
-    """Relative file name -> content, for build/<stack>/manifests/."""
+    """Relative file name -> content, for build/<stack>/manifests/: Kubernetes objects only."""
     files: dict[str, str] = {}
     objects = [r for r in run.resources if is_object(r)]
     for i, reg in enumerate(objects, start=1):
         doc = manifest(reg)
         files[file_name(i, doc)] = dump(doc)
+    return files
+
+
+def render_helm(run: RunResult) -> dict[str, str]:
+    """Relative file name -> content, for build/<stack>/helm/: each release's values and chart files."""
+    files: dict[str, str] = {}
     for reg in run.resources:
         if reg.type in HELM_TYPES:
             chart = helm_chart(reg)
