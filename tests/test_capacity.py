@@ -215,15 +215,14 @@ FALLBACK = {"nodeAffinity": {
 def test_helm_job_prefers_spot_and_falls_back_to_on_demand(dws: RunResult) -> None:
     import json
 
-    import jsonschema
-    from conftest import reference
+    from conftest import reference, validate_json
 
     values = dws.one("kubernetes:helm.sh/v3:Release").inputs["values"]
     for role in ("client", "worker"):
         assert values[role]["affinity"] == FALLBACK
         # No pool in the node selector: the affinity names both pools.
         assert values[role]["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
-    jsonschema.validate(values, json.loads(reference("bitnami-deepspeed", "values.schema.json").read_text()))
+    validate_json(values, json.loads(reference("bitnami-deepspeed", "values.schema.json").read_text()))
 
 
 def test_queued_job_may_use_its_reservation_or_dws(dws: RunResult) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import DELETE, PROJECT_DIR, problems, reference, set_path, stack_yaml
+from conftest import DELETE, PROJECT_DIR, problems, reference, set_path, stack_yaml, validate_json
 
 from checks import ConfigError, load
 from preview import engine
@@ -247,9 +247,9 @@ def test_values_match_the_chart_schema(dev: RunResult, two_pools_with_token: Run
     # The schema is stale (chart 0.x) and lacks global.security, but it has no additionalProperties: false,
     # so it checks the types of what it knows and lets the rest through, as Helm does.
     for run in (dev, two_pools_with_token):
-        jsonschema.validate(values(run), schema)
+        validate_json(values(run), schema)
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**values(dev), "worker": {**values(dev)["worker"], "replicaCount": "2"}}, schema)
+        validate_json({**values(dev), "worker": {**values(dev)["worker"], "replicaCount": "2"}}, schema)
 
 
 # --- Config rules for helm workloads ---------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import reference, stack_yaml
+from conftest import reference, stack_yaml, validate_json
 
 from model import fabric
 from preview.engine import RunResult, run_stack
@@ -628,13 +628,12 @@ def test_fabric_helm_values_fit_the_chart(runs: dict[str, RunResult]) -> None:
     """The keys the contract adds (extraEnvVars, initContainers, extraVolumes...) are the chart's own."""
     import json
 
-    import jsonschema
     from test_deepspeed_release import _unknown_paths
 
     values = runs["tcpx"].one("kubernetes:helm.sh/v3:Release").inputs["values"]
     chart_values = yaml.safe_load(reference("bitnami-deepspeed", "values.yaml").read_text())
     assert _unknown_paths(values, chart_values) == []
-    jsonschema.validate(values, json.loads(reference("bitnami-deepspeed", "values.schema.json").read_text()))
+    validate_json(values, json.loads(reference("bitnami-deepspeed", "values.schema.json").read_text()))
 
 
 def test_preview_shows_the_fabric(runs: dict[str, RunResult], dev: RunResult) -> None:

@@ -199,14 +199,14 @@ def test_values_with_network_policy_and_token_file_match_the_chart_schema(dev: R
     import json
 
     import jsonschema
-    from conftest import reference
+    from conftest import reference, validate_json
 
     schema = json.loads(reference("bitnami-deepspeed", "values.schema.json").read_text())
     v = dev.one(RELEASE).inputs["values"]
-    jsonschema.validate(v, schema)
+    validate_json(v, schema)
     bad = {**v, "worker": {**v["worker"], "networkPolicy": {"allowExternal": "false"}}}
     try:
-        jsonschema.validate(bad, schema)
+        validate_json(bad, schema)
     except jsonschema.ValidationError as err:
         assert list(err.absolute_path) == ["worker", "networkPolicy", "allowExternal"]
     else:
