@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,14 @@ LAYER_ACTIVATION_FACTOR = 34
 LOGITS_BYTES = 8
 # Shape fallback for a model not in data/models.yaml: a Llama-like decoder with head dim 128, as many layers as
 # heads (hidden = 128 x layers, Llama-2-7B: 4096 = 128 x 32), parameters = 12 x layers x hidden^2, full
-# multi-head attention (no grouped-query attention, so the KV cache is an upper bound) and Llama-2's vocabulary.
+# multi-head attention (no grouped-query attention, so the KV cache is an upper bound) and the largest vocabulary
+# in data/models.yaml (Gemma's 256000), so ZeRO-3's gathered largest layer (vocabulary x hidden, at most all the
+# parameters) and the logits are upper bounds too: a Llama-2 vocabulary (32000) under-estimated Llama-3,
+# Qwen and Gemma 3-6x. Give the shape (`vocabulary` and `hidden`, or `largestLayer`) for a tight estimate.
 FALLBACK_HEAD_DIM = 128
-FALLBACK_VOCAB = 32000
+FALLBACK_VOCAB = 256000
+# A bare size as a model name: "7B", "1.3b", "350M".
+BARE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bBmM])\s*$")
 
 
 class UnknownModelError(ValueError):
@@ -68,10 +74,16 @@ class ModelShape:
     vocab: int
     intermediate: int
 
+    largest_override: int | None = None  # the largest layer's parameters, when given rather than derived
+    cap: int | None = None  # the fallback's bound: no layer holds more than all the parameters
+
     @property
     def largest_layer(self) -> int:
         """Parameters of the largest single module: the embedding (or LM head) or one MLP projection."""
-        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
+        if self.largest_override is not None:
+            return self.largest_override
+        largest = max(self.vocab * self.hidden, self.hidden * self.intermediate)
+        return min(largest, self.cap) if self.cap is not None else largest
 
 
 @dataclass(frozen=True)
@@ -202,12 +214,22 @@ def fallback_shape(parameters: float) -> ModelShape:
     layers = max(1, round((parameters / (12 * FALLBACK_HEAD_DIM**2)) ** (1 / 3)))
     hidden = FALLBACK_HEAD_DIM * layers
     return ModelShape(layers=layers, hidden=hidden, heads=layers, kv_heads=layers, head_dim=FALLBACK_HEAD_DIM,
-                      vocab=FALLBACK_VOCAB, intermediate=math.ceil(8 * hidden / 3))
+                      vocab=FALLBACK_VOCAB, intermediate=math.ceil(8 * hidden / 3), cap=int(parameters))
+
+
+def bare_size(name: str | None) -> float | None:
+    """`7B` -> 7.0, `350M` -> 0.35 (billions); None for anything else."""
+    match = BARE_SIZE.match(name or "")
+    if not match:
+        return None
+    return float(match.group(1)) if match.group(2) in "bB" else float(match.group(1)) / 1000
 
 
 def resolve(name: str | None = None, parameters_b: float | None = None) -> Model:
     """A known model name, a parameter count in billions, or both (the count overrides the known one)."""
     entry = known_models().get(name.lower()) if name else None
+    if entry is None and parameters_b is None:
+        parameters_b = bare_size(name)
     if entry is None and parameters_b is None:
         if not name:
             raise UnknownModelError("give a model name or a parameter count")
