@@ -23,6 +23,7 @@ from planner.sizing import (
     Strategy,
     UnknownModelError,
     estimate,
+    given_shape,
     resolve,
 )
 from workloads.placement import Placement, offload_memory_bytes, placement
@@ -74,7 +75,7 @@ def workload_request(w: WorkloadConfig) -> Request | None:
     if mb is None:
         return None
     try:
-        model = resolve(mb.name, mb.parameters)
+        model = given_shape(resolve(mb.name, mb.parameters), mb.vocabulary, mb.hidden, mb.largest_layer)
     except UnknownModelError:
         return None
     if mb.mode == "training" and mb.precision not in TRAINING_PRECISIONS:

@@ -251,6 +251,9 @@ class ModelConfig:
     batch_size: int
     name: str | None = None
     parameters: float | None = None
+    vocabulary: int | None = None
+    hidden: int | None = None
+    largest_layer: float | None = None  # millions
 
 
 @dataclass(frozen=True)

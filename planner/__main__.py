@@ -10,7 +10,7 @@ import sys
 
 from model import catalog as gpu_catalog
 from planner.recommend import MAX_NODES, Plan, recommend, short_name
-from planner.sizing import BYTES_PER_PARAM, HEADROOM, Request, model_names, resolve
+from planner.sizing import BYTES_PER_PARAM, HEADROOM, Request, given_shape, model_names, resolve
 
 DEFAULT_REGION = "us-central1"
 
@@ -23,6 +23,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     what.add_argument("--parameters", type=float, metavar="B", help="parameters in billions (unknown shape)")
     what.add_argument("--list", action="store_true", help="list the known models and exit")
     parser.add_argument("--mode", choices=["inference", "training"], help="required with --model/--parameters")
+    parser.add_argument("--vocab", type=int, help="vocabulary size (with --hidden) of a model not in data/models.yaml")
+    parser.add_argument("--hidden", type=int, help="hidden size (with --vocab) of a model not in data/models.yaml")
+    parser.add_argument("--largest-layer", type=float, metavar="M",
+                        help="parameters of the largest layer in millions, for a model not in data/models.yaml")
     parser.add_argument("--precision", choices=list(BYTES_PER_PARAM), default="bf16")
     parser.add_argument("--region", default=DEFAULT_REGION, help=f"GCP region (default {DEFAULT_REGION})")
     parser.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        model = resolve(args.model, args.parameters)
+        model = given_shape(resolve(args.model, args.parameters), args.vocab, args.hidden, args.largest_layer)
         request = Request(model, args.precision, args.mode, args.seq, args.batch)
         plans = recommend(request, args.region, cat, max_nodes=args.max_nodes, top=args.top)
     except ValueError as err:  # an unknown model (UnknownModelError) or int8/int4 training

@@ -18,6 +18,7 @@ Then activations, DeepSpeed's communication buckets and the CUDA context are add
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -223,6 +224,23 @@ def bare_size(name: str | None) -> float | None:
     if not match:
         return None
     return float(match.group(1)) if match.group(2) in "bB" else float(match.group(1)) / 1000
+
+
+def given_shape(model: Model, vocabulary: int | None = None, hidden: int | None = None,
+                largest_layer_m: float | None = None) -> Model:
+    """A model not in data/models.yaml with the shape its user gave: vocabulary and hidden size (the layers
+    follow from the parameters, as in the fallback), or the largest layer's parameters (millions)."""
+    if model.shape_known or (largest_layer_m is None and (vocabulary is None or hidden is None)):
+        return model
+    shape = model.shape
+    if vocabulary is not None and hidden is not None:
+        layers = max(1, round(model.parameters / (12 * hidden**2)))
+        heads = max(1, hidden // FALLBACK_HEAD_DIM)
+        shape = ModelShape(layers=layers, hidden=hidden, heads=heads, kv_heads=heads, head_dim=hidden // heads,
+                           vocab=vocabulary, intermediate=math.ceil(8 * hidden / 3))
+    if largest_layer_m is not None:
+        shape = dataclasses.replace(shape, largest_override=int(largest_layer_m * 1e6), cap=None)
+    return dataclasses.replace(model, shape=shape)
 
 
 def resolve(name: str | None = None, parameters_b: float | None = None) -> Model:

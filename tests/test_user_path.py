@@ -228,3 +228,27 @@ def test_the_fallback_largest_layer_is_an_upper_bound_for_every_known_model() ->
         fallback = sizing.fallback_shape(known.parameters)
         assert fallback.largest_layer >= known.shape.largest_layer, name
         assert fallback.largest_layer <= known.parameters, name
+
+
+def test_the_user_gives_the_shape() -> None:
+    # OPT-350M as a bare size with its real shape (vocabulary 50272 x hidden 1024 = 51.5M parameters, its
+    # embedding, the largest layer) or that largest layer directly: both replace the fallback's upper bound.
+    from planner import sizing
+
+    bare = sizing.resolve("0.331B")
+    by_vocab = sizing.given_shape(bare, vocabulary=50272, hidden=1024)
+    by_layer = sizing.given_shape(bare, largest_layer_m=51.5)
+    assert by_vocab.shape.largest_layer == 50272 * 1024
+    assert by_layer.shape.largest_layer == 51_500_000
+    assert bare.shape.largest_layer > by_vocab.shape.largest_layer  # the fallback is the upper bound
+    known = sizing.resolve("Llama-2-7B")
+    assert sizing.given_shape(known, 1, 1) is known  # a known model keeps its own shape
+
+
+def test_a_workloads_model_block_takes_the_shape() -> None:
+    from checks import planner as checks_planner
+
+    m = config_model(changed("prod", {f"{WORKLOAD}.model": {"name": "my-model", "parameters": 1.0, "mode": "training",
+                                                            "vocabulary": 32000, "hidden": 2048}}))
+    (sized,) = checks_planner.sized_workloads(m)
+    assert sized.request.model.shape.largest_layer == 32000 * 2048
