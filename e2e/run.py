@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,8 @@ def stack_workload(kind: str, workers: int = WORKERS, args: Sequence[str] = SMOK
                                 "launch": {"script": "smoke_test.py", "args": list(args)}}
     if kind == "mpijob":
         workload |= {"namespace": MPIJOB_NAMESPACE, "storage": {"storageClass": "standard-rwx"}}
+        # The stack installs the operator (and its MPIJob CRD) on its own cluster.
+        config["deepspeed-stack:mpiOperator"] = {**config.get("deepspeed-stack:mpiOperator", {}), "install": True}
     else:
         workload |= {"namespace": "deepspeed-e2e", "chart": {"version": "2.3.51"}}
     config["deepspeed-stack:workloads"] = {MPIJOB if kind == "mpijob" else "smoke": workload}
@@ -613,6 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[e2e] SKIPPED: {reason}", flush=True)
         return 0
 
+    # SIGTERM (a CI timeout) ends the run like Ctrl-C does: through the teardown below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="ds-e2e-", dir="/var/tmp"))
     logs = work / "logs"
     logs.mkdir()
