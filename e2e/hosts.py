@@ -148,8 +148,14 @@ class Cluster:
         os.chmod(tmp, 0o1777)
 
     def fresh_homes(self) -> None:
-        """An empty home for the image's user on every host (each launch path brings its own ~/.ssh)."""
+        """An empty home for the image's user and an empty /tmp on every host (each launch path brings its own
+        ~/.ssh and host keys, as a new pod would)."""
         for host in self.hosts:
+            for item in (host.root / "tmp").iterdir():
+                if item.is_dir() and not item.is_symlink():
+                    shutil.rmtree(item, ignore_errors=True)
+                else:
+                    item.unlink(missing_ok=True)
             shutil.rmtree(host.home, ignore_errors=True)
             (host.home / ".ssh").mkdir(parents=True)
             os.chmod(host.home / ".ssh", 0o700)
