@@ -209,7 +209,7 @@ def worker_floor(resources: list[dict[str, Any]], stack: str, project_id: str, r
     from pulumi.runtime.stack import run_pulumi_func
     from pulumi.runtime.sync_await import _sync_await
 
-    from preview.engine import gc_paused
+    from preview.engine import gc_paused, no_source_positions
     from preview.mocks import StackMocks
 
     mocks = StackMocks(project_id, region)
@@ -217,7 +217,7 @@ def worker_floor(resources: list[dict[str, Any]], stack: str, project_id: str, r
     pulumi.runtime.set_all_config({}, [])
     pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
     start = time.perf_counter()
-    with gc_paused():  # the same conditions as the program's run (engine.run_program pauses the collector)
+    with gc_paused(), no_source_positions():  # the same conditions as the program's run (engine.run_program)
         _sync_await(run_pulumi_func(lambda: register_floor(resources, typed)))
     return {"imports": imports, "run": time.perf_counter() - start}
 
