@@ -15,9 +15,11 @@ nothing asserts timings. The goal: program <= 1.3 x floor, and a constant per-po
 
     python -m preview.bench [--repeat 1] [--jobs 2] [--pools 25,100] [--profile]
 
-`make bench` runs the defaults: one fresh process of each kind per row and two rows at a time (each row's
-program, floor and bare processes run one after the other, so a row's ratio compares runs under the same load),
-which keeps it within a minute on a 2-core machine; `--repeat 3 --jobs 1` gives medians on a quiet machine.
+`make bench` runs the defaults: per row one fresh process that runs the program once cold (loading every
+module), then bare, floor and the program again, warm, side by side (so a row's ratio compares runs in the
+same process under the same load); two rows at a time. That keeps it within a minute on a 2-core machine.
+`--fresh` times each kind in its own fresh process instead (cold, minutes); `--repeat 3 --jobs 1` gives
+medians on a quiet machine.
 """
 
 from __future__ import annotations
@@ -222,6 +224,53 @@ def worker_floor(resources: list[dict[str, Any]], stack: str, project_id: str, r
     return {"imports": imports, "run": time.perf_counter() - start}
 
 
+def _floor_run(resources: list[dict[str, Any]], stack: str, project_id: str, region: str, typed: bool) -> float:
+    import pulumi
+    from pulumi.runtime import mocks as pulumi_mocks
+    from pulumi.runtime import settings
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    from preview.engine import gc_paused
+    from preview.mocks import StackMocks
+
+    settings.ROOT.set(None)
+    pulumi.runtime.set_all_config({}, [])
+    pulumi_mocks.set_mocks(StackMocks(project_id, region), project=PROJECT, stack=stack, preview=False)
+    settings.SETTINGS.rpc_manager.clear()
+    start = time.perf_counter()
+    with gc_paused():
+        _sync_await(run_pulumi_func(lambda: register_floor(resources, typed)))
+    return time.perf_counter() - start
+
+
+def worker_row(config: dict[str, Any], stack: str) -> dict[str, Any]:
+    """One row side by side in one process: a first (cold) program run loads every module it needs (its
+    time less the warm run's is reported as imports); then bare, floor and the program again, each warm, so
+    all three pay the same: only the registrations and the program's own work."""
+    from policy.rules import POLICIES
+    from preview import manifests, plan, policy_check, summary
+    from preview.engine import run_program
+
+    engine_cfg, secret_keys = engine_config_from_yaml(config)
+    start = time.perf_counter()
+    first = run_program(engine_cfg, secret_keys, stack=stack)
+    cold = time.perf_counter() - start
+    resources = [{**r.to_plan(), "protect": r.protect} for r in first.resources]
+    project, region = config.get("gcp:project", "my-gcp-project"), config.get("gcp:region", "us-central1")
+    bare = _floor_run(resources, stack, project, region, typed=False)
+    floor = _floor_run(resources, stack, project, region, typed=True)
+    start = time.perf_counter()
+    run = run_program(engine_cfg, secret_keys, stack=stack)
+    ran = time.perf_counter()
+    plan.dumps(plan.build(run))
+    summary.markdown(run, policy_check.evaluate(run), len(POLICIES))
+    manifests.render(run)
+    done = time.perf_counter()
+    return {"imports": cold - (ran - start), "run": ran - start, "post": done - ran, "floor": floor, "bare": bare,
+            "resources": len(resources)}
+
+
 PYCACHE = Path(tempfile.gettempdir()) / "deepspeed-stack-bench-pycache"
 
 
@@ -251,6 +300,8 @@ def _worker_main(kind: str, path: str) -> None:
         payload = json.load(fh)
     if kind == "probe":
         result = worker_probe(payload["config"], payload["stack"])
+    elif kind == "row":
+        result = worker_row(payload["config"], payload["stack"])
     elif kind == "program":
         result = worker_program(payload["config"], payload["stack"], payload["modules"])
     else:
@@ -260,6 +311,13 @@ def _worker_main(kind: str, path: str) -> None:
 
 
 # --- measuring -----------------------------------------------------------------------------------
+
+def measure_row(label: str, config: dict[str, Any], stack: str, repeat: int) -> dict[str, Any]:
+    """The default: each run one process measuring bare, floor and program side by side (warm)."""
+    rows = [_spawn("row", {"config": config, "stack": stack}) for _ in range(repeat)]
+    return {"label": label, "resources": rows[0]["resources"],
+            **{k: statistics.median(r[k] for r in rows) for k in ("run", "post", "floor", "bare", "imports")}}
+
 
 def measure(label: str, config: dict[str, Any], stack: str, repeat: int) -> dict[str, Any]:
     modules = _spawn("probe", {"config": config, "stack": stack})["modules"]
@@ -308,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement (median; default 1)")
     parser.add_argument("--jobs", type=int, default=2, help="rows measured at once (default 2)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="program, floor and bare each in a fresh process (cold; slower: minutes)")
     parser.add_argument("--pools", default=",".join(map(str, DEFAULT_POOLS)), help="generated pool counts")
     parser.add_argument("--profile", action="store_true", help="profile the largest generated stack")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "PAYLOAD"), help=argparse.SUPPRESS)
@@ -317,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     counts = sorted(int(n) for n in args.pools.split(",") if n)
-    print(f"seconds, median of {args.repeat} fresh processes. bare: the SDK core registering the same resources "
+    how_run = " in fresh processes" if args.fresh else ", warm, side by side"
+    print(f"seconds, median of {args.repeat} run(s){how_run}. bare: the SDK core registering the same resources "
           "as generic CustomResources; floor: the same through the provider SDKs' classes; program: the real "
           f"__main__.py; preview: plan, policies, summary, manifests.\nratio = program / floor (goal <= {GOAL_RATIO}); "
           "total = (program + preview) / floor")
@@ -331,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         wl = len(config.get(f"{PROJECT}:workloads") or {})
         rows.append((f"generated {n} pools/{wl} wl", config, "bench"))
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:  # each row's workers are processes
-        futures = [pool.submit(measure, label, config, stack, args.repeat) for label, config, stack in rows]
+        how = measure if args.fresh else measure_row
+        futures = [pool.submit(how, label, config, stack, args.repeat) for label, config, stack in rows]
         measured = []
         for future in futures:  # in order, each as soon as it and those before it are done
             measured.append(future.result())
