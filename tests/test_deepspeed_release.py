@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import DELETE, PROJECT_DIR, problems, reference, set_path, stack_yaml, validate_json
+from conftest import DELETE, PROJECT_DIR, problems, reference, set_path, stack_yaml, validate_json, yaml_load
 
 from checks import ConfigError, load
 from preview import engine
@@ -77,7 +77,7 @@ def test_image_is_the_stack_image_pinned_by_digest(dev: RunResult) -> None:
 
 def test_no_chart_default_image_is_used(dev: RunResult) -> None:
     """Every image values.yaml defaults to docker.io/bitnami is either replaced or never rendered."""
-    ref = yaml.safe_load(reference("bitnami-deepspeed", "values.yaml").read_text())
+    ref = yaml_load(reference("bitnami-deepspeed", "values.yaml").read_text())
 
     def images(node: Any, path: str = "") -> list[str]:
         if not isinstance(node, dict):
@@ -228,7 +228,7 @@ def _unknown_paths(ours: Any, ref: Any, path: str = "") -> list[str]:
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_values_keys_exist_in_the_chart(stack: str, dev: RunResult, prod: RunResult) -> None:
-    ref = yaml.safe_load(reference("bitnami-deepspeed", "values.yaml").read_text())
+    ref = yaml_load(reference("bitnami-deepspeed", "values.yaml").read_text())
     run = {"dev": dev, "prod": prod}[stack]
     assert _unknown_paths(values(run), ref) == []
 

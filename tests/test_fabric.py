@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import reference, stack_yaml, validate_json
+from conftest import reference, stack_yaml, validate_json, yaml_load
 
 from model import fabric
 from preview.engine import RunResult, run_stack
@@ -631,7 +631,7 @@ def test_fabric_helm_values_fit_the_chart(runs: dict[str, RunResult]) -> None:
     from test_deepspeed_release import _unknown_paths
 
     values = runs["tcpx"].one("kubernetes:helm.sh/v3:Release").inputs["values"]
-    chart_values = yaml.safe_load(reference("bitnami-deepspeed", "values.yaml").read_text())
+    chart_values = yaml_load(reference("bitnami-deepspeed", "values.yaml").read_text())
     assert _unknown_paths(values, chart_values) == []
     validate_json(values, json.loads(reference("bitnami-deepspeed", "values.schema.json").read_text()))
 

@@ -11,7 +11,7 @@ from typing import Any
 import pulumi
 import pytest
 import yaml
-from conftest import PROJECT_DIR, changed, config_model, config_problems, set_path, stack_yaml
+from conftest import PROJECT_DIR, changed, config_model, config_problems, set_path, stack_yaml, yaml_load
 
 from checks import planner as checks_planner
 from model import catalog
@@ -28,7 +28,7 @@ CATALOG_FILE = PROJECT_DIR / "data" / "gpu_catalog.yaml"
 
 def raw_catalog() -> dict[str, Any]:
     with open(CATALOG_FILE, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+        return yaml_load(fh)
 
 
 

@@ -13,7 +13,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import reference, set_path, stack_yaml
+from conftest import reference, set_path, stack_yaml, yaml_load
 
 from checks import load
 from preview import bench, diff, hooks, manifests, plan, summary, tree
@@ -116,7 +116,7 @@ def test_plan_is_identical_across_runs(dev: RunResult) -> None:
 # --- manifests -----------------------------------------------------------------------------------
 
 def docs_by_kind(files: dict[str, str]) -> dict[str, dict[str, Any]]:
-    return {(doc := yaml.safe_load(text))["kind"]: doc for name, text in files.items()
+    return {(doc := yaml_load(text))["kind"]: doc for name, text in files.items()
             if not name.endswith((".values.yaml", ".chart.yaml"))}
 
 
@@ -125,7 +125,7 @@ def test_kubernetes_objects_become_valid_manifests(dev: RunResult, gaudi: RunRes
         files = manifests.render(run)
         objects = [r for r in run.resources if r.custom and r.type.startswith("kubernetes:")
                    and not r.type.startswith(("kubernetes:helm.sh/", "kubernetes:yaml/"))]
-        docs = [yaml.safe_load(t) for n, t in files.items() if not n.endswith((".values.yaml", ".chart.yaml"))]
+        docs = [yaml_load(t) for n, t in files.items() if not n.endswith((".values.yaml", ".chart.yaml"))]
         assert len(docs) == len(objects)
         for doc in docs:
             assert list(doc)[:3] == ["apiVersion", "kind", "metadata"] and doc["metadata"]["name"]

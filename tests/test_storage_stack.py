@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import reference, stack_yaml
+from conftest import reference, stack_yaml, yaml_load
 from test_deepspeed_release import _unknown_paths
 from test_mpijob import crd_problems, pod_problems
 from test_platform import waits_for
@@ -110,7 +110,7 @@ def test_helm_pods_mount_the_bucket(run: RunResult) -> None:
         assert gcs["csi"] == {"driver": "gcsfuse.csi.storage.gke.io",
                               "volumeAttributes": {"bucketName": _bucket_name(run), "mountOptions": "implicit-dirs"}}
         assert {"name": "gcs", "mountPath": "/data"} in pod["extraVolumeMounts"]
-    ref = yaml.safe_load(reference("bitnami-deepspeed", "values.yaml").read_text())
+    ref = yaml_load(reference("bitnami-deepspeed", "values.yaml").read_text())
     assert _unknown_paths(values, ref) == []
 
 

@@ -11,7 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import changed, config_model, problems
+from conftest import changed, config_model, problems, yaml_load
 
 import checks
 from preview import plan, stackfile, summary, tree
@@ -177,7 +177,7 @@ def test_every_manifest_file_is_a_valid_kubernetes_object(dev: RunResult, tmp_pa
     checked = 0
     for run in runs:
         for name, text in manifests.render(run).items():
-            doc = yaml.safe_load(text)
+            doc = yaml_load(text)
             assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), name
             assert doc["metadata"]["name"], name
             try:
