@@ -6,6 +6,8 @@ cluster-toolkit @ 1047080), never copied from the code under test."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import ipaddress
 from typing import Any
 
@@ -23,8 +25,14 @@ FIREWALL = "gcp:compute/firewall:Firewall"
 
 
 def manifest(path: str) -> list[dict[str, Any]]:
+    return copy.deepcopy(_manifest(path))
+
+
+@functools.cache
+def _manifest(path: str) -> list[dict[str, Any]]:
+    """Parsed once (with libyaml when there): some tests read the same reference manifest for every fabric."""
     with open(reference(*CEA, *path.split("/")), encoding="utf-8") as fh:
-        return [d for d in yaml.safe_load_all(fh) if d]
+        return [d for d in yaml.load_all(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d]
 
 
 def first(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
