@@ -13,7 +13,7 @@ UV_VERSION := 0.13.9
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -r requirements.txt
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -r requirements.txt
 	touch $(STAMP)
 
 preview: $(STAMP)  ## offline preview of STACK (default dev): no cloud account needed
