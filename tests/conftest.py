@@ -104,6 +104,19 @@ def prod() -> engine.RunResult:
     return stack_run("prod")
 
 
+@pytest.fixture(scope="module")
+def gaudi() -> engine.RunResult:
+    return stack_run("gaudi")
+
+
+@pytest.fixture(scope="session")
+def omnia() -> dict[str, Any]:
+    """The newest Omnia example (Gaudi SW 1.19.1, optimum-habana v1.15.0), read in place."""
+    path = reference("omnia", "examples", "ai_examples", "intel", "deepSpeed", "ds_configuration.yml")
+    with open(path, encoding="utf-8") as fh:
+        return yaml_load(fh)
+
+
 @functools.cache
 def _stack_file_config(stack: str) -> dict[str, Any]:
     """Parsed once per session (a few hundred tests change one key of the same few files); callers get copies."""

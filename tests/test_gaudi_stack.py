@@ -10,8 +10,6 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
-from conftest import reference, stack_run
 
 from preview.engine import SECRET, RunResult, load_stack_config, run_program
 
@@ -26,19 +24,6 @@ K8S_VERSION = "1.33.0"
 # Plain-text canaries: they must never show up outside a secret.
 HF_TOKEN = "hf_canary_token_never_in_plain_text"
 KUBECONFIG = "apiVersion: v1\nkind: Config\n# kubeconfig-canary-never-in-plain-text\n"
-
-
-@pytest.fixture(scope="module")
-def gaudi() -> RunResult:
-    return stack_run("gaudi")
-
-
-@pytest.fixture(scope="module")
-def omnia() -> dict[str, Any]:
-    """The newest Omnia example (Gaudi SW 1.19.1, optimum-habana v1.15.0), read in place."""
-    path = reference("omnia", "examples", "ai_examples", "intel", "deepSpeed", "ds_configuration.yml")
-    with open(path, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
 
 
 def refuse(*args: Any, **kwargs: Any) -> None:

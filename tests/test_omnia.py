@@ -9,10 +9,6 @@ import re
 import shlex
 from typing import Any
 
-import pytest
-import yaml
-from conftest import reference, stack_run
-
 from preview.engine import RunResult
 
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
@@ -25,18 +21,6 @@ DEVIATIONS = {
     # (the training script's name follows the world size in both commands)
     "--world_size": "computed from the config (workers x cards) instead of counted from the hostfile at run time",
 }
-
-
-@pytest.fixture(scope="module")
-def gaudi() -> RunResult:
-    return stack_run("gaudi")
-
-
-@pytest.fixture(scope="module")
-def omnia() -> dict[str, Any]:
-    path = reference("omnia", "examples", "ai_examples", "intel", "deepSpeed", "ds_configuration.yml")
-    with open(path, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
 
 
 def containers(job: dict[str, Any], role: str) -> dict[str, Any]:

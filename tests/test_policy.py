@@ -27,11 +27,6 @@ POLICIES = {p.name: p for p in rules.POLICIES}
 HABANA = "vault.habana.ai/gaudi-docker/1.19.1/ubuntu22.04/habanalabs/pytorch-installer-2.5.1:latest"
 
 
-@pytest.fixture(scope="module")
-def gaudi() -> RunResult:
-    return stack_run("gaudi")
-
-
 def check(name: str, reg: Registration, **config: Any) -> list[str]:
     return policy_check.validate(POLICIES[name], reg, config or None)
 

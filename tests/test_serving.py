@@ -524,7 +524,7 @@ def test_send_prompt_round_trip_on_loopback(send_prompt: types.ModuleType, capsy
             return
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         assert send_prompt.main(["--url", url, "--deployment", "mistral", "ping"]) == 0
