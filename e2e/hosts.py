@@ -30,6 +30,9 @@ HOME = f"/home/{USER}"
 SUBNET = "10.233.77"  # a private /24 inside the bridge namespace only
 # Directories each host sees as its own: /etc (copied), /home and /tmp (empty).
 PRIVATE_DIRS = ("etc", "home", "tmp")
+# The checkout the hosts run the image's files from. A clone under /tmp or /home would be hidden by the host's
+# private /tmp or /home: it is bound into the private directory first, and that directory mounted recursively.
+REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -150,8 +153,11 @@ class Cluster:
     def fresh_homes(self) -> None:
         """An empty home for the image's user and an empty /tmp on every host (each launch path brings its own
         ~/.ssh and host keys, as a new pod would)."""
+        keep = _repo_entry("tmp")
         for host in self.hosts:
             for item in (host.root / "tmp").iterdir():
+                if item.name == keep:  # where the holder binds the checkout (a clone under /tmp): never removed
+                    continue
                 if item.is_dir() and not item.is_symlink():
                     shutil.rmtree(item, ignore_errors=True)
                 else:
@@ -164,7 +170,13 @@ class Cluster:
     def _start_holder(self, host: Host) -> None:
         ready = host.root / "ready"
         ready.unlink(missing_ok=True)
-        mounts = [f"mount --bind {host.root / d} /{d}" for d in PRIVATE_DIRS]
+        mounts = []
+        for d in PRIVATE_DIRS:
+            if REPO.is_relative_to(f"/{d}"):
+                inside = host.root / d / REPO.relative_to(f"/{d}")
+                inside.mkdir(parents=True, exist_ok=True)
+                mounts.append(f"mount --bind {REPO} {inside}")
+            mounts.append(f"mount --rbind {host.root / d} /{d}")
         for point, source in self.shared_mounts.items():
             self._mount_point(Path(point))
             mounts.append(f"mount --bind {source} {point}")
@@ -272,6 +284,11 @@ class Cluster:
             with contextlib.suppress(OSError):
                 point.rmdir()
         self._created_mount_points.clear()
+
+
+def _repo_entry(private_dir: str) -> str | None:
+    """The first path component of the checkout inside /<private_dir>, when the checkout lies there."""
+    return REPO.relative_to(f"/{private_dir}").parts[0] if REPO.is_relative_to(f"/{private_dir}") else None
 
 
 def _ip(*args: str) -> None:
