@@ -22,8 +22,10 @@ preview: $(STAMP)  ## offline preview of STACK (default dev): no cloud account n
 bench: $(STAMP)  ## time the offline preview against the bare Pulumi SDK (each stack; 25/100 generated GPU pools)
 	$(BIN)/python -m preview.bench
 
+# 2 workers (pytest-xdist); loadscope keeps a module's tests, and so its module-scoped stack runs, on one worker.
+# Bytecode is written even where the environment sets PYTHONDONTWRITEBYTECODE: later runs skip recompiling.
 test: $(STAMP)  ## the whole test suite under Pulumi mocks (2 workers, pytest-xdist), plus ruff
-	$(BIN)/python -m pytest -n 2
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 --dist loadscope
 	$(BIN)/ruff check .
 
 # Needs root (network namespaces); skips with the reason elsewhere. e2e/install.sh installs once (apt: openssh,
