@@ -26,6 +26,36 @@ _GKE_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:-gke\.(\d+))?$")
 
 
 @dataclass(frozen=True)
+class KueueInstall:
+    """How the stack installs Kueue: its Helm chart and the manager's Configuration (data/capacity.yaml kueue)."""
+    chart_repository: str
+    chart_version: str
+    release_name: str
+    namespace: str
+    image: str
+    config_api_version: str
+    manager_defaults: dict[str, Any]
+    integrations: tuple[str, ...]
+    managed_namespace_label: tuple[str, str]
+    replicas: int
+    min_available: int
+    wait_for_pods_ready: dict[str, Any]
+    falls_through_on_stockout: bool
+
+
+def _kueue_install(kq: dict[str, Any]) -> KueueInstall:
+    chart, label = kq["chart"], kq["managedNamespaceLabel"]
+    return KueueInstall(
+        chart_repository=str(chart["repository"]), chart_version=str(chart["version"]),
+        release_name=str(chart["releaseName"]), namespace=str(chart["namespace"]), image=str(chart["image"]),
+        config_api_version=str(kq["configApiVersion"]), manager_defaults=dict(kq["managerDefaults"]),
+        integrations=tuple(kq["integrations"]), managed_namespace_label=(str(label["key"]), str(label["value"])),
+        replicas=int(kq["replicas"]), min_available=int(kq["minAvailable"]),
+        wait_for_pods_ready=dict(kq["waitForPodsReady"]),
+        falls_through_on_stockout=bool(kq["fallsThroughOnStockout"]))
+
+
+@dataclass(frozen=True)
 class Facts:
     flex_start_min_gke: str
     flex_start_max_run_seconds: int
@@ -37,10 +67,10 @@ class Facts:
     reservation_key: str
     kueue_version: str
     kueue_api_version: str
-    kueue_manifest_url: str
     queue_label: str
     provisioning_controller: str
     kueue_min_mpi_operator: str
+    kueue_install: KueueInstall
     order: tuple[str, ...]
     price_basis: dict[str, tuple[str, str]]  # source -> (onDemand | spot, what the price means)
     source: str
@@ -60,10 +90,10 @@ def parse(raw: dict[str, Any]) -> Facts:
         reservation_key=str(res["key"]),
         kueue_version=str(kq["version"]),
         kueue_api_version=str(kq["apiVersion"]),
-        kueue_manifest_url=str(kq["manifestUrl"]).format(version=kq["version"]),
         queue_label=str(kq["queueLabel"]),
         provisioning_controller=str(kq["provisioningController"]),
         kueue_min_mpi_operator=str(kq["minMpiOperator"]),
+        kueue_install=_kueue_install(kq),
         order=tuple(raw["order"]),
         price_basis={k: (str(v["price"]), str(v["note"])) for k, v in raw["priceBasis"].items()},
         source=str(raw["source"]),

@@ -27,8 +27,9 @@ def test_capacity_facts_pinned() -> None:
     # GKE's queued-provisioning taint and ProvisioningRequest class (FACTS.md section 2 and 3, CT dws example).
     assert facts.queued_taint == "cloud.google.com/gke-queued"
     assert facts.provisioning_class == "queued-provisioning.gke.io"
-    assert facts.kueue_manifest_url == (
-        "https://github.com/kubernetes-sigs/kueue/releases/download/v0.19.2/manifests.yaml")
+    # Kueue's chart (kubernetes-sigs/kueue v0.19.2 charts/kueue/README.md), namespace kueue-system.
+    assert (facts.kueue_install.chart_repository, facts.kueue_install.chart_version) == (
+        "oci://registry.k8s.io/kueue/charts/kueue", "0.19.2")
     assert facts.order == ("reservation", "dws", "on-demand", "spot")
 
 
@@ -217,7 +218,7 @@ def test_helm_job_prefers_spot_and_falls_back_to_on_demand(dws: RunResult) -> No
 
     from conftest import reference, validate_json
 
-    values = dws.one("kubernetes:helm.sh/v3:Release").inputs["values"]
+    values = dws.one("kubernetes:helm.sh/v3:Release", "finetune-release").inputs["values"]
     for role in ("client", "worker"):
         assert values[role]["affinity"] == FALLBACK
         # No pool in the node selector: the affinity names both pools.

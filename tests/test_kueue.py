@@ -4,6 +4,7 @@ MPIJob's label and suspension, as the dws stack registers them under mocks."""
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import jsonschema
@@ -135,16 +136,140 @@ def test_local_queue_in_the_jobs_namespace(dws: RunResult) -> None:
     assert namespace.urn in local.dependencies  # created once the namespace exists
 
 
-def test_kueue_release_pinned_and_after_the_mpi_operator(dws: RunResult) -> None:
-    manifest = dws.one("kubernetes:yaml/v2:ConfigFile", "kueue-manifest")
-    assert manifest.inputs == {
-        "file": "https://github.com/kubernetes-sigs/kueue/releases/download/v0.19.2/manifests.yaml"}
+def test_kueue_chart_pinned_and_after_the_mpi_operator(dws: RunResult) -> None:
+    release = dws.one("kubernetes:helm.sh/v3:Release", "kueue-release")
+    # Kueue's chart as its README installs it: oci://registry.k8s.io/kueue/charts/kueue, version 0.19.2,
+    # namespace kueue-system (kubernetes-sigs/kueue v0.19.2 charts/kueue/README.md).
+    assert (release.inputs["chart"], release.inputs["version"], release.inputs["namespace"]) == (
+        "oci://registry.k8s.io/kueue/charts/kueue", "0.19.2", "kueue-system")
+    assert release.inputs["name"] == "kueue" and release.inputs["createNamespace"] is True
+    image = release.inputs["values"]["controllerManager"]["manager"]["image"]
+    assert image == {"repository": "registry.k8s.io/kueue/kueue", "tag": "v0.19.2", "pullPolicy": "IfNotPresent"}
     component = dws.one("deepspeed-stack:workloads:Kueue", "kueue")
     operator = dws.one("deepspeed-stack:workloads:MpiOperator", "mpi-operator")
     # Depending on a component means depending on its children: the operator's manifest (the MPIJob CRD).
     assert {r.urn for r in dws.children(operator.urn)} <= set(component.dependencies)
     for reg in dws.by_type(KUEUE + "ResourceFlavor"):
-        assert manifest.urn in reg.dependencies  # Kueue's CRDs and webhooks first
+        assert release.urn in reg.dependencies  # Kueue's CRDs and webhooks first
+
+
+# --- The manager's Configuration and the webhooks (issue 19 items 7 and 8) -------------------------
+
+def reference_yaml(*parts: str) -> list[dict[str, Any]]:
+    with open(reference("gke-gpu-fabric", "kueue-v0.19.2", *parts), encoding="utf-8") as fh:
+        return [d for d in yaml.safe_load_all(fh) if d]
+
+
+def rendered_config(run: RunResult) -> dict[str, Any]:
+    """The Configuration as the chart gets it (the string it writes into the kueue-manager-config ConfigMap)."""
+    values = run.one("kubernetes:helm.sh/v3:Release", "kueue-release").inputs["values"]
+    return yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
+
+
+def test_manager_config_is_the_releases_default_with_the_stacks_changes(dws: RunResult) -> None:
+    (default,) = reference_yaml("config", "controller_manager_config.yaml")
+    config = rendered_config(dws)
+    changed = {"integrations", "managedJobsNamespaceSelector", "waitForPodsReady"}
+    # Everything else is the release's default (kubernetes-sigs/kueue v0.19.2
+    # config/components/manager/controller_manager_config.yaml): same API, leader election, ports, limits.
+    assert {k: v for k, v in config.items() if k not in changed} == \
+        {k: v for k, v in default.items() if k not in changed}
+    assert config["apiVersion"] == "config.kueue.x-k8s.io/v1beta2"
+
+
+def test_only_the_mpijob_integration(dws: RunResult) -> None:
+    (default,) = reference_yaml("config", "controller_manager_config.yaml")
+    frameworks = rendered_config(dws)["integrations"]["frameworks"]
+    # The stack queues MPIJobs only (kueue.queue_name); the default turns on 11 frameworks, among them pod,
+    # deployment and statefulset, whose webhooks intercept every pod, Deployment and StatefulSet.
+    assert {"pod", "deployment", "statefulset", "batch/job"} <= set(default["integrations"]["frameworks"])
+    assert frameworks == ["kubeflow.org/mpijob"]
+    assert set(frameworks) <= set(default["integrations"]["frameworks"])  # a name Kueue knows
+
+
+# The Kueue v0.19.2 chart (charts/kueue/templates/webhook/manifests.yaml) sets every job webhook's
+# namespaceSelector to the Configuration's managedJobsNamespaceSelector, and failurePolicy Ignore on the pod,
+# deployment and statefulset webhooks when that integration is off. Kueue's own objects are not scoped.
+KUEUE_GROUP = "kueue.x-k8s.io"
+POD_BASED = {"pods": "pod", "deployments": "deployment", "statefulsets": "statefulset"}
+
+
+def chart_webhooks(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The reference's webhooks as the chart renders them for this Configuration."""
+    out = []
+    for doc in reference_yaml("config", "webhook-manifests.yaml"):
+        for hook in doc["webhooks"]:
+            hook = dict(hook, kind=doc["kind"])
+            groups = {g for rule in hook["rules"] for g in rule["apiGroups"]}
+            if groups != {KUEUE_GROUP}:
+                hook["namespaceSelector"] = config["managedJobsNamespaceSelector"]
+            resources = {r for rule in hook["rules"] for r in rule["resources"]}
+            pod_based = {POD_BASED[r] for r in resources & POD_BASED.keys()}
+            if pod_based and not pod_based & set(config["integrations"]["frameworks"]):
+                hook["failurePolicy"] = "Ignore"
+            out.append(hook)
+    return out
+
+
+def selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    if selector is None:
+        return True  # no namespaceSelector: every namespace
+    assert set(selector) == {"matchLabels"}  # the only form the stack writes
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def failing_closed(hooks: list[dict[str, Any]], labels: dict[str, str], resource: str) -> list[str]:
+    return [h["name"] for h in hooks if h["failurePolicy"] == "Fail" and selects(h.get("namespaceSelector"), labels)
+            and any(resource in rule["resources"] for rule in h["rules"])]
+
+
+def test_pod_creation_outside_queued_namespaces_never_waits_for_kueue(dws: RunResult) -> None:
+    (default,) = reference_yaml("config", "controller_manager_config.yaml")
+    elsewhere = {"kubernetes.io/metadata.name": "finetune"}  # the Helm workload's namespace: not queued
+    # Today's defaults: the pod webhooks fail closed in every namespace (the kustomize component has no selector).
+    assert failing_closed(chart_webhooks({**default, "managedJobsNamespaceSelector": None}), elsewhere, "pods") == [
+        "mpod.kb.io", "vpod.kb.io"]
+    hooks = chart_webhooks(rendered_config(dws))
+    for resource in ("pods", "deployments", "statefulsets", "jobs", "mpijobs"):
+        assert failing_closed(hooks, elsewhere, resource) == [], resource
+        assert failing_closed(hooks, {"kubernetes.io/metadata.name": "kube-system"}, resource) == []
+    # In the queued job's namespace, which the stack labels, Kueue's MPIJob webhooks still apply.
+    namespace = dws.one("kubernetes:core/v1:Namespace", "pretrain-namespace").inputs["metadata"]["labels"]
+    assert namespace["deepspeed-stack/kueue"] == "managed"
+    assert failing_closed(hooks, namespace, "mpijobs") == ["mmpijob.kb.io", "vmpijob.kb.io"]
+    assert failing_closed(hooks, namespace, "pods") == []
+    unqueued = dws.one("kubernetes:core/v1:Namespace", "finetune-namespace") if any(
+        r.name == "finetune-namespace" for r in dws.resources) else None
+    assert unqueued is None or "deepspeed-stack/kueue" not in (unqueued.inputs["metadata"].get("labels") or {})
+
+
+def test_controller_survives_a_rescheduled_pod(dws: RunResult) -> None:
+    manager = reference_yaml("config", "manager.yaml")[1]
+    assert manager["spec"]["replicas"] == 1  # the release's default: one pod serves every webhook
+    values = dws.one("kubernetes:helm.sh/v3:Release", "kueue-release").inputs["values"]["controllerManager"]
+    assert values["replicas"] == 2
+    assert values["podDisruptionBudget"] == {"enabled": True, "minAvailable": 1}
+    assert rendered_config(dws)["leaderElection"]["leaderElect"] is True  # one replica reconciles at a time
+    (spread,) = values["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+
+
+# WaitForPodsReady and RequeuingStrategy fields of config.kueue.x-k8s.io/v1beta2
+# (kubernetes-sigs/kueue v0.19.2 apis/config/v1beta2/configuration_types.go); v1beta2 has no `enable`.
+WAIT_FIELDS = {"timeout", "blockAdmission", "requeuingStrategy", "recoveryTimeout"}
+REQUEUE_FIELDS = {"timestamp", "backoffLimitCount", "backoffBaseSeconds", "backoffMaxSeconds"}
+
+
+def test_wait_for_pods_ready_evicts_and_requeues_a_job_that_does_not_start(dws: RunResult) -> None:
+    wait = rendered_config(dws)["waitForPodsReady"]
+    assert set(wait) <= WAIT_FIELDS and set(wait["requeuingStrategy"]) <= REQUEUE_FIELDS
+    assert wait == {"timeout": "20m", "blockAdmission": False, "requeuingStrategy": {
+        "timestamp": "Eviction", "backoffLimitCount": 5, "backoffBaseSeconds": 60, "backoffMaxSeconds": 1800}}
+    # A Go duration Kueue parses.
+    assert re.fullmatch(r"(\d+h)?(\d+m)?(\d+s)?", wait["timeout"])
+    # Kueue re-admits a requeued job to the first flavor with quota (kueue#2560, KEP 1282 story 2): the stack
+    # does not claim a fall-through it does not get.
+    assert capacity.load().kueue_install.falls_through_on_stockout is False
 
 
 def test_queued_mpijob_is_labelled_and_suspended(dws: RunResult) -> None:

@@ -1,5 +1,5 @@
-"""Kueue: the pinned release, a ResourceFlavor per GPU pool, one ClusterQueue, a LocalQueue per workload
-namespace and, for DWS queued-provisioning pools, a ProvisioningRequest admission check.
+"""Kueue: the pinned release (its Helm chart, configured), a ResourceFlavor per GPU pool, one ClusterQueue, a
+LocalQueue per workload namespace and, for DWS queued-provisioning pools, a ProvisioningRequest admission check.
 
 Kueue admits a job only when all of its pods fit (gang admission); for a queued-provisioning pool it first
 asks GKE for all the nodes at once through a ProvisioningRequest (`queued-provisioning.gke.io`).
@@ -12,6 +12,10 @@ The launcher requests no GPU, so Kueue gives it no GPU flavor (no pool's node se
 ProvisioningRequestConfig's `managedResources: [nvidia.com/gpu]` leaves its PodSet out of the request: GKE's
 queued provisioning then sees the one PodSet it accepts, the workers, and the launcher runs on the system pool.
 
+The install is Kueue's own Helm chart with the manager's Configuration rendered by the stack
+(`manager_config`): only the MPIJob integration, webhooks scoped to the namespaces of queued jobs (labelled
+`namespace_labels`), waitForPodsReady with a bounded requeue, and two replicas with a PodDisruptionBudget.
+
 The objects are plain dicts from pure functions, validated in tests against Kueue's CRDs.
 """
 
@@ -22,6 +26,7 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+import yaml
 
 from model import capacity
 from model import catalog as gpu_catalog
@@ -137,33 +142,82 @@ class KueueArgs:
     namespaces: dict[str, pulumi.Input[str]] = field(default_factory=dict)
 
 
+def manager_config() -> dict[str, Any]:
+    """Kueue's Configuration (the chart's `managerConfig.controllerManagerConfigYaml`): the release's defaults,
+    only the integrations the stack queues, the managed namespaces, and waitForPodsReady (data/capacity.yaml)."""
+    install = capacity.load().kueue_install
+    key, value = install.managed_namespace_label
+    return {
+        "apiVersion": install.config_api_version, "kind": "Configuration", **install.manager_defaults,
+        # The chart copies this selector onto every job webhook: Kueue's webhooks see only these namespaces.
+        "managedJobsNamespaceSelector": {"matchLabels": {key: value}},
+        "waitForPodsReady": install.wait_for_pods_ready,
+        "integrations": {"frameworks": list(install.integrations)},
+    }
+
+
+def namespace_labels(queue: str | None) -> dict[str, str]:
+    """The label that puts a queued job's namespace under Kueue (its webhooks and managedJobsNamespaceSelector)."""
+    key, value = capacity.load().kueue_install.managed_namespace_label
+    return {key: value} if queue else {}
+
+
+def chart_values(config: KueueConfig) -> dict[str, Any]:
+    install = capacity.load().kueue_install
+    return {
+        "controllerManager": {
+            # Every replica serves the webhooks and one leads: a rescheduled pod does not stop MPIJob creation,
+            # and the budget keeps one up while GKE drains a system node.
+            "replicas": install.replicas,
+            "podDisruptionBudget": {"enabled": True, "minAvailable": install.min_available},
+            "topologySpreadConstraints": [{
+                "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": install.release_name,
+                                                  "control-plane": "controller-manager"}}}],
+            "manager": {"image": {"repository": install.image, "tag": config.version,
+                                  "pullPolicy": "IfNotPresent"}},
+        },
+        "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config(), sort_keys=False)},
+    }
+
+
 class Kueue(pulumi.ComponentResource):
-    manifest: k8s.yaml.v2.ConfigFile
+    release: k8s.helm.v3.Release
     objects: list[k8s.apiextensions.CustomResource]
     local_queues: list[k8s.apiextensions.CustomResource]
 
     def __init__(self, name: str, args: KueueArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:Kueue", name, None, opts)
-        facts = capacity.load()
-        url = facts.kueue_manifest_url.replace(facts.kueue_version, args.config.version)
-        # Provider-side: the Kubernetes provider fetches and applies the pinned release (CRDs, webhooks,
-        # controller) during `pulumi up`; the program never downloads it.
-        self.manifest = k8s.yaml.v2.ConfigFile(f"{name}-manifest", file=url, opts=pulumi.ResourceOptions(parent=self))
+        install = capacity.load().kueue_install
+        # Provider-side: the Kubernetes provider pulls the pinned chart and installs it during `pulumi up`.
+        self.release = k8s.helm.v3.Release(
+            f"{name}-release",
+            name=install.release_name,
+            chart=install.chart_repository,
+            version=args.config.version.lstrip("v"),
+            namespace=install.namespace,
+            create_namespace=True,
+            values=chart_values(args.config),
+            # A failed install is rolled back instead of leaving webhooks that nothing serves.
+            atomic=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         # Kueue's webhooks validate these objects: they wait for the release (its CRDs and Deployment).
-        after_install = pulumi.ResourceOptions(parent=self, depends_on=[self.manifest])
+        after_install = pulumi.ResourceOptions(parent=self, depends_on=[self.release])
         self.objects = []
         for obj in cluster_objects(args.config, args.pools):
             # A ClusterQueue names its flavors and admission check, an AdmissionCheck its config: created after
             # them, deleted before them (Kueue keeps an object in use from going).
             names_others = obj["kind"] in ("ClusterQueue", "AdmissionCheck")
             opts_ = pulumi.ResourceOptions.merge(after_install, pulumi.ResourceOptions(
-                depends_on=[self.manifest, *self.objects])) if names_others else after_install
+                depends_on=[self.release, *self.objects])) if names_others else after_install
             self.objects.append(self._custom(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, opts_))
         queue = args.config.queue_name
         in_queue = pulumi.ResourceOptions(parent=self, depends_on=[self.objects[-1]])  # the ClusterQueue
         self.local_queues = [self._custom(f"{name}-localqueue-{ns}", local_queue(queue, ns), in_queue, ns_output)
                              for ns, ns_output in sorted(args.namespaces.items())]
-        self.register_outputs({"version": args.config.version, "manifest": url, "clusterQueue": queue})
+        self.register_outputs({"version": args.config.version, "chart": install.chart_repository,
+                               "clusterQueue": queue})
 
     @staticmethod
     def _custom(logical: str, obj: dict[str, Any], opts: pulumi.ResourceOptions,

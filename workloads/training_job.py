@@ -56,7 +56,9 @@ class TrainingJob(pulumi.ComponentResource):
         w, where = args.config, args.placement
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-namespace",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels=labels(w)),
+            # A queued job's namespace is one Kueue manages (its webhooks see only those).
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels={**labels(w),
+                                                                          **kueue.namespace_labels(args.queue)}),
             opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_delete),
         )
         ns = self.namespace.metadata.name
