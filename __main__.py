@@ -18,7 +18,7 @@ from components.node_identity import NodeIdentity, NodeIdentityArgs
 from components.storage import Storage, StorageArgs
 from components.vertex import VertexTraining, VertexTrainingArgs
 from model import catalog, fabric
-from planner import cost
+from planner import cost, recovery
 from planner.capacity_plan import capacity_plan
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
 from workloads.gcs_fuse import BucketAccess
@@ -29,6 +29,7 @@ from workloads.nccl_test import NcclTest, NcclTestInputs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
 from workloads.placement import placement
 from workloads.pull_secret import RegistryLogin
+from workloads.recovery import TERMINATION_GRACE_SECONDS
 from workloads.serving import ModelServer, ModelServerArgs
 from workloads.target import ExistingCluster, ExistingClusterArgs, needs_kubernetes
 from workloads.training_job import TrainingJob, TrainingJobArgs
@@ -189,6 +190,8 @@ if vertex is not None:
     pulumi.export("vertexCustomJob", vertex.spec)
 if workload_summary:
     pulumi.export("workloads", workload_summary)
+if recovery_plan := recovery.stack_recovery(cfg, TERMINATION_GRACE_SECONDS):  # checkpoint size, save time, interval
+    pulumi.export("recovery", recovery_plan)
 if serving_endpoints:  # in-cluster URL and the port-forward command of each `serve` workload
     pulumi.export("servingEndpoints", {
         name: summary.apply(lambda s: {k: s[k] for k in ("endpoint", "portForward", "loadBalancerIp") if k in s})

@@ -4,12 +4,19 @@ A ZeRO checkpoint holds the weights in the training precision plus the fp32 mast
 two moments (12 bytes per parameter), partitioned over the ranks: every node writes its share in
 parallel. The interval follows Young's approximation of the optimum, sqrt(2 x save time x mean time
 between interruptions), at least one minute.
+
+`stack_recovery(cfg, grace_seconds)` is the `recovery` stack output: the estimate of every training workload with
+a `model` block, which the preview's "Preemption recovery" section renders (preview/sections/recovery.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
+
+from model.types import StackConfig
+from planner.sizing import resolve
 
 # Adam's fp32 master weights, first and second moments.
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -50,3 +57,27 @@ def plan(parameters: float, precision: str, nodes: int, storage: str, spot: bool
     interval = max(MIN_INTERVAL_MINUTES, math.sqrt(2 * save * mtbi * 3600) / 60)
     return RecoveryPlan(checkpoint_gb=size / 1e9, save_seconds=save, fits_spot_notice=save <= SPOT_USABLE_SECONDS,
                         interval_minutes=interval, mean_hours_between_interruptions=mtbi)
+
+
+def stack_recovery(cfg: StackConfig, grace_seconds: int) -> dict[str, dict[str, Any]]:
+    """The `recovery` output: per training workload with a `model` block, its checkpoint, the time to save it,
+    whether that fits the pods' grace period (`grace_seconds`, what a drain gives the SIGTERM save) and the Spot
+    notice, and the save interval in minutes. Workloads whose model cannot be sized are left out."""
+    pools = {p.name: p for p in cfg.node_pools}
+    out: dict[str, dict[str, Any]] = {}
+    for name, w in sorted(cfg.workloads.items()):
+        if w.model is None or w.model.mode != "training":
+            continue
+        try:
+            parameters = resolve(w.model.name, w.model.parameters).parameters
+        except ValueError:
+            continue
+        pool = pools.get(w.pool or "")
+        spot = bool(pool and pool.spot)
+        storage = "gcsfuse" if w.gcs_fuse.enabled else "nfs"
+        p = plan(parameters, w.deepspeed.precision, w.workers, storage, spot)
+        out[name] = {"checkpointGb": p.checkpoint_gb, "saveSeconds": p.save_seconds, "storage": storage,
+                     "spot": spot, "fitsSpotNotice": p.fits_spot_notice, "graceSeconds": grace_seconds,
+                     "fitsGracePeriod": p.save_seconds <= grace_seconds, "saveEveryMinutes": p.interval_minutes,
+                     "meanHoursBetweenInterruptions": p.mean_hours_between_interruptions}
+    return out

@@ -4,7 +4,7 @@
     make preview STACK=prod BASE=old/plan.json
 
 Prints the resource tree and a summary (counts, GPU inventory, workloads, policy results, changes
-against BASE), and writes build/<stack>/: plan.json, manifests/, summary.md (+ files from hooks).
+against BASE), and writes build/<stack>/: plan.json, manifests/, summary.md (+ the files of preview/sections/).
 Exit codes: 0 ok, 1 failure or mandatory policy violation (unless --no-policy), 2 configuration error.
 """
 
@@ -19,10 +19,16 @@ from pathlib import Path
 
 from model.config import ConfigError
 from policy.rules import POLICIES
-from preview import diff, hooks, manifests, plan, policy_check, stackfile, summary, tree
+from preview import diff, manifests, plan, policy_check, stackfile, summary, tree
 from preview.engine import PROJECT_DIR, RunResult, engine_config_from_yaml, run_program, stack_file, stacks
+from preview.sections import capacity, cost, fabric, pods, recovery, render_files, render_sections, serving, vertex
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+# The summary's sections after the built-in ones, and the files written beside plan.json, in this order
+# (preview/sections/): a new one is added here, nothing is found by name.
+SECTIONS = (fabric.section, cost.section, capacity.section, recovery.section, vertex.section, serving.section)
+FILES = (vertex.files, pods.files)
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ def read_base(path: Path, stack: str) -> dict:
 
 def write_build(run_result: RunResult, plan_doc: dict, summary_md: str, out_root: Path) -> Written:
     """build/<stack>/: plan.json, manifests/ (Kubernetes objects), helm/ (values and chart files), summary.md, and
-    hook files."""
+    the sections' files (FILES)."""
     directory = out_root / run_result.stack
     directory.mkdir(parents=True, exist_ok=True)
     written = [plan.write(plan_doc, directory / "plan.json")]
@@ -106,7 +112,7 @@ def write_build(run_result: RunResult, plan_doc: dict, summary_md: str, out_root
             written.append(target_dir / name)
     (directory / "summary.md").write_text(summary_md, encoding="utf-8")
     written.append(directory / "summary.md")
-    for name, content in hooks.files(run_result).items():
+    for name, content in render_files(run_result, FILES).items():
         target = directory / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content, encoding="utf-8")
@@ -144,11 +150,10 @@ def preview(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    hooks.load()
     plan_doc = plan.build(result)
     violations = policy_check.evaluate(result, policy_check.load_config(args.policy_config))
     plan_diff = diff.diff(base, plan_doc) if base is not None else None
-    extra = hooks.sections(result)
+    extra = render_sections(result, SECTIONS)
 
     changes = plan_diff.marks([r.urn for r in result.resources]) if plan_diff else None
     removed = [(r["type"], r["name"]) for r in plan_diff.removed] if plan_diff else None

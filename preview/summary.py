@@ -1,5 +1,5 @@
 """The preview's summary: resource counts, the GPU inventory, the workloads and where they run, policy
-results, the diff against a base plan, and any extra sections (see preview/hooks.py).
+results, the diff against a base plan, and any extra sections (preview/sections/).
 
 One set of tables, two renderings: aligned text for the terminal, Markdown for summary.md (a PR comment).
 Everything is read from the recorded registrations, so new resource kinds show up without changes here.
@@ -16,8 +16,8 @@ from typing import Any
 from preview import replacements
 from preview.diff import PlanDiff, render_markdown, render_text
 from preview.engine import Registration, RunResult
-from preview.hooks import Section
 from preview.policy_check import Violation
+from preview.sections import Section
 
 NODE_POOL = "gcp:container/nodePool:NodePool"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"

@@ -6,10 +6,10 @@ import pytest
 from conftest import DELETE, model, problems, stack_run, stack_yaml
 
 from model import capacity
-from planner import preview_hooks
 from planner.capacity_plan import capacity_plan
-from preview import hooks
 from preview.engine import RunResult
+from preview.sections import capacity as capacity_section
+from preview.sections import render_sections
 
 NODE_POOL = "gcp:container/nodePool:NodePool"
 
@@ -193,7 +193,7 @@ def test_capacity_plan_orders_spot_last_and_prices_it_as_spot() -> None:
 
 
 def test_capacity_plan_section_in_the_summary(dws: RunResult) -> None:
-    ((title, body),) = hooks.sections(dws, [preview_hooks.capacity_plan])
+    ((title, body),) = render_sections(dws, [capacity_section.section])
     assert title == "Capacity plan"
     assert body.startswith("Capacity is obtained in the order reservation → DWS → on-demand → spot. Kueue admits "
                            "MPIJobs from ClusterQueue `deepspeed` to the first of their pools with free quota")

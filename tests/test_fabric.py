@@ -645,7 +645,7 @@ def test_fabric_helm_values_fit_the_chart(runs: dict[str, RunResult]) -> None:
 
 
 def test_preview_shows_the_fabric(runs: dict[str, RunResult], dev: RunResult) -> None:
-    from components.preview_hooks import fabric_summary
+    from preview.sections.fabric import section as fabric_summary
 
     ((title, body),) = fabric_summary(runs["tcpxo"])
     assert title == "GPU fabric"

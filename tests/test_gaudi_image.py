@@ -343,9 +343,9 @@ def test_warnings_name_the_unconfirmed_digest_and_the_opt_in() -> None:
 
 
 def test_preview_writes_the_pod_templates_as_pods_for_scanners() -> None:
-    from workloads.preview_hooks import mpijob_pods
+    from preview.sections import pods
 
-    files = mpijob_pods(stack_run("gaudi"))
+    files = pods.files(stack_run("gaudi"))
     assert sorted(files) == ["pods/gaudi-llm-ds-ft-launcher.yaml", "pods/gaudi-llm-ds-ft-worker.yaml"]
     for path, text in files.items():
         pod = yaml.safe_load(text)

@@ -403,13 +403,13 @@ def test_cost_section_is_a_markdown_table() -> None:
 
 
 def test_preview_summary_gets_the_cost_section(dev: RunResult) -> None:
-    from planner import preview_hooks
+    from preview.sections import cost as cost_section
 
-    ((title, body),) = preview_hooks.estimated_cost(dev)
+    ((title, body),) = cost_section.section(dev)
     assert title == "Estimated cost"
     assert body == cost.cost_section(config_model(stack_yaml("dev")))  # the output and the config agree
     gaudi_like = engine.RunResult(stack="gaudi", resources=[], outputs={})
-    assert preview_hooks.estimated_cost(gaudi_like) == []
+    assert cost_section.section(gaudi_like) == []
 
 
 def test_unpriced_machine_is_named_not_guessed() -> None:

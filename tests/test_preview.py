@@ -1,5 +1,5 @@
 """The offline preview: the tree, plan.json (against its JSON Schema), manifests, summary.md, the diff
-against a base plan, the hooks, the exit codes, and no secret in any file it writes."""
+against a base plan, the extra sections, the exit codes, and no secret in any file it writes."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ import pytest
 import yaml
 from conftest import reference, set_path, stack_yaml, yaml_load
 
+import preview.__main__ as preview_main
 from checks import load
-from preview import bench, diff, hooks, manifests, plan, summary, tree
+from preview import bench, diff, manifests, plan, summary, tree
 from preview.__main__ import main, write_build
 from preview.engine import SECRET, Registration, RunResult, engine_config_from_yaml, run_program
+from preview.sections import Section, render_sections
 
 K8S_VERSION = "1.33.0"
 STACK_URN = "urn:pulumi:dev::deepspeed-stack::pulumi:pulumi:Stack::deepspeed-stack-dev"
@@ -210,31 +212,29 @@ def test_summary_markdown_sections(dev: RunResult) -> None:
     assert md.startswith(f"### Stack `dev`: {len(dev.resources)} resources, ok")
 
 
-def test_extra_sections_and_files_from_hooks(dev: RunResult, tmp_path: Path) -> None:
-    def cost(run: RunResult) -> list[hooks.Section]:
+def test_extra_sections_and_files(dev: RunResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def cost(run: RunResult) -> list[Section]:
         return [("Cost", f"{len(run.resources)} resources, $0.00/h")]
 
     def spec(run: RunResult) -> dict[str, str]:
         return {"vertex-customjob.yaml": f"displayName: {run.stack}\n"}
 
-    extra = hooks.sections(dev, [cost])
+    extra = render_sections(dev, [cost])
     md = summary.markdown(dev, [], 16, extra=extra)
     assert md.rstrip().endswith(f"#### Cost\n\n{len(dev.resources)} resources, $0.00/h")
-    hooks.artifact(spec)
-    try:
-        written = write_build(dev, plan.build(dev), md, tmp_path)
-    finally:
-        hooks.FILE_HOOKS.remove(spec)
+    monkeypatch.setattr(preview_main, "FILES", (spec,))
+    written = write_build(dev, plan.build(dev), md, tmp_path)
     assert (tmp_path / "dev" / "vertex-customjob.yaml").read_text() == "displayName: dev\n"
     assert tmp_path / "dev" / "vertex-customjob.yaml" in written.files
 
 
-def test_hook_modules_are_found_by_name(tmp_path: Path) -> None:
-    (tmp_path / "planner").mkdir()
-    (tmp_path / "planner" / "preview_hooks.py").write_text("")
-    (tmp_path / ".venv").mkdir()
-    (tmp_path / ".venv" / "preview_hooks.py").write_text("")
-    assert hooks.hook_modules(tmp_path) == ["planner.preview_hooks"]
+def test_every_section_module_is_listed() -> None:
+    # The list in preview/__main__.py is the only way in (no glob, no registration on import): a module added
+    # under preview/sections/ and not listed would silently show nothing.
+    folder = Path(preview_main.__file__).parent / "sections"
+    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    listed = sorted({fn.__module__.rsplit(".", 1)[-1] for fn in (*preview_main.SECTIONS, *preview_main.FILES)})
+    assert listed == modules == ["capacity", "cost", "fabric", "pods", "recovery", "serving", "vertex"]
 
 
 # --- diff ----------------------------------------------------------------------------------------

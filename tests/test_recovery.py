@@ -4,13 +4,16 @@ carry, and the preview's section."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
-from conftest import model
+import yaml
+from conftest import changed, model
 
 from planner import recovery
-from planner.preview_hooks import preemption_recovery
+from preview.__main__ import main
 from preview.engine import RunResult
+from preview.sections.recovery import section as preemption_recovery
 from workloads import deepspeed_release, mpijob
 from workloads.placement import placement
 
@@ -61,14 +64,88 @@ def test_chart_pods_get_the_grace_period() -> None:
     assert values["worker"]["terminationGracePeriodSeconds"] == "120"
 
 
+def _row(body: str, workload: str) -> list[str]:
+    line = next(line for line in body.splitlines() if line.startswith(f"| {workload} "))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def _section(plans: dict) -> str:
+    [(title, body)] = preemption_recovery(RunResult(stack="prod", resources=[], outputs={"recovery": plans}))
+    assert title == "Preemption recovery"
+    return body
+
+
 def test_preview_section_for_prod(prod: RunResult) -> None:
     [(title, body)] = preemption_recovery(prod)
     assert title == "Preemption recovery"
-    # prod's zero3-smoke: the smoke MLP (33.6M parameters, bf16: 14 bytes each = 0.47 GB) on the NFS claim.
-    row = next(line for line in body.splitlines() if line.startswith("| zero3-smoke "))
-    assert row.split(" | ")[1:3] == ["0.5 GB", "2 s (nfs)"]
-    assert row.rstrip(" |").endswith("120 s")
+    assert "| workload | checkpoint | save (all nodes) | fits grace period (120 s) | fits Spot notice | " \
+           "save every (minutes) |" in body
+    # prod's zero3-smoke: the smoke MLP (33.6M parameters, bf16: 14 bytes each = 0.47 GB) on the NFS claim, two
+    # nodes at 0.1 GB/s: 2.35 s; on-demand (a week between interruptions): sqrt(2 x 2.352 x 604800) s = 28.1 min.
+    assert _row(body, "zero3-smoke") == ["zero3-smoke", "0.5 GB", "2 s (nfs)", "yes", "n/a (on-demand)", "28 min"]
+    assert "**no**" not in body
 
 
-def test_preview_section_absent_without_a_stack_file() -> None:
-    assert preemption_recovery(RunResult(stack="no-such-stack", resources=[], outputs={})) == []
+# A bucket mounted through Cloud Storage FUSE on a Spot pool: prod's MLP at 0.4 GB/s per node.
+SPOT_GCSFUSE = {"nodePools[0].spot": True, "storage.enabled": True, "workloads.zero3-smoke.gcsFuse.enabled": True}
+
+
+def test_spot_pool_and_gcsfuse_bucket() -> None:
+    plans = recovery.stack_recovery(model("prod", SPOT_GCSFUSE), grace_seconds=120)
+    r = plans["zero3-smoke"]
+    assert (r["storage"], r["spot"], r["fitsSpotNotice"], r["fitsGracePeriod"]) == ("gcsfuse", True, True, True)
+    assert r["saveSeconds"] == pytest.approx(0.588)  # 0.4704 GB / (0.4 GB/s x 2 nodes)
+    assert r["saveEveryMinutes"] == pytest.approx(2.656, abs=0.001)  # sqrt(2 x 0.588 s x 6 h) / 60
+    assert _row(_section(plans), "zero3-smoke") == ["zero3-smoke", "0.5 GB", "1 s (gcsfuse)", "yes", "yes", "3 min"]
+
+
+# The issue's case: a 1.8B model (25.2 GB in bf16) on two g2-standard-16 to NFS saves in 126 s, over the 120 s
+# the pods get on SIGTERM; the table said nothing.
+LONG_SAVE = {"nodePools[0].machineType": "g2-standard-16", "workloads.zero3-smoke.model.parameters": 1.8}
+
+
+def test_a_save_longer_than_the_grace_period_is_flagged() -> None:
+    plans = recovery.stack_recovery(model("prod", LONG_SAVE), grace_seconds=120)
+    r = plans["zero3-smoke"]
+    assert r["saveSeconds"] == pytest.approx(126.0)  # 1.8e9 x 14 bytes / (0.1 GB/s x 2 nodes)
+    assert (r["graceSeconds"], r["fitsGracePeriod"]) == (120, False)
+    body = _section(plans)
+    assert _row(body, "zero3-smoke") == ["zero3-smoke", "25.2 GB", "126 s (nfs)",
+                                         "**no**: a drain kills the save; periodic checkpoints only",
+                                         "n/a (on-demand)", "206 min"]
+    assert "- **no**: `zero3-smoke` saves in 126 s, longer than the pods' grace period (120 s).\n" in body
+    assert recovery.stack_recovery(model("prod", LONG_SAVE), grace_seconds=130)["zero3-smoke"]["fitsGracePeriod"]
+
+
+def test_a_save_longer_than_the_spot_notice_is_flagged() -> None:
+    plans = recovery.stack_recovery(model("prod", {**LONG_SAVE, "nodePools[0].spot": True}), grace_seconds=120)
+    assert (plans["zero3-smoke"]["spot"], plans["zero3-smoke"]["fitsSpotNotice"]) == (True, False)
+    body = _section(plans)
+    assert _row(body, "zero3-smoke")[4] == "**no**: periodic checkpoints only"
+    assert "- **no**: `zero3-smoke` saves in 126 s, longer than the 25 s of a Spot notice its pods can use.\n" in body
+
+
+def test_the_interval_says_it_is_minutes_and_which_flags_take_steps(prod: RunResult) -> None:
+    # The scripts' flags take steps (smoke_test.py --checkpoint-every, finetune.py --save-steps), and a step's time
+    # is unknown before a run: the table gives minutes and says how to convert.
+    [(_, body)] = preemption_recovery(prod)
+    assert "It is in minutes, and no flag takes minutes: the scripts' `--checkpoint-every` (CHECKPOINT_EVERY_STEPS;" \
+           " the fine-tune script's `--save-steps`) takes steps" in body
+    assert "Steps = minutes x 60 / seconds per step" in body
+
+
+def test_preview_section_absent_without_a_recovery_output() -> None:
+    assert preemption_recovery(RunResult(stack="prod", resources=[], outputs={})) == []
+
+
+def test_a_stack_file_previews_its_own_recovery_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--stack-file` runs another file as stack prod: the table is that file's (1B parameters: 14 GB, 70 s), not
+    # Pulumi.prod.yaml's (the smoke MLP: 0.5 GB), which the section once read again by the stack's name.
+    stack_file = tmp_path / "candidate.yaml"
+    doc = {"config": changed("prod", {"workloads.zero3-smoke.model.parameters": 1.0})}
+    stack_file.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    assert main(["--stack", "prod", "--stack-file", str(stack_file), "--out", str(tmp_path / "build")]) == 0
+    capsys.readouterr()
+    summary_md = (tmp_path / "build" / "prod" / "summary.md").read_text(encoding="utf-8")
+    body = summary_md.split("#### Preemption recovery", 1)[1]
+    assert _row(body, "zero3-smoke")[1:3] == ["14.0 GB", "70 s (nfs)"]

@@ -539,12 +539,12 @@ def test_send_prompt_round_trip_on_loopback(send_prompt: types.ModuleType, capsy
 
 def test_preview_lists_the_server_with_its_cost_and_the_prompt_command(serve: RunResult) -> None:
     from preview import summary
-    from workloads import preview_hooks
+    from preview.sections import serving
 
     (w,) = summary.workloads(serve)
     assert (w.name, w.namespace, w.runs_on, w.accelerators, w.workers) == (
         "mistral", "serving", "pool l4 (nvidia-l4)", "nvidia.com/gpu x 1", 1)
-    ((title, body),) = preview_hooks.serving_summary(serve)
+    ((title, body),) = serving.section(serve)
     assert title == "Serving"
     node = catalog.load().shape("nvidia-l4", "g2-standard-8", 1).price.on_demand  # the pool is on-demand
     assert f"| mistral | mistralai/Mistral-7B-Instruct-v0.3 | 1 | 1 | ${node:.2f} (pool l4) |" in body

@@ -186,14 +186,13 @@ def test_vertex_only_stack_has_no_cluster_but_an_image() -> None:
 
 
 def test_preview_writes_the_customjob_spec(run: RunResult) -> None:
-    from preview import hooks
-    from workloads import preview_hooks
+    from preview.sections import render_files, render_sections, vertex
 
-    files = hooks.files(run, [preview_hooks.vertex_customjob])
+    files = render_files(run, [vertex.files])
     spec = yaml.safe_load(files["vertex-customjob.yaml"])
     assert spec == run.outputs["vertexCustomJob"]
     jsonschema.validate(spec, SCHEMA)
-    (title, body), = hooks.sections(run, [preview_hooks.vertex_summary])
+    (title, body), = render_sections(run, [vertex.section])
     assert title == "Vertex AI CustomJob"
     assert "| workerpool1 | 2 | n1-standard-8 | 1 x NVIDIA_TESLA_T4 |" in body
 

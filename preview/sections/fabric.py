@@ -4,8 +4,8 @@ the recorded registrations, so a reviewer sees the whole fabric in the PR commen
 
 from __future__ import annotations
 
-from preview import hooks
 from preview.engine import RunResult
+from preview.sections import Section
 
 NODE_POOL = "gcp:container/nodePool:NodePool"
 NETWORK = "gcp:compute/network:Network"
@@ -29,8 +29,7 @@ def _manifest(url: str) -> str:
     return f"`{parts[4]}@{parts[5][:7]}:{parts[6]}`" if len(parts) == 7 else f"`{url}`"
 
 
-@hooks.section
-def fabric_summary(run: RunResult) -> list[hooks.Section]:
+def section(run: RunResult) -> list[Section]:
     pools = [p for p in run.by_type(NODE_POOL)
              if (p.inputs.get("networkConfig") or {}).get("additionalNodeNetworkConfigs")]
     if not pools:

@@ -1,0 +1,59 @@
+"""The "Preemption recovery" section, from the `recovery` stack output (planner/recovery.py computes it): per
+training workload with a `model` block, the checkpoint, the time to save it, whether the save fits the pods'
+grace period and the Spot notice (flagged when not), and how often to save."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner import recovery
+from preview.engine import RunResult
+from preview.sections import Section
+
+NO = "**no**"
+
+
+def _grace(r: dict[str, Any]) -> str:
+    return "yes" if r["fitsGracePeriod"] else f"{NO}: a drain kills the save; periodic checkpoints only"
+
+
+def _spot(r: dict[str, Any]) -> str:
+    if not r["spot"]:
+        return "n/a (on-demand)"
+    return "yes" if r["fitsSpotNotice"] else f"{NO}: periodic checkpoints only"
+
+
+def _flags(name: str, r: dict[str, Any]) -> list[str]:
+    out = []
+    if not r["fitsGracePeriod"]:
+        out.append(f"`{name}` saves in {r['saveSeconds']:.0f} s, longer than the pods' grace period "
+                   f"({r['graceSeconds']} s)")
+    if r["spot"] and not r["fitsSpotNotice"]:
+        out.append(f"`{name}` saves in {r['saveSeconds']:.0f} s, longer than the {recovery.SPOT_USABLE_SECONDS} s "
+                   "of a Spot notice its pods can use")
+    return out
+
+
+def section(run: RunResult) -> list[Section]:
+    plans = run.outputs.get("recovery")
+    if not isinstance(plans, dict) or not plans:
+        return []
+    grace = {r["graceSeconds"] for r in plans.values()}
+    rows = [f"| workload | checkpoint | save (all nodes) | fits grace period ({', '.join(map(str, sorted(grace)))} s) "
+            "| fits Spot notice | save every (minutes) |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    flags: list[str] = []
+    for name, r in sorted(plans.items()):
+        rows.append(f"| {name} | {r['checkpointGb']:.1f} GB | {r['saveSeconds']:.0f} s ({r['storage']}) | "
+                    f"{_grace(r)} | {_spot(r)} | {r['saveEveryMinutes']:.0f} min |")
+        flags += _flags(name, r)
+    flagged = "".join(f"- {NO}: {f}.\n" for f in flags)
+    note = (f"The interval is Young's sqrt(2 x save time x mean time between interruptions), assumed "
+            f"{recovery.MEAN_HOURS_BETWEEN_INTERRUPTIONS[True]:g} h on Spot and "
+            f"{recovery.MEAN_HOURS_BETWEEN_INTERRUPTIONS[False]:g} h on-demand. It is in minutes, and no flag takes "
+            "minutes: the scripts' `--checkpoint-every` (CHECKPOINT_EVERY_STEPS; the fine-tune script's "
+            "`--save-steps`) takes steps, and a step's time is not known before a run. Steps = minutes x 60 / "
+            "seconds per step; the smoke test's SMOKE_TEST_RESULT line gives it as micro_batch_per_gpu x "
+            "world_size / total_samples_per_second. A Spot VM stops about "
+            f"{recovery.SPOT_NOTICE_SECONDS} s after its notice whatever the grace period; a drain honours it.")
+    return [("Preemption recovery", "\n".join(rows) + "\n\n" + flagged + ("\n" if flags else "") + note)]

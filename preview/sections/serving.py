@@ -1,0 +1,38 @@
+"""The "Serving" section: each `serve` workload (the `workloads` output) with its cost (the `costs` output) and
+the command that sends it a prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from preview.engine import RunResult
+from preview.sections import Section
+
+
+def _node_price(costs: Any, pool: str | None) -> float | None:
+    """$/h of one node of the pool, as the pool pays (the `costs` output: max nodes x node price)."""
+    p = costs.get("pools", {}).get(pool or "") if isinstance(costs, dict) else None
+    if not isinstance(p, dict) or "paysPerHour" not in p or not p.get("maxNodes"):
+        return None
+    return p["paysPerHour"]["max"] / p["maxNodes"]
+
+
+def section(run: RunResult) -> list[Section]:
+    """Each `serve` workload: its model, GPUs, what a replica costs, and how to send it a prompt."""
+    servers = {name: s for name, s in (run.outputs.get("workloads") or {}).items()
+               if isinstance(s, dict) and s.get("kind") == "serve"}
+    if not servers:
+        return []
+    rows = ["| workload | model | GPUs per replica | replicas | $/h per replica | endpoint (in the cluster) |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    commands = []
+    for name, s in servers.items():
+        price = _node_price(run.outputs.get("costs"), s.get("pool"))
+        cost = f"${price:.2f} (pool {s['pool']})" if price is not None else "unknown"
+        rows.append(f"| {name} | {s['model']} | {s['gpusPerReplica']} | {s['replicas']} | {cost} | "
+                    f"`{s['endpoint']}` |")
+        commands += [f"{s['portForward']} &",
+                     f"python workloads/scripts/send_prompt.py --deployment {name} \"What is DeepSpeed?\""]
+    body = "\n".join(rows) + "\n\nSend one prompt (README, \"Serving a model\"):\n\n```sh\n" + "\n".join(commands) + \
+        "\n```"
+    return [("Serving", body)]
