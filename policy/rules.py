@@ -43,6 +43,11 @@ SECRET = "[secret]"
 UNKNOWN = "[unknown]"  # a value only known after `pulumi up` (an output), as `plain()` shows it
 # Env var names that carry credentials: HF_TOKEN, HUGGING_FACE_HUB_TOKEN, DB_PASSWORD, API_KEY, AWS_SECRET_...
 SECRET_ENV_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|KEY|APIKEY|CREDENTIALS?)(_|$)", re.I)
+# ...except a variable that names where the secret is: HF_TOKEN_PATH (huggingface_hub's own variable, read as a
+# file path), GOOGLE_APPLICATION_CREDENTIALS_FILE, *_DIR. Its value is a path, not the secret, so it passes only
+# when the value is an absolute path; HF_TOKEN_PATH=hf_abc... is still a literal secret.
+SECRET_PATH_ENV_NAME = re.compile(r"_(PATH|FILE|DIR)$", re.I)
+ABSOLUTE_PATH = re.compile(r"^/[^\s]*$")
 # Keys under which pod specs (env) and Bitnami-style Helm values (extraEnvVars) list env entries.
 ENV_KEYS = ("env", "extraEnvVars", "extraEnv")
 EXACT_VERSION = re.compile(r"^v?\d+\.\d+\.\d+([-+][0-9A-Za-z.+-]+)?$")
@@ -293,10 +298,15 @@ def no_plaintext_secret_env(args: ResourceValidationArgs, report: ReportViolatio
             for i, entry in enumerate(entries):
                 if not isinstance(entry, Mapping) or not SECRET_ENV_NAME.search(str(entry.get("name", ""))):
                     continue
-                if entry.get("value") not in (None, ""):
+                if entry.get("value") not in (None, "") and not names_a_secret_file(entry):
                     where = f"{path}.{key}[{i}]" if path else f"{key}[{i}]"
                     report(f"{where} sets {entry['name']} to a literal value; use valueFrom.secretKeyRef "
                            "(a Kubernetes Secret) instead")
+
+
+def names_a_secret_file(entry: Mapping[str, Any]) -> bool:
+    """HF_TOKEN_PATH=/etc/huggingface/token: a path to a mounted secret, which tells nobody the secret."""
+    return bool(SECRET_PATH_ENV_NAME.search(str(entry.get("name", ""))) and ABSOLUTE_PATH.match(str(entry["value"])))
 
 
 def accelerator_pods_set_resources(args: ResourceValidationArgs, report: ReportViolation) -> None:
