@@ -24,9 +24,10 @@ bench: $(STAMP)  ## time the offline preview against the bare Pulumi SDK (each s
 
 # 2 workers (pytest-xdist); loadscope keeps a module's tests, and so its module-scoped stack runs, on one worker.
 # Bytecode is written even where the environment sets PYTHONDONTWRITEBYTECODE: later runs skip recompiling.
-test: $(STAMP)  ## the whole test suite under Pulumi mocks (2 workers, pytest-xdist), plus ruff
+test: $(STAMP)  ## the whole test suite under Pulumi mocks (2 workers, pytest-xdist), plus ruff and the import contracts
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 --dist loadscope
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache --no-logo
 
 # Needs root (network namespaces); skips with the reason elsewhere. e2e/install.sh installs once (apt: openssh,
 # pdsh, openmpi; a CPU torch + DeepSpeed venv at /opt/ds-e2e-venv) and returns at once afterwards.
@@ -35,6 +36,7 @@ e2e: $(STAMP)  ## DeepSpeed's launch paths and preemption recovery across networ
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache --no-logo
 
 docs: $(STAMP)  ## regenerate the README's configuration reference from model/schema.yaml
 	$(BIN)/python -m model.docs --write README.md

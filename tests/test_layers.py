@@ -1,92 +1,60 @@
-"""Dependencies run one way: a module never imports from a layer above it, and no modules import each other
-(directly or round a longer circle). Read from the source with `ast`, so a new module is covered when added."""
+"""The import contracts (pyproject.toml, [tool.importlinter]; `make test` runs `lint-imports`) are complete, hold
+no exemption, and fail on a back-import: checked on a copy of the packages with deliberate breaks, so a contract
+that silently stopped matching (a renamed package, a typo in a layer) fails here."""
 
 from __future__ import annotations
 
-import ast
+import shutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
-import pytest
+import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
-# Lowest first. A package may import its own modules and any package of a lower rank, nothing else.
-RANK = {"model": 0, "policy": 0, "planner": 1, "workloads": 1, "components": 2, "checks": 3, "preview": 4}
-# An area's `preview_hooks.py` plugs that area into the offline preview: it belongs to the preview layer.
-PREVIEW_PLUGIN = "preview_hooks"
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
 
 
-def _modules() -> dict[str, Path]:
-    found = {}
-    for package in RANK:
-        for path in sorted((ROOT / package).glob("*.py")):
-            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
-            found[name] = path
-    return found
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    binary = Path(sys.executable).with_name("lint-imports")
+    command = [str(binary)] if binary.exists() else [sys.executable, "-c",
+                                                     "from importlinter.cli import lint_imports_command as c; c()"]
+    # A fresh process with only the copy on its path: grimp finds packages by import name.
+    return subprocess.run([*command, "--no-cache", "--no-logo"], cwd=cwd, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"}, timeout=60, check=False)
 
 
-def _imports(path: Path, known: set[str]) -> set[str]:
-    """First-party modules `path` imports, resolved to the module (not the package) where one exists."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
-        for name in names:
-            while name and name not in known:
-                name = name.rpartition(".")[0]
-            if name:
-                out.add(name)
-    return out
+def test_every_package_of_the_project_is_under_contract() -> None:
+    packages = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+    assert sorted(CONFIG["root_packages"]) == packages
+    layered = {name.strip() for layer in CONFIG["contracts"][0]["layers"] for name in layer.split("|")}
+    assert layered == set(packages)
+    assert {c["type"] for c in CONFIG["contracts"]} == {"layers", "acyclic_siblings"}
+    assert all("ignore_imports" not in c for c in CONFIG["contracts"])  # no exemptions
 
 
-def _layer(module: str) -> str:
-    return "preview" if module.rsplit(".", 1)[-1] == PREVIEW_PLUGIN else module.split(".")[0]
-
-
-def _rank(module: str) -> int:
-    return RANK[_layer(module)]
-
-
-MODULES = _modules()
-GRAPH = {m: _imports(p, set(MODULES)) - {m} for m, p in MODULES.items()}
-
-
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_imports_only_from_lower_layers_or_its_own_package(module):
-    upward = sorted(i for i in GRAPH[module]
-                    if i.split(".")[0] not in {_layer(module), module.split(".")[0]} and _rank(i) >= _rank(module))
-    assert upward == [], f"{module} (layer {_rank(module)}) imports from its layer or above: {upward}"
-
-
-def test_no_import_cycles():
-    cycles, state = [], {}
-
-    def visit(m: str, stack: list[str]) -> None:
-        state[m] = "open"
-        for dep in sorted(GRAPH[m]):
-            if state.get(dep) == "open":
-                cycles.append([*stack[stack.index(dep):], dep])
-            elif dep not in state:
-                visit(dep, [*stack, dep])
-        state[m] = "done"
-
-    for m in sorted(GRAPH):
-        if m not in state:
-            visit(m, [m])
-    assert cycles == []
-
-
-def test_the_rules_are_above_what_they_check():
+def test_the_rules_are_above_what_they_check() -> None:
     # The regression this pins (issue: model/checks_*.py imported planner and workloads, and each other).
     assert not any(p.stem.startswith("checks") for p in (ROOT / "model").glob("*.py"))
-    used_by_rules = set().union(*(GRAPH[m] for m in MODULES if m.startswith("checks")))
+    graph = grimp.build_graph("checks", "planner", "workloads", cache_dir=None)
+    used_by_rules = {m for c in graph.find_descendants("checks") for m in graph.find_modules_directly_imported_by(c)}
     assert {"planner.sizing", "workloads.placement"} <= used_by_rules
 
 
-def test_a_module_that_imports_upward_is_caught(tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("from checks import load\nimport planner.sizing\n")
-    assert _imports(bad, set(MODULES)) == {"checks", "planner.sizing"}
-    assert _rank("checks") > _rank("model.types")
+def test_a_back_import_a_sibling_import_and_a_cycle_break_the_contracts(tmp_path: Path) -> None:
+    for package in CONFIG["root_packages"]:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    # (The untouched tree keeping them is `make test`'s `lint-imports`.)
+    (tmp_path / "model" / "back.py").write_text("from preview import engine\n")  # model -> preview: upward
+    (tmp_path / "planner" / "sibling.py").write_text("import workloads.placement\n")  # independent siblings
+    (tmp_path / "workloads" / "ring_a.py").write_text("from workloads import ring_b\n")
+    (tmp_path / "workloads" / "ring_b.py").write_text("from workloads import ring_a\n")
+    result = _lint_imports(tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "Contracts: 0 kept, 2 broken." in out
+    assert "model.back -> preview.engine" in out
+    assert "planner.sibling -> workloads.placement" in out
+    assert "No cycles are allowed in workloads.\n" in out and "- .ring_b -> .ring_a (1 import)" in out
