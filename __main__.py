@@ -17,7 +17,7 @@ from components.network import Network, NetworkArgs
 from components.node_identity import NodeIdentity, NodeIdentityArgs
 from components.storage import Storage, StorageArgs
 from components.vertex import VertexTraining, VertexTrainingArgs
-from model import catalog, fabric
+from model import catalog, fabric, versions
 from planner import cost, recovery
 from planner.capacity_plan import capacity_plan
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
@@ -69,7 +69,8 @@ if cfg.cluster is not None or cfg.vertex.enabled:
         project=cfg.project, region=cfg.region, config=cfg.registry,
         reader_service_account=identity.email if identity else None))
     image = ContainerImage("image", ContainerImageArgs(
-        config=cfg.image, registry_host=registry.host, repository_url=registry.url))
+        config=cfg.image, registry_host=registry.host, repository_url=registry.url,
+        build_args=versions.load().build_args()))  # the one version set (data/versions.yaml)
 
 # 3b. The Gaudi image for Gaudi MPIJobs (unless they name an `image` or opt into installing at start): to the
 #     stack's Artifact Registry with Google Cloud settings, else to gaudiImage.registry; pods pull it by digest,
