@@ -176,8 +176,9 @@ if cluster is not None:
         pulumi.export("connectGatewayKubeconfig", cluster.connect_gateway_kubeconfig)
     pulumi.export("nodeServiceAccount", identity.email)
     pulumi.export("nodePools", {name: pool.node_pool.name for name, pool in pools.items()})
-    pulumi.export("costs", cost.stack_costs(cfg))  # estimated $/h per pool (min/max nodes) and the stack at max
     pulumi.export("capacityPlan", capacity_plan(cfg))  # per GPU: its pools in capacity order, zones, $/h
+if cluster is not None or vertex is not None:  # estimated $/h: workloads running, floor, pools, Filestore, Vertex
+    pulumi.export("costs", cost.stack_costs(cfg))
 if image is not None:
     pulumi.export("registryUrl", registry.url)
     pulumi.export("imageRef", image.ref)

@@ -63,6 +63,39 @@ class Machine:
 
 
 @dataclass(frozen=True)
+class FilestoreTier:
+    """A Filestore service tier: the least it provisions (and bills) and its price; None where not in the catalog."""
+
+    name: str
+    min_gib: float
+    per_gib_hour: float | None
+
+
+@dataclass(frozen=True)
+class Filestore:
+    """GKE's Filestore CSI StorageClasses, the tier each provisions, and the tiers' prices."""
+
+    classes: dict[str, str] = field(default_factory=dict)  # StorageClass -> tier name
+    tiers: dict[str, FilestoreTier] = field(default_factory=dict)
+    source: str = ""
+    date: str = ""
+
+    def tier(self, storage_class: str) -> FilestoreTier | None:
+        name = self.classes.get(storage_class)
+        return self.tiers.get(name) if name else None
+
+
+@dataclass(frozen=True)
+class VertexPricing:
+    """Vertex AI custom training: the Compute Engine price of machine + GPUs times `markup`."""
+
+    markup: float = 1.0
+    confirmed: bool = False
+    source: str = ""
+    date: str = ""
+
+
+@dataclass(frozen=True)
 class Catalog:
     source: str
     date: str
@@ -72,6 +105,8 @@ class Catalog:
     general_machines: dict[str, Machine] = field(default_factory=dict)
     gke_cluster_fee_per_hour: float = 0.0
     currency: str = "USD"
+    filestore: Filestore = field(default_factory=Filestore)
+    vertex: VertexPricing = field(default_factory=VertexPricing)
 
     def gpu_hour(self, gpu_type: str, spot: bool = False) -> float:
         """Estimated price of one GPU-hour (attached GPUs: the GPU alone; bundled: the cheapest shape per GPU)."""
@@ -157,6 +192,21 @@ def _compute_capability(raw: object) -> tuple[int, int]:
     return int(major), int(minor or 0)
 
 
+def _filestore(raw: dict | None) -> Filestore:
+    if not raw:
+        return Filestore()
+    tiers = {name: FilestoreTier(name, float(t["minGiB"]),
+                                 None if t.get("perGiBHour") is None else float(t["perGiBHour"]))
+             for name, t in raw["tiers"].items()}
+    return Filestore(dict(raw["classes"]), tiers, str(raw["source"]), str(raw["date"]))
+
+
+def _vertex(raw: dict | None) -> VertexPricing:
+    if not raw:
+        return VertexPricing()
+    return VertexPricing(float(raw["markup"]), bool(raw.get("confirmed", False)), str(raw["source"]), str(raw["date"]))
+
+
 def parse(raw: dict) -> Catalog:
     gpus = {}
     for name, g in raw["gpus"].items():
@@ -182,6 +232,8 @@ def parse(raw: dict) -> Catalog:
                           for mt, m in raw.get("generalMachines", {}).items()},
         gke_cluster_fee_per_hour=float(raw.get("gkeClusterFeePerHour", 0.0)),
         currency=str(raw.get("currency", "USD")),
+        filestore=_filestore(raw.get("filestore")),
+        vertex=_vertex(raw.get("vertexTraining")),
     )
 
 

@@ -1,19 +1,39 @@
-"""Estimated $/h of a stack: each pool at its min and max nodes, on-demand and spot, and the whole stack at max.
+"""Estimated $/h of a stack: what it costs with its declared workloads running (training and serving apart),
+its floor at min nodes, each pool at its min and max nodes, Filestore claims and the Vertex AI job.
 
-Prices come from data/gpu_catalog.yaml (GPU shapes, `generalMachines` for the system pool, the GKE cluster fee);
-they are list-price estimates for one region, so the numbers are for comparing setups, not for a bill.
+Prices come from data/gpu_catalog.yaml (GPU shapes, `generalMachines` for the system pool, the GKE cluster fee,
+`filestore`, `vertexTraining`); they are list-price estimates for one region, so the numbers are for comparing
+setups, not for a bill. The `costs` stack output is `stack_costs()`; the preview's headline and its "Estimated
+cost" section render that output (`headline()`, `costs_markdown()`), so the two never disagree.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from model import capacity
 from model import catalog as gpu_catalog
-from model.types import StackConfig
+from model.types import StackConfig, WorkloadConfig
 
 SYSTEM_POOL = "system"
 HOURS_PER_MONTH = 730  # Google's billing month
+TRAINING, SERVING = "training", "serving"
+# Kinds whose pods serve requests; every other NVIDIA workload on a pool trains (helm, mpijob, and the
+# fine-tuning kind when it lands: name it here only if it should count as serving).
+SERVING_KINDS = frozenset({"serve"})
+# Nodes a workload takes besides one per worker: the Helm chart's client pod is fitted to a whole GPU node
+# like its workers (checks/workloads.py _nodes_needed says the same for the maxNodes rule).
+EXTRA_NODES = {"helm": 1}
+# Kinds that create the workload's `storage` claim on the stack's cluster (workloads/training_job.py).
+CLAIM_KINDS = frozenset({"mpijob"})
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")  # the schema's `bytes` form
+_UNIT = {None: 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+         "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+SPOT_NOTE = "spot prices move daily and the VMs can be reclaimed"
+SOFT_PRICES = (capacity.SPOT, capacity.DWS)  # capacity whose $/h is an estimate, not a list price
 
 
 @dataclass(frozen=True)
@@ -28,6 +48,8 @@ class PoolCost:
     max_nodes: int
     node_on_demand: float | None  # None: the machine type is not in the catalog
     node_spot: float | None
+    capacity: str = capacity.ON_DEMAND  # reservation | dws | on-demand | spot (model/capacity.py)
+    price_note: str = ""  # what the price it pays means (data/capacity.yaml priceBasis)
 
     @property
     def known(self) -> bool:
@@ -42,7 +64,8 @@ class PoolCost:
 
     def to_output(self) -> dict[str, Any]:
         out: dict[str, Any] = {"machineType": self.machine_type, "spot": self.spot,
-                               "minNodes": self.min_nodes, "maxNodes": self.max_nodes}
+                               "minNodes": self.min_nodes, "maxNodes": self.max_nodes,
+                               "capacity": capacity.TITLES.get(self.capacity, self.capacity)}
         if self.accelerator:
             out["accelerator"] = self.accelerator
         if not self.known:
@@ -51,6 +74,8 @@ class PoolCost:
         for key, spot in (("onDemandPerHour", False), ("spotPerHour", True)):
             out[key] = {"min": self.at(self.min_nodes, spot), "max": self.at(self.max_nodes, spot)}
         out["paysPerHour"] = {"min": self.pays(self.min_nodes), "max": self.pays(self.max_nodes)}
+        if self.price_note:
+            out["priceNote"] = self.price_note
         return out
 
 
@@ -63,61 +88,257 @@ def pool_costs(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> list
     machine = cat.general_machines.get(sp.machine_type)
     out = [PoolCost(SYSTEM_POOL, sp.machine_type, "", False, sp.min_nodes, sp.max_nodes,
                     machine.price.on_demand if machine else None, machine.price.spot if machine else None)]
+    basis = capacity.load().price_basis
     for p in cfg.node_pools:
         shape = cat.shape(p.gpu.type, p.machine_type, p.gpu.count)
+        source = capacity.source(p)
         out.append(PoolCost(p.name, p.machine_type, f"{p.gpu.count} x {p.gpu.type}", p.spot, p.min_nodes,
                             p.max_nodes, shape.price.on_demand if shape else None,
-                            shape.price.spot if shape else None))
+                            shape.price.spot if shape else None, source, basis.get(source, ("", ""))[1]))
     return out
 
 
+# --- what the declared workloads occupy ------------------------------------------------------------------------
+
+def role(w: WorkloadConfig) -> str | None:
+    """training or serving for an NVIDIA workload on one of the stack's pools; None otherwise (Gaudi on an
+    existing cluster: nothing the stack bills)."""
+    if w.accelerator.kind != "nvidia" or not w.pool:
+        return None
+    return SERVING if w.kind in SERVING_KINDS else TRAINING
+
+
+def workload_nodes(w: WorkloadConfig) -> int:
+    """Nodes of its pool the workload keeps busy while it runs: one per serving replica (autoscaling starts at
+    `replicas`), else one per worker (each fitted to a whole node) plus the Helm client's."""
+    if w.kind in SERVING_KINDS and w.serving is not None:
+        return w.serving.replicas
+    return w.workers + EXTRA_NODES.get(w.kind, 0)
+
+
+def _running(cfg: StackConfig, pools: list[PoolCost], fee: float, floor_extra: float,
+             roles: tuple[str, ...]) -> dict[str, Any]:
+    """The stack's $/h while the workloads of `roles` run: each pool at the nodes they occupy (at least its min
+    nodes, at most its max), the others at min nodes, plus the cluster fee and what bills anyway (Filestore)."""
+    wanted: dict[str, int] = {}
+    names = []
+    for name, w in cfg.workloads.items():
+        if role(w) in roles:
+            wanted[w.pool or ""] = wanted.get(w.pool or "", 0) + workload_nodes(w)
+            names.append(name)
+    nodes = {p.name: min(p.max_nodes, max(p.min_nodes, wanted.get(p.name, 0))) for p in pools}
+    per_hour = fee + floor_extra + sum(p.pays(nodes[p.name]) for p in pools)
+    return {"perHour": round(per_hour, 4), "workloads": names,
+            "nodes": {name: n for name, n in nodes.items() if n}, "estimatedAt": _soft(pools, nodes)}
+
+
+def _soft(pools: list[PoolCost], nodes: dict[str, int]) -> list[str]:
+    """The capacity kinds among the pools with nodes whose price is an estimate, not a list price: spot (moves
+    daily) and DWS (a discount the catalog does not have)."""
+    kinds = {p.capacity for p in pools if nodes.get(p.name) and p.capacity in SOFT_PRICES}
+    return [capacity.TITLES[k] for k in sorted(kinds)]
+
+
+def running_costs(cfg: StackConfig, pools: list[PoolCost], fee: float, floor_extra: float) -> dict[str, Any]:
+    """training / serving (each alone) and, when the stack declares both, all of them at once."""
+    present = [r for r in (TRAINING, SERVING) if any(role(w) == r for w in cfg.workloads.values())]
+    out = {r: _running(cfg, pools, fee, floor_extra, (r,)) for r in present}
+    if len(present) > 1:
+        out["all"] = _running(cfg, pools, fee, floor_extra, tuple(present))
+    return out
+
+
+# --- Filestore and Vertex AI ------------------------------------------------------------------------------------
+
+def gib(quantity: str) -> float | None:
+    """A Kubernetes quantity (the schema's `bytes` form: 1Ti, 500G, 1024) in GiB; None for another form."""
+    match = _QUANTITY.match(quantity)
+    return float(match.group(1)) * _UNIT[match.group(2)] / 2**30 if match else None
+
+
+def filestore_costs(cfg: StackConfig, cat: gpu_catalog.Catalog) -> dict[str, Any] | None:
+    """Each claim on a Filestore class, billed at its size or the tier's minimum, whichever is larger, from
+    creation to deletion (so part of the floor). None when no claim is on Filestore."""
+    if cfg.cluster is None:
+        return None
+    fs, claims = cat.filestore, []
+    for name, w in cfg.workloads.items():
+        tier = fs.tier(w.storage.storage_class)
+        if w.kind not in CLAIM_KINDS or tier is None:
+            continue
+        size = gib(w.storage.size)
+        billed = math.ceil(max(size or 0.0, tier.min_gib))
+        price = None if tier.per_gib_hour is None else round(billed * tier.per_gib_hour, 4)
+        claims.append({"workload": name, "claim": w.storage.claim_name, "storageClass": w.storage.storage_class,
+                       "tier": tier.name, "requested": w.storage.size, "billedGiB": billed, "perHour": price})
+    if not claims:
+        return None
+    return {"claims": claims, "perHour": round(sum(c["perHour"] or 0.0 for c in claims), 4),
+            "unpriced": [c["workload"] for c in claims if c["perHour"] is None],
+            "priceSource": f"data/gpu_catalog.yaml filestore ({fs.source}, {fs.date})"}
+
+
+def vertex_cost(cfg: StackConfig, cat: gpu_catalog.Catalog) -> dict[str, Any] | None:
+    """The Vertex AI CustomJob while it runs: (machine + GPUs) x replicas (the primary and `workers`) at
+    Vertex's training rate, modelled as the Compute Engine price x the catalog's markup."""
+    v = cfg.vertex
+    if not v.enabled:
+        return None
+    replicas = 1 + v.workers
+    out: dict[str, Any] = {"machineType": v.machine_type, "accelerator": f"{v.gpu.count} x {v.gpu.type}",
+                           "replicas": replicas, "spot": v.spot, "markup": cat.vertex.markup,
+                           "markupConfirmed": cat.vertex.confirmed,
+                           "priceSource": f"data/gpu_catalog.yaml vertexTraining ({cat.vertex.source}, "
+                                          f"{cat.vertex.date}) and the machine and GPU prices"}
+    node = cat.machine_hour(v.machine_type, v.spot, v.gpu.type, v.gpu.count)
+    if node is None:
+        out["price"] = "unknown: add the machine type and GPU to data/gpu_catalog.yaml"
+        return out
+    out["perReplicaPerHour"] = round(node * cat.vertex.markup, 4)
+    out["perHour"] = round(node * cat.vertex.markup * replicas, 4)
+    return out
+
+
+def _estimates(pools: list[PoolCost], vertex: dict[str, Any] | None, cat: gpu_catalog.Catalog) -> list[str]:
+    """Which of the numbers are softer than list prices, in words for the summary."""
+    notes = []
+    if any(p.spot for p in pools) or (vertex and vertex["spot"]):
+        notes.append(f"Spot: {SPOT_NOTE}.")
+    for p in pools:
+        if p.capacity in (capacity.DWS, capacity.RESERVATION):
+            notes.append(f"{capacity.TITLES[p.capacity]} pool {p.name}: {p.price_note}.")
+    if vertex and not cat.vertex.confirmed:
+        notes.append(f"Vertex AI: Compute Engine price x {cat.vertex.markup:g} (Vertex's training markup, "
+                     "unconfirmed).")
+    return notes
+
+
 def stack_costs(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> dict[str, Any]:
-    """The `costs` stack output: every pool, the cluster fee and the stack's total at min and max nodes, as each
-    pool pays (spot or on-demand)."""
+    """The `costs` stack output: $/h with the declared workloads running (training, serving), the floor, every
+    pool at min and max nodes as it pays (spot or on-demand), the cluster fee, Filestore claims, the Vertex job."""
     cat = cat or gpu_catalog.load()
     pools = pool_costs(cfg, cat)
     fee = cat.gke_cluster_fee_per_hour if cfg.cluster is not None else 0.0
-    return {
+    filestore = filestore_costs(cfg, cat)
+    filestore_hour = filestore["perHour"] if filestore else 0.0
+    at_min = round(fee + sum(p.pays(p.min_nodes) for p in pools), 4)
+    vertex = vertex_cost(cfg, cat)
+    out: dict[str, Any] = {
         "currency": cat.currency,
         "estimate": True,
         "priceSource": f"data/gpu_catalog.yaml ({cat.source}, {cat.date})",
+        "running": running_costs(cfg, pools, fee, filestore_hour),
+        "floorPerHour": round(at_min + filestore_hour, 4),
         "pools": {p.name: p.to_output() for p in pools},
         "clusterFeePerHour": fee,
-        "stackPerHourAtMin": round(fee + sum(p.pays(p.min_nodes) for p in pools), 4),
-        "stackPerHourAtMax": round(fee + sum(p.pays(p.max_nodes) for p in pools), 4),
+        "stackPerHourAtMin": at_min,
+        "stackPerHourAtMax": round(fee + filestore_hour + sum(p.pays(p.max_nodes) for p in pools), 4),
         "unpriced": [p.name for p in pools if not p.known],
+        "estimates": _estimates(pools, vertex, cat),
     }
+    if filestore:
+        out["filestore"] = filestore
+    if vertex:
+        out["vertex"] = vertex
+    return out
 
+
+# --- rendering --------------------------------------------------------------------------------------------------
 
 def _money(value: float) -> str:
     return f"${value:,.2f}"
 
 
-def costs_markdown(costs: dict[str, Any]) -> str:
-    """The `costs` output as Markdown (a table and its caveats), without a heading: the caller titles it."""
-    pools = costs.get("pools", {})
-    if not pools:
-        return "No GKE cluster in this stack: nothing the stack creates is billed per hour.\n"
-    lines = ["| pool | machine | accelerators | nodes | on-demand $/h (min → max) | spot $/h (min → max) | pays |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+def headline(costs: dict[str, Any]) -> str:
+    """One Markdown line for the top of the summary: $/h with the workloads running, then the floor."""
+    running = costs.get("running") or {}
+    parts = [f"**{_money(running[r]['perHour'])}/h with {r} running**{_soft_mark(running[r])}"
+             for r in (TRAINING, SERVING) if r in running]
+    if "all" in running:
+        parts.append(f"{_money(running['all']['perHour'])}/h with both{_soft_mark(running['all'])}")
+    if costs.get("pools"):
+        parts.append(f"floor **{_money(costs['floorPerHour'])}/h** at min nodes")
+    vertex = costs.get("vertex")
+    if vertex and "perHour" in vertex:
+        kinds = [k for k, soft in (("spot price", vertex["spot"]), ("Vertex markup", not vertex["markupConfirmed"]))
+                 if soft]
+        soft = f" ({' and '.join(kinds)}: estimate)" if kinds else ""
+        parts.append(f"Vertex AI job **{_money(vertex['perHour'])}/h** while it runs{soft}")
+    if not parts:
+        return "Estimated cost: nothing the stack creates is billed per hour."
+    return f"Estimated cost: {', '.join(parts)} (list-price estimates; see Estimated cost)."
+
+
+def _soft_mark(running: dict[str, Any]) -> str:
+    soft = running.get("estimatedAt") or []
+    return f" ({' and '.join(soft)} prices: estimate)" if soft else ""
+
+
+def _pools_table(pools: dict[str, Any]) -> list[str]:
+    lines = ["| pool | machine | accelerators | nodes | capacity | on-demand $/h (min → max) | spot $/h (min → max) "
+             "| pays |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, p in pools.items():
-        head = f"| {name} | {p['machineType']} | {p.get('accelerator', '—')} | {p['minNodes']}–{p['maxNodes']} "
+        head = (f"| {name} | {p['machineType']} | {p.get('accelerator', '—')} | {p['minNodes']}–{p['maxNodes']} "
+                f"| {p.get('capacity', '')} ")
         if "paysPerHour" not in p:
             lines.append(head + "| unknown | unknown | — |")
             continue
         od, spot = p["onDemandPerHour"], p["spotPerHour"]
         lines.append(head + f"| {_money(od['min'])} → {_money(od['max'])} | {_money(spot['min'])} → "
                      f"{_money(spot['max'])} | {'spot' if p['spot'] else 'on-demand'} |")
-    at_max = costs["stackPerHourAtMax"]
-    lines += [
-        "",
-        f"GKE cluster fee {_money(costs['clusterFeePerHour'])}/h. Whole stack, as each pool pays: "
-        f"**{_money(costs['stackPerHourAtMin'])}/h at min nodes, {_money(at_max)}/h at max nodes** "
-        f"(≈ {_money(at_max * HOURS_PER_MONTH)} per {HOURS_PER_MONTH}-hour month at max).",
-        "",
-        f"Estimates in {costs['currency']} from {costs['priceSource']}: list prices of one region; spot prices move "
-        "daily; disks, network egress and storage are not included.",
-    ]
+    return lines
+
+
+def _running_lines(costs: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, label in ((TRAINING, "training"), (SERVING, "serving"), ("all", "all workloads")):
+        r = (costs.get("running") or {}).get(key)
+        if r:
+            nodes = ", ".join(f"{pool} {n}" for pool, n in r["nodes"].items())
+            lines.append(f"- With {label} running ({', '.join(r['workloads'])}): **{_money(r['perHour'])}/h**"
+                         f"{_soft_mark(r)} (nodes: {nodes}).")
+    return lines
+
+
+def _filestore_lines(fs: dict[str, Any]) -> list[str]:
+    lines = []
+    for c in fs["claims"]:
+        price = f"{_money(c['perHour'])}/h" if c["perHour"] is not None else "unpriced (tier price not in the catalog)"
+        lines.append(f"- Filestore claim `{c['claim']}` of {c['workload']} ({c['storageClass']}, {c['tier']}): "
+                     f"{c['requested']} requested, {c['billedGiB']} GiB billed: {price}, for as long as it exists.")
+    return [*lines, f"  Prices from {fs['priceSource']}."]
+
+
+def _vertex_lines(v: dict[str, Any]) -> list[str]:
+    if "perHour" not in v:
+        return [f"- Vertex AI job: {v['replicas']} x {v['machineType']} + {v['accelerator']}: {v['price']}."]
+    sure = "" if v["markupConfirmed"] else ", unconfirmed"
+    return [f"- Vertex AI job while it runs: {v['replicas']} replica(s) x ({v['machineType']} + {v['accelerator']}"
+            f"{', spot' if v['spot'] else ''}) x {v['markup']:g} Vertex markup{sure} = **{_money(v['perHour'])}/h**.",
+            f"  Prices from {v['priceSource']}."]
+
+
+def costs_markdown(costs: dict[str, Any]) -> str:
+    """The `costs` output as Markdown (the running and floor figures, a table, the caveats), without a heading:
+    the caller titles it."""
+    pools, vertex = costs.get("pools", {}), costs.get("vertex")
+    if not pools and not vertex:
+        return "No GKE cluster in this stack: nothing the stack creates is billed per hour.\n"
+    lines = _running_lines(costs)
+    if pools:
+        at_max = costs["stackPerHourAtMax"]
+        lines += [f"- Floor, every pool at min nodes{' with Filestore' if costs.get('filestore') else ''}: "
+                  f"**{_money(costs['floorPerHour'])}/h**; every pool at max nodes: {_money(at_max)}/h "
+                  f"(≈ {_money(at_max * HOURS_PER_MONTH)} per {HOURS_PER_MONTH}-hour month).", ""]
+        lines += _pools_table(pools)
+        lines += ["", f"GKE cluster fee {_money(costs['clusterFeePerHour'])}/h."]
+    if costs.get("filestore"):
+        lines += ["", *_filestore_lines(costs["filestore"])]
+    if vertex:
+        lines += ["", *_vertex_lines(vertex)] if lines else _vertex_lines(vertex)
+    lines += ["", f"Estimates in {costs['currency']} from {costs['priceSource']}: list prices of one region; disks, "
+              "network egress and Cloud Storage are not included."]
+    lines += costs.get("estimates", [])
     if costs.get("unpriced"):
         lines.append(f"Not priced (machine type missing from the catalog): {', '.join(costs['unpriced'])}.")
     return "\n".join([*lines, ""])

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.cost import headline as cost_headline
 from preview import replacements
 from preview.diff import PlanDiff, render_markdown, render_text
 from preview.engine import Registration, RunResult
@@ -304,6 +305,8 @@ def markdown(run: RunResult, violations: Sequence[Violation], policies_run: int,
     if run.warnings:
         status += f", {len(run.warnings)} warning{'s' if len(run.warnings) != 1 else ''}"
     parts = [f"### Stack `{run.stack}`: {len(run.resources)} resources, {status}"]
+    if isinstance(run.outputs.get("costs"), dict):  # $/h with the workloads running, then the floor
+        parts.append(cost_headline(run.outputs["costs"]))
     if run.warnings:
         parts.append(warnings_markdown(run.warnings))
     if plan_diff is not None:
@@ -318,6 +321,8 @@ def markdown(run: RunResult, violations: Sequence[Violation], policies_run: int,
 def text(run: RunResult, violations: Sequence[Violation], policies_run: int, plan_diff: PlanDiff | None = None,
          extra: Sequence[Section] = ()) -> str:
     parts = [table_text(t) for t in tables(run, violations, policies_run)]
+    if isinstance(run.outputs.get("costs"), dict):
+        parts.insert(0, markdown_text(cost_headline(run.outputs["costs"])).strip())
     if plan_diff is not None:
         replaced = replacements.replacements(plan_diff, run)
         parts[:0] = [render_text(plan_diff), *([replacements.render_text(replaced)] if replaced else [])]

@@ -396,9 +396,9 @@ def test_cost_section_is_a_markdown_table() -> None:
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| pool | machine | accelerators | nodes |")
     t4 = costs["pools"]["t4"]
-    assert f"| t4 | n1-standard-8 | 1 x nvidia-tesla-t4 | 0–3 | $0.00 → ${t4['onDemandPerHour']['max']:,.2f} " \
+    assert f"| t4 | n1-standard-8 | 1 x nvidia-tesla-t4 | 0–3 | spot | $0.00 → ${t4['onDemandPerHour']['max']:,.2f} " \
            f"| $0.00 → ${t4['spotPerHour']['max']:,.2f} | spot |" in rows
-    assert f"${costs['stackPerHourAtMax']:,.2f}/h at max nodes" in text
+    assert f"every pool at max nodes: ${costs['stackPerHourAtMax']:,.2f}/h" in text
     assert "Estimates in USD" in text
 
 
