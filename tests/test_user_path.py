@@ -14,6 +14,7 @@ import yaml
 from conftest import changed, config_model, problems, yaml_load
 
 import checks
+from planner import cost
 from preview import plan, stackfile, summary, tree
 from preview.__main__ import main
 from preview.engine import RunResult, engine_config_from_yaml, run_program
@@ -50,7 +51,9 @@ def test_the_run_records_the_programs_warnings(tight: RunResult) -> None:
 def test_warnings_top_the_summary_and_are_listed_in_plan_json(tight: RunResult) -> None:
     md = summary.markdown(tight, [], 16)
     title, warnings_section, *_ = md.split("\n\n#### ")
-    assert title == f"### Stack `prod`: {len(tight.resources)} resources, ok, 1 warning"
+    # The title, then the cost headline (planner/cost.py), then the warnings before any table.
+    assert title == f"### Stack `prod`: {len(tight.resources)} resources, ok, 1 warning\n\n" \
+                    f"{cost.headline(tight.outputs['costs'])}"
     assert warnings_section == f"Warnings\n\n- :warning: {tight.warnings[0]}"
     doc = plan.build(tight)
     assert doc["warnings"] == tight.warnings
