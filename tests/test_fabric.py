@@ -606,6 +606,17 @@ def test_nccl_test_is_one_indexed_job_across_the_pool(nccl: dict[str, Any]) -> N
     assert "--nproc-per-node=8" in data["run.sh"]
 
 
+def test_nccl_test_waits_for_its_pool_fabric_and_the_image_read_grant(runs: dict[str, RunResult]) -> None:
+    # Its pods pull the stack's image: before the nodes may read the repository, the pull fails (ImagePullBackOff)
+    # and the Job's pods back off; before the fabric's Networks and installer, pods start without the extra NICs.
+    run = runs["tcpxo"]
+    job = run.one(JOB)
+    reader = run.one("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember", "registry-node-reader")
+    pool = run.one("gcp:container/nodePool:NodePool", "h100")
+    installer = run.one("kubernetes:yaml/v2:ConfigFile", "gpu-fabric-tcpxo-installer")
+    assert {reader.urn, pool.urn, installer.urn} <= set(job.dependencies)
+
+
 def test_nccl_test_pods_get_the_fabric_contract(nccl: dict[str, Any]) -> None:
     ref = test_pod_reference(TEST_MANIFEST["tcpxo"])
     pod = nccl["job"]["spec"]["template"]

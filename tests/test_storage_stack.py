@@ -65,6 +65,15 @@ def test_bucket_is_private_recoverable_and_tidy(run: RunResult) -> None:
     assert b["labels"]["managed-by"] == "pulumi"
 
 
+def test_the_bucket_is_protected_where_the_cluster_is(run: RunResult) -> None:
+    # Data outlives a mistake: with the cluster's deletionProtection (prod) `pulumi destroy` and a replacement
+    # refuse to touch the bucket; a dev stack's bucket goes with the stack. Its name is fixed: delete first.
+    dev_bucket = run.one(BUCKET)
+    assert (dev_bucket.protect, dev_bucket.delete_before_replace) == (False, True)
+    prod_bucket = run_stack("prod", {"deepspeed-stack:storage": {"enabled": True}}).one(BUCKET)
+    assert (prod_bucket.protect, prod_bucket.delete_before_replace) == (True, True)
+
+
 def test_object_access_on_the_bucket_only(run: RunResult) -> None:
     grants = {r.name: r.inputs for r in run.by_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
     data_sa = "ds-data-dev@my-gcp-project.iam.gserviceaccount.com"
