@@ -17,9 +17,10 @@ from components.network import Network, NetworkArgs
 from components.node_identity import NodeIdentity, NodeIdentityArgs
 from components.storage import Storage, StorageArgs
 from components.vertex import VertexTraining, VertexTrainingArgs
-from model import catalog, fabric, versions
+from model import capacity, catalog, fabric, versions
 from planner import cost, recovery
 from planner.capacity_plan import capacity_plan
+from workloads.compute_class import ComputeClasses, ComputeClassesArgs
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
 from workloads.gcs_fuse import BucketAccess
 from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
@@ -55,12 +56,13 @@ if cfg.cluster is not None:
         network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email,
         multi_networking=fabric.multi_networking(cfg), gpu_metrics=bool(cfg.node_pools)))
     fabric_of = {pool: fabric_networks[s.key] for s in fabric.fabric_sets(cfg) for pool in s.pools}
+    joins = capacity.pool_classes(cfg)  # pool -> the ComputeClass of a workload's pool then fallbackPool
     pools = {p.name: GpuNodePool(f"pool-{p.name}", GpuNodePoolArgs(
         project=cfg.project, location=cfg.cluster_location, cluster_name=cluster.name,
         node_service_account=identity.email, config=p,
         zones=p.zones or list(catalog.load().zones(p.gpu.type, cfg.region)), fabric=fabric.pool_fabric(p),
         additional_networks=fabric_of[p.name].node_networks(fabric.additional_networks(p))
-        if p.name in fabric_of else [])) for p in cfg.node_pools}
+        if p.name in fabric_of else [], compute_class=joins.get(p.name))) for p in cfg.node_pools}
 
 # 3. The image, for GKE and Vertex alike: registry and build wait for neither the cluster nor the pools.
 registry, image = None, None
@@ -123,12 +125,18 @@ if target is not None:
     gpu_fabrics = {pool: f for s in (fabric.fabric_sets(cfg) if cluster else []) for f in [GpuFabric(
         f"gpu-fabric-{s.key}", GpuFabricArgs(fabric_set=s, nics=fabric_networks[s.key].nics,
                                             install=fabric.installs(cfg, s)), on_target)] for pool in s.pools}
+    # ComputeClasses: spot, then on-demand (a workload's pool, then its fallbackPool) in the autoscaler's order.
+    classes = ComputeClasses("compute-classes", ComputeClassesArgs(
+        chains=list(capacity.chains(cfg).values()),
+        node_pool_names={name: pool.node_pool.name for name, pool in pools.items()}), on_target).classes \
+        if cluster and capacity.chains(cfg) else {}
     queued: dict[str, pulumi.Output[str]] = {}  # namespace of each job Kueue queues
     for name, w in cfg.workloads.items():
         # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
         reader = registry.reader if registry and not w.image and w.accelerator.kind == "nvidia" else None
         waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None, reader,
-                                 gpu_fabrics.get(w.pool or ""), pools.get(w.fallback_pool or "")) if r]
+                                 gpu_fabrics.get(w.pool or ""), pools.get(w.fallback_pool or ""),
+                                 classes.get(capacity.class_name(w.pool or ""))) if r]
         opts = pulumi.ResourceOptions(provider=target, depends_on=waits_for)
         if w.kind == "helm":
             workload = DeepSpeedRelease(name, DeepSpeedReleaseArgs(

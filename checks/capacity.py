@@ -170,6 +170,56 @@ def check_kueue_target(m: StackConfig) -> list[str]:
     return problems
 
 
+def check_compute_class_version(m: StackConfig) -> list[str]:
+    """A workload's pool then fallbackPool is a GKE custom ComputeClass, which Standard clusters have from
+    1.30.3-gke.1451000 on (data/capacity.yaml computeClass)."""
+    users = [name for name, w in m.workloads.items() if capacity.workload_chain(m, w) is not None]
+    if not users or m.cluster is None:
+        return []
+    minimum = capacity.load().compute_class.min_gke
+    version = m.cluster.min_master_version
+    why = (f"workload(s) {', '.join(users)} run on `pool` then `fallbackPool` through a GKE custom ComputeClass "
+           f"(the autoscaler ignores preferred node affinity), which GKE has from {minimum}")
+    if version is None:
+        return [f"cluster.minMasterVersion: {why}; set cluster.minMasterVersion to {minimum} or newer (e.g. 1.33) "
+                "so GKE never runs an older control plane"]
+    parsed = capacity.gke_version(version)
+    if parsed is not None and parsed < capacity.gke_version(minimum):
+        return [f"cluster.minMasterVersion: {version} is too old: {why}; set it to {minimum} or newer (e.g. 1.33)"]
+    return []
+
+
+def check_compute_class_pools(m: StackConfig) -> list[str]:
+    """GKE ties a node pool to one ComputeClass, whose taint keeps every other pod off it: a pool in a
+    workload's pool-then-fallback class serves that class only."""
+    joins = capacity.pool_classes(m)
+    problems = []
+    for name, w in m.workloads.items():
+        chain = capacity.workload_chain(m, w)
+        for key, pool in (("pool", w.pool), ("fallbackPool", w.fallback_pool)):
+            joined = joins.get(pool or "")
+            if joined is None or (chain is not None and chain.name == joined):
+                continue
+            how = f"with fallbackPool {w.fallback_pool}" if chain is not None else (
+                "queued by Kueue" if capacity.queued(m, w) else "without that fallbackPool")
+            problems.append(f"{at('workloads', name, key)}: pool {pool} belongs to GKE ComputeClass {joined} "
+                            f"({_chain_text(m, joined)}), and GKE lets a pool join one class whose taint keeps "
+                            f"other pods off it; this workload ({how}) cannot use it: give it the same pool and "
+                            "fallbackPool, or another pool")
+    for test, t in m.nccl_tests.items():
+        for i, pool in enumerate(t.pools):
+            if pool in joins:
+                problems.append(f"{at('ncclTests', test, 'pools', i)}: pool {pool} belongs to GKE ComputeClass "
+                                f"{joins[pool]} ({_chain_text(m, joins[pool])}), whose taint keeps the test's pods "
+                                "off it; test another pool")
+    return problems
+
+
+def _chain_text(m: StackConfig, name: str) -> str:
+    chain = capacity.chains(m)[name]
+    return " then ".join(p.name for p in chain.pools)
+
+
 def _version(tag: str) -> tuple[int, ...]:
     return tuple(int(part) for part in tag.lstrip("v").split("."))
 
@@ -186,4 +236,6 @@ CHECKS: list[Check] = [
     check_queued_pool_workloads,
     check_kueue_target,
     check_fallback_pool,
+    check_compute_class_version,
+    check_compute_class_pools,
 ]

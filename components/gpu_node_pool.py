@@ -8,6 +8,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components import pool_capacity
+from model import capacity
 from model.fabric import Fabric
 from model.fabric import load as load_fabrics
 from model.types import NodePoolConfig
@@ -27,6 +28,8 @@ class GpuNodePoolArgs:
     # A3/A4 fabric: its contract, and the extra NICs' (network, subnetwork) in the contract's order.
     fabric: Fabric | None = None
     additional_networks: list[tuple[pulumi.Input[str], pulumi.Input[str]]] = field(default_factory=list)
+    # The GKE ComputeClass the pool joins (a workload's pool then fallbackPool, workloads/compute_class.py).
+    compute_class: str | None = None
 
 
 def _network_config(args: GpuNodePoolArgs) -> gcp.container.NodePoolNetworkConfigArgs | None:
@@ -37,12 +40,25 @@ def _network_config(args: GpuNodePoolArgs) -> gcp.container.NodePoolNetworkConfi
         for network, subnetwork in args.additional_networks])
 
 
-def _fabric_taints(args: GpuNodePoolArgs) -> list[gcp.container.NodePoolNodeConfigTaintArgs] | None:
-    """CT's GPU taint on fabric pools: only pods that tolerate it (the GPU workloads) land on 8-GPU nodes."""
-    if args.fabric is None:
-        return None
-    taint = load_fabrics().gpu_taint
-    return [gcp.container.NodePoolNodeConfigTaintArgs(key=taint["key"], value=taint["value"], effect=taint["effect"])]
+def _taints(args: GpuNodePoolArgs) -> list[gcp.container.NodePoolNodeConfigTaintArgs] | None:
+    """CT's GPU taint on fabric pools: only pods that tolerate it (the GPU workloads) land on 8-GPU nodes. A
+    pool in a ComputeClass carries the class's taint, as GKE requires of manually created pools
+    (data/capacity.yaml computeClass)."""
+    taints = []
+    if args.fabric is not None:
+        taint = load_fabrics().gpu_taint
+        taints.append(gcp.container.NodePoolNodeConfigTaintArgs(key=taint["key"], value=taint["value"],
+                                                                 effect=taint["effect"]))
+    if args.compute_class is not None:
+        taints.append(gcp.container.NodePoolNodeConfigTaintArgs(
+            key=capacity.load().compute_class.label_key, value=args.compute_class, effect="NO_SCHEDULE"))
+    return taints or None
+
+
+def _labels(args: GpuNodePoolArgs) -> dict[str, str]:
+    cfg = args.config
+    joined = {capacity.load().compute_class.label_key: args.compute_class} if args.compute_class else {}
+    return {**cfg.labels, POOL_LABEL: cfg.name, **joined}
 
 
 def _local_ssds(args: GpuNodePoolArgs) -> int:
@@ -76,7 +92,7 @@ def _node_config(args: GpuNodePoolArgs) -> gcp.container.NodePoolNodeConfigArgs:
         ),
         # gVNIC: the fabric's NICs are gVNIC (and the primary must be too, CT gke-node-pool).
         gvnic=gcp.container.NodePoolNodeConfigGvnicArgs(enabled=True) if args.fabric else None,
-        taints=_fabric_taints(args),
+        taints=_taints(args),
         # Image streaming: multi-GB CUDA images start in seconds instead of minutes.
         gcfs_config=gcp.container.NodePoolNodeConfigGcfsConfigArgs(enabled=True),
         shielded_instance_config=gcp.container.NodePoolNodeConfigShieldedInstanceConfigArgs(
@@ -85,7 +101,7 @@ def _node_config(args: GpuNodePoolArgs) -> gcp.container.NodePoolNodeConfigArgs:
         workload_metadata_config=gcp.container.NodePoolNodeConfigWorkloadMetadataConfigArgs(mode="GKE_METADATA"),
         service_account=args.node_service_account,
         oauth_scopes=GPU_SCOPES,
-        labels={**cfg.labels, POOL_LABEL: cfg.name},
+        labels=_labels(args),
         resource_labels={"deepspeed-stack-pool": cfg.name},
     )
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model.types import NodePoolConfig
+from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 from model.yamlio import load_yaml
 
 CAPACITY_PATH = Path(__file__).resolve().parent.parent / "data" / "capacity.yaml"
@@ -56,6 +56,27 @@ def _kueue_install(kq: dict[str, Any]) -> KueueInstall:
 
 
 @dataclass(frozen=True)
+class ComputeClassFacts:
+    """GKE's custom ComputeClass as the stack uses it for `pool` then `fallbackPool` (data/capacity.yaml)."""
+    api_version: str
+    kind: str
+    min_gke: str
+    label_key: str
+    taint_effect: str
+    reserved_prefixes: tuple[str, ...]
+    when_unsatisfiable: str
+    name_prefix: str
+
+
+def _compute_class(raw: dict[str, Any]) -> ComputeClassFacts:
+    return ComputeClassFacts(
+        api_version=str(raw["apiVersion"]), kind=str(raw["kind"]), min_gke=str(raw["minGkeVersion"]),
+        label_key=str(raw["labelKey"]), taint_effect=str(raw["taintEffect"]),
+        reserved_prefixes=tuple(raw["reservedPrefixes"]), when_unsatisfiable=str(raw["whenUnsatisfiable"]),
+        name_prefix=str(raw["namePrefix"]))
+
+
+@dataclass(frozen=True)
 class Facts:
     flex_start_min_gke: str
     flex_start_max_run_seconds: int
@@ -71,6 +92,7 @@ class Facts:
     provisioning_controller: str
     kueue_min_mpi_operator: str
     kueue_install: KueueInstall
+    compute_class: ComputeClassFacts
     order: tuple[str, ...]
     price_basis: dict[str, tuple[str, str]]  # source -> (onDemand | spot, what the price means)
     source: str
@@ -94,6 +116,7 @@ def parse(raw: dict[str, Any]) -> Facts:
         provisioning_controller=str(kq["provisioningController"]),
         kueue_min_mpi_operator=str(kq["minMpiOperator"]),
         kueue_install=_kueue_install(kq),
+        compute_class=_compute_class(raw["computeClass"]),
         order=tuple(raw["order"]),
         price_basis={k: (str(v["price"]), str(v["note"])) for k, v in raw["priceBasis"].items()},
         source=str(raw["source"]),
@@ -120,6 +143,11 @@ def rank(pool: NodePoolConfig) -> int:
     return load().order.index(source(pool))
 
 
+def queued(cfg: StackConfig, w: WorkloadConfig) -> bool:
+    """Kueue queues the workload: an `mpijob` on a stack GPU pool when Kueue is installed (workloads/kueue.py)."""
+    return bool(cfg.kueue.install and cfg.cluster is not None and w.kind == "mpijob" and cfg.pool(w.pool or ""))
+
+
 def is_dws(pool: NodePoolConfig) -> bool:
     """Flex-start or queued provisioning, whatever else the pool (wrongly) asks for."""
     return pool.flex_start or pool.queued_provisioning
@@ -138,3 +166,52 @@ def gke_version(text: str) -> tuple[int, int, int, int] | None:
 def seconds(duration: str) -> int:
     """GKE's duration form `3600s` -> 3600."""
     return int(duration.rstrip("s"))
+
+
+# --- A workload's pool then fallbackPool: one GKE ComputeClass (workloads/compute_class.py) ----------
+
+@dataclass(frozen=True)
+class Chain:
+    """One ComputeClass: the pools GKE tries, first choice first."""
+    name: str
+    pools: tuple[NodePoolConfig, ...]
+
+
+def class_name(preferred: str) -> str:
+    """Named after the pool it prefers (a pool joins one class); the prefix keeps it off GKE's reserved `gke`."""
+    return f"{load().compute_class.name_prefix}{preferred}"
+
+
+def workload_chain(cfg: StackConfig, w: WorkloadConfig) -> Chain | None:
+    """The class an unqueued NVIDIA workload with another pool as `fallbackPool` runs in, else None."""
+    pool, fallback = cfg.pool(w.pool or ""), cfg.pool(w.fallback_pool or "")
+    if cfg.cluster is None or w.accelerator.kind != "nvidia" or pool is None or fallback is None or \
+            queued(cfg, w) or not _fallback_fits(pool, fallback):
+        return None  # none, queued, or a fallback that checks/capacity.py refuses anyway
+    return Chain(class_name(pool.name), (pool, fallback))
+
+
+def _fallback_fits(pool: NodePoolConfig, fallback: NodePoolConfig) -> bool:
+    same_shape = (pool.machine_type, pool.gpu.type, pool.gpu.count) == \
+        (fallback.machine_type, fallback.gpu.type, fallback.gpu.count)
+    return fallback.name != pool.name and same_shape and not fallback.queued_provisioning
+
+
+def chains(cfg: StackConfig) -> dict[str, Chain]:
+    """Every class the stack creates, by name (workloads that share a chain share its class)."""
+    out: dict[str, Chain] = {}
+    for w in cfg.workloads.values():
+        chain = workload_chain(cfg, w)
+        if chain is not None:
+            out.setdefault(chain.name, chain)
+    return out
+
+
+def pool_classes(cfg: StackConfig) -> dict[str, str]:
+    """Pool name -> the class it joins (its node label and taint). The first chain that names a pool wins; a
+    pool named by two chains is a config error (checks/capacity.py)."""
+    out: dict[str, str] = {}
+    for chain in chains(cfg).values():
+        for pool in chain.pools:
+            out.setdefault(pool.name, chain.name)
+    return out

@@ -58,10 +58,14 @@ def _job(cfg: StackConfig, w: WorkloadConfig) -> dict[str, Any] | None:
     pools = [p for p in (cfg.pool(w.pool or ""), cfg.pool(w.fallback_pool or "")) if p is not None]
     if not pools or w.accelerator.kind != "nvidia":
         return None
-    queued = cfg.kueue.install and w.kind == "mpijob"
+    queued = capacity.queued(cfg, w)
     ordered = sorted(pools, key=capacity.rank) if queued else pools
-    return {"queued": queued, "pools": [{"pool": p.name, "capacity": capacity.TITLES[capacity.source(p)]}
-                                        for p in ordered]}
+    job: dict[str, Any] = {"queued": queued, "pools": [
+        {"pool": p.name, "capacity": capacity.TITLES[capacity.source(p)]} for p in ordered]}
+    chain = capacity.workload_chain(cfg, w)
+    if chain is not None:
+        job["computeClass"] = chain.name
+    return job
 
 
 def _money(value: float | None) -> str:
@@ -91,8 +95,9 @@ def capacity_markdown(plan: dict[str, Any]) -> str:
         lines += ["| job | where its workers run, first choice first | chosen by |", "| --- | --- | --- |"]
         for name, job in plan["jobs"].items():
             chain = " → ".join(f"{p['pool']} ({p['capacity']})" for p in job["pools"])
-            how = f"Kueue, queue `{plan['queue']}`" if job["queued"] else \
-                ("scheduler, preferred node affinity" if len(job["pools"]) > 1 else "scheduler")
+            how = f"Kueue, queue `{plan['queue']}`" if job["queued"] else (
+                f"GKE autoscaler, ComputeClass `{job['computeClass']}` (back to the first when it has room)"
+                if job.get("computeClass") else "scheduler")
             lines.append(f"| {name} | {chain} | {how} |")
         lines.append("")
     lines.append(f"Estimates from {plan['priceSource']}.")

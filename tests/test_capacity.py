@@ -117,9 +117,9 @@ def test_gke_version_below_flex_starts_minimum_is_refused() -> None:
         "cluster.minMasterVersion: 1.32.2-gke.1651000 is below 1.32.2-gke.1652000, the oldest GKE that accepts "
         "flex-start (pool(s) h100-dws); set it to that or newer, e.g. 1.33"]
     assert dws_problems({"cluster.minMasterVersion": "1.32.2-gke.1652000"}) == []
-    (unset,) = dws_problems({"cluster.minMasterVersion": DELETE})
-    assert unset.startswith("cluster.minMasterVersion: pool(s) h100-dws use flex-start, which needs GKE "
-                            "1.32.2-gke.1652000 or later")
+    unset = dws_problems({"cluster.minMasterVersion": DELETE})
+    assert any(p.startswith("cluster.minMasterVersion: pool(s) h100-dws use flex-start, which needs GKE "
+                            "1.32.2-gke.1652000 or later") for p in unset)
 
 
 def test_flex_start_longer_than_seven_days_is_refused() -> None:
@@ -180,7 +180,8 @@ def test_capacity_plan_output(dws: RunResult) -> None:
         "pretrain": {"queued": True, "pools": [{"pool": "h100-reserved", "capacity": "reservation"},
                                                {"pool": "h100-dws", "capacity": "DWS"}]},
         "finetune": {"queued": False, "pools": [{"pool": "l4-spot", "capacity": "spot"},
-                                                {"pool": "l4", "capacity": "on-demand"}]}}
+                                                {"pool": "l4", "capacity": "on-demand"}],
+                     "computeClass": "deepspeed-l4-spot"}}
 
 
 def test_capacity_plan_orders_spot_last_and_prices_it_as_spot() -> None:
@@ -198,32 +199,91 @@ def test_capacity_plan_section_in_the_summary(dws: RunResult) -> None:
     assert body.startswith("Capacity is obtained in the order reservation → DWS → on-demand → spot. Kueue admits "
                            "MPIJobs from ClusterQueue `deepspeed` to the first of their pools with free quota")
     assert "| pretrain | h100-reserved (reservation) → h100-dws (DWS) | Kueue, queue `deepspeed` |" in body
-    assert "| finetune | l4-spot (spot) → l4 (on-demand) | scheduler, preferred node affinity |" in body
+    assert "| finetune | l4-spot (spot) → l4 (on-demand) | GKE autoscaler, ComputeClass `deepspeed-l4-spot` (back " \
+           "to the first when it has room) |" in body
     assert "| 1 | h100-reserved | reservation `h100-reservation` | us-central1-a | us-central1-a, us-central1-b, " \
            "us-central1-c | $88.49 | $176.98 (max 2) | on-demand rate, billed whether used or not |" in body
     assert "| 2 | h100-dws | DWS (queued provisioning) |" in body
 
 
-# --- Spot with a fallback (workloads/placement.py fallbackPool) -----------------------------------
+# --- Spot then on-demand: a GKE ComputeClass (workloads/compute_class.py, placement.py) --------------
 
-FALLBACK = {"nodeAffinity": {
-    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "deepspeed-stack/pool", "operator": "In", "values": ["l4-spot", "l4"]}]}]},
-    "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {"matchExpressions": [
-        {"key": "deepspeed-stack/pool", "operator": "In", "values": ["l4-spot"]}]}}]}}
+COMPUTE_CLASS = "kubernetes:cloud.google.com/v1:ComputeClass"
+CLASS_LABEL = "cloud.google.com/compute-class"
+
+# The ComputeClass fields the stack writes, as GKE documents them (no published JSON schema; read 2026-11-23):
+# docs.cloud.google.com/kubernetes-engine/docs/reference/crds/computeclass and
+# .../concepts/about-custom-compute-classes ("a rule with nodepools takes no other field"; whenUnsatisfiable
+# ScaleUpAnyway | DoNotScaleUp; names may not begin with gke or autopilot).
+DOCUMENTED = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "cloud.google.com/v1"}, "kind": {"const": "ComputeClass"},
+        "metadata": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string", "maxLength": 63,  # also the pools' label value
+                     "pattern": "^(?!gke)(?!autopilot)[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}}},
+        "spec": {"type": "object", "additionalProperties": False, "properties": {
+            "priorities": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "additionalProperties": False, "required": ["nodepools"],
+                "properties": {"nodepools": {"type": "array", "minItems": 1, "items": {"type": "string"}}}}},
+            "activeMigration": {"type": "object", "additionalProperties": False, "properties": {
+                "optimizeRulePriority": {"type": "boolean"}, "ensureAllDaemonSetPodsRunning": {"type": "boolean"}}},
+            "nodePoolAutoCreation": {"type": "object", "properties": {"enabled": {"type": "boolean"}}},
+            "whenUnsatisfiable": {"enum": ["ScaleUpAnyway", "DoNotScaleUp"]}}}}}
 
 
-def test_helm_job_prefers_spot_and_falls_back_to_on_demand(dws: RunResult) -> None:
+def test_spot_then_on_demand_is_a_compute_class(dws: RunResult) -> None:
+    from conftest import validate_json
+
+    (cls,) = dws.by_type(COMPUTE_CLASS)
+    obj = {k: cls.inputs[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+    validate_json(obj, DOCUMENTED)
+    gke_name = {p: dws.one(NODE_POOL, p).physical_name for p in ("l4-spot", "l4")}
+    assert obj["metadata"]["name"] == "deepspeed-l4-spot"
+    # Spot first, then on-demand (one rule each: inside one rule GKE keeps no order); back to spot when it can;
+    # GKE creates no pools of its own; pods wait rather than land on some other machine.
+    assert obj["spec"] == {
+        "priorities": [{"nodepools": [gke_name["l4-spot"]]}, {"nodepools": [gke_name["l4"]]}],
+        "activeMigration": {"optimizeRulePriority": True}, "nodePoolAutoCreation": {"enabled": False},
+        "whenUnsatisfiable": "DoNotScaleUp"}
+    assert gke_name["l4-spot"].startswith("l4-spot-")  # the auto-named GKE pool, not the config's name
+    finetune = dws.one("deepspeed-stack:workloads:DeepSpeedRelease", "finetune")
+    assert cls.urn in finetune.dependencies  # the class exists before its pods
+
+
+def test_helm_job_selects_the_class_not_a_preferred_affinity(dws: RunResult) -> None:
     import json
 
     from conftest import reference, validate_json
 
     values = dws.one("kubernetes:helm.sh/v3:Release", "finetune-release").inputs["values"]
     for role in ("client", "worker"):
-        assert values[role]["affinity"] == FALLBACK
-        # No pool in the node selector: the affinity names both pools.
-        assert values[role]["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+        # Only the class: GKE refuses pods that also select a system label the class could set
+        # (cloud.google.com/gke-accelerator), and preferred affinity is what the autoscaler ignores (autoscaler#2804).
+        assert values[role]["nodeSelector"] == {CLASS_LABEL: "deepspeed-l4-spot"}
+        assert "affinity" not in values[role]
+        assert {"key": CLASS_LABEL, "operator": "Equal", "value": "deepspeed-l4-spot", "effect": "NoSchedule"} in \
+            values[role]["tolerations"]
     validate_json(values, json.loads(reference("bitnami-deepspeed", "values.schema.json").read_text()))
+
+
+def test_class_pools_carry_the_label_and_taint_gke_requires(dws: RunResult) -> None:
+    # GKE: a manually created pool joins a class by node label cloud.google.com/compute-class=NAME and taint
+    # cloud.google.com/compute-class=NAME:NoSchedule (about-custom-compute-classes, manual node pools).
+    for name in ("l4-spot", "l4"):
+        node = dws.one(NODE_POOL, name).inputs["nodeConfig"]
+        assert node["labels"][CLASS_LABEL] == "deepspeed-l4-spot"
+        assert {"key": CLASS_LABEL, "value": "deepspeed-l4-spot", "effect": "NO_SCHEDULE"} in node["taints"]
+    for name in ("h100-reserved", "h100-dws"):
+        node = dws.one(NODE_POOL, name).inputs["nodeConfig"]
+        assert CLASS_LABEL not in node["labels"]
+        assert all(t["key"] != CLASS_LABEL for t in node.get("taints", []))
+
+
+def test_no_preferred_affinity_anywhere(dws: RunResult) -> None:
+    import json
+
+    assert "preferredDuringScheduling" not in json.dumps([r.inputs for r in dws.resources], default=str)
 
 
 def test_queued_job_may_use_its_reservation_or_dws(dws: RunResult) -> None:
@@ -231,16 +291,48 @@ def test_queued_job_may_use_its_reservation_or_dws(dws: RunResult) -> None:
 
     job = dws.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
-    terms = worker["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms == {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "deepspeed-stack/pool", "operator": "In", "values": ["h100-reserved", "h100-dws"]}]}]}
-    assert "deepspeed-stack/pool" not in worker["nodeSelector"]
+    # Kueue picks the flavor (and adds its pool to the node selector); the pods only require one of the two.
+    assert worker["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "deepspeed-stack/pool", "operator": "In", "values": ["h100-reserved", "h100-dws"]}]}]}}}
+    assert "deepspeed-stack/pool" not in worker["nodeSelector"] and CLASS_LABEL not in worker["nodeSelector"]
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w"}, "spec": worker}
     kubernetes_validate.validate(pod, "1.33.0", strict=True)
     # The workload waits for both of its pools (depending on a component records its children).
     pretrain = dws.one("deepspeed-stack:workloads:TrainingJob", "pretrain")
     for pool in ("h100-reserved", "h100-dws"):
         assert dws.one(NODE_POOL, pool).urn in pretrain.dependencies
+
+
+def test_compute_class_needs_a_gke_that_has_it() -> None:
+    # Custom ComputeClasses on Standard clusters: GKE 1.30.3-gke.1451000 and later (about-custom-compute-classes).
+    found = dws_problems({"cluster.minMasterVersion": "1.30.3-gke.1450999", "nodePools[1].flexStart": False,
+                          "nodePools[1].queuedProvisioning": False, "nodePools[1].minNodes": 0})
+    assert "cluster.minMasterVersion: 1.30.3-gke.1450999 is too old: workload(s) finetune run on `pool` then " \
+           "`fallbackPool` through a GKE custom ComputeClass (the autoscaler ignores preferred node affinity), " \
+           "which GKE has from 1.30.3-gke.1451000; set it to 1.30.3-gke.1451000 or newer (e.g. 1.33)" in found
+    assert not [p for p in dws_problems({"cluster.minMasterVersion": "1.30.3-gke.1451000",
+                                         "nodePools[1].flexStart": False, "nodePools[1].queuedProvisioning": False})
+                if "ComputeClass" in p]
+    unset = dws_problems({"cluster.minMasterVersion": DELETE, "nodePools[1].flexStart": False,
+                          "nodePools[1].queuedProvisioning": False})
+    assert any(p.startswith("cluster.minMasterVersion: workload(s) finetune run on `pool` then `fallbackPool`")
+               for p in unset)
+
+
+def test_a_class_pool_serves_only_its_class() -> None:
+    base = stack_yaml("dws")["deepspeed-stack:workloads"]["finetune"]
+    alone = {k: v for k, v in base.items() if k != "fallbackPool"}
+    found = dws_problems({"workloads.other": {**alone, "namespace": "other"}})
+    assert "workloads.other.pool: pool l4-spot belongs to GKE ComputeClass deepspeed-l4-spot (l4-spot then l4), " \
+           "and GKE lets a pool join one class whose taint keeps other pods off it; this workload (without that " \
+           "fallbackPool) cannot use it: give it the same pool and fallbackPool, or another pool" in found
+    # The same chain twice is one class, and fine.
+    assert not [p for p in dws_problems({"workloads.other": {**base, "namespace": "other"}}) if "ComputeClass" in p]
+    # The reverse order would put l4 in a second class.
+    reverse = dws_problems({"workloads.other": {**base, "namespace": "other", "pool": "l4", "fallbackPool": "l4-spot"}})
+    assert any(p.startswith("workloads.other.pool: pool l4 belongs to GKE ComputeClass deepspeed-l4-spot")
+               for p in reverse)
 
 
 def test_fallback_pool_rules() -> None:

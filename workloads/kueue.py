@@ -42,9 +42,7 @@ def queue_name(cfg: StackConfig, w: WorkloadConfig) -> str | None:
     """The LocalQueue a workload waits in: every `mpijob` on a stack GPU pool when Kueue is installed. A job
     with a `fallbackPool` may use either pool's flavor: Kueue admits it to the first with free quota in the
     ClusterQueue's order (e.g. its reservation, then DWS)."""
-    if not cfg.kueue.install or cfg.cluster is None or w.kind != "mpijob" or cfg.pool(w.pool or "") is None:
-        return None
-    return cfg.kueue.queue_name
+    return cfg.kueue.queue_name if capacity.queued(cfg, w) else None
 
 
 def flavor_name(pool: NodePoolConfig) -> str:

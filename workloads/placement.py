@@ -15,6 +15,7 @@ from typing import Any
 from model import capacity
 from model import catalog as gpu_catalog
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
+from workloads import compute_class
 
 NVIDIA_RESOURCE = "nvidia.com/gpu"
 GAUDI_RESOURCE = "habana.ai/gaudi"
@@ -44,10 +45,12 @@ class Placement:
     memory_gb_per_accelerator: float
     accelerator_type: str
     pool: NodePoolConfig | None = None
-    # With `fallbackPool`: required on either pool, preferring `pool` (spot), so a reclaimed spot pool does not
-    # stop the run: the recreated pods land on the fallback.
+    # With `fallbackPool`: unqueued, the workers select the pools' ComputeClass (`compute_class`), whose
+    # priorities make the autoscaler grow `pool` first and move them back to it; queued, they require either
+    # pool (`affinity`) and Kueue picks one.
     affinity: dict[str, Any] | None = None
     fallback: NodePoolConfig | None = None
+    compute_class: str | None = None
 
     def limits(self) -> dict[str, str]:
         """Worker requests = limits: accelerators, CPU, memory (and hugepages on Gaudi)."""
@@ -96,14 +99,12 @@ def capacity_tolerations(pool: NodePoolConfig) -> list[dict[str, str]]:
     return [{"key": capacity.load().queued_taint, "operator": "Exists", "effect": "NoSchedule"}]
 
 
-def fallback_affinity(pool: NodePoolConfig, fallback: NodePoolConfig) -> dict[str, Any]:
-    """Either pool's nodes, `pool`'s first: the scheduler places on the fallback only when `pool` has no room."""
+def either_pool(pool: NodePoolConfig, fallback: NodePoolConfig) -> dict[str, Any]:
+    """A node of either pool: for a Kueue-queued job, whose admitted flavor then adds its pool to the node
+    selector (a preference here would mean nothing to Kueue nor to the autoscaler, kubernetes/autoscaler#2804)."""
     either = {"key": POOL_LABEL, "operator": "In", "values": [pool.name, fallback.name]}
-    first = {"key": POOL_LABEL, "operator": "In", "values": [pool.name]}
     return {"nodeAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [either]}]},
-        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
-            "matchExpressions": [first]}}]}}
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [either]}]}}}
 
 
 def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
@@ -112,8 +113,15 @@ def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
         return None
     fallback = cfg.pool(w.fallback_pool or "")
     fallback = fallback if fallback is not None and fallback.name != pool.name else None
+    chain = capacity.workload_chain(cfg, w)
     selector = {GKE_ACCELERATOR_LABEL: pool.gpu.type, POOL_LABEL: pool.name}
-    if fallback is not None:
+    tolerations = [{"key": NVIDIA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if chain is not None:
+        # The class alone: GKE refuses pods that also select a system label the class could set
+        # (cloud.google.com/gke-accelerator), and the pool label would pin one pool. Its pools' taint is tolerated.
+        selector = {capacity.load().compute_class.label_key: chain.name}
+        tolerations.append(compute_class.toleration(chain.name))
+    elif fallback is not None:
         del selector[POOL_LABEL]  # the affinity names both pools
     shape = gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
     gpu = gpu_catalog.load().gpus.get(pool.gpu.type)
@@ -125,16 +133,16 @@ def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
         node_selector=selector,
         # GKE taints GPU nodes with nvidia.com/gpu=present:NoSchedule (and queued-provisioning nodes with
         # cloud.google.com/gke-queued=true:NoSchedule).
-        tolerations=[{"key": NVIDIA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-                     *capacity_tolerations(pool), *(capacity_tolerations(fallback) if fallback else [])],
+        tolerations=[*tolerations, *capacity_tolerations(pool), *(capacity_tolerations(fallback) if fallback else [])],
         cpu=w.resources.cpu or cpu,
         memory=w.resources.memory or memory,
         hugepages=w.resources.hugepages2_mi,
         memory_gb_per_accelerator=gpu.memory_gb if gpu else 0.0,
         accelerator_type=pool.gpu.type,
         pool=pool,
-        affinity=fallback_affinity(pool, fallback) if fallback else None,
+        affinity=either_pool(pool, fallback) if fallback and chain is None else None,
         fallback=fallback,
+        compute_class=chain.name if chain else None,
     )
 
 
