@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import ipaddress
+import re
 from typing import Any
 
 import pytest
@@ -134,6 +135,26 @@ def test_tcpxo_env_matches_the_pinned_test_pod() -> None:
             assert f.nccl_env[env["name"]] == env["value"]
     assert app["image"] == f.installer.image == f.nccl_test.image
     assert f.nccl_profile == f"{f.nccl_env['NCCL_LIB_DIR']}/nccl-env-profile.sh"  # CEA gpudirect-tcpxo/README.md
+
+
+def tcpx_reference_env() -> dict[str, str]:
+    """The `-x NAME=VALUE` list of run-nccl.sh in CEA gpudirect-tcpx/nccl-config.yaml (the GKE 1.34+ config of
+    commit 0e5609b), without LD_LIBRARY_PATH (the pod contract sets it on its own)."""
+    config = first(manifest("gpudirect-tcpx/nccl-config.yaml"), "ConfigMap")
+    found = re.findall(r"-x (NCCL_\w+)=(\"[^\"]*\"|\S+)", config["data"]["run-nccl.sh"])
+    return {name: value.strip('"') for name, value in found}
+
+
+
+
+def test_tcpx_env_is_googles_gke_134_config() -> None:
+    ours = dict(fabric.load().fabrics["tcpx"].nccl_env)
+    # The one addition, written in the data file: the socket directory's mount path (the manifest mounts /tmp).
+    assert ours.pop("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX") == "/run/tcpx"
+    reference_env = tcpx_reference_env()
+    assert reference_env["NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS"] == "500000"
+    assert "NCCL_MIN_NCHANNELS" not in reference_env and "NCCL_MAX_NCHANNELS" not in reference_env
+    assert ours == reference_env
 
 
 def test_nic_counts_mtus_and_ssds_per_family() -> None:
