@@ -160,7 +160,8 @@ if target is not None:
     # NCCL tests: bus bandwidth across a fabric pool's nodes, once its pools, fabric and image read grant exist.
     for name, t in (cfg.nccl_tests.items() if cluster else []):
         waits_for = [r for p in t.pools for r in (pools.get(p), gpu_fabrics.get(p)) if r] + [registry.reader]
-        workload_summary[name] = NcclTest(name, NcclTestInputs(t, [cfg.pool(p) for p in t.pools], ""), image.ref,
+        workload_summary[name] = NcclTest(name, NcclTestInputs(
+            t, [cfg.pool(p) for p in t.pools], "", None if cfg.image.prebuilt else versions.load().nccl), image.ref,
                                           pulumi.ResourceOptions(provider=target, depends_on=waits_for)).summary
     # Kueue: flavors per GPU pool, one ClusterQueue, a LocalQueue in each queued job's namespace. After the MPI
     # operator, so Kueue's MPIJob integration finds its CRD.

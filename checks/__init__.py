@@ -15,6 +15,7 @@ from checks import (
     fabric,
     gaudi,
     helm_release,
+    image,
     machine_disks,
     offload,
     planner,
@@ -29,7 +30,7 @@ from model.types import StackConfig
 
 ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, *gaudi.CHECKS, *planner.CHECKS, *vertex.CHECKS,
                            *capacity.CHECKS, *helm_release.CHECKS, *fabric.CHECKS, *offload.CHECKS, *serving.CHECKS,
-                           *machine_disks.CHECKS, *cluster_wide.CHECKS]
+                           *machine_disks.CHECKS, *cluster_wide.CHECKS, *image.CHECKS]
 
 
 def run_all(m: StackConfig) -> list[str]:
@@ -50,7 +51,7 @@ def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None)
 
 def warnings(m: StackConfig) -> list[str]:
     """Tight fits that deploy but deserve a reviewer's eye (each a sentence starting with its key)."""
-    return planner.warnings(m) + gaudi.warnings(m)
+    return planner.warnings(m) + gaudi.warnings(m) + image.warnings(m)
 
 
 __all__ = ["ALL_CHECKS", "ConfigError", "load", "run_all", "warnings"]

@@ -90,6 +90,8 @@ class Fabric:
     nccl_profile: str
     min_gke_versions: tuple[str, ...]
     nccl_test: NcclTestSpec
+    nccl_minimum: str | None = None  # the oldest NCCL core the fabric's plugin works with ([U] where so marked)
+    nccl_qualified: str | None = None  # the NCCL Google qualifies the plugin with
 
     @property
     def nics(self) -> tuple[str, ...]:
@@ -147,7 +149,18 @@ def _fabric(name: str, raw: dict) -> Fabric:
         nccl_profile=str(raw.get("ncclProfile") or ""),
         min_gke_versions=tuple(raw["minGkeVersions"]),
         nccl_test=NcclTestSpec(test["image"], test["binaries"], test["referenceBusBandwidth"]),
+        nccl_minimum=_version_text(raw["nccl"].get("minimum")),
+        nccl_qualified=_version_text(raw["nccl"].get("qualified")),
     )
+
+
+def _version_text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def nccl_key(version: str) -> tuple[int, ...]:
+    """`2.28.7` (or `2.28.7-1`, NCCL's release suffix) -> (2, 28, 7), for comparing NCCL versions."""
+    return tuple(int(part) for part in version.split("-")[0].split("."))
 
 
 def parse(raw: dict) -> FabricCatalog:

@@ -600,6 +600,40 @@ def test_bus_bandwidth_follows_nccl_tests() -> None:
         nccl_bench.parse_args(["--benchmarks", "alltoall"])
 
 
+@pytest.mark.parametrize(("ran", "ok", "line"), [
+    ("2.29.7", True, "NCCL 2.29.7 (Google qualifies the fabric's plugin with 2.28.7, not this one)"),
+    # torch 2.5.1's own nvidia-nccl-cu12 (issue 19.4): neither the image's nor new enough for the TCPXO plugin.
+    ("2.21.5", False, "NCCL 2.21.5 (the image ships 2.29.7: torch loaded another libnccl.so.2 (LD_PRELOAD, or a "
+                      "changed venv); the fabric's plugin needs 2.28.0 or later: NCCL would fail at init or fall back "
+                      "to TCP; Google qualifies the fabric's plugin with 2.28.7, not this one)"),
+    ("2.30.4", False, "NCCL 2.30.4 (the image ships 2.29.7: torch loaded another libnccl.so.2 (LD_PRELOAD, or a "
+                      "changed venv); Google qualifies the fabric's plugin with 2.28.7, not this one)"),
+])
+def test_nccl_bench_checks_the_nccl_torch_ran(ran: str, ok: bool, line: str) -> None:
+    from workloads.scripts import nccl_bench
+
+    assert nccl_bench.check_nccl(ran, "2.29.7", "2.28.0", "2.28.7") == (ok, line)
+    assert nccl_bench.check_nccl("2.28.7", None, "2.28.0", "2.28.7-1") == (
+        True, "NCCL 2.28.7 (Google qualifies the fabric's plugin with 2.28.7-1)")
+    assert nccl_bench.nccl_text((2, 29, 7)) == nccl_bench.nccl_text(22907) == "2.29.7"
+
+
+def test_nccl_bench_fails_before_the_rendezvous_on_a_wrong_nccl(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+    import types
+
+    from workloads.scripts import nccl_bench
+
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(nccl=types.SimpleNamespace(version=lambda: (2, 21, 5)),  # type: ignore[attr-defined]
+                                      set_device=lambda _: pytest.fail("no rendezvous with a wrong NCCL"))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setitem(sys.modules, "torch.distributed", types.ModuleType("torch.distributed"))
+    assert nccl_bench.main(["--expect-nccl", "2.29.7", "--min-nccl", "2.28.0"]) == 3
+    assert capsys.readouterr().err.startswith("# nccl_bench: wrong NCCL: NCCL 2.21.5 (the image ships 2.29.7")
+
+
 @pytest.fixture(scope="module")
 def nccl(runs: dict[str, RunResult]) -> dict[str, Any]:
     run = runs["tcpxo"]
@@ -623,7 +657,10 @@ def test_nccl_test_is_one_indexed_job_across_the_pool(nccl: dict[str, Any]) -> N
     from workloads.nccl_test import SCRIPT
 
     assert data["nccl_bench.py"] == SCRIPT.read_text(encoding="utf-8")
-    assert "--benchmarks all_gather,all_reduce --min-bytes 1Mi --max-bytes 8Gi" in data["run.sh"]
+    # The NCCL it must have run: the image's (data/versions.yaml), TCPXO's floor and Google's qualified version
+    # (data/gpu_fabric.yaml; CEA gpudirect-tcpxo/README.md: "qualified and supported: NCCL 2.28.7-1").
+    assert ("--benchmarks all_gather,all_reduce --min-bytes 1Mi --max-bytes 8Gi --expect-nccl 2.29.7 "
+            "--min-nccl 2.28.0 --qualified-nccl 2.28.7") in data["run.sh"]
     assert "--nproc-per-node=8" in data["run.sh"]
 
 

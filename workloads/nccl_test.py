@@ -44,16 +44,26 @@ class NcclTestInputs:
     test: NcclTestConfig
     pools: list[NodePoolConfig]
     image: str
+    nccl_version: str | None = None  # the NCCL the stack's image ships (data/versions.yaml); None for a prebuilt one
+
+
+def nccl_args(inputs: NcclTestInputs) -> list[str]:
+    """What nccl_bench.py checks the NCCL torch ran against: the image's own, and the fabric's minimum and the
+    version Google qualifies its plugin with (data/gpu_fabric.yaml)."""
+    f = pool_fabric(inputs.pools[0])
+    pairs = [("--expect-nccl", inputs.nccl_version), ("--min-nccl", f.nccl_minimum if f else None),
+             ("--qualified-nccl", f.nccl_qualified if f else None)]
+    return [part for flag, value in pairs if value for part in (flag, value)]
 
 
 def labels(test: NcclTestConfig) -> dict[str, str]:
     return {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/nccl-test": test.name}
 
 
-def run_script(test: NcclTestConfig, gpus: int) -> str:
+def run_script(test: NcclTestConfig, gpus: int, nccl: list[str] | None = None) -> str:
     """torchrun on every node: rank 0's pod is the rendezvous (static: node rank = the Job's completion index)."""
     bench = [f"{CONFIG_DIR}/{BENCH_SCRIPT}", "--benchmarks", ",".join(test.benchmarks),
-             "--min-bytes", test.min_bytes, "--max-bytes", test.max_bytes]
+             "--min-bytes", test.min_bytes, "--max-bytes", test.max_bytes, *(nccl or [])]
     return "\n".join([
         "set -eo pipefail",
         f'exec python -u -m torch.distributed.run --nnodes="$NODES" --nproc-per-node={gpus} '
@@ -66,7 +76,7 @@ def run_script(test: NcclTestConfig, gpus: int) -> str:
 def config_map_data(inputs: NcclTestInputs) -> dict[str, str]:
     contract = fabric.pod_contract_for_pool(inputs.pools[0])
     data = {BENCH_SCRIPT: SCRIPT.read_text(encoding="utf-8"),
-            RUN_SCRIPT: run_script(inputs.test, inputs.pools[0].gpu.count)}
+            RUN_SCRIPT: run_script(inputs.test, inputs.pools[0].gpu.count, nccl_args(inputs))}
     if contract is not None:
         data[fabric.ENV_SCRIPT] = contract.env_script
     return data
@@ -187,7 +197,7 @@ class NcclTest(pulumi.ComponentResource):
             spec=network_policy_spec(test), opts=child)
         deps = opts.depends_on if opts and isinstance(opts.depends_on, list) else []
         job = pulumi.Output.all(image, namespace).apply(lambda v: job_manifest(
-            NcclTestInputs(test, inputs.pools, v[0]), v[1], test.name))
+            NcclTestInputs(test, inputs.pools, v[0], inputs.nccl_version), v[1], test.name))
         self.job = k8s.batch.v1.Job(
             f"{name}-job",
             metadata=job.apply(lambda j: j["metadata"]),

@@ -5,6 +5,11 @@ fabric's NCCL env script. Rank 0 prints one line per message size (bytes, time, 
 GB/s) and, per collective, `# Avg bus bandwidth` like nccl-tests, so the figure compares with Google's
 (README, Training at scale). Bus bandwidth follows nccl-tests' PERFORMANCE.md: algbw x 2(n-1)/n for
 all_reduce, algbw x (n-1)/n for all_gather and reduce_scatter, where n is the number of ranks.
+
+Before any benchmark every rank checks the NCCL torch loaded (`torch.cuda.nccl.version()`): the image's own
+(--expect-nccl; another one means a different libnccl.so.2 was preloaded) and at least the fabric plugin's minimum
+(--min-nccl), else it exits 3 and the Job fails; rank 0 prints the version and whether Google qualified it
+(--qualified-nccl). The stack passes all three from data/versions.yaml and data/gpu_fabric.yaml.
 """
 
 from __future__ import annotations
@@ -51,6 +56,34 @@ def bandwidth(benchmark: str, size: int, seconds: float, world: int) -> tuple[fl
     return algbw, algbw * bus_factor(benchmark, world)
 
 
+def version_key(version: str) -> tuple[int, ...]:
+    """`2.28.7` or `2.28.7-1` (NCCL's release suffix) -> (2, 28, 7)."""
+    return tuple(int(part) for part in version.split("-")[0].split("."))
+
+
+def nccl_text(version: object) -> str:
+    """torch.cuda.nccl.version() (a (major, minor, patch[, suffix]) tuple, an int in old torch) -> `2.29.7`."""
+    if isinstance(version, int):  # NCCL_VERSION_CODE: major*10000 + minor*100 + patch
+        return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+    return ".".join(str(part) for part in tuple(version)[:3])
+
+
+def check_nccl(ran: str, expected: str | None, minimum: str | None, qualified: str | None) -> tuple[bool, str]:
+    """(ok, one line for the log): the NCCL torch ran against what the image ships and the fabric accepts."""
+    notes = []
+    ok = True
+    if expected is not None and version_key(ran) != version_key(expected):
+        ok = False
+        notes.append(f"the image ships {expected}: torch loaded another libnccl.so.2 (LD_PRELOAD, or a changed venv)")
+    if minimum is not None and version_key(ran) < version_key(minimum):
+        ok = False
+        notes.append(f"the fabric's plugin needs {minimum} or later: NCCL would fail at init or fall back to TCP")
+    if qualified is not None:
+        same = version_key(ran) == version_key(qualified)
+        notes.append(f"Google qualifies the fabric's plugin with {qualified}" + ("" if same else ", not this one"))
+    return ok, f"NCCL {ran}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--benchmarks", default="all_gather,all_reduce",
@@ -59,6 +92,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-bytes", type=parse_size, default=parse_size("8Gi"))
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--expect-nccl", help="the NCCL the image ships (fail on another)")
+    parser.add_argument("--min-nccl", help="the oldest NCCL the fabric's plugin works with (fail below)")
+    parser.add_argument("--qualified-nccl", help="the NCCL Google qualifies the fabric's plugin with (reported)")
     args = parser.parse_args(argv)
     args.benchmarks = [b for b in args.benchmarks.split(",") if b]
     unknown = [b for b in args.benchmarks if b not in BENCHMARKS]
@@ -98,12 +134,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    ok, nccl_line = check_nccl(nccl_text(torch.cuda.nccl.version()), args.expect_nccl, args.min_nccl,
+                               args.qualified_nccl)
+    if not ok:  # every rank, before the rendezvous: the Job fails with the reason in each pod's log
+        print(f"# nccl_bench: wrong NCCL: {nccl_line}", file=sys.stderr, flush=True)
+        return 3
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl")
     world, rank = dist.get_world_size(), dist.get_rank()
     nodes = int(os.environ.get("NODES", "1"))
     if rank == 0:
-        print(f"# nccl_bench: {world} ranks on {nodes} node(s), NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+        print(f"# nccl_bench: {world} ranks on {nodes} node(s), {nccl_line}", flush=True)
     for benchmark in args.benchmarks:
         busbws = []
         if rank == 0:
