@@ -1,0 +1,290 @@
+"""workloads/scripts/finetune.py's plain-Python parts (torch, transformers, peft, datasets and deepspeed are only
+imported inside its run functions, which `make e2e` runs): arguments and environment, the ds_config.json it reads,
+data-format detection, prompt/response samples, the newest checkpoint, the completion marker, and the
+LoRA/ZeRO/precision combinations it refuses."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "workloads" / "scripts" / "finetune.py"
+BASE = ["--model", "m", "--dataset", "d", "--checkpoint-dir", "/c", "--model-dir", "/m"]
+
+
+@pytest.fixture(scope="module")
+def ft() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("finetune_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_heavy_import_at_module_level(ft: ModuleType) -> None:
+    for heavy in ("torch", "transformers", "peft", "datasets", "deepspeed", "accelerate"):
+        assert not hasattr(ft, heavy)
+    top = [line for line in SCRIPT.read_text().splitlines() if line.startswith(("import ", "from "))]
+    assert not [line for line in top if any(h in line for h in ("torch", "transformers", "peft", "datasets"))]
+
+
+# --- arguments and environment --------------------------------------------------------------------------------
+
+def test_environment_fills_what_the_arguments_leave_out(ft: ModuleType) -> None:
+    env = {"FINETUNE_MODEL": "meta-llama/Llama-3.1-8B", "FINETUNE_DATASET": "/gcs/b/data",
+           "CHECKPOINT_DIR": "/gcs/b/checkpoints/ft", "MODEL_DIR": "/gcs/b/models/ft", "CHECKPOINT_EVERY_STEPS": "50"}
+    args = ft.parse_args([], env)
+    assert (args.model, args.dataset, args.checkpoint_dir, args.model_dir, args.save_steps) == (
+        "meta-llama/Llama-3.1-8B", "/gcs/b/data", "/gcs/b/checkpoints/ft", "/gcs/b/models/ft", 50)
+
+
+def test_an_argument_wins_over_its_environment_variable(ft: ModuleType) -> None:
+    args = ft.parse_args(["--model", "./mine", "--save-steps", "7", *BASE[2:]],
+                         {"FINETUNE_MODEL": "other", "CHECKPOINT_EVERY_STEPS": "50"})
+    assert args.model == "./mine" and args.save_steps == 7
+
+
+def test_defaults(ft: ModuleType) -> None:
+    args = ft.parse_args(BASE, {})
+    assert (args.save_steps, args.seq_len, args.learning_rate, args.text_field, args.lora, args.format) == (
+        500, 1024, 2e-5, "text", False, "auto")
+    assert args.epochs is None and args.max_steps is None and args.precision is None and args.deepspeed is None
+
+
+def test_the_launchers_deepspeed_config_and_local_rank_are_understood(ft: ModuleType) -> None:
+    # The MPIJob's and the chart's launch lines pass --deepspeed_config; DeepSpeed's launcher adds --local_rank=N.
+    args = ft.parse_args([*BASE, "--deepspeed_config", "/etc/deepspeed/ds_config.json", "--local_rank=1"], {})
+    assert args.deepspeed == "/etc/deepspeed/ds_config.json" and args.local_rank == 1
+    assert ft.parse_args([*BASE, "--deepspeed", "ds.json"], {}).deepspeed == "ds.json"
+
+
+def test_every_problem_is_reported_at_once(ft: ModuleType) -> None:
+    with pytest.raises(ft.UsageError) as caught:
+        ft.parse_args(["--prompt-field", "q", "--epochs", "1", "--max-steps", "5", "--seq-len", "4",
+                       "--learning-rate", "0", "--lora", "--lora-rank", "0", "--lora-dropout", "1"], {})
+    text = str(caught.value)
+    for expected in ("--model (or FINETUNE_MODEL) is required", "--dataset (or FINETUNE_DATASET) is required",
+                     "--checkpoint-dir (or CHECKPOINT_DIR) is required", "--model-dir (or MODEL_DIR) is required",
+                     "--prompt-field and --response-field go together", "give --epochs or --max-steps, not both",
+                     "--seq-len must be 8 or more, got 4", "--learning-rate must be more than 0, got 0.0",
+                     "--lora-rank must be 1 or more, got 0", "--lora-dropout must be in [0, 1), got 1.0"):
+        assert expected in text
+
+
+def test_a_bad_checkpoint_interval_in_the_environment_is_named(ft: ModuleType) -> None:
+    with pytest.raises(ft.UsageError, match=r"CHECKPOINT_EVERY_STEPS='ten': expected a whole number"):
+        ft.parse_args(BASE, {"CHECKPOINT_EVERY_STEPS": "ten"})
+
+
+def test_lora_settings_are_checked_only_with_lora(ft: ModuleType) -> None:
+    assert ft.parse_args([*BASE, "--lora-rank", "0"], {}).lora_rank == 0
+    assert ft.lora_problems(8, 16, 0.0, ["q_proj", "v_proj"]) == []
+    assert ft.lora_problems(8, 0, 0.1, [" "]) == ["--lora-alpha must be more than 0, got 0",
+                                                  "--lora-target-modules needs module names (or all-linear)"]
+
+
+def test_the_token_comes_from_the_file_hf_token_path_names(ft: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("hf_secret\n")
+    assert ft.hf_token({"HF_TOKEN_PATH": str(tmp_path / "token"), "HF_TOKEN": "ignored"}) == "hf_secret"
+    assert ft.hf_token({"HF_TOKEN": "an env value is never read"}) is None
+    with pytest.raises(ft.UsageError, match="cannot read the token file"):
+        ft.hf_token({"HF_TOKEN_PATH": str(tmp_path / "missing")})
+    (tmp_path / "empty").write_text(" \n")
+    with pytest.raises(ft.UsageError, match="the token file is empty"):
+        ft.hf_token({"HF_TOKEN_PATH": str(tmp_path / "empty")})
+
+
+# --- ds_config.json, precision and combinations ---------------------------------------------------------------
+
+STACK_DS = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+            "gradient_clipping": 1.0, "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}
+
+
+def test_trainer_arguments_match_the_concrete_ds_config_values(ft: ModuleType) -> None:
+    assert ft.trainer_ds_args(STACK_DS, "bf16") == {"bf16": True, "fp16": False, "per_device_train_batch_size": 4,
+                                                    "gradient_accumulation_steps": 2, "max_grad_norm": 1.0}
+    auto = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "gradient_clipping": "auto", "fp16": {"enabled": "auto"}}
+    assert ft.trainer_ds_args(auto, "fp32") == {"bf16": False, "fp16": False}
+    assert ft.trainer_ds_args(None, "fp16") == {"bf16": False, "fp16": True}
+
+
+def test_precision_comes_from_ds_config_and_must_agree(ft: ModuleType) -> None:
+    assert ft.resolve_precision(None, STACK_DS) == "bf16"
+    assert ft.resolve_precision(None, {"fp16": {"enabled": True}}) == "fp16"
+    assert ft.resolve_precision(None, {"zero_optimization": {"stage": 2}}) == "fp32"
+    assert ft.resolve_precision("bf16", {"bf16": {"enabled": "auto"}}) == "bf16"
+    assert ft.resolve_precision(None, None) == "fp32"
+    with pytest.raises(ft.UsageError, match=re.escape("--precision fp16 but ds_config.json trains in bf16")):
+        ft.resolve_precision("fp16", STACK_DS)
+    with pytest.raises(ft.UsageError, match=re.escape("--precision bf16 but ds_config.json trains in fp32")):
+        ft.resolve_precision("bf16", {"zero_optimization": {"stage": 0}})
+
+
+def test_zero3_gathers_the_weights_when_saving(ft: ModuleType) -> None:
+    prepared = ft.prepared_ds_config({"zero_optimization": {"stage": 3,
+                                                            "stage3_gather_16bit_weights_on_model_save": False}})
+    assert prepared["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert ft.prepared_ds_config({"zero_optimization": {"stage": 2}}) == {"zero_optimization": {"stage": 2}}
+    assert ft.prepared_ds_config(None) is None
+
+
+def test_zero_stage_is_read_and_checked(ft: ModuleType) -> None:
+    assert ft.zero_stage(STACK_DS) == 3 and ft.zero_stage(None) == 0 and ft.zero_stage({}) == 0
+    with pytest.raises(ft.UsageError, match=re.escape("zero_optimization.stage must be 0-3, got 4")):
+        ft.zero_stage({"zero_optimization": {"stage": 4}})
+
+
+def test_the_combinations_the_script_cannot_run(ft: ModuleType) -> None:
+    assert ft.combination_problems(lora=True, stage=3, precision="bf16", cpu=False) == []
+    assert ft.combination_problems(lora=False, stage=3, precision="fp32", cpu=True) == []
+    assert ft.combination_problems(lora=False, stage=2, precision="fp16", cpu=True) == [
+        "fp16 does not run on CPUs (DeepSpeed's CPU accelerator has no fp16): use bf16 or fp32"]
+    assert ft.combination_problems(lora=True, stage=3, precision="bf16", cpu=False, offload_params=True) == [
+        "LoRA with ZeRO-3 parameter offload (offload_param) is not supported: offload the optimizer only, or "
+        "train without LoRA"]
+    assert ft.combination_problems(lora=False, stage=3, precision="bf16", cpu=False, offload_params=True) == []
+    assert ft.offloads_params({"zero_optimization": {"offload_param": {"device": "cpu"}}}) is True
+    assert ft.offloads_params({"zero_optimization": {"offload_param": {"device": "none"}}}) is False
+    assert ft.offloads_params(None) is False
+
+
+def test_ds_config_file_errors_are_usage_errors(ft: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[]")
+    (tmp_path / "ok.json").write_text(json.dumps(STACK_DS))
+    assert ft.load_ds_config(str(tmp_path / "ok.json")) == STACK_DS
+    assert ft.load_ds_config(None) is None
+    for name, message in (("bad.json", "not JSON"), ("list.json", "expected a JSON object"),
+                          ("missing.json", "No such file")):
+        with pytest.raises(ft.UsageError, match=message):
+            ft.load_ds_config(str(tmp_path / name))
+
+
+# --- data ------------------------------------------------------------------------------------------------------
+
+def test_a_files_format_is_read_from_its_suffix(ft: ModuleType, tmp_path: Path) -> None:
+    for name, loader in (("a.jsonl", "json"), ("a.json", "json"), ("a.parquet", "parquet"), ("a.txt", "text")):
+        (tmp_path / name).write_text("")
+        assert ft.data_source(str(tmp_path / name)) == ft.DataSource(loader, (str(tmp_path / name),))
+    (tmp_path / "a.csv").write_text("")
+    with pytest.raises(ft.UsageError, match=r"unknown suffix '.csv': give --format \(jsonl, parquet, text\)"):
+        ft.data_source(str(tmp_path / "a.csv"))
+    assert ft.data_source(str(tmp_path / "a.csv"), "text").loader == "text"
+
+
+def test_a_folders_files_decide_its_format(ft: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "part").mkdir()
+    for name in ("b.jsonl", "part/a.jsonl", "README.md", ".hidden.jsonl"):
+        (tmp_path / name).write_text("")
+    source = ft.data_source(str(tmp_path))
+    assert source == ft.DataSource("json", (str(tmp_path / "b.jsonl"), str(tmp_path / "part" / "a.jsonl")))
+    (tmp_path / "c.parquet").write_text("")
+    with pytest.raises(ft.UsageError, match=r"mixes formats \(jsonl, parquet\)"):
+        ft.data_source(str(tmp_path))
+    assert ft.data_source(str(tmp_path), "parquet") == ft.DataSource("parquet", (str(tmp_path / "c.parquet"),))
+    with pytest.raises(ft.UsageError, match=r"no text files in the folder \(found jsonl, parquet\)"):
+        ft.data_source(str(tmp_path), "text")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ft.UsageError, match=re.escape("no .jsonl, .json, .parquet, .txt, .text files")):
+        ft.data_source(str(tmp_path / "empty"))
+
+
+def test_a_dataset_id_goes_to_the_hub_and_a_missing_path_is_refused(ft: ModuleType, tmp_path: Path) -> None:
+    assert ft.data_source("tatsu-lab/alpaca") == ft.DataSource("hub", hub_id="tatsu-lab/alpaca")
+    assert ft.data_source("imdb") == ft.DataSource("hub", hub_id="imdb")
+    for missing in (str(tmp_path / "nothing.jsonl"), "./no-such-folder", "a/b/c"):
+        with pytest.raises(ft.UsageError, match="no such file or folder"):
+            ft.data_source(missing)
+
+
+def test_record_fields(ft: ModuleType) -> None:
+    assert ft.record_problems(["text", "id"], "text", None, None) == []
+    assert ft.record_problems(["q", "a"], "text", "q", "a") == []
+    assert ft.record_problems(["question"], "text", "q", "a") == [
+        "the records have no field 'q', 'a' (they have question): set --text-field, or --prompt-field and "
+        "--response-field"]
+
+
+def test_prompt_and_response_make_one_sample_learning_the_response(ft: ModuleType) -> None:
+    assert ft.build_example([1, 5, 6], [7, 8], eos_id=2, seq_len=16) == {
+        "input_ids": [1, 5, 6, 7, 8, 2], "attention_mask": [1] * 6, "labels": [-100, -100, -100, 7, 8, 2]}
+    assert ft.build_example([1, 5, 6], [7, 8], eos_id=2, seq_len=4)["labels"] == [-100, -100, -100, 7]
+    assert ft.build_example([], [9, 9, 9], eos_id=None, seq_len=2) == {
+        "input_ids": [9, 9], "attention_mask": [1, 1], "labels": [9, 9]}
+    assert ft.build_example([1, 5], [7], eos_id=2, seq_len=8, mask_prompt=False)["labels"] == [1, 5, 7, 2]
+
+
+def test_a_sample_with_nothing_to_learn_is_dropped(ft: ModuleType) -> None:
+    cut = ft.build_example([1, 2, 3, 4], [7], eos_id=2, seq_len=4)
+    assert ft.learns_something(cut) is False
+    assert ft.learns_something(ft.build_example([1], [7], eos_id=2, seq_len=4)) is True
+    # Causal models shift labels by one: the first label is never predicted.
+    assert ft.learns_something({"labels": [5, -100]}) is False
+
+
+def test_batches_are_right_padded_and_the_padding_masked(ft: ModuleType) -> None:
+    a = ft.build_example([1], [5, 6], eos_id=2, seq_len=8)
+    b = ft.build_example([], [7], eos_id=2, seq_len=8)
+    assert ft.pad_batch([a, b], pad_id=0) == {
+        "input_ids": [[1, 5, 6, 2], [7, 2, 0, 0]],
+        "attention_mask": [[1, 1, 1, 1], [1, 1, 0, 0]],
+        "labels": [[-100, 5, 6, 2], [7, 2, -100, -100]]}
+
+
+# --- checkpoints and the marker --------------------------------------------------------------------------------
+
+def test_the_newest_complete_checkpoint_is_chosen(ft: ModuleType, tmp_path: Path) -> None:
+    assert ft.newest_checkpoint(tmp_path / "absent") is None
+    assert ft.newest_checkpoint(tmp_path) is None
+    for step, complete in ((5, True), (10, True), (9, True), (15, False)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if complete:
+            (folder / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-x").mkdir()
+    (tmp_path / "checkpoint-99").write_text("a file, not a folder")
+    # 10 beats 9 by number (not by name: "checkpoint-9" > "checkpoint-10" as text); 15 was cut off while saving.
+    assert ft.newest_checkpoint(tmp_path) == tmp_path / "checkpoint-10"
+    assert ft.checkpoint_step("checkpoint-42") == 42 and ft.checkpoint_step("checkpoint-42-tmp") is None
+
+
+def test_the_marker_says_the_step_and_the_model(ft: ModuleType) -> None:
+    when = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
+    text = ft.marker_text(40, "meta-llama/Llama-3.1-8B", lora=True, dataset="/gcs/b/data", precision="bf16",
+                          world_size=16, finished=when)
+    assert text.endswith("\n")
+    assert json.loads(text) == {"step": 40, "model": "meta-llama/Llama-3.1-8B", "lora": True, "dataset": "/gcs/b/data",
+                                "precision": "bf16", "world_size": 16, "finished": "2026-11-23T12:00:00+00:00"}
+
+
+def test_sigterm_is_recorded_not_acted_on(ft: ModuleType) -> None:
+    stop = ft.StopRequest()
+    assert stop.signal is None
+    stop(15, None)
+    assert stop.signal == 15
+
+
+def test_cpu_runs_are_recognised(ft: ModuleType) -> None:
+    assert ft.cpu_run({"DS_ACCELERATOR": "cpu"}) and ft.cpu_run({"DS_ACCELERATOR": " CPU "})
+    assert not ft.cpu_run({}) and not ft.cpu_run({"DS_ACCELERATOR": "cuda"})
+
+
+def test_main_refuses_bad_input_before_importing_anything(ft: ModuleType, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    (tmp_path / "data.jsonl").write_text("{}\n")
+    code = ft.main(["--model", "m", "--dataset", str(tmp_path / "data.jsonl"), "--checkpoint-dir", "/c",
+                    "--model-dir", "/m", "--precision", "fp16"])
+    assert code == ft.EXIT_USAGE
+    assert "FAILED: fp16 does not run on CPUs" in capsys.readouterr().out
