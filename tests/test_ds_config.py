@@ -179,3 +179,41 @@ def test_nvme_offload_needs_local_ssds_on_the_pool() -> None:
     assert problems("dev", {**nvme, "nodePools[0].localSsdCount": 0}) == [
         "workloads.smoke.deepspeed: offloading to nvme needs local SSDs on pool t4; set nodePools[0].localSsdCount "
         "to 1 or more, or offload to cpu"]
+
+
+def test_stage3_buckets_are_left_to_the_hugging_face_trainer() -> None:
+    # The Trainer fills "auto" from the model's hidden size (transformers' HfTrainerDeepSpeedConfig.trainer_config_
+    # finalize: 0.9 x hidden^2 and 10 x hidden); the fixed 1e5 threshold would keep a small model's layers whole.
+    zero = build_ds_config(ds(zero_stage=3), 2, 1, hf_trainer=True)["zero_optimization"]
+    assert zero["stage3_prefetch_bucket_size"] == "auto" and zero["stage3_param_persistence_threshold"] == "auto"
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    plain = build_ds_config(ds(zero_stage=3), 2, 1)["zero_optimization"]
+    assert plain["stage3_prefetch_bucket_size"] == 50_000_000 and plain["stage3_param_persistence_threshold"] == 100_000
+
+
+def test_finetune_py_runs_the_hugging_face_trainer() -> None:
+    from workloads.ds_config import runs_hf_trainer
+
+    assert runs_hf_trainer("finetune.py") and runs_hf_trainer("/gcs/bucket/code/finetune.py")
+    assert not runs_hf_trainer("smoke_test.py") and not runs_hf_trainer(None) and not runs_hf_trainer("")
+
+
+def test_an_mpijob_and_a_release_running_finetune_py_ship_the_trainers_config() -> None:
+    from conftest import model
+
+    from workloads import deepspeed_release, mpijob
+    from workloads.placement import placement
+
+    launch = {"script": "finetune.py", "args": ["--model", "/data/base"]}
+    block = {"pool": "t4", "workers": 2, "launch": launch, "deepspeed": {"zeroStage": 3, "precision": "fp16"}}
+    m = model("dev", {"workloads": {"ft": {"kind": "mpijob", **block, "storage": {"storageClass": "standard-rwx"}}},
+                      "mpiOperator.install": True})
+    w = m.workloads["ft"]
+    shipped = json.loads(mpijob.config_map_data(w, placement(m, w), has_token=False)["ds_config.json"])
+    assert shipped["zero_optimization"]["stage3_param_persistence_threshold"] == "auto"
+    assert shipped["fp16"]["enabled"] is True and shipped["train_micro_batch_size_per_gpu"] == 1
+    m = model("dev", {"workloads": {"rel": {"kind": "helm", **block}}})
+    r = m.workloads["rel"]
+    files = deepspeed_release.source_files(r, placement(m, r).per_worker)
+    assert json.loads(files["ds_config.json"])["zero_optimization"]["stage3_prefetch_bucket_size"] == "auto"
+    assert "finetune.py" in files

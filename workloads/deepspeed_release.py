@@ -21,7 +21,7 @@ import pulumi_kubernetes as k8s
 
 from model.types import WorkloadConfig
 from workloads import fabric, gcs_fuse, recovery
-from workloads.ds_config import build_ds_config, nvme_volume
+from workloads.ds_config import build_ds_config, nvme_volume, runs_hf_trainer
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 from workloads.placement import labels as workload_labels
 
@@ -92,7 +92,8 @@ def source_files(w: WorkloadConfig, per_worker: int, with_token: bool = False,
                  where: Placement | None = None) -> dict[str, str]:
     """The source ConfigMap's files: the launch script (when it exists), the generated ds_config.json and,
     with a token, the `.deepspeed_env` that points every rank at the token file."""
-    files = {DS_CONFIG_FILE: json.dumps(build_ds_config(w.deepspeed, w.workers, per_worker), indent=2) + "\n"}
+    ds = build_ds_config(w.deepspeed, w.workers, per_worker, hf_trainer=runs_hf_trainer(w.launch.script))
+    files = {DS_CONFIG_FILE: json.dumps(ds, indent=2) + "\n"}
     if with_token:
         files[DEEPSPEED_ENV_FILE] = f"HF_TOKEN_PATH={HF_TOKEN_FILE}\n"
     contract = fabric.pod_contract(where)

@@ -76,8 +76,19 @@ def _offload(device: str, ds: DeepSpeedConfig) -> dict[str, Any]:
     return out
 
 
-def zero_optimization(ds: DeepSpeedConfig) -> dict[str, Any]:
-    """The `zero_optimization` block for stages 0-3."""
+# Scripts that run the Hugging Face Trainer: their ds_config.json leaves the Trainer's values to it ("auto").
+HF_TRAINER_SCRIPTS = frozenset({"finetune.py"})
+
+
+def runs_hf_trainer(script: str | None) -> bool:
+    """Whether the workload's launch script is one of the stack's Hugging Face Trainer scripts."""
+    return bool(script) and script.rsplit("/", 1)[-1] in HF_TRAINER_SCRIPTS
+
+
+def zero_optimization(ds: DeepSpeedConfig, hf_trainer: bool = False) -> dict[str, Any]:
+    """The `zero_optimization` block for stages 0-3. Under the Hugging Face Trainer, stage 3's prefetch bucket
+    and persistence threshold are "auto": the Trainer sizes them from the model's hidden size (0.9 x hidden^2
+    and 10 x hidden), where the fixed values would keep a small model's layers whole on every rank."""
     zero: dict[str, Any] = {"stage": ds.zero_stage}
     if ds.zero_stage == 0:
         return zero
@@ -91,8 +102,8 @@ def zero_optimization(ds: DeepSpeedConfig) -> dict[str, Any]:
     if ds.offload_params != "none":
         zero["offload_param"] = _offload(ds.offload_params, ds)
     zero.update(
-        stage3_prefetch_bucket_size=STAGE3_PREFETCH_BUCKET_SIZE,
-        stage3_param_persistence_threshold=STAGE3_PARAM_PERSISTENCE_THRESHOLD,
+        stage3_prefetch_bucket_size=HF_AUTO if hf_trainer else STAGE3_PREFETCH_BUCKET_SIZE,
+        stage3_param_persistence_threshold=HF_AUTO if hf_trainer else STAGE3_PARAM_PERSISTENCE_THRESHOLD,
         stage3_max_live_parameters=STAGE3_MAX_LIVE_PARAMETERS,
         stage3_max_reuse_distance=STAGE3_MAX_REUSE_DISTANCE,
         stage3_gather_16bit_weights_on_model_save=True,
@@ -131,7 +142,9 @@ def optimizer(ds: DeepSpeedConfig, hf_trainer: bool = False) -> dict[str, Any]:
 
 def build_ds_config(ds: DeepSpeedConfig, workers: int, per_worker: int, hf_trainer: bool = False) -> dict[str, Any]:
     """The JSON-able ds_config for `workers` nodes with `per_worker` GPUs (or Gaudi cards) each;
-    `hf_trainer` when the Hugging Face Trainer reads it (the Gaudi MPIJob)."""
+    `hf_trainer` when the Hugging Face Trainer reads it (the Gaudi MPIJob, finetune.py). The batch sizes, clipping
+    and precision stay concrete under the Trainer too: they come from the workload's `deepspeed` block, which the
+    planner sized, and finetune.py sets the Trainer's arguments to match them."""
     return {
         "train_batch_size": train_batch_size(ds, workers, per_worker),
         "train_micro_batch_size_per_gpu": ds.micro_batch_per_gpu,
@@ -140,6 +153,6 @@ def build_ds_config(ds: DeepSpeedConfig, workers: int, per_worker: int, hf_train
         "steps_per_print": ds.steps_per_print,
         **precision(ds),
         **optimizer(ds, hf_trainer),
-        "zero_optimization": zero_optimization(ds),
+        "zero_optimization": zero_optimization(ds, hf_trainer),
         "wall_clock_breakdown": False,
     }

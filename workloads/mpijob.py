@@ -28,7 +28,7 @@ from typing import Any
 from model import gaudi_software
 from model.types import WorkloadConfig
 from workloads import fabric, gcs_fuse, kueue, pod_security, recovery
-from workloads.ds_config import build_ds_config, nvme_volume
+from workloads.ds_config import build_ds_config, nvme_volume, runs_hf_trainer
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
 API_VERSION = "kubeflow.org/v2beta1"
@@ -193,9 +193,11 @@ def token_preamble() -> str:
 # --- DeepSpeed config and training arguments ------------------------------------------------------
 
 def ds_config(w: WorkloadConfig, where: Placement) -> dict[str, Any]:
-    # The Gaudi job runs optimum-habana's Hugging Face Trainer; an nvidia job runs a plain DeepSpeed script.
+    # The Gaudi job runs optimum-habana's Hugging Face Trainer; an nvidia job a plain DeepSpeed script, or the
+    # Trainer when its script is finetune.py.
+    gaudi_trainer = where.accelerator_kind == "gaudi" and not w.launch.command
     return build_ds_config(w.deepspeed, w.workers, where.per_worker,
-                           hf_trainer=where.accelerator_kind == "gaudi" and not w.launch.command)
+                           hf_trainer=gaudi_trainer or runs_hf_trainer(w.launch.script))
 
 
 def config_map_data(w: WorkloadConfig, where: Placement, has_token: bool) -> dict[str, str]:
