@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Send one prompt to a deepspeed-stack `serve` workload (DeepSpeed-MII) and print the reply.
+"""Send one prompt to a deepspeed-stack `serve` workload (DeepSpeed-MII, or vLLM with --openai) and print the reply.
 
 The server answers inside the cluster; reach it through `kubectl port-forward` (the stack's `servingEndpoints`
 output prints the command for each workload):
@@ -8,9 +8,16 @@ output prints the command for each workload):
     python workloads/scripts/send_prompt.py --deployment mistral "What is DeepSpeed?"
 
 MII's RESTful API takes `POST /mii/<deployment>` with `{"prompts": [...], "max_new_tokens": N}` and answers a
-list of `{"generated_text": ...}` (deepspeed-mii 0.3.3). With --openai the script calls MII's OpenAI-compatible
-server instead (`POST /v1/completions`, `serving.openai.enabled`), which wants the served model's name.
-Standard library only: it runs with any Python 3.
+list of `{"generated_text": ...}` (deepspeed-mii 0.3.3). With --openai the script calls an OpenAI-compatible
+server instead (`POST /v1/completions`: vLLM's, or MII's with `serving.openai.enabled`), which wants the served
+model's name (vLLM serving a folder names the model by its path):
+
+    python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model /models/ft \
+        --temperature 0 --max-new-tokens 32 "What is DeepSpeed?"
+
+--temperature 0 asks for greedy decoding; --ignore-eos and --token-ids are vLLM's extensions of the API (generate
+all --max-new-tokens tokens; return the prompt's and the completion's token ids); --json prints the whole answer
+(with its `usage`) instead of the text. Standard library only: it runs with any Python 3.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ def _positive(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Send one prompt to a DeepSpeed-MII server and print the reply")
+    parser = argparse.ArgumentParser(description="Send one prompt to a DeepSpeed-MII or OpenAI-compatible server")
     parser.add_argument("prompt", help="the prompt text")
     parser.add_argument("--url", default=DEFAULT_URL, help=f"the server, e.g. a port-forward (default {DEFAULT_URL})")
     parser.add_argument("--deployment", help="the workload's name: MII's RESTful path is /mii/<deployment>")
@@ -41,9 +48,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", help="with --openai: the served model (serving.model, or the path of modelPath)")
     parser.add_argument("--max-new-tokens", type=_positive, default=128, help="most tokens to generate (128)")
     parser.add_argument("--timeout", type=_positive, default=300, help="seconds to wait for the reply (300)")
+    parser.add_argument("--temperature", type=float, help="with --openai: sampling temperature (0: greedy)")
+    parser.add_argument("--ignore-eos", action="store_true", help="with --openai (vLLM): do not stop at EOS")
+    parser.add_argument("--token-ids", action="store_true", help="with --openai (vLLM): return the token ids")
+    parser.add_argument("--json", action="store_true", help="print the server's whole JSON answer")
     args = parser.parse_args(argv)
     if args.openai and not args.model:
         parser.error("--openai needs --model (the server answers only for the model it serves)")
+    openai_only = [flag for flag, given in (("--temperature", args.temperature is not None),
+                                            ("--ignore-eos", args.ignore_eos), ("--token-ids", args.token_ids))
+                   if given]
+    if openai_only and not args.openai:
+        parser.error(f"{', '.join(openai_only)} need --openai (MII's RESTful API has no such settings)")
+    if args.temperature is not None and args.temperature < 0:
+        parser.error(f"--temperature must be 0 or more, got {args.temperature}")
     if not args.openai and not args.deployment:
         parser.error("--deployment is required (the workload's name, e.g. mistral)")
     return args
@@ -55,6 +73,12 @@ def build_request(args: argparse.Namespace) -> urllib.request.Request:
     if args.openai:
         url = f"{base}/v1/completions"
         body: dict[str, Any] = {"model": args.model, "prompt": args.prompt, "max_tokens": args.max_new_tokens}
+        if args.temperature is not None:
+            body["temperature"] = args.temperature
+        if args.ignore_eos:
+            body["ignore_eos"] = True
+        if args.token_ids:
+            body["return_token_ids"] = True
     else:
         url = f"{base}/mii/{args.deployment}"
         body = {"prompts": [args.prompt], "max_new_tokens": args.max_new_tokens}
@@ -82,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{request.full_url}: {err.reason}; is the port-forward running (the `servingEndpoints` output "
               "prints it)?", file=sys.stderr)
         return 1
-    print(reply_text(args.openai, payload))
+    print(json.dumps(payload) if args.json else reply_text(args.openai, payload))
     return 0
 
 

@@ -1,0 +1,80 @@
+"""send_prompt.py against an OpenAI-compatible server (vLLM): greedy decoding, vLLM's ignore_eos and
+return_token_ids, the whole JSON answer. (Its MII requests are tested in test_serving.py.)"""
+
+from __future__ import annotations
+
+import http.server
+import importlib.util
+import json
+import sys
+import threading
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SEND_PROMPT = Path(__file__).resolve().parent.parent / "workloads" / "scripts" / "send_prompt.py"
+
+
+@pytest.fixture(scope="module")
+def send_prompt() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("send_prompt_openai", SEND_PROMPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_greedy_request_with_vllms_extensions(send_prompt: types.ModuleType) -> None:
+    args = send_prompt.parse_args(["--openai", "--url", "http://10.0.0.5:8000/", "--model", "/models/ft",
+                                   "--temperature", "0", "--ignore-eos", "--token-ids", "--max-new-tokens", "8", "hi"])
+    request = send_prompt.build_request(args)
+    assert request.full_url == "http://10.0.0.5:8000/v1/completions"
+    # vLLM's CompletionRequest (0.32.0): temperature, ignore_eos and return_token_ids.
+    assert json.loads(request.data) == {"model": "/models/ft", "prompt": "hi", "max_tokens": 8, "temperature": 0.0,
+                                        "ignore_eos": True, "return_token_ids": True}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--deployment", "d", "--ignore-eos", "hi"], "--ignore-eos need --openai"),
+    (["--deployment", "d", "--temperature", "0", "--token-ids", "hi"], "--temperature, --token-ids need --openai"),
+    (["--openai", "--model", "m", "--temperature", "-1", "hi"], "--temperature must be 0 or more, got -1.0"),
+])
+def test_openai_settings_are_refused_where_they_mean_nothing(send_prompt: types.ModuleType, argv: list[str],
+                                                             message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        send_prompt.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_json_prints_the_whole_answer(send_prompt: types.ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    answer = {"choices": [{"index": 0, "text": " two", "token_ids": [7, 9], "prompt_token_ids": [0, 5]}],
+              "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}}
+    seen: list[tuple[str, Any]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            reply = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert send_prompt.main(["--openai", "--url", url, "--model", "m", "--json", "one plus one"]) == 0
+        assert send_prompt.main(["--openai", "--url", url, "--model", "m", "one plus one"]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen[0] == ("/v1/completions", {"model": "m", "prompt": "one plus one", "max_tokens": 128})
+    first, second = capsys.readouterr().out.splitlines()
+    assert json.loads(first) == answer and second == " two"
