@@ -41,8 +41,12 @@ def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None)
     """Validate the stack's config and return the typed model, or raise ConfigError with every problem."""
     parsed = parse_all(cfg, secret_keys)
     # The rules also run when the schema rejected some values (those are dropped first), so every problem
-    # is reported in one run; theirs on keys the schema already reported are left out.
-    rules = parsed.rule_problems(run_all(parsed.model)) if parsed.model is not None else []
+    # is reported in one run; theirs on keys the schema already reported are left out, and so are those that
+    # change when the defaults standing in beside a rejected key change (parsed.variant).
+    rules = []
+    if parsed.model is not None:
+        variant = run_all(parsed.variant) if parsed.variant is not None else None
+        rules = parsed.rule_problems(run_all(parsed.model), variant)
     problems = [*parsed.problems, *rules]
     if problems:
         raise ConfigError(problems)

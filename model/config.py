@@ -21,8 +21,8 @@ import jsonschema
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from model import repair
-from model.types import StackConfig, build, key_path, snake
+from model import defaults, repair
+from model.types import StackConfig, build, camel, key_path, snake
 from model.yamlio import load_yaml
 
 PROJECT = "deepspeed-stack"
@@ -178,14 +178,22 @@ class Parsed:
     """The typed model and the problems found on the way. `model` is built from the config with every value
     the schema rejected dropped (model/repair.py), so the rules can still check the rest; None when too
     much was rejected for that (a whole top-level key). `reported`: keys whose problems the rules must not
-    repeat."""
+    repeat. `variant`: the same model with the defaults of every object that had a key rejected set to other
+    valid values (None when no object had one): a rule's problem that changes with them was computed from a
+    default standing in for what the user meant (`zeroStag: 3` -> the default zeroStage 2 -> "at ZeRO-2 needs
+    50.9 GB"), so it is left out."""
 
     model: StackConfig | None
     problems: list[str]
     reported: list[str]
+    variant: StackConfig | None = None
 
-    def rule_problems(self, problems: list[str]) -> list[str]:
-        """The rules' problems that say something new."""
+    def rule_problems(self, problems: list[str], variant_problems: list[str] | None = None) -> list[str]:
+        """The rules' problems that say something new and do not hang on a stand-in default (those the rules
+        also find, word for word, on `variant`)."""
+        if variant_problems is not None:
+            same = set(variant_problems)
+            problems = [p for p in problems if p in same]
         return repair.without_echoes(problems, self.reported)
 
 
@@ -210,9 +218,15 @@ def parse_all(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = 
     reported = list(dict.fromkeys([*(p.split(": ", 1)[0] for p in problems), *dropped]))
     if valid is None:
         return Parsed(None, problems, reported)
+    variant = defaults.other_defaults(schema(), raw, valid, defaults.objects_with_unknown_keys(schema(), filled))
     secrets = {snake(k): pulumi.Output.secret(valid.pop(k)) for k, p in schema()["properties"].items()
                if p.get("x-secret") and k in valid}
-    return Parsed(build(StackConfig, valid, project=project, region=region, **secrets), problems, reported)
+    model = build(StackConfig, valid, project=project, region=region, **secrets)
+    if variant is not None:
+        for k in secrets:
+            variant.pop(camel(k), None)
+        variant = build(StackConfig, variant, project=project, region=region, **secrets)
+    return Parsed(model, problems, reported, variant)
 
 
 def parse(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None) -> StackConfig:
