@@ -51,12 +51,56 @@ def _namespace_problems(config: dict[str, Any]) -> list[str]:
     return problems
 
 
+# Errors about a token that was opened and never finished: YAML notices at the next line, but the mistake is where
+# the token began (a key without its colon, a quote or a `[` never closed), which the error's context marks.
+_UNFINISHED = ("while scanning a simple key", "while scanning a quoted scalar", "while scanning a block scalar",
+               "while parsing a flow sequence", "while parsing a flow mapping", "while scanning a plain scalar")
+# What the usual mistakes look like, keyed by the start of the problem libyaml or PyYAML reports.
+_HINTS = {
+    "could not find expected ':'": "a key without `: ` after it?",
+    "mapping values are not allowed": "a value with `: ` in it needs quotes, or the line is indented too far",
+    "found unexpected end of stream": "a quote that is never closed?",
+    "expected ',' or ']'": "a `[` list that is never closed?",
+    "did not find expected ',' or ']'": "a `[` list that is never closed?",
+    "did not find expected key": "this line is indented differently from the keys above it",
+    "did not find expected '-' indicator": "a list item without its `- `, or indented differently from the others",
+    "expected <block end>": "this line is indented differently from the keys above it",
+}
+
+
+def _mistake(exc: yaml.MarkedYAMLError) -> yaml.Mark | None:
+    """Where the mistake is: the start of an unfinished token, else where YAML found the problem."""
+    context = exc.context or ""
+    if exc.context_mark is not None and any(context.startswith(u) for u in _UNFINISHED):
+        return exc.context_mark
+    return exc.problem_mark or exc.context_mark
+
+
+def syntax_error(path: Path, exc: yaml.YAMLError) -> str:
+    """`Pulumi.dev.yaml:3: not valid YAML: could not find expected ':' (a key without `: ` after it?)` and the
+    line itself, numbered as editors count."""
+    mark = _mistake(exc) if isinstance(exc, yaml.MarkedYAMLError) else None
+    if mark is None:
+        return f"{path}: not valid YAML: {exc}"
+    problem = getattr(exc, "problem", None) or str(exc)
+    hint = next((h for start, h in _HINTS.items() if problem.startswith(start)), "")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    text = lines[mark.line] if 0 <= mark.line < len(lines) else ""
+    if text[mark.column:mark.column + 1] == "\t":
+        hint = "YAML indents with spaces, not tabs"
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}"
+    return f"{where}: not valid YAML: {problem}{f' ({hint})' if hint else ''}\n  {mark.line + 1} | {text}"
+
+
 def read(path: Path) -> dict[str, Any]:
     """The stack file's `config:` mapping (empty when the file or `config:` is empty)."""
     try:
         doc = load_yaml(path)
     except yaml.YAMLError as exc:
-        raise StackFileError(f"{path}: not valid YAML: {exc}") from None
+        raise StackFileError(syntax_error(path, exc)) from None
     except OSError as exc:
         raise StackFileError(f"{path}: cannot be read: {exc.strerror}") from None
     if doc is None:

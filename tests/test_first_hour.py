@@ -5,7 +5,12 @@ codes as make returns them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from conftest import DELETE, problems
+
+from preview import stackfile
 
 # --- (a) no follow-on errors from a rejected key's stand-in default ---------------------------------------------
 
@@ -53,3 +58,31 @@ def test_stand_ins_are_the_meant_key_or_every_default() -> None:
     assert other_value({"type": "string", "enum": ["bf16", "fp16"]}, "bf16") == "fp16"
     assert other_value({"type": "boolean"}, False) is True
     assert other_value({"type": "string"}, "/nvme") is None  # no easy other value: left as it is
+
+
+# --- (b) YAML syntax errors at the line of the mistake, with its text ---------------------------------------------
+
+YAML_MISTAKES = [
+    # (what is wrong, the stack file, the line of the mistake (1-based), the words that explain it)
+    ("a key without its colon", "config:\n  gcp:project: p\n  gcp:region us-central1\n  deepspeed-stack:image:\n"
+     "    tag: x\n", 3, "a key without `: ` after it?"),
+    ("a quote never closed", 'config:\n  gcp:project: "p\n  gcp:region: r\n', 2, "a quote that is never closed?"),
+    ("a list never closed", "config:\n  deepspeed-stack:nodePools:\n    - zones: [us-central1-a\n      name: x\n"
+     "  gcp:region: r\n", 3, "a `[` list that is never closed?"),
+    ("a value with a colon", "config:\n  gcp:project: a: b\n  gcp:region: r\n", 2, "needs quotes"),
+    ("a tab", "config:\n\tgcp:project: p\n", 2, "YAML indents with spaces, not tabs"),
+    ("a list item without its dash", "config:\n  deepspeed-stack:nodePools:\n    - name: a\n    machineType: x\n",
+     4, "a list item without its `- `"),
+]
+
+
+@pytest.mark.parametrize(("mistake", "text", "line", "hint"), YAML_MISTAKES, ids=[m[0] for m in YAML_MISTAKES])
+def test_yaml_errors_name_the_line_of_the_mistake_and_show_it(mistake: str, text: str, line: int, hint: str,
+                                                               tmp_path: Path) -> None:
+    path = tmp_path / "Pulumi.x.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(stackfile.StackFileError) as err:
+        stackfile.read(path)
+    first, shown = str(err.value).splitlines()
+    assert first.startswith(f"{path}:{line}:") and "not valid YAML" in first and hint in first, first
+    assert shown == f"  {line} | {text.splitlines()[line - 1]}"

@@ -118,7 +118,8 @@ def test_yaml_syntax_error_names_the_file(tmp_path: Path, capsys: pytest.Capture
     path = write_stack(tmp_path, "broken", "config:\n  gcp:region: [us-west1\n")
     code, err = run_main(["--stack", "broken", "--stack-file", str(path)], capsys)
     assert code == 2
-    assert err.startswith(f"error: {path}: not valid YAML: ") and "line 3" in err
+    # The `[` never closed is on line 2 (YAML notices at the end of the file): the error names line 2, with its text.
+    assert err.startswith(f"error: {path}:2:15: not valid YAML: ") and "  2 |   gcp:region: [us-west1" in err
 
 
 def test_stack_name_from_a_file_name() -> None:
