@@ -20,6 +20,7 @@ from checks import (
     offload,
     planner,
     platform,
+    reachability,
     serving,
     vertex,
     workloads,
@@ -30,7 +31,7 @@ from model.types import StackConfig
 
 ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, *gaudi.CHECKS, *planner.CHECKS, *vertex.CHECKS,
                            *capacity.CHECKS, *helm_release.CHECKS, *fabric.CHECKS, *offload.CHECKS, *serving.CHECKS,
-                           *machine_disks.CHECKS, *cluster_wide.CHECKS, *image.CHECKS]
+                           *machine_disks.CHECKS, *cluster_wide.CHECKS, *image.CHECKS, *reachability.CHECKS]
 
 
 def run_all(m: StackConfig) -> list[str]:
