@@ -53,6 +53,8 @@ class Daemon:
     command: tuple[str, ...]
     capabilities: tuple[str, ...]
     devices: tuple[str, ...]
+    health_check_file: str = ""  # HEALTH_CHECK_LOG_FILE: the daemon writes it once initialized (TCPXO)
+    startup_probe: dict | None = None  # the probe Google recommends on that file
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Fabric:
     nccl_profile: str
     min_gke_versions: tuple[str, ...]
     nccl_test: NcclTestSpec
+    rank_devices: str = ""  # RDMA: the device directory every rank must open read-write (/dev/infiniband)
     nccl_minimum: str | None = None  # the oldest NCCL core the fabric's plugin works with ([U] where so marked)
     nccl_qualified: str | None = None  # the NCCL Google qualifies the plugin with
 
@@ -140,7 +143,8 @@ def _fabric(name: str, raw: dict) -> Fabric:
         installer=Installer(raw["installer"]["manifest"], raw["installer"]["daemonSet"], raw["installer"]["image"]),
         nri=bool(raw["nri"]),
         daemon=Daemon(daemon["name"], daemon["image"], tuple(daemon["command"]), tuple(daemon["capabilities"]),
-                      tuple(daemon["devices"])) if daemon else None,
+                      tuple(daemon["devices"]), str(daemon.get("healthCheckFile") or ""),
+                      daemon.get("startupProbe")) if daemon else None,
         host_volumes=tuple(HostVolume(v["name"], v["hostPath"], v["mountPath"], bool(v["daemon"]), bool(v["app"]),
                                       v.get("daemonMountPath"), v.get("referenceMountPath"))
                            for v in raw["hostVolumes"]),
@@ -149,6 +153,7 @@ def _fabric(name: str, raw: dict) -> Fabric:
         nccl_profile=str(raw.get("ncclProfile") or ""),
         min_gke_versions=tuple(raw["minGkeVersions"]),
         nccl_test=NcclTestSpec(test["image"], test["binaries"], test["referenceBusBandwidth"]),
+        rank_devices=str((raw.get("rankNeeds") or {}).get("devices") or ""),
         nccl_minimum=_version_text(raw["nccl"].get("minimum")),
         nccl_qualified=_version_text(raw["nccl"].get("qualified")),
     )

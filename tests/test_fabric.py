@@ -10,6 +10,8 @@ import copy
 import functools
 import ipaddress
 import re
+import subprocess
+import textwrap
 from typing import Any
 
 import pytest
@@ -391,6 +393,62 @@ def test_rxdm_daemon_is_a_native_sidecar_like_the_pinned_pod(runs: dict[str, Run
     device_key = f"devices.gke.io/container.{ref_daemon['name']}"
     assert yaml.safe_load(worker["metadata"]["annotations"][device_key]) == yaml.safe_load(
         ref["metadata"]["annotations"][device_key])
+
+
+def best_practice_probe() -> dict[str, Any]:
+    """The tcpxo-daemon example of CEA gpudirect-tcpxo/best-practice.md, "Setup Startup Probe for the
+    TCPXO-daemon Sidecar" (a list item in a Markdown code block: made a mapping, then parsed)."""
+    text = reference(*CEA, "gpudirect-tcpxo", "best-practice.md").read_text(encoding="utf-8")
+    block = text.split("An example of startup probe:", 1)[1].split("```", 2)[1]
+    return yaml.safe_load(textwrap.dedent(block.replace("- name: tcpxo-daemon", "name: tcpxo-daemon", 1)))
+
+
+def test_tcpxo_daemon_gets_googles_startup_probe(runs: dict[str, RunResult]) -> None:
+    ref = best_practice_probe()
+    (daemon,) = _worker(runs["tcpxo"])["spec"]["initContainers"]
+    assert daemon["startupProbe"] == ref["startupProbe"]
+    assert {"name": "HEALTH_CHECK_LOG_FILE", "value": "/run/health-check"} in ref["env"]
+    assert [e for e in daemon["env"] if e["name"] == "HEALTH_CHECK_LOG_FILE"] == [
+        e for e in ref["env"] if e["name"] == "HEALTH_CHECK_LOG_FILE"]
+    assert "_" not in ref["startupProbe"]["exec"]["command"][1]  # the doc: the file name has no low line
+    # The TCPX daemon (another image) has no such health-check file in any pinned source: no probe there.
+    (tcpx_daemon,) = _worker(runs["tcpx"])["spec"]["initContainers"]
+    assert "startupProbe" not in tcpx_daemon
+
+
+def _rank_script(tmp_path: Any, devices: list[str]) -> subprocess.CompletedProcess[str]:
+    import dataclasses
+
+    from workloads import fabric as pod_fabric
+
+    (tmp_path / "infiniband").mkdir()
+    for name in devices:
+        (tmp_path / "infiniband" / name).write_text("")
+    rdma = dataclasses.replace(fabric.load().fabrics["rdma"], rank_devices=str(tmp_path / "infiniband"),
+                               nccl_profile="")
+    script = tmp_path / "nccl_env.sh"
+    script.write_text(pod_fabric.env_script(rdma), encoding="utf-8")
+    return subprocess.run(["bash", str(script), "echo", "rank-started"], capture_output=True, text=True, timeout=20)
+
+
+def test_an_rdma_rank_without_verbs_devices_stops_with_the_reason(tmp_path: Any) -> None:
+    proc = _rank_script(tmp_path, [])
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "infiniband/uverbs* in this pod" in proc.stderr and "networking.gke.io/interfaces" in proc.stderr
+
+
+def test_an_rdma_rank_with_its_devices_starts(tmp_path: Any) -> None:
+    proc = _rank_script(tmp_path, ["uverbs0", "uverbs1"])
+    assert (proc.returncode, proc.stdout) == (0, "rank-started\n"), proc.stderr
+
+
+def test_rdma_ranks_raise_their_locked_memory_and_tcpx_ranks_do_not() -> None:
+    from workloads import fabric as pod_fabric
+
+    rdma = pod_fabric.env_script(fabric.load().fabrics["rdma"])
+    assert 'ulimit -S -l "$(ulimit -H -l)"' in rdma
+    assert rdma.index("ulimit") < rdma.index(". /usr/local/gib/scripts/set_nccl_env.sh") < rdma.index('exec "$@"')
+    assert "ulimit" not in pod_fabric.env_script(fabric.load().fabrics["tcpx"])
 
 
 @pytest.mark.parametrize("name", ["tcpx", "tcpxo", "rdma"])

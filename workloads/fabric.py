@@ -16,7 +16,9 @@ accelerators `*/nccl-test-latest.yaml`, `gpudirect-rdma/nccl-test.yaml`) and the
 
 Security waivers (each from the pinned manifests): the daemon runs as root with NET_ADMIN (TCPXO also
 NET_BIND_SERVICE) to program flow steering on the GPU NICs; hostPath volumes for the libraries the installer
-DaemonSet puts on the node, and for /sys and /proc/sys the daemon reads.
+DaemonSet puts on the node, and for /sys and /proc/sys the daemon reads. The TCPXO daemon gets the startup probe of
+Google's best practices. RDMA ranks stay at the image's UID where Google's manifests run root: each rank raises its
+locked-memory limit and checks its verbs devices first (`rank_preflight`; data/gpu_fabric.yaml `rankNeeds`).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def env_script(f: Fabric) -> str:
              f"# deepspeed-stack: the {f.display_name} NCCL environment for this rank (data/gpu_fabric.yaml).",
              "set -e"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in environment(f).items()]
+    lines += rank_preflight(f)
     if f.nccl_profile:
         profile = shlex.quote(f.nccl_profile)
         lines += [f"if [ ! -r {profile} ]; then",
@@ -85,6 +88,43 @@ def env_script(f: Fabric) -> str:
                   f". {profile}"]
     lines.append('exec "$@"')
     return "\n".join(lines) + "\n"
+
+
+def rank_preflight(f: Fabric) -> list[str]:
+    """RDMA: what Google's manifests get from root, checked for the rank's own UID (data/gpu_fabric.yaml rankNeeds):
+    the soft locked-memory limit raised to the hard one (a non-root process may; an added IPC_LOCK would never reach
+    it) and logged when finite, and the verbs devices readable and writable, else the rank stops with the reason
+    before NCCL fails at init with a less telling one."""
+    if not f.rank_devices:
+        return []
+    devices = shlex.quote(f.rank_devices)
+    where = 'for UID $(id -u) on $(hostname)'
+    return [
+        'ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true',
+        'if [ "$(ulimit -l)" != unlimited ]; then',
+        f'  echo "deepspeed-stack: locked memory is limited to $(ulimit -l) KiB {where}: RDMA memory registration '
+        'may fail (ENOMEM) and NCCL fall back to TCP (README, GPU fabrics: waivers)" >&2',
+        "fi",
+        f"found=0; for dev in {devices}/uverbs*; do",
+        '  [ -e "$dev" ] || continue',
+        "  found=1",
+        '  if [ ! -r "$dev" ] || [ ! -w "$dev" ]; then',
+        f'    echo "deepspeed-stack: cannot open $dev read-write {where}: gIB needs the RDMA NICs\' verbs devices '
+        '(README, GPU fabrics: waivers)" >&2',
+        "    exit 1",
+        "  fi",
+        "done",
+        'if [ "$found" = 0 ]; then',
+        f'  echo "deepspeed-stack: no {f.rank_devices}/uverbs* in this pod on $(hostname): is it on an RDMA pool with '
+        'its networking.gke.io/interfaces annotation?" >&2',
+        "  exit 1",
+        "fi",
+    ]
+
+
+def _startup_probe(d: Any) -> dict[str, Any]:
+    return {"env": [{"name": "HEALTH_CHECK_LOG_FILE", "value": d.health_check_file}],
+            "startupProbe": dict(d.startup_probe)} if d.health_check_file and d.startup_probe else {}
 
 
 def _volumes(f: Fabric) -> list[dict[str, Any]]:
@@ -102,13 +142,15 @@ def daemon_sidecar(f: Fabric) -> dict[str, Any] | None:
     if f.daemon is None:
         return None
     d = f.daemon
+    probe = _startup_probe(d)  # TCPXO: Google's startup probe on the daemon's health-check file
     return {
         "name": d.name,
         "image": d.image,
         "imagePullPolicy": "IfNotPresent",  # pinned tag
         "restartPolicy": "Always",
         "command": list(d.command),
-        "env": [{"name": "LD_LIBRARY_PATH", "value": LIBRARY_PATH}],
+        "env": [{"name": "LD_LIBRARY_PATH", "value": LIBRARY_PATH}, *probe.get("env", [])],
+        **({"startupProbe": probe["startupProbe"]} if probe else {}),
         "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
                             "capabilities": {"add": list(d.capabilities)}},
         "volumeMounts": _mounts(f, daemon=True),
