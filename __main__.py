@@ -20,20 +20,17 @@ from components.vertex import VertexTraining, VertexTrainingArgs
 from model import capacity, catalog, fabric, versions
 from planner import cost, recovery
 from planner.capacity_plan import capacity_plan
+from workloads import kinds
 from workloads.compute_class import ComputeClasses, ComputeClassesArgs
-from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs
 from workloads.gcs_fuse import BucketAccess
 from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
-from workloads.kueue import Kueue, KueueArgs, queue_name
+from workloads.kueue import Kueue, KueueArgs
 from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
 from workloads.nccl_test import NcclTest, NcclTestInputs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
-from workloads.placement import placement
 from workloads.pull_secret import RegistryLogin
 from workloads.recovery import TERMINATION_GRACE_SECONDS
-from workloads.serving import ModelServer, ModelServerArgs
 from workloads.target import ExistingCluster, ExistingClusterArgs, needs_kubernetes
-from workloads.training_job import TrainingJob, TrainingJobArgs
 
 # 1. Config: every problem at once as a pulumi.RunError naming its keys; tight fits only warn.
 cfg = checks.load()
@@ -131,32 +128,22 @@ if target is not None:
         node_pool_names={name: pool.node_pool.name for name, pool in pools.items()}), on_target).classes \
         if cluster and capacity.chains(cfg) else {}
     queued: dict[str, pulumi.Output[str]] = {}  # namespace of each job Kueue queues
+    platform = kinds.Platform(
+        cfg=cfg, image=image.ref if image else None, hf_token=cfg.hf_token, bucket=bucket, gaudi_image=gaudi_ref,
+        gaudi_login=gaudi_login, claim_depends_on=[nfs] if nfs else [], own_cluster=cluster is not None)
     for name, w in cfg.workloads.items():
         # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
-        reader = registry.reader if registry and not w.image and w.accelerator.kind == "nvidia" else None
-        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.kind == "mpijob" else None, reader,
+        reader = registry.reader if registry and w.pulls_stack_image else None
+        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.runs_as_mpijob else None, reader,
                                  gpu_fabrics.get(w.pool or ""), pools.get(w.fallback_pool or ""),
                                  classes.get(capacity.class_name(w.pool or ""))) if r]
-        opts = pulumi.ResourceOptions(provider=target, depends_on=waits_for)
-        if w.kind == "helm":
-            workload = DeepSpeedRelease(name, DeepSpeedReleaseArgs(
-                workload=w, placement=placement(cfg, w), image_ref=image.ref, hf_token=cfg.hf_token,
-                bucket=bucket), opts)
-        elif w.kind == "serve":
-            workload = ModelServer(name, ModelServerArgs(
-                workload=w, placement=placement(cfg, w), image_ref=image.ref, hf_token=cfg.hf_token, bucket=bucket,
-                protect=bool(cfg.cluster and cfg.cluster.deletion_protection)), opts)
-            serving_endpoints[name] = workload.summary
-        else:
-            workload = TrainingJob(name, TrainingJobArgs(
-                config=w, placement=placement(cfg, w), stack_image=image.ref if image else None,
-                hf_token=cfg.hf_token, claim_depends_on=[nfs] if nfs else [], bucket=bucket,
-                operator_version=cfg.mpi_operator.version, gaudi_image=gaudi_ref,
-                registry=gaudi_login if w.accelerator.kind == "gaudi" else None,
-                retain_on_delete=cluster is None, queue=queue_name(cfg, w)), opts)
-            if queue_name(cfg, w):
-                queued[w.namespace] = workload.namespace.metadata.name
-        workload_summary[name] = workload.summary
+        # Each kind builds its own (workloads/kinds/): helm -> DeepSpeedRelease, mpijob -> TrainingJob, ...
+        built = kinds.kind_of(w).build(name, w, platform, pulumi.ResourceOptions(provider=target, depends_on=waits_for))
+        workload_summary[name] = built.summary
+        if built.endpoint is not None:
+            serving_endpoints[name] = built.endpoint
+        if built.queued_namespace is not None:
+            queued[w.namespace] = built.queued_namespace
     # NCCL tests: bus bandwidth across a fabric pool's nodes, once its pools, fabric and image read grant exist.
     for name, t in (cfg.nccl_tests.items() if cluster else []):
         waits_for = [r for p in t.pools for r in (pools.get(p), gpu_fabrics.get(p)) if r] + [registry.reader]
@@ -204,6 +191,4 @@ if workload_summary:
 if recovery_plan := recovery.stack_recovery(cfg, TERMINATION_GRACE_SECONDS):  # checkpoint size, save time, interval
     pulumi.export("recovery", recovery_plan)
 if serving_endpoints:  # in-cluster URL and the port-forward command of each `serve` workload
-    pulumi.export("servingEndpoints", {
-        name: summary.apply(lambda s: {k: s[k] for k in ("endpoint", "portForward", "loadBalancerIp") if k in s})
-        for name, summary in serving_endpoints.items()})
+    pulumi.export("servingEndpoints", serving_endpoints)

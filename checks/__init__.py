@@ -1,8 +1,10 @@
 """The rules: stack config -> typed model (model/config.py) -> every rule below -> the validated model.
 
 The rules sit above what they check (model, planner, workloads), so nothing below imports them. Each area
-keeps its rules in its own module as a `CHECKS` list of named functions, each returning its problems;
-`load()` runs them all and reports every problem at once in one ConfigError (a `pulumi.RunError`).
+keeps its rules in its own module as a `CHECKS` list of named functions, each returning its problems; each
+workload kind keeps its own rules in its module (workloads/kinds/), run here through the registry for the
+workloads of that kind. `load()` runs them all and reports every problem at once in one ConfigError (a
+`pulumi.RunError`).
 """
 
 from __future__ import annotations
@@ -14,24 +16,33 @@ from checks import (
     cluster_wide,
     fabric,
     gaudi,
-    helm_release,
     image,
     machine_disks,
     offload,
     planner,
     platform,
     reachability,
-    serving,
     vertex,
     workloads,
 )
 from checks.common import Check
 from model.config import ConfigError, parse_all
 from model.types import StackConfig
+from workloads.kinds import kind_of
 
-ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, *gaudi.CHECKS, *planner.CHECKS, *vertex.CHECKS,
-                           *capacity.CHECKS, *helm_release.CHECKS, *fabric.CHECKS, *offload.CHECKS, *serving.CHECKS,
-                           *machine_disks.CHECKS, *cluster_wide.CHECKS, *image.CHECKS, *reachability.CHECKS]
+
+def kind_rules(m: StackConfig) -> list[str]:
+    """Each workload's own kind's rules (workloads/kinds/<kind>.py)."""
+    return [p for w in m.workloads.values() for p in kind_of(w).problems(m, w)]
+
+
+def kind_warnings(m: StackConfig) -> list[str]:
+    return [p for w in m.workloads.values() for rule in kind_of(w).warnings for p in rule(m, w)]
+
+
+ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, kind_rules, *gaudi.CHECKS, *planner.CHECKS,
+                           *vertex.CHECKS, *capacity.CHECKS, *fabric.CHECKS, *offload.CHECKS, *machine_disks.CHECKS,
+                           *cluster_wide.CHECKS, *image.CHECKS, *reachability.CHECKS]
 
 
 def run_all(m: StackConfig) -> list[str]:
@@ -56,7 +67,7 @@ def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None)
 
 def warnings(m: StackConfig) -> list[str]:
     """Tight fits that deploy but deserve a reviewer's eye (each a sentence starting with its key)."""
-    return planner.warnings(m) + gaudi.warnings(m) + image.warnings(m)
+    return planner.warnings(m) + gaudi.warnings(m) + image.warnings(m) + kind_warnings(m)
 
 
 __all__ = ["ALL_CHECKS", "ConfigError", "load", "run_all", "warnings"]

@@ -113,7 +113,7 @@ def check_queued_pool_workloads(m: StackConfig) -> list[str]:
     problems = []
     for name, w in m.workloads.items():
         pool = m.pool(w.pool or "")
-        if pool is not None and pool.queued_provisioning and w.kind != "mpijob":
+        if pool is not None and pool.queued_provisioning and not w.runs_as_mpijob:
             problems.append(f"{at('workloads', name, 'kind')}: {w.kind} workloads are not queued by Kueue, so "
                             f"nothing would request nodes of queued-provisioning pool {pool.name}; use kind: mpijob "
                             "or a pool without queued provisioning")
@@ -129,7 +129,7 @@ def check_fallback_pool(m: StackConfig) -> list[str]:
             continue
         key = at("workloads", name, "fallbackPool")
         pool, fallback = m.pool(w.pool or ""), m.pool(w.fallback_pool)
-        if w.accelerator.kind != "nvidia" or pool is None:
+        if not w.on_nvidia or pool is None:
             problems.append(f"{key}: a fallback pool needs an nvidia workload on a `pool`")
         elif fallback is None:
             problems.append(f"{key}: no pool named {w.fallback_pool!r} (pools: "
@@ -141,7 +141,7 @@ def check_fallback_pool(m: StackConfig) -> list[str]:
             problems.append(f"{key}: {fallback.name} has {fallback.gpu.count} x {fallback.gpu.type} on "
                             f"{fallback.machine_type}, {pool.name} {pool.gpu.count} x {pool.gpu.type} on "
                             f"{pool.machine_type}; the workers are sized for one shape, so both pools need the same")
-        elif fallback.queued_provisioning and w.kind != "mpijob":
+        elif fallback.queued_provisioning and not w.runs_as_mpijob:
             problems.append(f"{key}: {fallback.name} has queued provisioning, whose nodes only Kueue-admitted "
                             "MPIJobs get; use kind: mpijob or a fallback pool without queued provisioning")
     return problems
@@ -163,7 +163,7 @@ def check_kueue_target(m: StackConfig) -> list[str]:
         problems.append(f"kueue.install: a ClusterQueue resource group holds at most {KUEUE_MAX_FLAVORS} flavors "
                         f"(one per GPU pool), got {len(m.node_pools)} pools")
     minimum = capacity.load().kueue_min_mpi_operator
-    if any(w.kind == "mpijob" for w in m.workloads.values()) and \
+    if any(w.runs_as_mpijob for w in m.workloads.values()) and \
             _version(m.mpi_operator.version) < _version(minimum):
         problems.append(f"mpiOperator.version: Kueue queues MPIJobs only with mpi-operator {minimum} or newer, "
                         f"got {m.mpi_operator.version}")

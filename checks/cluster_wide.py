@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 from checks.common import Check, at
-from checks.workloads import _nodes_needed
 from model.types import StackConfig
 
 NFS_CLASS = "nfs-client"
@@ -23,8 +22,8 @@ GKE_RWX_CLASS = "standard-rwx"
 def check_pool_holds_its_workloads(m: StackConfig) -> list[str]:
     problems = []
     for i, pool in enumerate(m.node_pools):
-        on_pool = [(name, *_nodes_needed(w)) for name, w in m.workloads.items()
-                   if w.accelerator.kind == "nvidia" and w.pool == pool.name]
+        on_pool = [(name, *w.nodes_needed()) for name, w in m.workloads.items()
+                   if w.on_nvidia and w.pool == pool.name]
         total = sum(needed for _, needed, _ in on_pool)
         if len(on_pool) < 2 or total <= pool.max_nodes:
             continue  # one workload alone: check_gpu_pool_placement says it
@@ -38,7 +37,7 @@ def check_pool_holds_its_workloads(m: StackConfig) -> list[str]:
 def check_mpijob_has_its_operator(m: StackConfig) -> list[str]:
     if m.cluster is None or m.mpi_operator.install:
         return []  # an existing cluster brings its own operator (mpiOperator.version says which)
-    jobs = [name for name, w in m.workloads.items() if w.kind == "mpijob"]
+    jobs = [name for name, w in m.workloads.items() if w.runs_as_mpijob]
     if not jobs:
         return []
     runs = "runs as an MPIJob" if len(jobs) == 1 else "run as MPIJobs"
@@ -53,9 +52,9 @@ def check_nfs_class_has_a_provisioner(m: StackConfig) -> list[str]:
     provided = nfs.storage_class if nfs.install else None
     problems = []
     for name, w in m.workloads.items():
-        if w.kind != "mpijob":
+        if w.claim is None:
             continue
-        cls = w.storage.storage_class
+        cls = w.claim.storage_class
         if cls == provided or (cls != NFS_CLASS and cls != nfs.storage_class):
             continue
         problems.append(f"{at('workloads', name, 'storage', 'storageClass')}: {cls} does not exist on GKE without "

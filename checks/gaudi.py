@@ -67,7 +67,8 @@ CHECKS: list[Check] = [
 
 
 def warnings(m: StackConfig) -> list[str]:
-    """What deploys but must be confirmed: an unpinned base digest; the install-at-start opt-in."""
+    """What deploys but must be confirmed: an unpinned base digest (the install-at-start opt-in: its kind's
+    warning, workloads/kinds/mpijob.py)."""
     out = []
     if not m.gaudi_image.prebuilt:
         for w in gaudi_image.workloads_on_it(m)[:1]:
@@ -76,9 +77,4 @@ def warnings(m: StackConfig) -> list[str]:
                 out.append(f"{at('workloads', w.name, 'gaudi', 'softwareVersion')}: the Habana base image "
                            f"{base.repository}:{base.tag} is pinned by tag only (digest unconfirmed); record its "
                            "digest in data/gaudi_software.yaml (`docker buildx imagetools inspect`)")
-    for w in m.workloads.values():
-        if w.kind == "mpijob" and w.accelerator.kind == "gaudi" and w.gaudi.install_at_start:
-            out.append(f"{at('workloads', w.name, 'gaudi', 'installAtStart')}: Omnia's original path: optimum-habana "
-                       "and Habana's DeepSpeed are installed from GitHub and PyPI on every node at every start, as "
-                       "root, in pods that cannot be hardened (README: Gaudi image)")
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 from checks.common import Check, at
 from model import catalog, fabric, versions
 from model.types import StackConfig
+from workloads.kinds import kind_of
 
 
 def _unsupported(gpu_type: str) -> str | None:
@@ -33,9 +34,9 @@ def check_gpu_arch(m: StackConfig) -> list[str]:
            "image.prebuilt)")
     problems = []
     for w in m.workloads.values():
-        # A serve workload's engine has its own, narrower rule (checks/serving.py: MII's kernels need 8.0+), so a
-        # GPU it refuses is not refused twice.
-        if w.accelerator.kind != "nvidia" or w.image or w.kind == "serve":
+        # A kind whose engine has its own, narrower rule (serve: MII's kernels need 8.0+, workloads/kinds/serve.py)
+        # refuses its GPUs itself, so a GPU it refuses is not refused twice.
+        if not w.on_nvidia or w.image or kind_of(w).checks_its_gpu:
             continue
         for key, pool_name in (("pool", w.pool), ("fallbackPool", w.fallback_pool)):
             pool = m.pool(pool_name) if pool_name else None

@@ -11,21 +11,21 @@ from dataclasses import dataclass
 
 from checks.common import Check, at
 from model import catalog as gpu_catalog
-from model.types import StackConfig, WorkloadConfig
+from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig
 from planner.recommend import cheapest, recommend, short_name
+from planner.requests import workload_request, workload_strategy
 from planner.sizing import (
     GB,
     HEADROOM,
-    INFERENCE,
     TRAINING_PRECISIONS,
     Estimate,
     Request,
     Strategy,
     UnknownModelError,
     estimate,
-    given_shape,
     resolve,
 )
+from workloads.kinds import kind_of
 from workloads.placement import Placement, offload_memory_bytes, placement
 
 # The suggestions search up to this many workers of the workload's own accelerator.
@@ -54,43 +54,18 @@ class Sized:
     @property
     def accelerator_name(self) -> str:
         cat = gpu_catalog.load()
-        if self.where.accelerator_kind == "gaudi":
+        if self.where.on_gaudi:
             return short_name(cat.gaudi.get(self.where.accelerator_type, {}).get("displayName", "Gaudi"))
         gpu = cat.gpus.get(self.where.accelerator_type)
         return short_name(gpu.display_name) if gpu else self.where.accelerator_type
 
     @property
     def unit(self) -> str:
-        return "HPU" if self.where.accelerator_kind == "gaudi" else "GPU"
+        return "HPU" if self.where.on_gaudi else "GPU"
 
 
 def _model_key(name: str, *rest: str) -> str:
     return at("workloads", name, "model", *rest)
-
-
-def workload_request(w: WorkloadConfig) -> Request | None:
-    """The workload's `model` block as a sizing request; None when there is none or it cannot be sized (the
-    checks below report why)."""
-    mb = w.model
-    if mb is None:
-        return None
-    try:
-        model = given_shape(resolve(mb.name, mb.parameters), mb.vocabulary, mb.hidden, mb.largest_layer)
-    except UnknownModelError:
-        return None
-    if mb.mode == "training" and mb.precision not in TRAINING_PRECISIONS:
-        return None
-    # Training: DeepSpeed runs microBatchPerGpu sequences per GPU; size for the larger of the two settings.
-    batch = max(mb.batch_size, w.deepspeed.micro_batch_per_gpu) if mb.mode == "training" else mb.batch_size
-    return Request(model, mb.precision, mb.mode, mb.sequence_length, batch,
-                   reduce_bucket=w.deepspeed.reduce_bucket_size, allgather_bucket=w.deepspeed.allgather_bucket_size)
-
-
-def workload_strategy(w: WorkloadConfig) -> Strategy:
-    if w.model is None or w.model.mode == "inference":
-        return INFERENCE
-    ds = w.deepspeed
-    return Strategy.from_deepspeed(ds.zero_stage, ds.offload_optimizer, ds.offload_params)
 
 
 def size_workload(m: StackConfig, name: str, w: WorkloadConfig) -> Sized | None:
@@ -149,7 +124,7 @@ def _suggestions(m: StackConfig, s: Sized) -> str:
         f"Nothing up to {MAX_WORKERS} workers of {s.where.per_worker} x {s.accelerator_name} holds it at sequence "
         f"{r.sequence_length} x batch {r.batch_size}; shorten the sequence or the "
         + ("micro batch" if r.mode == "training" else "batch, or quantise the weights"))
-    if s.where.accelerator_kind == "nvidia" and m.region in gpu_catalog.load().regions:
+    if s.where.on_nvidia and m.region in gpu_catalog.load().regions:
         best = cheapest(recommend(s.request, m.region, top=1))
         if best is not None:
             strategy, o = best
@@ -183,8 +158,8 @@ def check_training_precision(m: StackConfig) -> list[str]:
     problems = []
     for name, w in m.workloads.items():
         mb = w.model
-        if mb is None or mb.mode != "training":
-            continue
+        if mb is None or mb.mode != "training" or not isinstance(w, DeepSpeedWorkloadConfig):
+            continue  # a kind that trains nothing says so itself (a server is sized for inference)
         if mb.precision not in TRAINING_PRECISIONS:
             problems.append(f"{_model_key(name, 'precision')}: {mb.precision} is a weight format for inference; "
                             f"ZeRO training runs in {', '.join(TRAINING_PRECISIONS)} (quantised fine-tuning such as "
@@ -201,7 +176,7 @@ def check_model_fits(m: StackConfig) -> list[str]:
     problems = []
     for s in sized_workloads(m):
         need = s.estimate.per_gpu_gb
-        if need <= s.memory_gb or s.workload.kind == "serve":  # checks/serving.py: what fits on one node
+        if need <= s.memory_gb or kind_of(s.workload).sizes_its_model:  # e.g. a server: what fits on one node
             continue
         problems.append(
             f"{_model_key(s.name)}: {_what(s)} needs {need:.1f} GB per {s.unit} ({s.estimate.breakdown()}); "

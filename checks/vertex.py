@@ -44,7 +44,8 @@ def check_gcs_fuse_needs_storage_and_gke(m: StackConfig) -> list[str]:
     return problems
 
 
-# Paths the workloads' pods already use: the chart's source at /app, scratch, shared memory, the offload path.
+# Paths every workload's pods may use: the chart's source at /app, scratch, shared memory (and each workload's own:
+# its claim, the offload path: `mount_paths`).
 RESERVED_MOUNTS = ("/app", "/tmp", "/dev/shm", "/job", "/etc/deepspeed")
 
 
@@ -52,7 +53,7 @@ def check_gcs_fuse_mount_path(m: StackConfig) -> list[str]:
     problems = []
     for name, w in m.workloads.items():
         path = w.gcs_fuse.mount_path.rstrip("/") or "/"
-        taken = {*RESERVED_MOUNTS, w.storage.mount_path.rstrip("/"), w.deepspeed.nvme_path.rstrip("/")}
+        taken = {*RESERVED_MOUNTS, *(p.rstrip("/") for p in w.mount_paths)}
         if w.gcs_fuse.enabled and path in taken | {"/"}:
             problems.append(f"workloads.{name}.gcsFuse.mountPath: {path} is already used by the workload's pods; "
                             "pick another path such as /gcs")

@@ -7,19 +7,19 @@ ContainerImage component, as for the NVIDIA image.
 from __future__ import annotations
 
 from model import gaudi_software
-from model.types import StackConfig, WorkloadConfig
+from model.types import MpiJobWorkloadConfig, StackConfig
 
 DOCKER_HUB = "docker.io"
 
 
-def workloads_on_it(cfg: StackConfig) -> list[WorkloadConfig]:
+def workloads_on_it(cfg: StackConfig) -> list[MpiJobWorkloadConfig]:
     """Gaudi MPIJobs that run the stack's Gaudi image: neither an `image` of their own nor the install-at-start
     opt-in."""
-    return [w for w in cfg.workloads.values() if w.kind == "mpijob" and w.accelerator.kind == "gaudi"
-            and not w.image and not w.gaudi.install_at_start]
+    return [w for w in cfg.workloads.values()
+            if isinstance(w, MpiJobWorkloadConfig) and w.runs_stack_gaudi_image and not w.image]
 
 
-def build_args(w: WorkloadConfig) -> dict[str, str]:
+def build_args(w: MpiJobWorkloadConfig) -> dict[str, str]:
     """The Dockerfile's ARGs for a workload's Gaudi software: base image (tag and digest), optimum-habana and
     HabanaAI DeepSpeed tags. None of them is left to the Dockerfile's defaults."""
     base = gaudi_software.base_image(w.gaudi)

@@ -87,25 +87,31 @@ RESULT = re.compile(r"SMOKE_TEST_RESULT (\{.*\})")
 
 # --- the stack's own rendering -----------------------------------------------------------------------
 
+# Each kind's e2e workload: its name and the keys of its own it sets.
+KIND_WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mpijob": (MPIJOB, {"namespace": MPIJOB_NAMESPACE, "storage": {"storageClass": "standard-rwx"}}),
+    "helm": ("smoke", {"namespace": "deepspeed-e2e", "chart": {"version": "2.3.51"}}),
+}
+
+
 def stack_workload(kind: str, workers: int = WORKERS, args: Sequence[str] = SMOKE_ARGS) -> tuple[Any, Any]:
     """A CPU-sized workload of the dev stack, loaded and checked by the stack's own code."""
     import yaml
 
     from checks import load
+    from model.types import WORKLOAD_TYPES
     from preview.engine import engine_config_from_yaml, stack_file
     from workloads.placement import placement
 
     with open(stack_file("dev"), encoding="utf-8") as handle:
         config = copy.deepcopy(yaml.safe_load(handle)["config"])
+    name, own_keys = KIND_WORKLOADS[kind]
     workload: dict[str, Any] = {"kind": kind, "pool": "t4", "workers": workers, "deepspeed": dict(DS_BLOCK),
-                                "launch": {"script": "smoke_test.py", "args": list(args)}}
-    if kind == "mpijob":
-        workload |= {"namespace": MPIJOB_NAMESPACE, "storage": {"storageClass": "standard-rwx"}}
+                                "launch": {"script": "smoke_test.py", "args": list(args)}, **own_keys}
+    if WORKLOAD_TYPES[kind].runs_as_mpijob:
         # The stack installs the operator (and its MPIJob CRD) on its own cluster.
         config["deepspeed-stack:mpiOperator"] = {**config.get("deepspeed-stack:mpiOperator", {}), "install": True}
-    else:
-        workload |= {"namespace": "deepspeed-e2e", "chart": {"version": "2.3.51"}}
-    config["deepspeed-stack:workloads"] = {MPIJOB if kind == "mpijob" else "smoke": workload}
+    config["deepspeed-stack:workloads"] = {name: workload}
     engine_config, secret_keys = engine_config_from_yaml(config)
     model = load(engine_config, set(secret_keys))
     w = next(iter(model.workloads.values()))

@@ -145,7 +145,7 @@ def rank(pool: NodePoolConfig) -> int:
 
 def queued(cfg: StackConfig, w: WorkloadConfig) -> bool:
     """Kueue queues the workload: an `mpijob` on a stack GPU pool when Kueue is installed (workloads/kueue.py)."""
-    return bool(cfg.kueue.install and cfg.cluster is not None and w.kind == "mpijob" and cfg.pool(w.pool or ""))
+    return bool(cfg.kueue.install and cfg.cluster is not None and w.runs_as_mpijob and cfg.pool(w.pool or ""))
 
 
 def is_dws(pool: NodePoolConfig) -> bool:
@@ -185,7 +185,7 @@ def class_name(preferred: str) -> str:
 def workload_chain(cfg: StackConfig, w: WorkloadConfig) -> Chain | None:
     """The class an unqueued NVIDIA workload with another pool as `fallbackPool` runs in, else None."""
     pool, fallback = cfg.pool(w.pool or ""), cfg.pool(w.fallback_pool or "")
-    if cfg.cluster is None or w.accelerator.kind != "nvidia" or pool is None or fallback is None or \
+    if cfg.cluster is None or not w.on_nvidia or pool is None or fallback is None or \
             queued(cfg, w) or not _fallback_fits(pool, fallback):
         return None  # none, queued, or a fallback that checks/capacity.py refuses anyway
     return Chain(class_name(pool.name), (pool, fallback))

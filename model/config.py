@@ -100,9 +100,24 @@ def plain_keys_set_as_secrets(cfg: dict[str, Any], secret_keys: set[str]) -> lis
             if key.startswith(prefix) and key in cfg and not props.get(key[len(prefix):], {}).get("x-secret")]
 
 
+def kind_branches(node: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A node that dispatches on `kind` (a workload): each kind's branch (`allOf: [{if: kind is K, then: ...}]`),
+    which lists every key of that kind."""
+    return {b["then"]["x-kind"]: b["then"] for b in node.get("allOf", []) if "x-kind" in b.get("then", {})}
+
+
+def kind_branch(node: dict[str, Any], value: dict[str, Any]) -> dict[str, Any]:
+    """The branch of `value`'s kind, or `node` itself (no dispatch, or an unknown kind: the schema says so)."""
+    branches = kind_branches(node)
+    chosen = value.get("kind")
+    return branches.get(chosen, node) if isinstance(chosen, str) else node
+
+
 def with_defaults(node: dict[str, Any], value: Any) -> Any:
-    """Fill the schema's `default`s into `value` (objects recursively, array items too)."""
+    """Fill the schema's `default`s into `value` (objects recursively, array items too); a workload gets its own
+    kind's defaults only."""
     if isinstance(value, dict) and node.get("type") == "object":
+        node = kind_branch(node, value)
         out = dict(value)
         if isinstance(node.get("additionalProperties"), dict):  # a map, e.g. workloads: fill each entry
             out = {k: with_defaults(node["additionalProperties"], v) for k, v in out.items()}
@@ -117,13 +132,28 @@ def with_defaults(node: dict[str, Any], value: Any) -> Any:
     return value
 
 
+def _not_of_kind(key: str, kind: str, known: list[str]) -> str:
+    """A workload key its kind does not have: a likely typo of one of its own keys, else the kind's keys (and the
+    kinds that do have it)."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key; did you mean `{close[0]}`?"
+    branches = kind_branches(schema()["properties"]["workloads"]["additionalProperties"])
+    others = [k for k, b in branches.items() if key in b.get("properties", {})]
+    where = f"; it is a key of kind {', '.join(others)}" if others else ""
+    return f"not a key of kind {kind} (its keys: {', '.join(sorted(known))}){where}"
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
     path = list(error.absolute_path)
     where = key_path(path)
     if error.validator == "additionalProperties":
         known = list(error.schema.get("properties", {}))
         extras = sorted(set(error.instance) - set(known))
-        return "\n".join(f"{key_path([*path, extra])}: unknown key{_suggest(extra, known)}" for extra in extras)
+        kind = error.schema.get("x-kind")
+        describe = (lambda extra: _not_of_kind(extra, kind, known)) if kind else \
+            (lambda extra: f"unknown key{_suggest(extra, known)}")
+        return "\n".join(f"{key_path([*path, extra])}: {describe(extra)}" for extra in extras)
     if error.validator == "required":
         missing = error.message.split("'")[1]
         return f"{key_path([*path, missing])}: required key is missing"

@@ -68,10 +68,21 @@ def _resolve(root: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def subschema(root: dict[str, Any], path: Path) -> dict[str, Any] | None:
-    """The schema node for `path`; None where a combinator (oneOf, anyOf) makes it ambiguous."""
+def _of_kind(node: dict[str, Any], value: Any) -> dict[str, Any]:
+    """A workload's node: the branch of its `kind` (model/schema.yaml), which lists all of that kind's keys."""
+    kind = value.get("kind") if isinstance(value, dict) else None
+    for branch in node.get("allOf", []):
+        if isinstance(kind, str) and branch.get("then", {}).get("x-kind") == kind:
+            return branch["then"]
+    return node
+
+
+def subschema(root: dict[str, Any], path: Path, config: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The schema node for `path` (in `config`, whose workloads pick their kind's branch); None where a
+    combinator (oneOf, anyOf) makes it ambiguous."""
     node = _resolve(root, root)
-    for part in path:
+    for i, part in enumerate(path):
+        node = _of_kind(node, _get(config, path[:i]))
         if isinstance(part, int):
             nxt = node.get("items")
         else:
@@ -115,7 +126,7 @@ def other_defaults(schema: dict[str, Any], raw: dict[str, Any], valid: dict[str,
             continue
         written = written if isinstance(written, dict) else {}
         for key in stand_ins(unknown, sorted(k for k in obj if k not in written)):
-            node = subschema(schema, (*path, key))
+            node = subschema(schema, (*path, key), variant)
             alternative = other_value(node, obj[key]) if node is not None else None
             if alternative is None:
                 continue

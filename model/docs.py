@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from model.config import schema
+from model.config import kind_branches, schema
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
@@ -36,12 +36,27 @@ def _default(node: dict[str, Any]) -> str:
     return f"`{json.dumps(value)}`"
 
 
+def _with_kind_keys(node: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The node's keys, then each kind's own (a workload: the keys every kind has, then its kind's branch), with
+    the kinds that have each of those."""
+    props = dict(node.get("properties", {}))
+    kinds: dict[str, list[str]] = {}
+    for kind, branch in kind_branches(node).items():
+        for name, sub in branch.get("properties", {}).items():
+            if name not in node.get("properties", {}):
+                props.setdefault(name, sub)
+                kinds.setdefault(name, []).append(kind)
+    return props, kinds
+
+
 def rows(node: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
     required = set(node.get("required", []))
-    for name, sub in node.get("properties", {}).items():
+    props, kinds = _with_kind_keys(node)
+    for name, sub in props.items():
         key = f"{prefix}.{name}" if prefix else name
         sub = {**sub, "_required": name in required}
-        yield key, _type(sub), _default(sub), sub.get("description", "")
+        only = f"Kind {', '.join(kinds[name])} only. " if name in kinds else ""
+        yield key, _type(sub), _default(sub), only + sub.get("description", "")
         if sub.get("type") == "object" and isinstance(sub.get("additionalProperties"), dict):
             yield from rows(sub["additionalProperties"], f"{key}.<name>")
         elif sub.get("type") == "object":

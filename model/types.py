@@ -16,6 +16,40 @@ from typing import Any
 
 import pulumi
 
+from model.workload_types import (
+    WORKLOAD_TYPES,
+    AcceleratorConfig,
+    AllowedSource,
+    AutoscalingConfig,
+    ChartConfig,
+    DeepSpeedConfig,
+    DeepSpeedWorkloadConfig,
+    GaudiConfig,
+    GcsFuseConfig,
+    HelmWorkloadConfig,
+    LaunchConfig,
+    LoraConfig,
+    ModelConfig,
+    MpiJobWorkloadConfig,
+    OpenAiConfig,
+    ProxyConfig,
+    ResourcesConfig,
+    ServeWorkloadConfig,
+    ServingConfig,
+    StorageClaimConfig,
+    TrainingConfig,
+    WorkloadConfig,
+)
+
+# The workload classes live in model/workload_types.py (one per kind); re-exported for `from model.types import`.
+__all__ = [
+    "WORKLOAD_TYPES", "AcceleratorConfig", "AllowedSource", "AutoscalingConfig", "ChartConfig", "DeepSpeedConfig",
+    "DeepSpeedWorkloadConfig", "GaudiConfig", "GcsFuseConfig", "HelmWorkloadConfig", "LaunchConfig", "LoraConfig",
+    "ModelConfig", "MpiJobWorkloadConfig", "OpenAiConfig", "ProxyConfig", "ResourcesConfig", "ServeWorkloadConfig",
+    "ServingConfig", "StackConfig", "StorageClaimConfig", "TrainingConfig", "WorkloadConfig", "build", "camel",
+    "key_path", "snake",
+]
+
 
 @dataclass(frozen=True)
 class AuthorizedNetwork:
@@ -155,177 +189,6 @@ class NfsProvisionerConfig:
 
 
 @dataclass(frozen=True)
-class AcceleratorConfig:
-    kind: str
-    type: str
-    count: int | None = None
-
-
-@dataclass(frozen=True)
-class GaudiConfig:
-    software_version: str
-    pytorch_version: str
-    os: str
-    install_at_start: bool = False
-
-
-@dataclass(frozen=True)
-class ChartConfig:
-    version: str
-    repository: str
-
-
-@dataclass(frozen=True)
-class ResourcesConfig:
-    shm_size: str
-    cpu: str | None = None
-    memory: str | None = None
-    hugepages2_mi: str | None = None
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    script: str
-    args: list[str]
-    command: str | None = None
-
-
-@dataclass(frozen=True)
-class LoraConfig:
-    enabled: bool = True
-    rank: int = 8
-    alpha: float = 16
-    dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
-
-
-@dataclass(frozen=True)
-class TrainingConfig:
-    model: str
-    dataset: str
-    epochs: int
-    script: str
-    optimum_habana_version: str
-    args: list[str]
-    lora: LoraConfig = field(default_factory=LoraConfig)
-
-
-@dataclass(frozen=True)
-class StorageClaimConfig:
-    claim_name: str
-    storage_class: str
-    size: str
-    access_mode: str
-    mount_path: str
-
-
-@dataclass(frozen=True)
-class ProxyConfig:
-    http: str
-    https: str
-    no_proxy: str
-
-
-@dataclass(frozen=True)
-class DeepSpeedConfig:
-    zero_stage: int
-    offload_optimizer: str
-    offload_params: str
-    nvme_path: str
-    precision: str
-    micro_batch_per_gpu: int
-    gradient_accumulation: int
-    reduce_bucket_size: int
-    allgather_bucket_size: int
-    steps_per_print: int
-    learning_rate: float = 0.0003
-    gradient_clipping: float = 1.0
-    train_batch_size: int | None = None
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    precision: str
-    mode: str
-    sequence_length: int
-    batch_size: int
-    name: str | None = None
-    parameters: float | None = None
-    vocabulary: int | None = None
-    hidden: int | None = None
-    largest_layer: float | None = None  # millions
-
-
-@dataclass(frozen=True)
-class GcsFuseConfig:
-    enabled: bool
-    mount_path: str
-
-
-@dataclass(frozen=True)
-class AutoscalingConfig:
-    enabled: bool
-    max_replicas: int
-    cpu_utilization: int
-
-
-@dataclass(frozen=True)
-class OpenAiConfig:
-    enabled: bool
-    port: int
-
-
-@dataclass(frozen=True)
-class AllowedSource:
-    namespace: str | None = None
-    pod_labels: dict[str, str] | None = None
-    cidr: str | None = None
-
-
-@dataclass(frozen=True)
-class ServingConfig:
-    """`serving` of a `serve` workload (DeepSpeed-MII)."""
-
-    replicas: int
-    autoscaling: AutoscalingConfig
-    port: int
-    openai: OpenAiConfig
-    service: str
-    allow_from: list[AllowedSource]
-    startup_minutes: int
-    cache_size: str
-    model: str | None = None
-    model_path: str | None = None
-
-
-@dataclass(frozen=True)
-class WorkloadConfig:
-    """One entry of `workloads`; `name` is its key in the map."""
-
-    name: str
-    kind: str
-    namespace: str
-    accelerator: AcceleratorConfig
-    workers: int
-    gaudi: GaudiConfig
-    chart: ChartConfig
-    resources: ResourcesConfig
-    host_ipc: bool = field(metadata={"key": "hostIPC"})
-    launch: LaunchConfig
-    training: TrainingConfig
-    storage: StorageClaimConfig
-    hf_home: str
-    proxy: ProxyConfig
-    deepspeed: DeepSpeedConfig
-    gcs_fuse: GcsFuseConfig
-    pool: str | None = None
-    fallback_pool: str | None = None
-    image: str | None = None
-    model: ModelConfig | None = None
-    serving: ServingConfig | None = None  # the schema's default fills it for every workload
-
-
-@dataclass(frozen=True)
 class StorageConfig:
     enabled: bool
     versioning: bool
@@ -446,13 +309,19 @@ def _convert(hint: Any, value: Any) -> Any:
     if origin is dict:
         _, item = typing.get_args(hint)
         if dataclasses.is_dataclass(item) and "name" in {f.name for f in dataclasses.fields(item)}:
-            return {k: build(item, v, name=k) for k, v in value.items()}  # a named map: the key is the name
+            # A named map: the key is the name; a workload is built as its kind's class.
+            return {k: build(_concrete(item, v), v, name=k) for k, v in value.items()}
         return {k: _convert(item, v) for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         return build(hint, value)
     if hint is int and isinstance(value, float):
         return int(value)  # JSON Schema counts 2.0 as an integer; the model (and ds_config.json) should not
     return value
+
+
+def _concrete(cls: type, data: dict[str, Any]) -> type:
+    """The class to build `data` as: a workload's kind picks its class (model/workload_types.py)."""
+    return WORKLOAD_TYPES[data["kind"]] if cls is WorkloadConfig else cls
 
 
 @functools.cache
@@ -462,12 +331,22 @@ def _type_hints(cls: type) -> dict[str, Any]:
 
 
 def build(cls: type, data: dict[str, Any], **extra: Any) -> Any:
-    """Build dataclass `cls` from a camelCase dict (already schema-valid, defaults filled)."""
+    """Build dataclass `cls` from a camelCase dict (already schema-valid, defaults filled). A key with no field
+    is a bug (the schema and the classes disagree), never silently dropped."""
     hints = _type_hints(cls)
     kwargs = dict(extra)
-    for f in dataclasses.fields(cls):
-        key = f.metadata.get("key", camel(f.name))
-        if f.name in kwargs or key not in data:
+    keys = _field_keys(cls)
+    unknown = sorted(set(data) - set(keys.values()))
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field for the schema key(s) {', '.join(unknown)}")
+    for name, key in keys.items():
+        if name in kwargs or key not in data:
             continue
-        kwargs[f.name] = _convert(hints[f.name], data[key])
+        kwargs[name] = _convert(hints[name], data[key])
     return cls(**kwargs)
+
+
+@functools.cache
+def _field_keys(cls: type) -> dict[str, str]:
+    """Each field of `cls` and the schema key it is read from (camelCase, or its `key` metadata)."""
+    return {f.name: f.metadata.get("key", camel(f.name)) for f in dataclasses.fields(cls)}

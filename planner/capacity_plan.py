@@ -56,7 +56,7 @@ def _job(cfg: StackConfig, w: WorkloadConfig) -> dict[str, Any] | None:
     """The pools a job may run on, first choice first: Kueue's ClusterQueue order for a queued job (mpijob
     with Kueue), else its `pool` (preferred) then its `fallbackPool`."""
     pools = [p for p in (cfg.pool(w.pool or ""), cfg.pool(w.fallback_pool or "")) if p is not None]
-    if not pools or w.accelerator.kind != "nvidia":
+    if not pools or not w.on_nvidia:
         return None
     queued = capacity.queued(cfg, w)
     ordered = sorted(pools, key=capacity.rank) if queued else pools

@@ -16,19 +16,11 @@ from typing import Any
 
 from model import capacity
 from model import catalog as gpu_catalog
-from model.types import StackConfig, WorkloadConfig
+from model.types import ServeWorkloadConfig, StackConfig, WorkloadConfig
 
 SYSTEM_POOL = "system"
 HOURS_PER_MONTH = 730  # Google's billing month
 TRAINING, SERVING = "training", "serving"
-# Kinds whose pods serve requests; every other NVIDIA workload on a pool trains (helm, mpijob, and the
-# fine-tuning kind when it lands: name it here only if it should count as serving).
-SERVING_KINDS = frozenset({"serve"})
-# Nodes a workload takes besides one per worker: the Helm chart's client pod is fitted to a whole GPU node
-# like its workers (checks/workloads.py _nodes_needed says the same for the maxNodes rule).
-EXTRA_NODES = {"helm": 1}
-# Kinds that create the workload's `storage` claim on the stack's cluster (workloads/training_job.py).
-CLAIM_KINDS = frozenset({"mpijob"})
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")  # the schema's `bytes` form
 _UNIT = {None: 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -103,17 +95,17 @@ def pool_costs(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> list
 def role(w: WorkloadConfig) -> str | None:
     """training or serving for an NVIDIA workload on one of the stack's pools; None otherwise (Gaudi on an
     existing cluster: nothing the stack bills)."""
-    if w.accelerator.kind != "nvidia" or not w.pool:
+    if not w.on_nvidia or not w.pool:
         return None
-    return SERVING if w.kind in SERVING_KINDS else TRAINING
+    return SERVING if isinstance(w, ServeWorkloadConfig) else TRAINING
 
 
 def workload_nodes(w: WorkloadConfig) -> int:
     """Nodes of its pool the workload keeps busy while it runs: one per serving replica (autoscaling starts at
     `replicas`), else one per worker (each fitted to a whole node) plus the Helm client's."""
-    if w.kind in SERVING_KINDS and w.serving is not None:
+    if isinstance(w, ServeWorkloadConfig):
         return w.serving.replicas
-    return w.workers + EXTRA_NODES.get(w.kind, 0)
+    return w.nodes_needed()[0]
 
 
 def _running(cfg: StackConfig, pools: list[PoolCost], fee: float, floor_extra: float,
@@ -163,14 +155,15 @@ def filestore_costs(cfg: StackConfig, cat: gpu_catalog.Catalog) -> dict[str, Any
         return None
     fs, claims = cat.filestore, []
     for name, w in cfg.workloads.items():
-        tier = fs.tier(w.storage.storage_class)
-        if w.kind not in CLAIM_KINDS or tier is None:
+        claim = w.claim  # the kinds whose builder creates a `storage` claim on the stack's cluster
+        tier = fs.tier(claim.storage_class) if claim is not None else None
+        if claim is None or tier is None:
             continue
-        size = gib(w.storage.size)
+        size = gib(claim.size)
         billed = math.ceil(max(size or 0.0, tier.min_gib))
         price = None if tier.per_gib_hour is None else round(billed * tier.per_gib_hour, 4)
-        claims.append({"workload": name, "claim": w.storage.claim_name, "storageClass": w.storage.storage_class,
-                       "tier": tier.name, "requested": w.storage.size, "billedGiB": billed, "perHour": price})
+        claims.append({"workload": name, "claim": claim.claim_name, "storageClass": claim.storage_class,
+                       "tier": tier.name, "requested": claim.size, "billedGiB": billed, "perHour": price})
     if not claims:
         return None
     return {"claims": claims, "perHour": round(sum(c["perHour"] or 0.0 for c in claims), 4),

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from model.types import StackConfig
+from model.types import DeepSpeedWorkloadConfig, StackConfig
 from planner.sizing import resolve
 
 # Adam's fp32 master weights, first and second moments.
@@ -66,8 +66,8 @@ def stack_recovery(cfg: StackConfig, grace_seconds: int) -> dict[str, dict[str, 
     pools = {p.name: p for p in cfg.node_pools}
     out: dict[str, dict[str, Any]] = {}
     for name, w in sorted(cfg.workloads.items()):
-        if w.model is None or w.model.mode != "training":
-            continue
+        if w.model is None or w.model.mode != "training" or not isinstance(w, DeepSpeedWorkloadConfig):
+            continue  # only a DeepSpeed run has a precision and checkpoints to size
         try:
             parameters = resolve(w.model.name, w.model.parameters).parameters
         except ValueError:

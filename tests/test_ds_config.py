@@ -21,6 +21,7 @@ def ds(**changes: Any) -> DeepSpeedConfig:
         "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none", "nvme_path": "/local_nvme",
         "precision": "bf16", "micro_batch_per_gpu": 1, "gradient_accumulation": 1,
         "reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000, "steps_per_print": 10,
+        "learning_rate": 0.0003, "gradient_clipping": 1.0,
     }
     return DeepSpeedConfig(**{**base, **changes})
 

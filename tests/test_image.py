@@ -473,7 +473,8 @@ def test_smoke_test_passes_no_optimizer_when_the_generated_config_names_one(smok
 
     base = DeepSpeedConfig(zero_stage=3, offload_optimizer="cpu", offload_params="none", nvme_path="/local_nvme",
                            precision="bf16", micro_batch_per_gpu=1, gradient_accumulation=1,
-                           reduce_bucket_size=1, allgather_bucket_size=1, steps_per_print=1)
+                           reduce_bucket_size=1, allgather_bucket_size=1, steps_per_print=1, learning_rate=0.0003,
+                           gradient_clipping=1.0)
     assert smoke.needs_client_optimizer(build_ds_config(base, 2, 1)) is False
     no_offload = DeepSpeedConfig(**{**base.__dict__, "offload_optimizer": "none"})
     assert smoke.needs_client_optimizer(build_ds_config(no_offload, 2, 1)) is True

@@ -302,8 +302,9 @@ def test_int4_is_refused_for_serving_but_sized_by_the_planner() -> None:
     ({"workloads.mistral.serving.allowFrom": [{"cidr": "10.0.0.0/8", "namespace": "apps"}]},
      "workloads.mistral.serving.allowFrom[0]: give either cidr or namespace"),
     ({"workloads.mistral.accelerator.kind": "gaudi"}, "workloads.mistral.accelerator.kind: kind serve runs"),
-    ({"workloads.mistral.kind": "helm"}, "workloads.mistral.serving: only kind serve reads it, but this workload is "
-                                         "kind helm"),
+    ({"workloads.mistral.kind": "helm"}, "workloads.mistral.serving: not a key of kind helm (its keys: accelerator, "
+                                         "chart, deepspeed, fallbackPool, gcsFuse, image, kind, launch, model, "
+                                         "namespace, pool, resources, workers); it is a key of kind serve"),
 ])
 def test_serving_rules(change: dict[str, Any], message: str) -> None:
     found = problems("serve", change)

@@ -19,7 +19,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from model.types import WorkloadConfig
+from model.types import HelmWorkloadConfig
 from workloads import fabric, gcs_fuse, recovery
 from workloads.ds_config import build_ds_config, nvme_volume, runs_hf_trainer
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
@@ -51,7 +51,7 @@ MAX_HISTORY = 5
 
 @dataclass(frozen=True)
 class DeepSpeedReleaseArgs:
-    workload: WorkloadConfig
+    workload: HelmWorkloadConfig
     placement: Placement
     image_ref: pulumi.Input[str]  # HOST/PROJECT/REPO/NAME@sha256:... (the stack's image output)
     hf_token: pulumi.Output[str] | None = None
@@ -72,7 +72,7 @@ def image_values(ref: str) -> dict[str, str]:
     return {"registry": registry, "repository": repository, "tag": tag or "latest"}
 
 
-def launch_command(w: WorkloadConfig, where: Placement | None = None) -> str:
+def launch_command(w: HelmWorkloadConfig, where: Placement | None = None) -> str:
     """What the client runs once the workers answer on SSH; launch.command replaces it. On a GPU fabric
     each rank runs through the fabric's NCCL env script (workloads/fabric.py)."""
     if w.launch.command:
@@ -88,7 +88,7 @@ def launch_command(w: WorkloadConfig, where: Placement | None = None) -> str:
     return f"cd {SOURCE_DIR} && {launcher} {rank} " + " ".join(shlex.quote(p) for p in script)
 
 
-def source_files(w: WorkloadConfig, per_worker: int, with_token: bool = False,
+def source_files(w: HelmWorkloadConfig, per_worker: int, with_token: bool = False,
                  where: Placement | None = None) -> dict[str, str]:
     """The source ConfigMap's files: the launch script (when it exists), the generated ds_config.json and,
     with a token, the `.deepspeed_env` that points every rank at the token file."""
@@ -105,7 +105,7 @@ def source_files(w: WorkloadConfig, per_worker: int, with_token: bool = False,
     return files
 
 
-def _pod_values(w: WorkloadConfig, where: Placement, token_secret: str | None,
+def _pod_values(w: HelmWorkloadConfig, where: Placement, token_secret: str | None,
                 gcs: gcs_fuse.GcsMount | None = None, worker: bool = True) -> dict[str, Any]:
     """What client and workers share: GPU resources, placement, /dev/shm, the token and the bucket."""
     limits = where.limits()
@@ -178,7 +178,7 @@ def client_label(release: str) -> str:
     return f"{chart_fullname(release)}-client"
 
 
-def chart_values(w: WorkloadConfig, where: Placement, image: dict[str, str], source_config_map: str,
+def chart_values(w: HelmWorkloadConfig, where: Placement, image: dict[str, str], source_config_map: str,
                  token_secret: str | None = None, gcs: gcs_fuse.GcsMount | None = None) -> dict[str, Any]:
     """The chart's values for this workload (validated in tests against the chart's values.yaml and schema)."""
     return {
@@ -212,7 +212,7 @@ def _depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
     return [d for d in (deps if isinstance(deps, list) else [deps]) if isinstance(d, pulumi.Resource)]
 
 
-def _mount(w: WorkloadConfig, access: gcs_fuse.BucketAccess | None, bucket: str | None) -> gcs_fuse.GcsMount | None:
+def _mount(w: HelmWorkloadConfig, access: gcs_fuse.BucketAccess | None, bucket: str | None) -> gcs_fuse.GcsMount | None:
     if access is None or bucket is None:
         return None
     return gcs_fuse.GcsMount(bucket=bucket, mount_path=w.gcs_fuse.mount_path,
@@ -294,7 +294,7 @@ class DeepSpeedRelease(pulumi.ComponentResource):
         self.register_outputs({"releaseName": self.release_name, "namespace": self.namespace_name,
                                "status": self.status})
 
-    def _token_secret(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str], labels: dict[str, str],
+    def _token_secret(self, name: str, w: HelmWorkloadConfig, ns: pulumi.Output[str], labels: dict[str, str],
                       token: pulumi.Output[str] | None) -> k8s.core.v1.Secret | None:
         """The HF token as a Secret the pods mount as a file; it stays a Pulumi secret. None without a token."""
         if token is None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from model import gaudi_software
-from model.types import WorkloadConfig
+from model.types import MpiJobWorkloadConfig
 from workloads import fabric, gcs_fuse, kueue, pod_security, recovery
 from workloads.ds_config import build_ds_config, nvme_volume, runs_hf_trainer
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
@@ -74,7 +74,7 @@ class MpiJobInputs:
     """Everything the MPIJob needs besides the workload config: where it runs, what it runs, and the
     names of the objects created beside it."""
 
-    workload: WorkloadConfig
+    workload: MpiJobWorkloadConfig
     placement: Placement
     image: str
     config_map: str
@@ -100,7 +100,7 @@ def worker_pod_name(job: str, workers: int) -> str:
     return f"{job}-worker-{workers - 1}"
 
 
-def gaudi_image(w: WorkloadConfig) -> str:
+def gaudi_image(w: MpiJobWorkloadConfig) -> str:
     """Habana's PyTorch installer image for the configured Gaudi software, OS and PyTorch versions: the
     pinned tag (and digest) of data/gaudi_software.yaml, or the moving `:latest` when none is recorded."""
     g = w.gaudi
@@ -114,24 +114,24 @@ def gaudi_image(w: WorkloadConfig) -> str:
 habana_deepspeed_ref = gaudi_software.habana_deepspeed_ref
 
 
-def gaudi_installs_at_start(w: WorkloadConfig) -> bool:
+def gaudi_installs_at_start(w: MpiJobWorkloadConfig) -> bool:
     """Omnia's original path (opt-in): the stock image, software installed at every start, as root."""
-    return w.accelerator.kind == "gaudi" and w.gaudi.install_at_start
+    return w.installs_at_start
 
 
-def runs_stack_gaudi_image(w: WorkloadConfig) -> bool:
+def runs_stack_gaudi_image(w: MpiJobWorkloadConfig) -> bool:
     """The default Gaudi path: the stack's Gaudi image (or an `image` built from it), hardened."""
-    return w.accelerator.kind == "gaudi" and not w.gaudi.install_at_start
+    return w.runs_stack_gaudi_image
 
 
-def launcher_image(w: WorkloadConfig, stack_image: str | None, gaudi_built: str | None = None) -> str:
+def launcher_image(w: MpiJobWorkloadConfig, stack_image: str | None, gaudi_built: str | None = None) -> str:
     """`image` overrides; else the stack's Gaudi image (or Habana's with the install-at-start opt-in) for
     gaudi, the stack's built image for nvidia."""
     if w.image:
         return w.image
     if gaudi_installs_at_start(w):
         return gaudi_image(w)
-    if w.accelerator.kind == "gaudi":
+    if w.on_gaudi:
         if gaudi_built is None:
             raise ValueError(f"workload {w.name}: a Gaudi MPIJob needs the stack's Gaudi image or `image`")
         return gaudi_built
@@ -142,7 +142,7 @@ def launcher_image(w: WorkloadConfig, stack_image: str | None, gaudi_built: str 
 
 # --- environment ----------------------------------------------------------------------------------
 
-def proxy_env(w: WorkloadConfig) -> dict[str, str]:
+def proxy_env(w: MpiJobWorkloadConfig) -> dict[str, str]:
     """Proxy variables from config, both spellings (pip/git read lowercase, some tools uppercase)."""
     env: dict[str, str] = {}
     for name, value in (("http_proxy", w.proxy.http), ("https_proxy", w.proxy.https)):
@@ -152,10 +152,10 @@ def proxy_env(w: WorkloadConfig) -> dict[str, str]:
     return env
 
 
-def plain_env(w: WorkloadConfig, where: Placement) -> dict[str, str]:
+def plain_env(w: MpiJobWorkloadConfig, where: Placement) -> dict[str, str]:
     """Non-secret variables of the launcher and workers."""
     env = {"HF_HOME": w.hf_home, **proxy_env(w)}
-    if where.accelerator_kind == "gaudi":
+    if where.on_gaudi:
         # The names the Omnia launcher uses, so its command reads the same.
         env |= {"LLM_MODEL": w.training.model, "NUM_HPU": str(where.per_worker),
                 "NUM_EPOCHS": str(w.training.epochs)}
@@ -165,10 +165,10 @@ def plain_env(w: WorkloadConfig, where: Placement) -> dict[str, str]:
     return env
 
 
-def forwarded_env(w: WorkloadConfig, where: Placement, has_token: bool) -> list[str]:
+def forwarded_env(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> list[str]:
     """Variables the launcher's ssh sends to the training processes on the workers."""
     names = ["HF_HOME", *proxy_env(w)]
-    if where.accelerator_kind == "nvidia":
+    if where.on_nvidia:
         # The image's ENV (python venv, GKE's driver libraries) is lost over ssh as well.
         names += ["PATH", "LD_LIBRARY_PATH"]
     if has_token:
@@ -192,21 +192,21 @@ def token_preamble() -> str:
 
 # --- DeepSpeed config and training arguments ------------------------------------------------------
 
-def ds_config(w: WorkloadConfig, where: Placement) -> dict[str, Any]:
+def ds_config(w: MpiJobWorkloadConfig, where: Placement) -> dict[str, Any]:
     # The Gaudi job runs optimum-habana's Hugging Face Trainer; an nvidia job a plain DeepSpeed script, or the
     # Trainer when its script is finetune.py.
-    gaudi_trainer = where.accelerator_kind == "gaudi" and not w.launch.command
+    gaudi_trainer = where.on_gaudi and not w.launch.command
     return build_ds_config(w.deepspeed, w.workers, where.per_worker,
                            hf_trainer=gaudi_trainer or runs_hf_trainer(w.launch.script))
 
 
-def config_map_data(w: WorkloadConfig, where: Placement, has_token: bool) -> dict[str, str]:
+def config_map_data(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> dict[str, str]:
     """ds_config.json; the launcher's ssh client config (but for the install-at-start opt-in); for nvidia
     also the launch script."""
     data = {DS_CONFIG_KEY: json.dumps(ds_config(w, where), indent=2, sort_keys=True) + "\n"}
     if runs_stack_gaudi_image(w):
         data[SSH_CLIENT_KEY] = ssh_client_config(forwarded_env(w, where, has_token), [GAUDI_KEX])
-    if where.accelerator_kind == "nvidia":
+    if where.on_nvidia:
         data[SSH_CLIENT_KEY] = ssh_client_config(forwarded_env(w, where, has_token))
         contract = fabric.pod_contract(where)
         if contract is not None:
@@ -242,7 +242,7 @@ def ds_bound_args(ds: dict[str, Any]) -> list[str]:
     return args
 
 
-def trainer_args(w: WorkloadConfig) -> list[str]:
+def trainer_args(w: MpiJobWorkloadConfig) -> list[str]:
     """Omnia's knobs from typed keys: the learning rate (also what "auto" in ds_config.json resolves to)
     and the LoRA settings of run_lora_clm.py."""
     args = ["--learning_rate", str(w.deepspeed.learning_rate)]
@@ -300,7 +300,7 @@ HOSTFILE_PREAMBLE = [
 ]
 
 
-def gaudi_setup_script(w: WorkloadConfig) -> str:
+def gaudi_setup_script(w: MpiJobWorkloadConfig) -> str:
     """Install optimum-habana and Habana's DeepSpeed; runs on the launcher and once on every worker."""
     ref = w.training.optimum_habana_version
     runner = "optimum/habana/distributed/distributed_runner.py"
@@ -320,7 +320,7 @@ def gaudi_setup_script(w: WorkloadConfig) -> str:
     ])
 
 
-def gaudi_train_command(w: WorkloadConfig, where: Placement) -> str:
+def gaudi_train_command(w: MpiJobWorkloadConfig, where: Placement) -> str:
     world_size = w.workers * where.per_worker
     train = [
         "python", "../gaudi_spawn.py", '--hostfile="$HOSTSFILE"', "--use_deepspeed", "--world_size", str(world_size),
@@ -336,7 +336,7 @@ def gaudi_train_command(w: WorkloadConfig, where: Placement) -> str:
     return " ".join(part for part in train if part)
 
 
-def gaudi_image_launcher_script(w: WorkloadConfig, where: Placement) -> str:
+def gaudi_image_launcher_script(w: MpiJobWorkloadConfig, where: Placement) -> str:
     """The stack's Gaudi image has everything installed: wait for the workers' sshd, then train."""
     return "\n".join([
         "set -eo pipefail",
@@ -346,7 +346,7 @@ def gaudi_image_launcher_script(w: WorkloadConfig, where: Placement) -> str:
     ])
 
 
-def gaudi_launcher_script(w: WorkloadConfig, where: Placement, has_token: bool) -> str:
+def gaudi_launcher_script(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> str:
     """The install-at-start opt-in: Omnia's path (root, installs on every node at every start)."""
     send_env = forwarded_env(w, where, has_token)
     setup_env = " ".join(f"-x {name}" for name in ["HF_HOME", *proxy_env(w)])
@@ -372,7 +372,7 @@ def gaudi_worker_script(send_env: list[str]) -> str:
     ])
 
 
-def nvidia_launcher_script(w: WorkloadConfig, where: Placement | None = None) -> str:
+def nvidia_launcher_script(w: MpiJobWorkloadConfig, where: Placement | None = None) -> str:
     script = f"{CONFIG_DIR}/{w.launch.script}"
     # On a GPU fabric each rank runs through the fabric's NCCL env script (workloads/fabric.py).
     rank = "" if fabric.pod_contract(where) is None else (
@@ -424,12 +424,12 @@ def _volumes(inputs: MpiJobInputs, launcher: bool) -> list[dict[str, Any]]:
     return volumes
 
 
-def _ssh_client_config_mounted(w: WorkloadConfig) -> bool:
+def _ssh_client_config_mounted(w: MpiJobWorkloadConfig) -> bool:
     """The stack's images read the launcher's ssh client settings from the ConfigMap (not the opt-in)."""
-    return w.accelerator.kind == "nvidia" or runs_stack_gaudi_image(w)
+    return w.on_nvidia or runs_stack_gaudi_image(w)
 
 
-def _mounts(w: WorkloadConfig, gcs: gcs_fuse.GcsMount | None = None) -> list[dict[str, Any]]:
+def _mounts(w: MpiJobWorkloadConfig, gcs: gcs_fuse.GcsMount | None = None) -> list[dict[str, Any]]:
     mounts = [{"name": CLAIM_VOLUME, "mountPath": w.storage.mount_path},
               {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
     return [*mounts, gcs_fuse.volume_mount(gcs)] if gcs else mounts
@@ -439,13 +439,13 @@ def _mounts(w: WorkloadConfig, gcs: gcs_fuse.GcsMount | None = None) -> list[dic
 ROLE_LABEL = "deepspeed-stack/role"
 
 
-def pod_labels(w: WorkloadConfig, role: str) -> dict[str, str]:
+def pod_labels(w: MpiJobWorkloadConfig, role: str) -> dict[str, str]:
     return {"deepspeed-stack/workload": labels(w)["deepspeed-stack/workload"], ROLE_LABEL: role}
 
 
 def _template(inputs: MpiJobInputs, spec: dict[str, Any], role: str = "") -> dict[str, Any]:
     """A pod template; with the bucket mounted, as the Workload Identity account with the FUSE sidecar."""
-    if inputs.placement.accelerator_kind == "nvidia":
+    if inputs.placement.on_nvidia:
         spec = _nvidia_security(spec)
     elif runs_stack_gaudi_image(inputs.workload):
         spec = pod_security.harden(spec, pod_security.GAUDI_USER)
@@ -490,7 +490,7 @@ def launcher_template(inputs: MpiJobInputs) -> dict[str, Any]:
         script = w.launch.command
     elif runs_stack_gaudi_image(w):
         script = gaudi_image_launcher_script(w, where)
-    elif where.accelerator_kind == "gaudi":
+    elif where.on_gaudi:
         script = gaudi_launcher_script(w, where, has_token)
     else:
         script = nvidia_launcher_script(w, where)
@@ -500,7 +500,7 @@ def launcher_template(inputs: MpiJobInputs) -> dict[str, Any]:
         mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
         script = token_preamble() + script
     container = _container(f"{w.name}-launcher", inputs.image, script, env, mounts)
-    if where.accelerator_kind == "gaudi":
+    if where.on_gaudi:
         resources = dict(pod_security.LAUNCHER_RESOURCES)
         container["resources"] = {"limits": resources, "requests": dict(resources)}
     spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(inputs, launcher=True)}
@@ -582,7 +582,7 @@ def render_spec(inputs: MpiJobInputs) -> dict[str, Any]:
         # the workers' sshd (the Omnia job had no such guard). An older operator's CRD has no such field, and
         # a server-side apply with an unknown field is refused: there the launcher's own wait covers it.
         spec["launcherCreationPolicy"] = "WaitForWorkersReady"
-    if where.accelerator_kind == "nvidia":
+    if where.on_nvidia:
         spec["sshAuthMountPath"] = f"{NVIDIA_HOME}/.ssh"
     elif runs_stack_gaudi_image(w):
         spec["sshAuthMountPath"] = f"{pod_security.GAUDI_HOME}/.ssh"

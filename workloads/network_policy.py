@@ -16,26 +16,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.types import WorkloadConfig
+from model.types import MpiJobWorkloadConfig
 from workloads import mpijob
 from workloads.pod_security import GAUDI_SSH_PORT
 
 
-def names(w: WorkloadConfig) -> dict[str, str]:
+def names(w: MpiJobWorkloadConfig) -> dict[str, str]:
     """The two policies' names, by the role whose pods each isolates."""
     return {role: f"{w.name}-{role}" for role in ("launcher", "worker")}
 
 
-def _from(w: WorkloadConfig, role: str) -> dict[str, Any]:
+def _from(w: MpiJobWorkloadConfig, role: str) -> dict[str, Any]:
     return {"podSelector": {"matchLabels": mpijob.pod_labels(w, role)}}
 
 
-def specs(w: WorkloadConfig) -> dict[str, dict[str, Any]]:
+def specs(w: MpiJobWorkloadConfig) -> dict[str, dict[str, Any]]:
     """NetworkPolicy specs by role: the launcher's and the workers'."""
     opt_in = mpijob.gaudi_installs_at_start(w)
     from_launcher: dict[str, Any] = {"from": [_from(w, "launcher")]}
     if not opt_in:
-        port = GAUDI_SSH_PORT if w.accelerator.kind == "gaudi" else mpijob.NVIDIA_SSH_PORT  # each image's sshd
+        port = GAUDI_SSH_PORT if w.on_gaudi else mpijob.NVIDIA_SSH_PORT  # each image's sshd
         from_launcher["ports"] = [{"protocol": "TCP", "port": port}]
     worker = {"podSelector": {"matchLabels": mpijob.pod_labels(w, "worker")}, "policyTypes": ["Ingress"],
               "ingress": [from_launcher, {"from": [_from(w, "worker")]}]}

@@ -34,7 +34,6 @@ DAEMONSET_MEMORY_GIB = 1.5
 
 @dataclass(frozen=True)
 class Placement:
-    accelerator_kind: str  # nvidia | gaudi
     resource: str  # nvidia.com/gpu | habana.ai/gaudi
     per_worker: int
     node_selector: dict[str, str]
@@ -51,6 +50,14 @@ class Placement:
     affinity: dict[str, Any] | None = None
     fallback: NodePoolConfig | None = None
     compute_class: str | None = None
+
+    @property
+    def on_gaudi(self) -> bool:
+        return self.resource == GAUDI_RESOURCE
+
+    @property
+    def on_nvidia(self) -> bool:
+        return self.resource == NVIDIA_RESOURCE
 
     def limits(self) -> dict[str, str]:
         """Worker requests = limits: accelerators, CPU, memory (and hugepages on Gaudi)."""
@@ -127,7 +134,6 @@ def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
     gpu = gpu_catalog.load().gpus.get(pool.gpu.type)
     cpu, memory = fitted_cpu_memory(shape.vcpus, shape.memory_gb) if shape else (None, "8Gi")
     return Placement(
-        accelerator_kind="nvidia",
         resource=NVIDIA_RESOURCE,
         per_worker=w.accelerator.count or pool.gpu.count,
         node_selector=selector,
@@ -149,7 +155,6 @@ def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
 def _gaudi(w: WorkloadConfig) -> Placement:
     gaudi = gpu_catalog.load().gaudi.get(w.accelerator.type, {})
     return Placement(
-        accelerator_kind="gaudi",
         resource=GAUDI_RESOURCE,
         per_worker=w.accelerator.count or DEFAULT_GAUDI_CARDS,
         node_selector={},
@@ -178,7 +183,7 @@ def config_digest(files: dict[str, str]) -> str:
 
 def placement(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
     """None when an NVIDIA workload names no existing pool (a config check reports that)."""
-    return _gaudi(w) if w.accelerator.kind == "gaudi" else _nvidia(cfg, w)
+    return _gaudi(w) if w.on_gaudi else _nvidia(cfg, w)
 
 
 _QUANTITY = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,

@@ -23,7 +23,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from model.types import AllowedSource, WorkloadConfig
+from model.types import AllowedSource, ServeWorkloadConfig
 from model.yamlio import load_yaml
 from workloads import gcs_fuse
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
@@ -85,7 +85,7 @@ def mii_reserved_ports(tensor_parallel: int) -> dict[int, str]:
 class ServerInputs:
     """What the pod template is rendered from (resolved values, no Outputs)."""
 
-    workload: WorkloadConfig
+    workload: ServeWorkloadConfig
     placement: Placement
     image: str
     config_map: str
@@ -93,15 +93,15 @@ class ServerInputs:
     gcs: gcs_fuse.GcsMount | None = None
 
 
-def selector(w: WorkloadConfig) -> dict[str, str]:
+def selector(w: ServeWorkloadConfig) -> dict[str, str]:
     return {"deepspeed-stack/workload": w.name, COMPONENT_LABEL: "server"}
 
 
-def pod_labels(w: WorkloadConfig) -> dict[str, str]:
+def pod_labels(w: ServeWorkloadConfig) -> dict[str, str]:
     return {**labels(w), **selector(w)}
 
 
-def model_ref(w: WorkloadConfig) -> str:
+def model_ref(w: ServeWorkloadConfig) -> str:
     """What `mii.serve` loads: a Hugging Face id, or the checkpoint's folder under the bucket's mount."""
     s = w.serving
     if s.model_path:
@@ -109,12 +109,12 @@ def model_ref(w: WorkloadConfig) -> str:
     return s.model or ""
 
 
-def rest_path(w: WorkloadConfig) -> str:
+def rest_path(w: ServeWorkloadConfig) -> str:
     """MII's RESTful API path: `/mii/<deployment name>`; the deployment is named after the workload."""
     return f"{mii_facts().rest_path}/{w.name}"
 
 
-def server_args(w: WorkloadConfig, where: Placement) -> list[str]:
+def server_args(w: ServeWorkloadConfig, where: Placement) -> list[str]:
     """The entry script's arguments: the model, tensor-parallel over every GPU of the pod, the planner's
     sequence length as the server's max length, and the ports."""
     s = w.serving
@@ -127,7 +127,7 @@ def server_args(w: WorkloadConfig, where: Placement) -> list[str]:
     return args
 
 
-def container_ports(w: WorkloadConfig) -> list[dict[str, Any]]:
+def container_ports(w: ServeWorkloadConfig) -> list[dict[str, Any]]:
     ports = [{"name": "http", "containerPort": w.serving.port, "protocol": "TCP"}]
     if w.serving.openai.enabled:
         ports.append({"name": "openai", "containerPort": w.serving.openai.port, "protocol": "TCP"})
@@ -135,7 +135,7 @@ def container_ports(w: WorkloadConfig) -> list[dict[str, Any]]:
     return ports
 
 
-def probes(w: WorkloadConfig) -> dict[str, dict[str, Any]]:
+def probes(w: ServeWorkloadConfig) -> dict[str, dict[str, Any]]:
     """Startup: up to `startupMinutes` for the download and the weight load; then readiness (model loaded,
     load balancer answering) and liveness (the server has not gone away), which start only after it."""
     get = {"port": "health", "scheme": "HTTP"}
@@ -228,12 +228,12 @@ def pod_template(inp: ServerInputs) -> dict[str, Any]:
     return {"metadata": {"labels": pod_labels(w), "annotations": annotations}, "spec": spec}
 
 
-def most_replicas(w: WorkloadConfig) -> int:
+def most_replicas(w: ServeWorkloadConfig) -> int:
     s = w.serving
     return max(s.replicas, s.autoscaling.max_replicas) if s.autoscaling.enabled else s.replicas
 
 
-def rollout(w: WorkloadConfig, where: Placement) -> dict[str, Any]:
+def rollout(w: ServeWorkloadConfig, where: Placement) -> dict[str, Any]:
     """A surge pod needs a node of its own: surge only when the pool has a node to spare, else replace in place."""
     spare = where.pool is not None and where.pool.max_nodes > most_replicas(w)
     return {"maxSurge": 1, "maxUnavailable": 0} if spare else {"maxSurge": 0, "maxUnavailable": 1}
@@ -255,24 +255,24 @@ def network_peers(sources: list[AllowedSource]) -> list[dict[str, Any]]:
     return peers
 
 
-def service_ports(w: WorkloadConfig) -> list[dict[str, Any]]:
+def service_ports(w: ServeWorkloadConfig) -> list[dict[str, Any]]:
     ports = [{"name": "http", "port": w.serving.port, "targetPort": "http", "protocol": "TCP"}]
     if w.serving.openai.enabled:
         ports.append({"name": "openai", "port": w.serving.openai.port, "targetPort": "openai", "protocol": "TCP"})
     return ports
 
 
-def endpoint(w: WorkloadConfig) -> str:
+def endpoint(w: ServeWorkloadConfig) -> str:
     return f"http://{w.name}.{w.namespace}.svc.cluster.local:{w.serving.port}{rest_path(w)}"
 
 
-def port_forward_command(w: WorkloadConfig) -> str:
+def port_forward_command(w: ServeWorkloadConfig) -> str:
     return f"kubectl -n {w.namespace} port-forward svc/{w.name} {w.serving.port}:{w.serving.port}"
 
 
 @dataclass(frozen=True)
 class ModelServerArgs:
-    workload: WorkloadConfig
+    workload: ServeWorkloadConfig
     placement: Placement
     image_ref: pulumi.Input[str]  # the stack's image (workloads.<name>.image overrides)
     hf_token: pulumi.Output[str] | None = None
@@ -338,7 +338,7 @@ class ModelServer(pulumi.ComponentResource):
         self.register_outputs({"namespace": ns, "deployment": self.deployment.metadata.name,
                                "service": self.service.metadata.name, "endpoint": endpoint(w)})
 
-    def _token(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str],
+    def _token(self, name: str, w: ServeWorkloadConfig, ns: pulumi.Output[str],
                token: pulumi.Output[str] | None) -> k8s.core.v1.Secret | None:
         """The HF token as a Secret mounted as a file; it stays a Pulumi secret. None without a token."""
         if token is None:
@@ -392,7 +392,7 @@ class ModelServer(pulumi.ComponentResource):
             ),
         )
 
-    def _service(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str], protect: bool) -> k8s.core.v1.Service:
+    def _service(self, name: str, w: ServeWorkloadConfig, ns: pulumi.Output[str], protect: bool) -> k8s.core.v1.Service:
         internal_lb = w.serving.service == "InternalLoadBalancer"
         return k8s.core.v1.Service(
             f"{name}-service",
@@ -410,7 +410,8 @@ class ModelServer(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True, protect=protect),
         )
 
-    def _network_policy(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str]) -> k8s.networking.v1.NetworkPolicy:
+    def _network_policy(self, name: str, w: ServeWorkloadConfig,
+                        ns: pulumi.Output[str]) -> k8s.networking.v1.NetworkPolicy:
         peers = network_peers(w.serving.allow_from)
         ports = [k8s.networking.v1.NetworkPolicyPortArgs(port=p["port"], protocol="TCP") for p in service_ports(w)]
         ingress = [k8s.networking.v1.NetworkPolicyIngressRuleArgs(from_=[_peer_args(p) for p in peers], ports=ports)] \
@@ -426,7 +427,7 @@ class ModelServer(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-    def _autoscaler(self, name: str, w: WorkloadConfig,
+    def _autoscaler(self, name: str, w: ServeWorkloadConfig,
                     ns: pulumi.Output[str]) -> k8s.autoscaling.v2.HorizontalPodAutoscaler:
         a = w.serving.autoscaling
         return k8s.autoscaling.v2.HorizontalPodAutoscaler(

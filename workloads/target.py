@@ -24,7 +24,7 @@ class ExistingClusterArgs:
 def needs_kubernetes(cfg: StackConfig) -> bool:
     """Whether the stack deploys anything that may go to an existing cluster: MPIJob workloads, the MPI
     operator, the NFS provisioner (helm workloads run on the stack's own GKE cluster only)."""
-    return (any(w.kind == "mpijob" for w in cfg.workloads.values())
+    return (any(w.runs_as_mpijob for w in cfg.workloads.values())
             or cfg.mpi_operator.install or cfg.nfs_provisioner.install)
 
 

@@ -16,14 +16,14 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from model.types import WorkloadConfig
+from model.types import MpiJobWorkloadConfig
 from workloads import gcs_fuse, kueue, mpijob, network_policy, pull_secret
 from workloads.placement import Placement, labels
 
 
 @dataclass(frozen=True)
 class TrainingJobArgs:
-    config: WorkloadConfig
+    config: MpiJobWorkloadConfig
     placement: Placement
     # The stack's built image (nvidia); Gaudi jobs use Habana's image unless `image` overrides.
     stack_image: pulumi.Input[str] | None = None
@@ -90,7 +90,7 @@ class TrainingJob(pulumi.ComponentResource):
         })
         self.register_outputs({"namespace": ns, "claim": self.claim.metadata.name, "job": w.name})
 
-    def _claim(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str], depends_on: list[pulumi.Resource],
+    def _claim(self, name: str, w: MpiJobWorkloadConfig, ns: pulumi.Output[str], depends_on: list[pulumi.Resource],
                retain: bool = False) -> k8s.core.v1.PersistentVolumeClaim:
         s = w.storage
         return k8s.core.v1.PersistentVolumeClaim(
@@ -105,7 +105,7 @@ class TrainingJob(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on or None, retain_on_delete=retain),
         )
 
-    def _token(self, name: str, w: WorkloadConfig, ns: pulumi.Output[str],
+    def _token(self, name: str, w: MpiJobWorkloadConfig, ns: pulumi.Output[str],
                token: pulumi.Output[str]) -> k8s.core.v1.Secret:
         return k8s.core.v1.Secret(
             f"{name}-hf-token",

@@ -1,0 +1,282 @@
+"""The typed workloads: one class per workload kind, each with only its kind's keys (model/schema.yaml's
+`workloads` entries: the keys every kind has, plus one branch per kind).
+
+`WORKLOAD_TYPES` maps each kind to its class; the loader (model/types.py `build`) picks the class by the entry's
+`kind`. What a kind does (its rules, its builder, its summary) lives in its module under workloads/kinds/; this
+module holds only what the config says, and the few facts about it that layers below the kinds ask for (which
+accelerator, whether it runs as an MPIJob, what it mounts), as properties, so nothing compares kind names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class AcceleratorConfig:
+    kind: str
+    type: str
+    count: int | None = None
+
+
+@dataclass(frozen=True)
+class GaudiConfig:
+    software_version: str
+    pytorch_version: str
+    os: str
+    install_at_start: bool
+
+
+@dataclass(frozen=True)
+class ChartConfig:
+    version: str
+    repository: str
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    shm_size: str
+    cpu: str | None = None
+    memory: str | None = None
+    hugepages2_mi: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    script: str
+    args: list[str]
+    command: str | None = None
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    enabled: bool
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: list[str]
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    model: str
+    dataset: str
+    epochs: int
+    script: str
+    optimum_habana_version: str
+    args: list[str]
+    lora: LoraConfig
+
+
+@dataclass(frozen=True)
+class StorageClaimConfig:
+    claim_name: str
+    storage_class: str
+    size: str
+    access_mode: str
+    mount_path: str
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    http: str
+    https: str
+    no_proxy: str
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    zero_stage: int
+    offload_optimizer: str
+    offload_params: str
+    nvme_path: str
+    precision: str
+    micro_batch_per_gpu: int
+    gradient_accumulation: int
+    reduce_bucket_size: int
+    allgather_bucket_size: int
+    steps_per_print: int
+    learning_rate: float
+    gradient_clipping: float
+    train_batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    precision: str
+    mode: str
+    sequence_length: int
+    batch_size: int
+    name: str | None = None
+    parameters: float | None = None
+    vocabulary: int | None = None
+    hidden: int | None = None
+    largest_layer: float | None = None  # millions
+
+
+@dataclass(frozen=True)
+class GcsFuseConfig:
+    enabled: bool
+    mount_path: str
+
+
+@dataclass(frozen=True)
+class AutoscalingConfig:
+    enabled: bool
+    max_replicas: int
+    cpu_utilization: int
+
+
+@dataclass(frozen=True)
+class OpenAiConfig:
+    enabled: bool
+    port: int
+
+
+@dataclass(frozen=True)
+class AllowedSource:
+    namespace: str | None = None
+    pod_labels: dict[str, str] | None = None
+    cidr: str | None = None
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """`serving` of a `serve` workload (DeepSpeed-MII)."""
+
+    replicas: int
+    autoscaling: AutoscalingConfig
+    port: int
+    openai: OpenAiConfig
+    service: str
+    allow_from: list[AllowedSource]
+    startup_minutes: int
+    cache_size: str
+    model: str | None = None
+    model_path: str | None = None
+
+
+# --- the workloads ------------------------------------------------------------------------------------
+# kw_only: a kind's class adds its keys to the base's, in any order, and the loader passes every key by name.
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadConfig:
+    """One entry of `workloads`, with the keys every kind has; `name` is its key in the map. The class of the
+    entry's kind (WORKLOAD_TYPES) adds its own."""
+
+    # Whether the workload runs as a Kubeflow MPIJob: it needs the MPI operator (and its CRD), Kueue can queue it,
+    # and it may run on an existing cluster (workloads/target.py).
+    runs_as_mpijob: ClassVar[bool] = False
+
+    name: str
+    kind: str
+    namespace: str
+    accelerator: AcceleratorConfig
+    workers: int
+    resources: ResourcesConfig
+    gcs_fuse: GcsFuseConfig
+    pool: str | None = None
+    fallback_pool: str | None = None
+    image: str | None = None
+    model: ModelConfig | None = None
+
+    @property
+    def on_gaudi(self) -> bool:
+        """Habana Gaudi cards (`habana.ai/gaudi`) on an existing cluster."""
+        return self.accelerator.kind == "gaudi"
+
+    @property
+    def on_nvidia(self) -> bool:
+        """NVIDIA GPUs of a GKE pool (`nvidia.com/gpu`)."""
+        return self.accelerator.kind == "nvidia"
+
+    @property
+    def pulls_stack_image(self) -> bool:
+        """Its pods run the stack's built image (NVIDIA, no `image` of its own): they wait for its read grant."""
+        return self.on_nvidia and not self.image
+
+    @property
+    def claim(self) -> StorageClaimConfig | None:
+        """The shared volume claim its pods mount (`storage`), for the kinds that have one."""
+        return None
+
+    @property
+    def mount_paths(self) -> tuple[str, ...]:
+        """Paths its pods mount besides the bucket (a GCS FUSE mount must not take one)."""
+        return ()
+
+    def nodes_needed(self) -> tuple[int, str]:
+        """Nodes its pods take at once (each worker's CPU and memory are fitted to a whole node), and who."""
+        return self.workers, f"{self.workers} worker(s)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepSpeedWorkloadConfig(WorkloadConfig):
+    """A workload that trains with DeepSpeed: a launch command and a generated ds_config.json."""
+
+    launch: LaunchConfig
+    deepspeed: DeepSpeedConfig
+
+    @property
+    def mount_paths(self) -> tuple[str, ...]:
+        return (self.deepspeed.nvme_path,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelmWorkloadConfig(DeepSpeedWorkloadConfig):
+    """kind helm: the Bitnami DeepSpeed chart (a client and SSH workers) on a GKE pool."""
+
+    chart: ChartConfig
+
+    def nodes_needed(self) -> tuple[int, str]:
+        return self.workers + 1, f"{self.workers} worker(s) + 1 client"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MpiJobWorkloadConfig(DeepSpeedWorkloadConfig):
+    """kind mpijob: a Kubeflow v2beta1 MPIJob, on NVIDIA GPUs of a GKE pool or on Gaudi nodes of an existing
+    cluster."""
+
+    runs_as_mpijob: ClassVar[bool] = True
+
+    gaudi: GaudiConfig
+    host_ipc: bool = field(metadata={"key": "hostIPC"})
+    training: TrainingConfig
+    storage: StorageClaimConfig
+    hf_home: str
+    proxy: ProxyConfig
+
+    @property
+    def claim(self) -> StorageClaimConfig | None:
+        return self.storage
+
+    @property
+    def mount_paths(self) -> tuple[str, ...]:
+        return (self.storage.mount_path, *super().mount_paths)
+
+    @property
+    def installs_at_start(self) -> bool:
+        """Omnia's original Gaudi path (opt-in): Habana's stock image, software installed at every start, as root."""
+        return self.on_gaudi and self.gaudi.install_at_start
+
+    @property
+    def runs_stack_gaudi_image(self) -> bool:
+        """The default Gaudi path: the stack's Gaudi image (or an `image` built from it), hardened."""
+        return self.on_gaudi and not self.gaudi.install_at_start
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeWorkloadConfig(WorkloadConfig):
+    """kind serve: a DeepSpeed-MII (FastGen) server Deployment on a GKE pool."""
+
+    serving: ServingConfig
+
+
+# The one kind -> class table: a new kind adds its class here and its branch in model/schema.yaml.
+WORKLOAD_TYPES: dict[str, type[WorkloadConfig]] = {
+    "helm": HelmWorkloadConfig,
+    "mpijob": MpiJobWorkloadConfig,
+    "serve": ServeWorkloadConfig,
+}

@@ -1,0 +1,72 @@
+"""What a workload kind is: its config class, its rules, its builder and what it exports.
+
+A kind lives in one module of this package (helm.py, mpijob.py, serve.py) that builds one `Kind`, listed in the
+registry (workloads/kinds/__init__.py). `__main__.py` and checks/ ask the registry; nothing else names kinds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import pulumi
+
+from model.types import StackConfig, WorkloadConfig
+from workloads.gcs_fuse import BucketAccess
+from workloads.pull_secret import RegistryLogin
+
+W = TypeVar("W", bound=WorkloadConfig)
+
+# A kind's rule: every problem of one workload of that kind, each starting with its key
+# (`workloads.<name>.<key>`, model/validators.py `at`). The stack is there for what the workload refers to (its
+# pool, the region, the bucket).
+Rule = Callable[[StackConfig, W], list[str]]
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the stack built that a workload's builder may use; None where the stack has none."""
+
+    cfg: StackConfig
+    image: pulumi.Output[str] | None = None  # the stack's built image (pinned by digest)
+    hf_token: pulumi.Output[str] | None = None  # the secret `hfToken`
+    bucket: BucketAccess | None = None  # the stack's bucket and the accounts that reach it
+    gaudi_image: pulumi.Output[str] | None = None  # the stack's Gaudi image (pinned by digest)
+    gaudi_login: RegistryLogin | None = None  # the login the Gaudi image is pulled with, when its registry wants one
+    claim_depends_on: list[pulumi.Resource] = field(default_factory=list)  # e.g. the NFS provisioner
+    own_cluster: bool = True  # the stack's own GKE cluster; False: an existing cluster (nothing adopted is deleted)
+
+    @property
+    def protect(self) -> bool:
+        """The cluster's deletion protection, which a production endpoint shares."""
+        return bool(self.cfg.cluster and self.cfg.cluster.deletion_protection)
+
+
+@dataclass(frozen=True)
+class Built:
+    """What the builder made: the component, the `workloads.<name>` output, and the extras a kind may export."""
+
+    resource: pulumi.ComponentResource
+    summary: pulumi.Output[dict[str, Any]]
+    endpoint: pulumi.Output[dict[str, Any]] | None = None  # `servingEndpoints.<name>`: how to reach a server
+    queued_namespace: pulumi.Output[str] | None = None  # Kueue queues it: the namespace that needs a LocalQueue
+
+
+# Builds one workload: (name, its config, the platform, options with the provider and what it waits for).
+Builder = Callable[[str, W, Platform, pulumi.ResourceOptions], Built]
+
+
+@dataclass(frozen=True)
+class Kind(Generic[W]):
+    name: str  # the `kind` value in the config
+    config: type[W]  # its typed class (model/workload_types.py), built from its schema branch
+    rules: tuple[Rule[W], ...]  # its own rules (rules across kinds stay in checks/)
+    build: Builder[W]
+    warnings: tuple[Rule[W], ...] = ()  # what deploys but deserves a reviewer's eye
+    max_name: int = 63  # longest workload name its objects allow (a DNS-1123 label; Helm releases less)
+    sizes_its_model: bool = False  # its rules check the model's fit; the planner's generic fit rule stays silent
+    checks_its_gpu: bool = False  # its rules refuse the GPUs its engine cannot run; the image's GPU rule stays silent
+
+    def problems(self, m: StackConfig, w: W) -> list[str]:
+        return [p for rule in self.rules for p in rule(m, w)]

@@ -1,0 +1,113 @@
+"""kind mpijob: a Kubeflow v2beta1 MPIJob, on NVIDIA GPUs of a GKE pool or on Gaudi nodes of an existing cluster.
+
+Config: MpiJobWorkloadConfig (model/workload_types.py; its keys: the common ones, `launch`, `deepspeed`, `gaudi`,
+`hostIPC`, `training`, `storage`, `hfHome`, `proxy`). Builder: the TrainingJob component (workloads/training_job.py)
+around the MPIJob that workloads/mpijob renders. Summary: the job, its namespace, claim, accelerators and workers
+(`workloads.<name>`). Kueue queues it on a stack GPU pool when `kueue.install` is on.
+"""
+
+from __future__ import annotations
+
+import pulumi
+
+from model.types import MpiJobWorkloadConfig, StackConfig
+from model.validators import DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX, at
+from workloads import mpijob
+from workloads.kinds.kind import Built, Kind, Platform
+from workloads.kinds.shared import launch_script_problems
+from workloads.kueue import queue_name
+from workloads.placement import placement
+from workloads.training_job import TrainingJob, TrainingJobArgs
+
+
+def check_gaudi_placement(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """Gaudi MPIJobs run on an existing cluster, on no GKE pool (NVIDIA placement: check_gpu_pool_placement)."""
+    if not w.on_gaudi:
+        return []
+    problems = []
+    if w.pool is not None:
+        problems.append(f"{at('workloads', w.name, 'pool')}: a Gaudi MPIJob runs on habana.ai/gaudi nodes of an "
+                        "existing cluster, not on a GKE pool; remove pool")
+    if m.cluster is not None:
+        problems.append(f"{at('workloads', w.name, 'accelerator', 'kind')}: gaudi needs an existing Gaudi cluster "
+                        "(GKE has no Gaudi nodes); remove `cluster` and set kubeconfig or kubernetes.context")
+    return problems
+
+
+def check_launch_script(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """An NVIDIA MPIJob's launcher runs `launch.script` from workloads/scripts, shipped in its ConfigMap (a Gaudi
+    job runs optimum-habana's `training.script` from its image)."""
+    return launch_script_problems(w) if w.on_nvidia else []
+
+
+def check_mpijob_name(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """The operator names pods (and their host names) `<job>-worker-<i>`: the last must be a DNS-1035 label."""
+    host = mpijob.worker_pod_name(w.name, w.workers)
+    if mpijob.DNS1035_LABEL.match(host) and len(host) <= mpijob.DNS_LABEL_MAX:
+        return []
+    return [f"{at('workloads', w.name)}: the MPI operator would name the last worker {host!r}, which is not a "
+            f"DNS-1035 label (start with a letter; lowercase letters, digits, hyphens; at most "
+            f"{mpijob.DNS_LABEL_MAX} characters); shorten or rename the workload"]
+
+
+def check_mpijob_storage(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """The shared claim: mountable by launcher and workers at once, a valid name, HF_HOME on it."""
+    problems, s, name = [], w.storage, w.name
+    if s.access_mode == "ReadWriteOnce":
+        problems.append(f"{at('workloads', name, 'storage', 'accessMode')}: ReadWriteOnce cannot be mounted by "
+                        f"the launcher and {w.workers} worker(s) on different nodes at once; use ReadWriteMany "
+                        "with an RWX storage class (nfs-client, Filestore)")
+    for key, value in (("claimName", s.claim_name), ("storageClass", s.storage_class)):
+        if not DNS1123_SUBDOMAIN.match(value) or len(value) > DNS1123_SUBDOMAIN_MAX:
+            problems.append(f"{at('workloads', name, 'storage', key)}: {value!r} is not a valid Kubernetes name "
+                            "(a DNS-1123 subdomain: lowercase letters, digits, '-' and '.')")
+    mount = s.mount_path.rstrip("/") or "/"
+    if not s.mount_path.startswith("/"):
+        problems.append(f"{at('workloads', name, 'storage', 'mountPath')}: {s.mount_path!r} must be absolute")
+    elif w.hf_home != mount and not w.hf_home.startswith(mount.rstrip("/") + "/"):
+        problems.append(f"{at('workloads', name, 'hfHome')}: {w.hf_home} is not on the claim mounted at "
+                        f"{s.mount_path}; every pod would download the model again")
+    return problems
+
+
+def check_training_args(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """Flags the stack sets from other keys may not be repeated: a second batch size or precision would
+    disagree with ds_config.json, and the HF Trainer refuses to start on such a mismatch."""
+    if not w.on_gaudi or w.launch.command:
+        return []
+    problems = []
+    for i, arg in enumerate(w.training.args):
+        source = mpijob.reserved_flag(arg)
+        if source:
+            problems.append(f"{at('workloads', w.name, 'training', 'args', i)}: {arg.split('=', 1)[0]} is set "
+                            f"by the stack from {at('workloads', w.name, *source)}; change it there instead")
+    return problems
+
+
+def warn_install_at_start(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    if not w.installs_at_start:
+        return []
+    return [f"{at('workloads', w.name, 'gaudi', 'installAtStart')}: Omnia's original path: optimum-habana and "
+            "Habana's DeepSpeed are installed from GitHub and PyPI on every node at every start, as root, in pods "
+            "that cannot be hardened (README: Gaudi image)"]
+
+
+def build(name: str, w: MpiJobWorkloadConfig, platform: Platform, opts: pulumi.ResourceOptions) -> Built:
+    cfg = platform.cfg
+    queue = queue_name(cfg, w)
+    job = TrainingJob(name, TrainingJobArgs(
+        config=w, placement=placement(cfg, w), stack_image=platform.image, hf_token=platform.hf_token,
+        claim_depends_on=platform.claim_depends_on, bucket=platform.bucket,
+        operator_version=cfg.mpi_operator.version, gaudi_image=platform.gaudi_image,
+        registry=platform.gaudi_login if w.on_gaudi else None,
+        retain_on_delete=not platform.own_cluster, queue=queue), opts)
+    return Built(job, job.summary, queued_namespace=job.namespace.metadata.name if queue else None)
+
+
+KIND: Kind[MpiJobWorkloadConfig] = Kind(
+    name="mpijob",
+    config=MpiJobWorkloadConfig,
+    rules=(check_gaudi_placement, check_launch_script, check_mpijob_name, check_mpijob_storage, check_training_args),
+    build=build,
+    warnings=(warn_install_at_start,),
+)
