@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from checks.common import PROJECT_DIR, Check, at, is_file, or_list
 from model import catalog as gpu_catalog
+from model.suggest import did_you_mean
 from model.types import StackConfig
 
 # GKE names: lowercase letter first, then lowercase letters, digits, hyphens; no trailing hyphen.
@@ -33,8 +34,8 @@ def check_region_in_catalog(m: StackConfig) -> list[str]:
         return []
     regions = gpu_catalog.load().regions
     if m.region not in regions:
-        return [f"gcp:region: {m.region} is not in data/gpu_catalog.yaml (known: {', '.join(regions)}); "
-                "add its zones there first"]
+        return [f"gcp:region: {m.region} is not a region of data/gpu_catalog.yaml, which lists every region that "
+                f"offers one of its GPUs (known: {', '.join(regions)}){did_you_mean(m.region, regions)}"]
     return []
 
 
@@ -109,7 +110,8 @@ def check_system_pool(m: StackConfig) -> list[str]:
     zones = gpu_catalog.load().regions.get(m.region, ())
     for i, zone in enumerate(sp.zones):
         if zones and zone not in zones:
-            problems.append(f"{at('cluster', 'systemPool', 'zones', i)}: {zone} is not a zone of {m.region}")
+            problems.append(f"{at('cluster', 'systemPool', 'zones', i)}: {zone} is not a zone of {m.region}"
+                            f"{did_you_mean(zone, zones)}")
     return problems
 
 
@@ -143,7 +145,7 @@ def check_gpu_known(m: StackConfig) -> list[str]:
     for i, pool in enumerate(m.node_pools):
         if pool.gpu.type not in known:
             problems.append(f"{at('nodePools', i, 'gpu', 'type')}: unknown GPU type {pool.gpu.type!r}; "
-                            f"known: {', '.join(known)}")
+                            f"known: {', '.join(known)}{did_you_mean(pool.gpu.type, known)}")
     return problems
 
 
@@ -180,6 +182,11 @@ def check_machine_fits_gpu(m: StackConfig) -> list[str]:
             for problem in machine_problems(["nodePools", i], pool.gpu.type, pool.machine_type, pool.gpu.count)]
 
 
+def _typo(zone: str, region: str, offered: tuple[str, ...]) -> str:
+    """'Did you mean' for a zone the region does not have at all (a typo), not for a real zone without the GPU."""
+    return "" if zone in gpu_catalog.load().regions.get(region, ()) else did_you_mean(zone, offered)
+
+
 def check_gpu_zones(m: StackConfig) -> list[str]:
     """Each pool's zones must offer its GPU; with no zones given, the region must offer it somewhere."""
     cat, problems = gpu_catalog.load(), []
@@ -193,7 +200,7 @@ def check_gpu_zones(m: StackConfig) -> list[str]:
         for j, zone in enumerate(pool.zones):
             if zone not in offered:
                 problems.append(f"{at('nodePools', i, 'zones', j)}: {zone} does not offer {pool.gpu.type} "
-                                f"(zones of {m.region} that do: {', '.join(offered)})")
+                                f"(zones of {m.region} that do: {', '.join(offered)}){_typo(zone, m.region, offered)}")
     return problems
 
 

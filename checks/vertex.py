@@ -7,6 +7,7 @@ import re
 from checks.common import Check
 from checks.platform import machine_problems
 from model import catalog as gpu_catalog
+from model.suggest import did_you_mean
 from model.types import StackConfig
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -24,7 +25,9 @@ def check_vertex_machine(m: StackConfig) -> list[str]:
         return []
     v = m.vertex
     if v.gpu.type not in gpu_catalog.load().gpus:
-        return [f"vertex.gpu.type: unknown GPU type {v.gpu.type!r}; known: {', '.join(gpu_catalog.load().gpus)}"]
+        known = gpu_catalog.load().gpus
+        return [f"vertex.gpu.type: unknown GPU type {v.gpu.type!r}; known: {', '.join(known)}"
+                f"{did_you_mean(v.gpu.type, known)}"]
     problems = machine_problems(["vertex"], v.gpu.type, v.machine_type, v.gpu.count)
     if m.region and not gpu_catalog.load().zones(v.gpu.type, m.region):
         problems.append(f"vertex.gpu.type: {v.gpu.type} is not offered in {m.region}")

@@ -22,6 +22,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from model import defaults, repair
+from model.suggest import did_you_mean
 from model.types import StackConfig, build, camel, key_path, snake
 from model.yamlio import load_yaml
 
@@ -161,7 +162,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"{where}: expected {error.validator_value}, got {json.dumps(error.instance)}"
     if error.validator == "enum":
         choices = ", ".join(map(str, error.validator_value))
-        return f"{where}: {json.dumps(error.instance)} is not one of {choices}"
+        hint = did_you_mean(error.instance, map(str, error.validator_value)) if isinstance(error.instance, str) else ""
+        return f"{where}: {json.dumps(error.instance)} is not one of {choices}{hint}"
     if error.validator == "pattern":
         form = error.schema.get("x-form", error.validator_value)
         return f"{where}: {json.dumps(error.instance)} is not of the form {form}"

@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from model import catalog as gpu_catalog
+from model.suggest import did_you_mean
 from planner.recommend import MAX_NODES, Plan, recommend, short_name
 from planner.sizing import BYTES_PER_PARAM, HEADROOM, Request, given_shape, model_names, resolve
 
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cat = gpu_catalog.load()
     if args.region not in cat.regions:
-        print(f"error: region {args.region} is not in data/gpu_catalog.yaml (known: {', '.join(cat.regions)})",
+        print(f"error: region {args.region} is not a region of data/gpu_catalog.yaml, which lists every region "
+              f"that offers one of its GPUs (known: {', '.join(cat.regions)}){did_you_mean(args.region, cat.regions)}",
               file=sys.stderr)
         return 2
     try:

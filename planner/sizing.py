@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model.suggest import did_you_mean
 from model.yamlio import load_yaml
 
 MODELS_PATH = Path(__file__).resolve().parent.parent / "data" / "models.yaml"
@@ -198,6 +199,13 @@ def known_models(path: Path = MODELS_PATH) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _model_spellings() -> list[str]:
+    """Every name and alias of data/models.yaml as it is written there (a misspelt Hugging Face id is matched
+    against the ids)."""
+    raw = load_yaml(MODELS_PATH)["models"]
+    return [key for name, entry in raw.items() for key in (name, *entry.get("aliases", []))]
+
+
 def model_names() -> list[str]:
     return sorted({m["name"] for m in known_models().values()}, key=str.lower)
 
@@ -251,8 +259,8 @@ def resolve(name: str | None = None, parameters_b: float | None = None) -> Model
     if entry is None and parameters_b is None:
         if not name:
             raise UnknownModelError("give a model name or a parameter count")
-        raise UnknownModelError(f"unknown model {name!r}; known: {', '.join(model_names())} "
-                           "(or give the parameter count in billions)")
+        raise UnknownModelError(f"unknown model {name!r}; known: {', '.join(model_names())} (or give the parameter "
+                                f"count in billions){did_you_mean(name, _model_spellings())}")
     count = (parameters_b if parameters_b is not None else float(entry["parameters"])) * 1e9
     if entry is not None:
         return Model(entry["name"], count, _shape(entry), shape_known=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.config import ConfigError
+from model.suggest import did_you_mean
 from policy.rules import POLICIES
 from preview import diff, manifests, plan, policy_check, stackfile, summary, tree
 from preview.engine import PROJECT_DIR, RunResult, engine_config_from_yaml, run_program, stack_file, stacks
@@ -69,7 +70,8 @@ def stack_and_file(args: argparse.Namespace) -> tuple[str, Path]:
         stack = args.stack or "dev"
         path = stack_file(stack)
         if not path.exists():
-            raise UsageError(f"no stack file {path.name} (stacks: {', '.join(stacks())})")
+            raise UsageError(f"no stack file {path.name} (stacks: {', '.join(stacks())})"
+                             f"{did_you_mean(stack, stacks())}")
         return stack, path
     if not args.stack:
         named = stackfile.stack_name(args.stack_file)

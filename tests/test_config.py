@@ -143,7 +143,8 @@ def test_gpu_not_offered_in_region() -> None:
 
 
 def test_region_must_be_in_catalog() -> None:
-    assert problems("dev", {"gcp:region": "mars-north1"})[0].startswith("gcp:region: mars-north1 is not in")
+    (found,) = problems("dev", {"gcp:region": "mars-north1"})
+    assert found.startswith("gcp:region: mars-north1 is not a region of data/gpu_catalog.yaml")
 
 
 def test_gcp_project_required() -> None:
@@ -201,7 +202,7 @@ def test_pool_names_valid_and_unique() -> None:
 def test_system_pool_rules() -> None:
     found = problems("dev", {"cluster.systemPool.minNodes": 4, "cluster.systemPool.zones[0]": "us-east1-b"})
     assert "cluster.systemPool.minNodes: 4 is more than maxNodes 3" in found
-    assert "cluster.systemPool.zones[0]: us-east1-b is not a zone of us-west1" in found
+    assert "cluster.systemPool.zones[0]: us-east1-b is not a zone of us-west1; did you mean `us-west1-b`?" in found
 
 
 def test_pools_need_a_cluster() -> None:

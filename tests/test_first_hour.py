@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import DELETE, problems
 
+from planner import sizing
+from planner.__main__ import main as planner_main
 from preview import stackfile
+from preview.__main__ import main as preview_main
 
 # --- (a) no follow-on errors from a rejected key's stand-in default ---------------------------------------------
 
@@ -86,3 +89,40 @@ def test_yaml_errors_name_the_line_of_the_mistake_and_show_it(mistake: str, text
     first, shown = str(err.value).splitlines()
     assert first.startswith(f"{path}:{line}:") and "not valid YAML" in first and hint in first, first
     assert shown == f"  {line} | {text.splitlines()[line - 1]}"
+
+
+# --- (c) "did you mean" for keys, stacks, models, GPU types, regions and zones -----------------------------------
+
+def test_did_you_mean_for_gpu_types_regions_enums_and_zones() -> None:
+    found = problems("dev", {"nodePools[0].gpu.type": "nvidia-tesla-t5", "gcp:region": "us-wst1",
+                             "workloads.smoke.deepspeed.precision": "fp61", "cluster.systemPool.zones": ["us-west1-z"]})
+    assert any(p.startswith("nodePools[0].gpu.type: unknown GPU type 'nvidia-tesla-t5'; known: ")
+               and p.endswith("; did you mean `nvidia-tesla-t4`?") for p in found), found
+    assert any(p.startswith("gcp:region: us-wst1 ") and p.endswith("; did you mean `us-west1`?") for p in found)
+    assert 'workloads.smoke.deepspeed.precision: "fp61" is not one of bf16, fp16, fp32; did you mean `fp16`?' in found
+    # The region is unknown, so its zones are too: the zone is left alone until the region is right.
+    assert problems("dev", {"cluster.systemPool.zones": ["us-west1-z"]}) == [
+        "cluster.systemPool.zones[0]: us-west1-z is not a zone of us-west1; did you mean `us-west1-c`?"]
+    # A real zone without the GPU is no typo: no guess, the zones that offer it are listed.
+    (zone,) = problems("dev", {"nodePools[0].zones": ["us-west1-c"]})
+    assert zone.endswith("(zones of us-west1 that do: us-west1-a, us-west1-b)")
+
+
+def test_did_you_mean_for_models_by_name_and_hugging_face_id() -> None:
+    found = problems("prod", {f"{SMOKE}.model.name": "Lama-3.1-8B", f"{SMOKE}.model.parameters": DELETE})
+    assert any(p.startswith(f"{SMOKE}.model.name: unknown model 'Lama-3.1-8B'; known: ")
+               and p.endswith("; did you mean `Llama-3.1-8B`?") for p in found), found
+    with pytest.raises(sizing.UnknownModelError, match=r"did you mean `mistralai/Mistral-7B-Instruct-v0\.3`\?$"):
+        sizing.resolve("mistralai/Mistral-7B-Instruct-v0.4")
+    with pytest.raises(sizing.UnknownModelError) as err:
+        sizing.resolve("t5-base")  # nothing close: no guess
+    assert "did you mean" not in str(err.value)
+
+
+def test_did_you_mean_for_the_stack_and_the_planners_region(capsys: pytest.CaptureFixture[str]) -> None:
+    assert preview_main(["--stack", "devv"]) == 2
+    assert capsys.readouterr().err.strip().endswith("; did you mean `dev`?")
+    assert planner_main(["--model", "Llama-2-7B", "--mode", "inference", "--region", "us-centrl1"]) == 2
+    assert capsys.readouterr().err.strip().endswith("; did you mean `us-central1`?")
+    assert planner_main(["--model", "Lama-2-7B", "--mode", "inference"]) == 2
+    assert capsys.readouterr().err.strip().endswith("; did you mean `Llama-2-7B`?")

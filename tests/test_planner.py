@@ -244,7 +244,7 @@ def test_cli_lists_options_and_rejects_unknown_models(capsys: pytest.CaptureFixt
     assert planner_main(["--model", "gpt-5", "--mode", "training"]) == 2
     assert "unknown model 'gpt-5'" in capsys.readouterr().err
     assert planner_main(["--parameters", "7", "--mode", "training", "--region", "mars-1"]) == 2
-    assert "region mars-1 is not in data/gpu_catalog.yaml" in capsys.readouterr().err
+    assert "region mars-1 is not a region of data/gpu_catalog.yaml" in capsys.readouterr().err
 
 
 # --- the preview check ---------------------------------------------------------------------------------------------
