@@ -193,15 +193,33 @@ def check_gpu_zones(m: StackConfig) -> list[str]:
     for i, pool in enumerate(m.node_pools):
         if pool.gpu.type not in cat.gpus or m.region not in cat.regions:
             continue
-        offered = cat.zones(pool.gpu.type, m.region)
-        if not offered:
+        offered, unconfirmed = cat.zones(pool.gpu.type, m.region), cat.unconfirmed_zones(pool.gpu.type, m.region)
+        if not offered and not unconfirmed:
             problems.append(f"{at('nodePools', i, 'gpu', 'type')}: {pool.gpu.type} is not offered in {m.region}")
             continue
+        if not offered and not pool.zones:
+            problems.append(f"{at('nodePools', i, 'gpu', 'type')}: {pool.gpu.type} is offered in {m.region} only in "
+                            f"zones data/gpu_catalog.yaml has unconfirmed ({', '.join(unconfirmed)}); name one in "
+                            f"{at('nodePools', i, 'zones')} to try it")
+            continue
         for j, zone in enumerate(pool.zones):
-            if zone not in offered:
+            if zone not in offered and zone not in unconfirmed:
+                known = ", ".join([*offered, *(f"{z} (unconfirmed)" for z in unconfirmed)])
                 problems.append(f"{at('nodePools', i, 'zones', j)}: {zone} does not offer {pool.gpu.type} "
-                                f"(zones of {m.region} that do: {', '.join(offered)}){_typo(zone, m.region, offered)}")
+                                f"(zones of {m.region} that do: {known}){_typo(zone, m.region, offered)}")
     return problems
+
+
+def warnings(m: StackConfig) -> list[str]:
+    """A pool zone that only one view of the catalog's zone source lists: it may not offer the GPU."""
+    cat, found = gpu_catalog.load(), []
+    for i, pool in enumerate(m.node_pools):
+        for j, zone in enumerate(pool.zones):
+            if zone in cat.unconfirmed_zones(pool.gpu.type, m.region):
+                found.append(f"{at('nodePools', i, 'zones', j)}: data/gpu_catalog.yaml has {zone} for "
+                             f"{pool.gpu.type} unconfirmed (one view of its zone source lists it, another does not); "
+                             f"check `gcloud compute accelerator-types list --filter=zone:{zone}` before relying on it")
+    return found
 
 
 def check_registry_name(m: StackConfig) -> list[str]:

@@ -46,6 +46,8 @@ class Gpu:
     zones: dict[str, tuple[str, ...]]
     price_per_gpu: Price
     compute_capability: tuple[int, int] = (0, 0)  # CUDA (major, minor); (0, 0) where the catalog gives none
+    # Zones one view of the zone source lists and another does not: accepted with a warning, never a default.
+    unconfirmed_zones: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def compute_capability_text(self) -> str:
@@ -148,8 +150,13 @@ class Catalog:
         return sorted(s.gpus for s in gpu.shapes if s.machine_type == machine_type)
 
     def zones(self, gpu_type: str, region: str) -> tuple[str, ...]:
+        """The region's zones that offer the GPU (confirmed ones only: these are what pools default to)."""
         gpu = self.gpus.get(gpu_type)
         return gpu.zones.get(region, ()) if gpu else ()
+
+    def unconfirmed_zones(self, gpu_type: str, region: str) -> tuple[str, ...]:
+        gpu = self.gpus.get(gpu_type)
+        return gpu.unconfirmed_zones.get(region, ()) if gpu else ()
 
 
 def _price(raw: dict) -> Price:
@@ -221,6 +228,7 @@ def parse(raw: dict) -> Catalog:
             zones={region: tuple(z) for region, z in g["zones"].items()},
             price_per_gpu=_per_gpu_price(g, shapes),
             compute_capability=_compute_capability(g.get("computeCapability")),
+            unconfirmed_zones={region: tuple(z) for region, z in g.get("unconfirmedZones", {}).items()},
         )
     return Catalog(
         source=raw["source"],

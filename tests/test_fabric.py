@@ -601,9 +601,10 @@ def test_nccl_test_needs_fabric_pools_and_enough_nodes() -> None:
 
 def test_compact_placement_across_zones_is_refused() -> None:
     (found,) = _problems({"nodePools[0].compactPlacement": True, "nodePools[0].zones": []})
-    # The catalog offers a3-megagpu-8g in two us-central1 zones; an empty list means both.
+    # The catalog offers a3-megagpu-8g in three us-central1 zones (its zone source's a3-megagpu-8g and H100-MEGA
+    # rows agree on a, b and c); an empty list means all three.
     assert found.startswith("nodePools[0].compactPlacement: COMPACT placement works in one zone, but pool h100 "
-                            "spans 2 (us-central1-a, us-central1-c)")
+                            "spans 3 (us-central1-a, us-central1-b, us-central1-c)")
     assert _problems({"nodePools[0].compactPlacement": True}) == []
 
 

@@ -8,12 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import DELETE, problems
+from conftest import DELETE, PROJECT_DIR, changed, config_model, config_problems, problems, yaml_load
 
+import checks
 from planner import sizing
 from planner.__main__ import main as planner_main
 from preview import stackfile
 from preview.__main__ import main as preview_main
+
+
+@pytest.fixture(scope="module")
+def raw_catalog() -> dict:
+    with open(PROJECT_DIR / "data" / "gpu_catalog.yaml", encoding="utf-8") as fh:
+        return yaml_load(fh)
+
 
 # --- (a) no follow-on errors from a rejected key's stand-in default ---------------------------------------------
 
@@ -126,3 +134,51 @@ def test_did_you_mean_for_the_stack_and_the_planners_region(capsys: pytest.Captu
     assert capsys.readouterr().err.strip().endswith("; did you mean `us-central1`?")
     assert planner_main(["--model", "Lama-2-7B", "--mode", "inference"]) == 2
     assert capsys.readouterr().err.strip().endswith("; did you mean `Llama-2-7B`?")
+
+
+# --- (d) every GPU's regions and zones from the catalog, with its source ------------------------------------------
+
+def test_europe_west1_is_known_and_a_stack_there_loads() -> None:
+    """The failing input: `gcp:region: europe-west1` said "add its zones there first"."""
+    assert problems("dev", {"gcp:region": "europe-west1", "cluster.systemPool.zones": ["europe-west1-b"],
+                            "nodePools[0].zones": ["europe-west1-d"]}) == []
+
+
+def test_every_gpu_zone_belongs_to_a_known_region(raw_catalog: dict) -> None:
+    regions = raw_catalog["regions"]
+    for name, gpu in raw_catalog["gpus"].items():
+        for key in ("zones", "unconfirmedZones"):
+            for region, zones in gpu.get(key, {}).items():
+                assert region in regions, (name, region)
+                assert set(zones) <= set(regions[region]), (name, region, zones)
+                assert all(z.rsplit("-", 1)[0] == region for z in zones), (name, zones)
+        unconfirmed = {z for zs in gpu.get("unconfirmedZones", {}).values() for z in zs}
+        assert not unconfirmed & {z for zs in gpu["zones"].values() for z in zs}, name
+
+
+def test_zone_facts_from_the_source(raw_catalog: dict) -> None:
+    """Pinned from skypilot-org/skypilot-catalog catalogs/v7/gcp/vms.csv @ 017e250 (the Compute API's zones)."""
+    gpus = raw_catalog["gpus"]
+    assert "skypilot-catalog" in raw_catalog["source"]
+    assert gpus["nvidia-tesla-t4"]["zones"]["europe-west1"] == ["europe-west1-b", "europe-west1-c", "europe-west1-d"]
+    assert gpus["nvidia-l4"]["zones"]["europe-west1"] == ["europe-west1-b", "europe-west1-c"]  # g2-standard-8 rows
+    assert gpus["nvidia-h200-141gb"]["zones"]["us-central1"] == ["us-central1-b"]  # a3-ultragpu-8g rows
+    assert raw_catalog["regions"]["europe-west1"] == ["europe-west1-b", "europe-west1-c", "europe-west1-d"]
+    # Listed here before, not by the source's B200 rows: kept, marked unconfirmed.
+    assert gpus["nvidia-b200"]["unconfirmedZones"] == {"europe-west4": ["europe-west4-b"]}
+
+
+def test_an_unconfirmed_zone_is_never_a_default_and_only_warns_when_named() -> None:
+    from model import catalog
+
+    cat = catalog.load()
+    assert cat.zones("nvidia-b200", "europe-west4") == ()  # so a pool there without zones is refused
+    assert cat.unconfirmed_zones("nvidia-b200", "europe-west4") == ("europe-west4-b",)
+    h100 = {"gcp:region": "asia-east1", "cluster.systemPool.zones": ["asia-east1-a"]}
+    (refused,) = problems("h100", {**h100, "nodePools[0].zones": []})
+    assert refused == ("nodePools[0].gpu.type: nvidia-h100-mega-80gb is offered in asia-east1 only in zones "
+                       "data/gpu_catalog.yaml has unconfirmed (asia-east1-c); name one in nodePools[0].zones to try it")
+    named = changed("h100", {**h100, "nodePools[0].zones": ["asia-east1-c"]})
+    assert config_problems(named) == []
+    assert any(w.startswith("nodePools[0].zones[0]: data/gpu_catalog.yaml has asia-east1-c for "
+                            "nvidia-h100-mega-80gb unconfirmed") for w in checks.warnings(config_model(named)))

@@ -86,8 +86,9 @@ def test_vertex_machine_must_fit_gpu() -> None:
 
 def test_vertex_gpu_must_be_offered_in_region() -> None:
     found = problems("dev", {"storage.enabled": True, "vertex.enabled": True,
-                             "vertex.gpu.type": "nvidia-h100-80gb", "vertex.machineType": "a3-highgpu-1g"})
-    assert found == ["vertex.gpu.type: nvidia-h100-80gb is not offered in us-west1"]
+                             "vertex.gpu.type": "nvidia-a100-80gb", "vertex.machineType": "a2-ultragpu-1g"})
+    # data/gpu_catalog.yaml (its zone source's a2-ultragpu rows): A100 80GB in no us-west1 zone.
+    assert found == ["vertex.gpu.type: nvidia-a100-80gb is not offered in us-west1"]
 
 
 def test_storage_names() -> None:
