@@ -5,6 +5,7 @@ codes as make returns them."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,18 @@ def test_an_unconfirmed_zone_is_never_a_default_and_only_warns_when_named() -> N
     assert config_problems(named) == []
     assert any(w.startswith("nodePools[0].zones[0]: data/gpu_catalog.yaml has asia-east1-c for "
                             "nvidia-h100-mega-80gb unconfirmed") for w in checks.warnings(config_model(named)))
+
+
+# --- (e) the README's exit codes as make returns them -------------------------------------------------------------
+
+def test_make_exits_2_whatever_the_recipe_returned_and_the_readme_says_so(tmp_path: Path) -> None:
+    """GNU make's own exit status is 2 when a recipe fails, with any nonzero code (make(1), EXIT STATUS)."""
+    makefile = tmp_path / "Makefile"
+    makefile.write_text("one:\n\t@exit 1\ntwo:\n\t@exit 2\n", encoding="utf-8")
+    codes = [subprocess.run(["make", "-s", "-f", str(makefile), target], capture_output=True, check=False).returncode
+             for target in ("one", "two")]
+    assert codes == [2, 2]
+    readme = " ".join((PROJECT_DIR / "README.md").read_text(encoding="utf-8").split())
+    assert "`make preview` itself exits **0** or **2**: GNU make exits 2 whenever a recipe fails" in readme
+    assert ("Exit codes of `python -m preview` (what `make preview` runs): **0** ok; **2** configuration error"
+            in readme)
