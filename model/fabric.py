@@ -305,7 +305,7 @@ def set_for_pool(m: StackConfig, pool_name: str) -> FabricSet | None:
 
 
 def primary_mtu(m: StackConfig) -> int | None:
-    """The primary VPC's MTU the stack's fabrics ask for (TCPX/TCPXO: 8244), or None for GCE's default."""
+    """The primary VPC's MTU the stack's fabrics ask for (TCPX/TCPXO: 8244, RDMA: 8896), or None for GCE's default."""
     wanted = [s.fabric.primary_mtu for s in fabric_sets(m) if s.fabric.primary_mtu]
     return max(wanted) if wanted else None
 

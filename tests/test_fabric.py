@@ -232,7 +232,9 @@ def test_extra_vpcs_at_the_contract_mtu(runs: dict[str, RunResult], name: str) -
 
 def test_primary_vpc_mtu_follows_the_fabric(runs: dict[str, RunResult]) -> None:
     primary = {name: run.one(NETWORK, "network-vpc").inputs.get("mtu") for name, run in runs.items()}
-    assert primary == {"tcpx": 8244, "tcpxo": 8244, "rdma": None}  # CT: a3-high/mega set 8244 on the primary VPC
+    # CT @ 1047080: examples/gke-a3-highgpu and gke-a3-megagpu set mtu 8244 on the primary VPC; gke-a3-ultragpu
+    # and gke-a4 leave modules/network/vpc at its default, 8896 (modules/network/vpc/variables.tf).
+    assert primary == {"tcpx": 8244, "tcpxo": 8244, "rdma": 8896}
 
 
 @pytest.mark.parametrize("name", ["tcpx", "tcpxo"])
