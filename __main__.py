@@ -24,7 +24,7 @@ from workloads import kinds
 from workloads.compute_class import ComputeClasses, ComputeClassesArgs
 from workloads.gcs_fuse import BucketAccess
 from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
-from workloads.kueue import Kueue, KueueArgs
+from workloads.kueue import Kueue, KueueArgs, flavor_pools
 from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
 from workloads.nccl_test import NcclTest, NcclTestInputs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
@@ -150,10 +150,10 @@ if target is not None:
         workload_summary[name] = NcclTest(name, NcclTestInputs(
             t, [cfg.pool(p) for p in t.pools], "", None if cfg.image.prebuilt else versions.load().nccl), image.ref,
                                           pulumi.ResourceOptions(provider=target, depends_on=waits_for)).summary
-    # Kueue: flavors per GPU pool, one ClusterQueue, a LocalQueue in each queued job's namespace. After the MPI
-    # operator, so Kueue's MPIJob integration finds its CRD.
+    # Kueue: a flavor per pool a queued job uses, one ClusterQueue in the jobs' order, a LocalQueue in each queued
+    # job's namespace. After the MPI operator, so Kueue's MPIJob integration finds its CRD.
     if cfg.kueue.install and cluster is not None:
-        Kueue("kueue", KueueArgs(config=cfg.kueue, pools=cfg.node_pools, namespaces=queued),
+        Kueue("kueue", KueueArgs(config=cfg.kueue, pools=flavor_pools(cfg), namespaces=queued),
               pulumi.ResourceOptions(provider=target, depends_on=[operator] if operator else None))
 
 # 7. Vertex AI: a training identity, an optional TensorBoard and the CustomJob spec to start runs with.
@@ -172,7 +172,7 @@ if cluster is not None:
         pulumi.export("connectGatewayKubeconfig", cluster.connect_gateway_kubeconfig)
     pulumi.export("nodeServiceAccount", identity.email)
     pulumi.export("nodePools", {name: pool.node_pool.name for name, pool in pools.items()})
-    pulumi.export("capacityPlan", capacity_plan(cfg))  # per GPU: its pools in capacity order, zones, $/h
+    pulumi.export("capacityPlan", capacity_plan(cfg))  # per GPU: its pools, zones, $/h; per job: its pools, who chooses
 if cluster is not None or vertex is not None:  # estimated $/h: workloads running, floor, pools, Filestore, Vertex
     pulumi.export("costs", cost.stack_costs(cfg))
 if image is not None:

@@ -159,6 +159,10 @@ def check_kueue_target(m: StackConfig) -> list[str]:
     elif not m.node_pools:
         problems.append("kueue.install: the ClusterQueue's GPU flavors come from `nodePools`, and there are none; "
                         "add a GPU pool or set kueue.install: false")
+    elif not capacity.queued_chains(m):
+        problems.append("kueue.install: no workload waits in Kueue (it queues `mpijob` workloads on the stack's GPU "
+                        "pools), so its ClusterQueue would have no GPU flavor; add such a workload or set "
+                        "kueue.install: false")
     elif len(m.node_pools) > KUEUE_MAX_FLAVORS:
         problems.append(f"kueue.install: a ClusterQueue resource group holds at most {KUEUE_MAX_FLAVORS} flavors "
                         f"(one per GPU pool), got {len(m.node_pools)} pools")
@@ -168,6 +172,20 @@ def check_kueue_target(m: StackConfig) -> list[str]:
         problems.append(f"mpiOperator.version: Kueue queues MPIJobs only with mpi-operator {minimum} or newer, "
                         f"got {m.mpi_operator.version}")
     return problems
+
+
+def check_queue_order(m: StackConfig) -> list[str]:
+    """One ClusterQueue tries its flavors in one order for every job: the queued jobs' `pool` before
+    `fallbackPool` preferences must not contradict each other."""
+    if capacity.queue_order(m) is not None:
+        return []
+    chains = capacity.queued_chains(m)
+    wants = "; ".join(f"{name}: {' before '.join(p.name for p in chain)}" for name, chain in chains.items()
+                      if len(chain) > 1)
+    last = [name for name, chain in chains.items() if len(chain) > 1][-1]
+    return [f"{at('workloads', last, 'fallbackPool')}: Kueue tries the ClusterQueue's flavors in one order for "
+            f"every queued job, and the jobs' preferences contradict each other ({wants}); give them the same "
+            "order"]
 
 
 def check_compute_class_version(m: StackConfig) -> list[str]:
@@ -238,4 +256,5 @@ CHECKS: list[Check] = [
     check_fallback_pool,
     check_compute_class_version,
     check_compute_class_pools,
+    check_queue_order,
 ]

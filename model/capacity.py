@@ -8,6 +8,7 @@ without queued provisioning), on-demand, or spot. Components, checks, Kueue and 
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,3 +216,41 @@ def pool_classes(cfg: StackConfig) -> dict[str, str]:
         for pool in chain.pools:
             out.setdefault(pool.name, chain.name)
     return out
+
+
+# --- The ClusterQueue's flavor order: what the queued jobs prefer (workloads/kueue.py) ----------------
+
+def queued_chains(cfg: StackConfig) -> dict[str, tuple[NodePoolConfig, ...]]:
+    """Workload name -> the pools a Kueue-queued job may run on, first choice first (`pool`, then a
+    `fallbackPool` of the same shape)."""
+    out: dict[str, tuple[NodePoolConfig, ...]] = {}
+    for name, w in cfg.workloads.items():
+        pool = cfg.pool(w.pool or "")
+        if pool is None or not queued(cfg, w):
+            continue
+        fallback = cfg.pool(w.fallback_pool or "")
+        same_shape = fallback is not None and (fallback.machine_type, fallback.gpu.type, fallback.gpu.count) == \
+            (pool.machine_type, pool.gpu.type, pool.gpu.count)
+        out[name] = (pool, fallback) if fallback is not None and fallback.name != pool.name and same_shape \
+            else (pool,)
+    return out
+
+
+def queue_order(cfg: StackConfig) -> list[NodePoolConfig] | None:
+    """The pools queued jobs use, in one order that keeps every job's preference (its pool before its
+    fallbackPool); where no job orders two pools, capacity order (`order` in data/capacity.yaml), then config
+    order. None when the preferences contradict each other (one ClusterQueue has one flavor order)."""
+    chains_ = queued_chains(cfg)
+    pools = {p.name: p for chain in chains_.values() for p in chain}
+    index = {p.name: i for i, p in enumerate(cfg.node_pools)}
+    after: dict[str, set[str]] = {name: set() for name in pools}  # pool -> pools that must come before it
+    for chain in chains_.values():
+        for first, then in itertools.pairwise(chain):
+            after[then.name].add(first.name)
+    placed: list[NodePoolConfig] = []
+    while len(placed) < len(pools):
+        ready = [name for name in pools if pools[name] not in placed and after[name] <= {p.name for p in placed}]
+        if not ready:
+            return None
+        placed.append(pools[min(ready, key=lambda n: (rank(pools[n]), index[n]))])
+    return placed

@@ -1,5 +1,6 @@
-"""The capacity plan: for each GPU type, the pools that supply it in the order the stack obtains capacity
-(reservation -> DWS -> on-demand -> spot, data/capacity.yaml), the zones that offer it, and what each costs.
+"""The capacity plan: for each GPU type, the pools that supply it, the zones that offer it and what each costs;
+for each job, the pools its workers run on, first choice first, and who chooses: Kueue (the ClusterQueue's
+flavor order, which is the queued jobs' own), a GKE ComputeClass (the autoscaler's order), or the scheduler.
 
 The `capacityPlan` stack output; the preview renders it as a summary section (planner/preview_hooks.py).
 """
@@ -36,7 +37,7 @@ def _pool_row(cfg: StackConfig, p: NodePoolConfig, cat: gpu_catalog.Catalog) -> 
 
 
 def capacity_plan(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> dict[str, Any]:
-    """GPU type -> its pools, first to last in the order capacity is obtained (config order within a kind)."""
+    """GPU type -> its pools (reservation, DWS, on-demand, spot; config order within a kind), and the jobs."""
     cat = cat or gpu_catalog.load()
     if cfg.cluster is None or not cfg.node_pools:
         return {}
@@ -44,8 +45,9 @@ def capacity_plan(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> d
     for p in sorted(cfg.node_pools, key=capacity.rank):
         by_gpu.setdefault(p.gpu.type, []).append(p)
     return {
-        "order": list(capacity.load().order),
         "queue": cfg.kueue.queue_name if cfg.kueue.install else None,
+        # The ClusterQueue's GPU flavors, first tried first (workloads/kueue.py flavor_pools).
+        "flavors": [p.name for p in capacity.queue_order(cfg) or []] if cfg.kueue.install else [],
         "gpus": {gpu: [_pool_row(cfg, p, cat) for p in pools] for gpu, pools in by_gpu.items()},
         "jobs": {name: job for name, w in cfg.workloads.items() if (job := _job(cfg, w))},
         "priceSource": f"data/gpu_catalog.yaml ({cat.source}, {cat.date})",
@@ -53,15 +55,13 @@ def capacity_plan(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> d
 
 
 def _job(cfg: StackConfig, w: WorkloadConfig) -> dict[str, Any] | None:
-    """The pools a job may run on, first choice first: Kueue's ClusterQueue order for a queued job (mpijob
-    with Kueue), else its `pool` (preferred) then its `fallbackPool`."""
+    """The pools a job may run on, first choice first: its `pool`, then its `fallbackPool`. Kueue's flavor
+    order and a ComputeClass's priorities keep that order (checks/capacity.py refuses contradicting ones)."""
     pools = [p for p in (cfg.pool(w.pool or ""), cfg.pool(w.fallback_pool or "")) if p is not None]
     if not pools or not w.on_nvidia:
         return None
-    queued = capacity.queued(cfg, w)
-    ordered = sorted(pools, key=capacity.rank) if queued else pools
-    job: dict[str, Any] = {"queued": queued, "pools": [
-        {"pool": p.name, "capacity": capacity.TITLES[capacity.source(p)]} for p in ordered]}
+    job: dict[str, Any] = {"queued": capacity.queued(cfg, w), "pools": [
+        {"pool": p.name, "capacity": capacity.TITLES[capacity.source(p)]} for p in pools]}
     chain = capacity.workload_chain(cfg, w)
     if chain is not None:
         job["computeClass"] = chain.name
@@ -72,22 +72,37 @@ def _money(value: float | None) -> str:
     return "unknown" if value is None else f"${value:,.2f}"
 
 
+def _how(plan: dict[str, Any]) -> str:
+    """Who picks a job's pool, as the plan's jobs use it."""
+    jobs = list(plan.get("jobs", {}).values())
+    ways = []
+    if any(j["queued"] for j in jobs):
+        wait = capacity.load().kueue_install.wait_for_pods_ready
+        ways.append(f"Kueue admits each queued MPIJob from ClusterQueue `{plan['queue']}` to the first of its "
+                    f"flavors with free quota ({' → '.join(plan['flavors'])}, the order the queued jobs prefer); "
+                    f"a job whose pods are not all ready within {wait['timeout']} is evicted and requeued, to the "
+                    "same flavor while it has free quota (Kueue does not fall through on a stockout).")
+    if any(j.get("computeClass") for j in jobs):
+        ways.append("A GKE ComputeClass makes the autoscaler grow a job's first pool before its fallback pool, and "
+                    "moves the workers back to the first pool when it has room.")
+    if not ways:
+        ways.append("Each job runs on its pool.")
+    return " ".join(ways)
+
+
 def capacity_markdown(plan: dict[str, Any]) -> str:
     """The `capacityPlan` output as Markdown, without a heading (the caller titles it)."""
     if not plan.get("gpus"):
         return "No GPU pools in this stack.\n"
-    order = " → ".join(capacity.TITLES.get(o, o) for o in plan["order"])
-    how = (f"Kueue admits MPIJobs from ClusterQueue `{plan['queue']}` to the first of their pools with free quota, "
-           "in this order." if plan.get("queue") else "Each job runs on its pool (or its fallback pool).")
-    lines = [f"Capacity is obtained in the order {order}. {how}", ""]
+    lines = [_how(plan), ""]
     for gpu, rows in plan["gpus"].items():
         lines += [f"**{gpu}**", "",
-                  "| # | pool | capacity | zones | offered in | $/node-hour | $/h at max nodes | price |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for i, r in enumerate(rows, 1):
+                  "| pool | capacity | zones | offered in | $/node-hour | $/h at max nodes | price |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in rows:
             kind = r["capacity"] + (f" `{r['reservation']}`" if r.get("reservation") else "") + \
                 (" (queued provisioning)" if r.get("queuedProvisioning") else "")
-            lines.append(f"| {i} | {r['pool']} | {kind} | {', '.join(r['zones'])} | {', '.join(r['zonesOffering'])} "
+            lines.append(f"| {r['pool']} | {kind} | {', '.join(r['zones'])} | {', '.join(r['zonesOffering'])} "
                          f"| {_money(r.get('perNodeHour'))} | {_money(r.get('atMaxPerHour'))} "
                          f"(max {r['maxNodes']}) | {r['priceNote']} |")
         lines.append("")

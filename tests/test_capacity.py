@@ -163,8 +163,9 @@ def test_kueue_needs_a_gke_cluster() -> None:
 
 def test_capacity_plan_output(dws: RunResult) -> None:
     plan = dws.outputs["capacityPlan"]
-    assert plan["order"] == ["reservation", "dws", "on-demand", "spot"]
+    assert "order" not in plan  # no one order for every job: finetune wants spot first, pretrain a reservation
     assert plan["queue"] == "deepspeed"
+    assert plan["flavors"] == ["h100-reserved", "h100-dws"]  # the ClusterQueue's: only pools queued jobs use
     reserved, dws_pool = plan["gpus"]["nvidia-h100-80gb"]
     # a3-highgpu-8g: $88.49/h on-demand in data/gpu_catalog.yaml; H100 zones of us-central1 from the catalog.
     assert reserved == {"pool": "h100-reserved", "capacity": "reservation", "machineType": "a3-highgpu-8g",
@@ -196,14 +197,20 @@ def test_capacity_plan_orders_spot_last_and_prices_it_as_spot() -> None:
 def test_capacity_plan_section_in_the_summary(dws: RunResult) -> None:
     ((title, body),) = render_sections(dws, [capacity_section.section])
     assert title == "Capacity plan"
-    assert body.startswith("Capacity is obtained in the order reservation → DWS → on-demand → spot. Kueue admits "
-                           "MPIJobs from ClusterQueue `deepspeed` to the first of their pools with free quota")
+    # What each job gets, not one order for all (the old text claimed reservation → DWS → on-demand → spot for
+    # every job while finetune takes spot first).
+    assert "Capacity is obtained in the order" not in body
+    assert body.startswith("Kueue admits each queued MPIJob from ClusterQueue `deepspeed` to the first of its "
+                           "flavors with free quota (h100-reserved → h100-dws, the order the queued jobs prefer); a "
+                           "job whose pods are not all ready within 20m is evicted and requeued, to the same flavor "
+                           "while it has free quota (Kueue does not fall through on a stockout). A GKE ComputeClass "
+                           "makes the autoscaler grow a job's first pool before its fallback pool")
     assert "| pretrain | h100-reserved (reservation) → h100-dws (DWS) | Kueue, queue `deepspeed` |" in body
     assert "| finetune | l4-spot (spot) → l4 (on-demand) | GKE autoscaler, ComputeClass `deepspeed-l4-spot` (back " \
            "to the first when it has room) |" in body
-    assert "| 1 | h100-reserved | reservation `h100-reservation` | us-central1-a | us-central1-a, us-central1-b, " \
+    assert "| h100-reserved | reservation `h100-reservation` | us-central1-a | us-central1-a, us-central1-b, " \
            "us-central1-c | $88.49 | $176.98 (max 2) | on-demand rate, billed whether used or not |" in body
-    assert "| 2 | h100-dws | DWS (queued provisioning) |" in body
+    assert "| h100-dws | DWS (queued provisioning) |" in body
 
 
 # --- Spot then on-demand: a GKE ComputeClass (workloads/compute_class.py, placement.py) --------------

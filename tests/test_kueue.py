@@ -79,32 +79,61 @@ def test_crd_validation_catches_a_bad_object() -> None:
     assert any("podSetMergePolicy" in p for p in crd_problems(config))
 
 
-def test_a_flavor_per_gpu_pool_in_capacity_order(dws: RunResult) -> None:
+def test_a_flavor_per_pool_a_queued_job_uses_none_other(dws: RunResult) -> None:
     flavors = {f["metadata"]["name"]: f["spec"] for f in registered(dws, "ResourceFlavor")}
+    # pretrain (the one queued job) runs on h100-reserved or h100-dws; finetune (Helm, not queued) is not
+    # Kueue's: its L4 pools get no flavor, so no quota nobody queues on.
     assert flavors == {name: {"nodeLabels": {"deepspeed-stack/pool": name}}
-                       for name in ("h100-reserved", "h100-dws", "l4", "l4-spot")} | {"cpu-memory": {}}
+                       for name in ("h100-reserved", "h100-dws")} | {"cpu-memory": {}}
     (queue,) = registered(dws, "ClusterQueue")
     gpus, cpu_memory = queue["spec"]["resourceGroups"]
     assert gpus["coveredResources"] == ["nvidia.com/gpu"]
-    # Reservation, DWS, on-demand, spot; quota = maxNodes x GPUs per node (Pulumi.dws.yaml: 2, 4, 2 and 4 nodes).
+    # pretrain's order (pool h100-reserved, fallbackPool h100-dws); quota = maxNodes x GPUs per node
+    # (Pulumi.dws.yaml: 2 and 4 nodes).
     assert gpus["flavors"] == [
         {"name": "h100-reserved", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 16}]},
-        {"name": "h100-dws", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 32}]},
-        {"name": "l4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 2}]},
-        {"name": "l4-spot", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]}]
-    # a3-highgpu-8g: 208 vCPUs, 1872 GB; g2-standard-8: 8 vCPUs, 32 GB (data/gpu_catalog.yaml); 6 nodes of each.
+        {"name": "h100-dws", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 32}]}]
+    # a3-highgpu-8g: 208 vCPUs, 1872 GB (data/gpu_catalog.yaml); 6 nodes.
     assert cpu_memory == {"coveredResources": ["cpu", "memory"], "flavors": [{"name": "cpu-memory", "resources": [
-        {"name": "cpu", "nominalQuota": 6 * 208 + 6 * 8},
-        {"name": "memory", "nominalQuota": f"{6 * 1872 + 6 * 32}G"}]}]}
+        {"name": "cpu", "nominalQuota": 6 * 208}, {"name": "memory", "nominalQuota": f"{6 * 1872}G"}]}]}
     assert queue["metadata"]["name"] == "deepspeed"
 
 
-def test_capacity_order_puts_spot_last() -> None:
-    h100 = {"machineType": "a3-highgpu-8g", "gpu": {"type": "nvidia-h100-80gb", "count": 8}}
+H100 = {"machineType": "a3-highgpu-8g", "gpu": {"type": "nvidia-h100-80gb", "count": 8}, "maxNodes": 2}
+
+
+def test_flavor_order_is_what_the_queued_jobs_prefer() -> None:
     pools = stack_yaml("dws")["deepspeed-stack:nodePools"]
-    m = model("dws", {"nodePools": [{**h100, "name": "h100-spot", "spot": True}, *pools, {**h100, "name": "h100"}]})
-    assert [p.name for p in kueue.ordered_pools(m.node_pools)] == [
-        "h100-reserved", "h100-dws", "l4", "h100", "h100-spot", "l4-spot"]
+    job = stack_yaml("dws")["deepspeed-stack:workloads"]["pretrain"]
+    spot_first = {**job, "namespace": "spot", "pool": "h100-spot", "fallbackPool": "h100"}
+    m = model("dws", {"nodePools": [*pools, {**H100, "name": "h100-spot", "spot": True}, {**H100, "name": "h100"}],
+                      "workloads.spot": spot_first})
+    # spot's job wants h100-spot before h100 (capacity order would put on-demand first); pretrain's two pools
+    # keep their order; no job orders the two pairs against each other, so capacity order decides between them.
+    assert [p.name for p in kueue.flavor_pools(m)] == ["h100-reserved", "h100-dws", "h100-spot", "h100"]
+    (queue,) = [o for o in kueue.cluster_objects(m.kueue, kueue.flavor_pools(m)) if o["kind"] == "ClusterQueue"]
+    assert [f["name"] for f in queue["spec"]["resourceGroups"][0]["flavors"]] == [
+        "h100-reserved", "h100-dws", "h100-spot", "h100"]
+    assert crd_problems(queue) == []
+
+
+def test_contradicting_queued_preferences_are_refused() -> None:
+    from conftest import problems
+
+    job = stack_yaml("dws")["deepspeed-stack:workloads"]["pretrain"]
+    found = problems("dws", {"workloads.other": {**job, "namespace": "other", "pool": "h100-dws",
+                                                 "fallbackPool": "h100-reserved"}})
+    assert "workloads.other.fallbackPool: Kueue tries the ClusterQueue's flavors in one order for every queued " \
+           "job, and the jobs' preferences contradict each other (pretrain: h100-reserved before h100-dws; other: " \
+           "h100-dws before h100-reserved); give them the same order" in found
+
+
+def test_kueue_without_a_queued_job_is_refused() -> None:
+    from conftest import DELETE, problems
+
+    found = problems("dws", {"workloads.pretrain": DELETE, "nodePools[1].queuedProvisioning": False})
+    assert "kueue.install: no workload waits in Kueue (it queues `mpijob` workloads on the stack's GPU pools), so " \
+           "its ClusterQueue would have no GPU flavor; add such a workload or set kueue.install: false" in found
 
 
 def test_dws_admission_check_only_on_the_queued_pool(dws: RunResult) -> None:

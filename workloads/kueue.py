@@ -5,9 +5,10 @@ Kueue admits a job only when all of its pods fit (gang admission); for a queued-
 asks GKE for all the nodes at once through a ProvisioningRequest (`queued-provisioning.gke.io`).
 
 Two resource groups, so the MPI launcher needs no GPU capacity:
-- `nvidia.com/gpu`, one flavor per GPU pool (node label `deepspeed-stack/pool`), in the order the stack
-  obtains capacity (reservation -> DWS -> on-demand -> spot; data/capacity.yaml), quota = maxNodes x GPUs;
-- `cpu` and `memory`, one label-less flavor sized to the GPU pools' machines at maxNodes.
+- `nvidia.com/gpu`, one flavor per GPU pool a queued job may run on (node label `deepspeed-stack/pool`), in
+  the order the jobs prefer them (`pool` before `fallbackPool`; else reservation -> DWS -> on-demand -> spot,
+  data/capacity.yaml), quota = maxNodes x GPUs;
+- `cpu` and `memory`, one label-less flavor sized to those pools' machines at maxNodes.
 The launcher requests no GPU, so Kueue gives it no GPU flavor (no pool's node selector) and the
 ProvisioningRequestConfig's `managedResources: [nvidia.com/gpu]` leaves its PodSet out of the request: GKE's
 queued provisioning then sees the one PodSet it accepts, the workers, and the launcher runs on the system pool.
@@ -59,9 +60,11 @@ def _obj(kind: str, name: str, spec: dict[str, Any], namespace: str | None = Non
             "spec": spec}
 
 
-def ordered_pools(pools: list[NodePoolConfig]) -> list[NodePoolConfig]:
-    """Reservation, then DWS, then on-demand, then spot: Kueue tries a group's flavors in this order."""
-    return sorted(pools, key=capacity.rank)  # stable: pools of one kind keep the config's order
+def flavor_pools(cfg: StackConfig) -> list[NodePoolConfig]:
+    """The GPU flavors' pools, in the ClusterQueue's order: only pools a queued job may run on (a flavor nobody
+    queues on only inflates the quotas), each job's `pool` before its `fallbackPool`, else capacity order
+    (reservation, DWS, on-demand, spot). Contradicting preferences are refused (checks/capacity.py)."""
+    return capacity.queue_order(cfg) or []
 
 
 def resource_flavor(pool: NodePoolConfig) -> dict[str, Any]:
@@ -86,7 +89,8 @@ def cpu_memory_quota(pools: list[NodePoolConfig]) -> tuple[int, int]:
 
 
 def cluster_queue(name: str, pools: list[NodePoolConfig]) -> dict[str, Any]:
-    ordered = ordered_pools(pools)
+    """Kueue tries a resource group's flavors first to last: `pools` in that order (flavor_pools)."""
+    ordered = pools
     cpu, memory = cpu_memory_quota(pools)
     spec: dict[str, Any] = {
         "namespaceSelector": {},  # LocalQueues decide which namespaces submit here
@@ -125,8 +129,8 @@ def provisioning_request_config() -> dict[str, Any]:
 
 
 def cluster_objects(config: KueueConfig, pools: list[NodePoolConfig]) -> list[dict[str, Any]]:
-    """Every cluster-scoped object, flavors before the queue that names them."""
-    objects = [*(resource_flavor(p) for p in ordered_pools(pools)), cpu_flavor()]
+    """Every cluster-scoped object, flavors before the queue that names them; `pools` in flavor order."""
+    objects = [*(resource_flavor(p) for p in pools), cpu_flavor()]
     if any(p.queued_provisioning for p in pools):
         objects += [provisioning_request_config(), admission_check()]
     return [*objects, cluster_queue(config.queue_name, pools)]
@@ -135,7 +139,7 @@ def cluster_objects(config: KueueConfig, pools: list[NodePoolConfig]) -> list[di
 @dataclass(frozen=True)
 class KueueArgs:
     config: KueueConfig
-    pools: list[NodePoolConfig]
+    pools: list[NodePoolConfig]  # the GPU flavors' pools in the ClusterQueue's order (flavor_pools)
     # Workload namespace -> its name as an output of the Namespace that creates it (so the LocalQueue waits).
     namespaces: dict[str, pulumi.Input[str]] = field(default_factory=dict)
 
