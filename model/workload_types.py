@@ -32,6 +32,7 @@ class GaudiConfig:
 class ChartConfig:
     version: str
     repository: str
+    client_gpu: bool = False  # the client on the workers' GPU pool (else on the system pool, CPU and memory only)
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,9 @@ class HelmWorkloadConfig(DeepSpeedWorkloadConfig):
     chart: ChartConfig
 
     def nodes_needed(self) -> tuple[int, str]:
-        return self.workers + 1, f"{self.workers} worker(s) + 1 client"
+        if self.chart.client_gpu:
+            return self.workers + 1, f"{self.workers} worker(s) + 1 client (chart.clientGpu)"
+        return self.workers, f"{self.workers} worker(s)"  # the chart's client runs on the system pool
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -264,7 +264,9 @@ def test_helm_job_selects_the_class_not_a_preferred_affinity(dws: RunResult) -> 
     from conftest import reference, validate_json
 
     values = dws.one("kubernetes:helm.sh/v3:Release", "finetune-release").inputs["values"]
-    for role in ("client", "worker"):
+    # The chart's client holds no GPU: it runs on the system pool (issue 19.10), outside the class.
+    assert values["client"]["nodeSelector"] == {"deepspeed-stack/pool": "system"}
+    for role in ("worker",):
         # Only the class: GKE refuses pods that also select a system label the class could set
         # (cloud.google.com/gke-accelerator), and preferred affinity is what the autoscaler ignores (autoscaler#2804).
         assert values[role]["nodeSelector"] == {CLASS_LABEL: "deepspeed-l4-spot"}

@@ -16,14 +16,14 @@ def nvidia_mpijob(**storage: str) -> dict:
 
 
 def test_two_workloads_that_together_exceed_the_pool_are_refused() -> None:
-    # dev's smoke: 2 workers + 1 client = 3 nodes = t4's maxNodes; a copy of it needs 3 more.
+    # dev's smoke: 2 workers (the chart's client runs on the system pool) of t4's 3 nodes; a copy needs 2 more.
     config = changed("dev")
     workloads = config["deepspeed-stack:workloads"]
     workloads["smoke2"] = {**copy.deepcopy(workloads["smoke"]), "namespace": "deepspeed-smoke2"}
     assert config_problems(config) == [
-        "nodePools[0].maxNodes: the workloads on pool t4 need 6 nodes at once (smoke 3 (2 worker(s) + 1 client), "
-        "smoke2 3 (2 worker(s) + 1 client)), but maxNodes is 3; raise it to 6, or move a workload to another pool"]
-    config["deepspeed-stack:nodePools"][0]["maxNodes"] = 6
+        "nodePools[0].maxNodes: the workloads on pool t4 need 4 nodes at once (smoke 2 (2 worker(s)), "
+        "smoke2 2 (2 worker(s))), but maxNodes is 3; raise it to 4, or move a workload to another pool"]
+    config["deepspeed-stack:nodePools"][0]["maxNodes"] = 4
     assert config_problems(config) == []
 
 

@@ -34,34 +34,34 @@ def _floor_parts(raw: dict[str, Any]) -> float:
 
 def test_prod_headline_is_training_running_not_the_floor(raw: dict[str, Any]) -> None:
     """The failing input of the issue: the headline said "$x/h at min nodes" while `pulumi up` starts the helm
-    release's 2 workers and its client, each on a g2-standard-8 node of its own."""
+    release's 2 workers, each on a g2-standard-8 node of its own (the chart's client runs on the system pool)."""
     costs = cost.stack_costs(config_model(stack_yaml("prod")))
     l4 = _od(raw, "nvidia-l4", "g2-standard-8")
-    assert costs["running"]["training"]["perHour"] == pytest.approx(_floor_parts(raw) + 3 * l4)
-    assert costs["running"]["training"]["nodes"] == {"system": 1, "l4": 3}
+    assert costs["running"]["training"]["perHour"] == pytest.approx(_floor_parts(raw) + 2 * l4)
+    assert costs["running"]["training"]["nodes"] == {"system": 1, "l4": 2}
     assert costs["floorPerHour"] == pytest.approx(_floor_parts(raw) + 1 * l4)  # l4.minNodes 1
     assert set(costs["running"]) == {"training"}
     line = cost.headline(costs)
-    assert line.startswith(f"Estimated cost: **${_floor_parts(raw) + 3 * l4:,.2f}/h with training running**")
+    assert line.startswith(f"Estimated cost: **${_floor_parts(raw) + 2 * l4:,.2f}/h with training running**")
     assert f"floor **${_floor_parts(raw) + l4:,.2f}/h** at min nodes" in line
 
 
 def test_training_and_serving_apart_and_together(raw: dict[str, Any]) -> None:
-    """prod's helm release (3 nodes) and serve's one-replica server on the same l4 pool (min 1, max 4)."""
+    """prod's helm release (2 nodes) and serve's one-replica server on the same l4 pool (min 1, max 4)."""
     config = stack_yaml("prod")
     server = copy.deepcopy(stack_yaml("serve")["deepspeed-stack:workloads"]["mistral"])
     config["deepspeed-stack:workloads"]["mistral"] = server
     costs = cost.stack_costs(config_model(config))
     l4, base = _od(raw, "nvidia-l4", "g2-standard-8"), _floor_parts(raw)
     running = costs["running"]
-    assert running["training"]["perHour"] == pytest.approx(base + 3 * l4)
+    assert running["training"]["perHour"] == pytest.approx(base + 2 * l4)
     assert running["serving"]["perHour"] == pytest.approx(base + 1 * l4)  # one replica: the pool's min node
-    assert running["all"]["perHour"] == pytest.approx(base + 4 * l4)
+    assert running["all"]["perHour"] == pytest.approx(base + 3 * l4)
     assert (running["training"]["workloads"], running["serving"]["workloads"]) == (["zero3-smoke"], ["mistral"])
     line = cost.headline(costs)
-    assert f"**${base + 3 * l4:,.2f}/h with training running**" in line
+    assert f"**${base + 2 * l4:,.2f}/h with training running**" in line
     assert f"**${base + l4:,.2f}/h with serving running**" in line
-    assert f"${base + 4 * l4:,.2f}/h with both" in line
+    assert f"${base + 3 * l4:,.2f}/h with both" in line
 
 
 def test_serving_replicas_take_a_node_each_at_most_max_nodes(raw: dict[str, Any]) -> None:
@@ -75,7 +75,7 @@ def test_serving_replicas_take_a_node_each_at_most_max_nodes(raw: dict[str, Any]
 def test_spot_running_cost_is_marked_an_estimate(raw: dict[str, Any]) -> None:
     costs = cost.stack_costs(config_model(stack_yaml("dev")))
     t4 = raw["n1Machines"]["n1-standard-8"]["price"]["spot"] + raw["gpus"]["nvidia-tesla-t4"]["price"]["spot"]
-    assert costs["running"]["training"]["perHour"] == pytest.approx(_floor_parts(raw) + 3 * t4)
+    assert costs["running"]["training"]["perHour"] == pytest.approx(_floor_parts(raw) + 2 * t4)
     assert costs["running"]["training"]["estimatedAt"] == ["spot"]
     assert "(spot prices: estimate)" in cost.headline(costs)
     assert any(n.startswith("Spot: spot prices move daily") for n in costs["estimates"])
@@ -154,9 +154,9 @@ def test_summary_headline_comes_right_after_the_title(prod: engine.RunResult) ->
 
 
 @pytest.mark.parametrize(("stack", "name", "nodes"), [
-    ("dev", "smoke", 3), ("prod", "zero3-smoke", 3),  # helm, 2 workers: + the chart's client on a node of its own
+    ("dev", "smoke", 2), ("prod", "zero3-smoke", 2),  # helm, 2 workers (the chart's client runs on the system pool)
     ("h100", "smoke", 2), ("dws", "pretrain", 2),  # mpijob, 2 workers (the launcher runs on the system pool)
-    ("dws", "finetune", 3),
+    ("dws", "finetune", 2),
 ])
 def test_workload_nodes_agree_with_the_max_nodes_rule(stack: str, name: str, nodes: int) -> None:
     """The node count the cost uses and the maxNodes rule checks (WorkloadConfig.nodes_needed), from the stack

@@ -93,9 +93,36 @@ def test_no_chart_default_image_is_used(dev: RunResult) -> None:
     assert v["volumePermissions"]["enabled"] is False  # os-shell only runs for volumePermissions
 
 
-def test_client_and_workers_get_gpus_placement_and_shm(dev: RunResult) -> None:
+def test_client_runs_on_the_system_pool_without_a_gpu(dev: RunResult) -> None:
+    # issue 19.10: the client only launches the job; on a GPU pool it held a whole GPU node (an A3: 8 idle GPUs).
+    client = values(dev)["client"]
+    assert client["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
+    # components/gke_cluster.py labels the system pool's nodes so; GPU pools are tainted nvidia.com/gpu.
+    assert client["nodeSelector"] == {"deepspeed-stack/pool": "system"}
+    assert client["tolerations"] == [] and "affinity" not in client
+
+
+def test_client_gpu_keeps_the_client_on_the_workers_pool() -> None:
+    run = engine.run_stack("dev", {"deepspeed-stack:workloads": {"smoke": {
+        **stack_yaml("dev")["deepspeed-stack:workloads"]["smoke"], "chart": {"version": "2.3.51", "clientGpu": True}}}})
+    v = values(run)
+    assert v["client"]["resources"] == v["worker"]["resources"] == {"requests": T4_WORKER, "limits": T4_WORKER}
+    assert v["client"]["nodeSelector"] == v["worker"]["nodeSelector"]
+    assert v["client"]["tolerations"] == v["worker"]["tolerations"]
+
+
+def test_the_client_needs_a_gpu_node_only_with_client_gpu() -> None:
+    from conftest import model
+
+    assert model("dev").workloads["smoke"].nodes_needed() == (2, "2 worker(s)")
+    with_gpu = model("dev", {"workloads.smoke.chart.clientGpu": True}).workloads["smoke"]
+    assert with_gpu.nodes_needed() == (3, "2 worker(s) + 1 client (chart.clientGpu)")
+    assert problems("dev", {"workloads.smoke.chart.clientGpu": "yes"}) != []
+
+
+def test_workers_get_gpus_placement_and_shm(dev: RunResult) -> None:
     v = values(dev)
-    for role in ("client", "worker"):
+    for role in ("worker",):
         pod = v[role]
         assert pod["resources"] == {"requests": T4_WORKER, "limits": T4_WORKER}, role
         assert pod["nodeSelector"]["cloud.google.com/gke-accelerator"] == "nvidia-tesla-t4"
@@ -279,9 +306,12 @@ def test_helm_gpu_count_must_fit_the_node() -> None:
 
 
 def test_helm_workers_must_fit_the_pool() -> None:
-    found = problems("dev", {"workloads.smoke.workers": 3, "workloads.smoke.deepspeed.trainBatchSize": DELETE})
-    assert found == ["workloads.smoke.workers: 3 worker(s) + 1 client need 4 nodes of pool t4, but "
-                     "nodePools[0].maxNodes is 3; raise maxNodes or lower workers"]
+    # With the client on the system pool, 3 workers fit maxNodes 3; a GPU client (chart.clientGpu) needs a 4th node.
+    assert problems("dev", {"workloads.smoke.workers": 3, "workloads.smoke.deepspeed.trainBatchSize": DELETE}) == []
+    found = problems("dev", {"workloads.smoke.workers": 3, "workloads.smoke.deepspeed.trainBatchSize": DELETE,
+                             "workloads.smoke.chart.clientGpu": True})
+    assert found == ["workloads.smoke.workers: 3 worker(s) + 1 client (chart.clientGpu) need 4 nodes of pool t4, "
+                     "but nodePools[0].maxNodes is 3; raise maxNodes or lower workers"]
 
 
 def test_launch_script_must_exist_unless_command_is_set() -> None:

@@ -105,10 +105,34 @@ def source_files(w: HelmWorkloadConfig, per_worker: int, with_token: bool = Fals
     return files
 
 
+# The client only launches the job: DeepSpeed's runner starts the ranks on the workers over ssh (pdsh), and the chart
+# probes it with `python -c "import deepspeed"`. `import deepspeed, deepspeed.launcher.runner` took 249 MB of RSS on
+# the e2e venv's CPU torch (measured 2026-11-23); CUDA torch maps more [U]. 2Gi holds the runner and a probe's
+# second interpreter; 1 CPU keeps the import well inside the probes' 60-90 s timeouts (chart values.yaml).
+CLIENT_RESOURCES = {"cpu": "1", "memory": "2Gi"}
+# The stack's system pool's node label (components/gke_cluster.py); it has no taint, so no toleration is needed.
+SYSTEM_POOL_SELECTOR = {"deepspeed-stack/pool": "system"}
+
+
+def _placement_values(w: HelmWorkloadConfig, where: Placement, worker: bool) -> dict[str, Any]:
+    """Workers (and a `chart.clientGpu` client) take the pool's GPUs; the client otherwise runs on the system pool
+    with CPU and memory only, so it holds no GPU node (on an A3 pool: an idle 8-GPU node)."""
+    if not worker and not w.chart.client_gpu:
+        resources = dict(CLIENT_RESOURCES)
+        return {"resources": {"requests": resources, "limits": dict(resources)},
+                "nodeSelector": dict(SYSTEM_POOL_SELECTOR), "tolerations": []}
+    limits = where.limits()
+    out: dict[str, Any] = {"resources": {"requests": dict(limits), "limits": dict(limits)},
+                           "nodeSelector": dict(where.node_selector),
+                           "tolerations": [dict(t) for t in where.tolerations]}
+    if where.affinity:
+        out["affinity"] = copy.deepcopy(where.affinity)  # spot first, the fallback pool when it has no room
+    return out
+
+
 def _pod_values(w: HelmWorkloadConfig, where: Placement, token_secret: str | None,
                 gcs: gcs_fuse.GcsMount | None = None, worker: bool = True) -> dict[str, Any]:
-    """What client and workers share: GPU resources, placement, /dev/shm, the token and the bucket."""
-    limits = where.limits()
+    """What client and workers share: placement and resources, /dev/shm, the token and the bucket."""
     volumes: list[dict[str, Any]] = [
         # NCCL and PyTorch data loaders need far more shared memory than the container runtime's 64 MiB.
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": w.resources.shm_size}},
@@ -122,12 +146,8 @@ def _pod_values(w: HelmWorkloadConfig, where: Placement, token_secret: str | Non
     pod: dict[str, Any] = {
         # A new script or ds_config.json rolls the client and workers (the chart hashes only its own ConfigMap).
         "podAnnotations": {CONFIG_DIGEST_ANNOTATION: config_digest(files)},
-        "resources": {"requests": dict(limits), "limits": dict(limits)},
-        "nodeSelector": dict(where.node_selector),
-        "tolerations": [dict(t) for t in where.tolerations],
+        **_placement_values(w, where, worker),
     }
-    if where.affinity:
-        pod["affinity"] = copy.deepcopy(where.affinity)  # spot first, the fallback pool when it has no room
     if token_secret:
         volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": token_secret, "defaultMode": 0o440,
                                                          "items": [{"key": TOKEN_KEY, "path": "token"}]}})
