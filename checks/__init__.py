@@ -18,6 +18,7 @@ from checks import (
     gaudi,
     image,
     machine_disks,
+    node_fit,
     offload,
     planner,
     platform,
@@ -42,7 +43,8 @@ def kind_warnings(m: StackConfig) -> list[str]:
 
 ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, kind_rules, *gaudi.CHECKS, *planner.CHECKS,
                            *vertex.CHECKS, *capacity.CHECKS, *fabric.CHECKS, *offload.CHECKS, *machine_disks.CHECKS,
-                           *cluster_wide.CHECKS, *image.CHECKS, *reachability.CHECKS]
+                           *cluster_wide.CHECKS, *image.CHECKS, *reachability.CHECKS,
+                           *node_fit.CHECKS]
 
 
 def run_all(m: StackConfig) -> list[str]:

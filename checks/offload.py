@@ -1,8 +1,9 @@
 """ZeRO offload must fit in the memory a worker pod may use: one named rule.
 
 DeepSpeed's estimators give the CPU memory per node that offloaded optimizer states (and parameters) take
-(planner/sizing.py, `deepspeed_cpu_bytes`). On GKE a worker pod is fitted to its node (workloads/placement.py:
-the machine's memory less GKE's kube-reserved memory, its eviction threshold and room for DaemonSets), and the
+(planner/sizing.py, `deepspeed_cpu_bytes`). On GKE a worker pod is fitted to its node (model/node_memory.py:
+GKE's allocatable, the machine's memory less the kernel's reserve, kube-reserved memory and the eviction
+threshold, less the DaemonSets on the node), and the
 memory-backed /dev/shm counts against the same limit. Beyond that the kernel OOM-kills the worker mid-run, so
 it is an error that says what would fit: more workers, or a machine type with more memory.
 """
@@ -12,9 +13,9 @@ from __future__ import annotations
 from checks.common import Check, at
 from checks.planner import Sized, _describe, alternatives, sized_workloads
 from model import catalog as gpu_catalog
+from model import node_memory
 from model.types import StackConfig
-from planner.sizing import GB
-from workloads.placement import fitted_cpu_memory, quantity_bytes
+from workloads.placement import effective_shm, quantity_bytes
 
 MACHINE_SUGGESTIONS = 3
 
@@ -25,22 +26,33 @@ def _limit(s: Sized) -> str:
         source = f"{at('workloads', s.name, 'resources', 'memory')}"
     elif s.where.pool is not None:
         shape = gpu_catalog.load().shape(s.where.pool.gpu.type, s.where.pool.machine_type, s.where.pool.gpu.count)
-        source = f"{s.where.pool.machine_type}'s {shape.memory_gb:g} GB after GKE's reservations" if shape else ""
+        source = (f"{s.where.pool.machine_type}'s {shape.memory_gb:g} GiB less the kernel's and GKE's reservations "
+                  "and the node's DaemonSets") if shape else ""
     else:
         source = ""
     return f"its memory limit {s.where.memory}" + (f" ({source})" if source else "")
 
 
+def _shm(s: Sized) -> str:
+    shm = effective_shm(s.where, s.workload.resources.shm_size)
+    if shm != s.workload.resources.shm_size:
+        return f"{shm} (the GPU fabric's pod contract)"
+    return f"{at('workloads', s.name, 'resources', 'shmSize')} {shm}"
+
+
 def bigger_machines(s: Sized, need_gb: float) -> list[str]:
     """Machine types of the pool's GPU and count whose fitted pod holds `need_gb` beside /dev/shm, smallest first."""
     pool = s.where.pool
-    shm = quantity_bytes(s.workload.resources.shm_size)
+    shm = quantity_bytes(effective_shm(s.where, s.workload.resources.shm_size))
     if pool is None or s.workload.resources.memory or shm is None:
         return []
     cat, out = gpu_catalog.load(), []
     for machine_type in cat.machine_types(pool.gpu.type, pool.gpu.count):
         shape = cat.shape(pool.gpu.type, machine_type, pool.gpu.count)
-        pod = (quantity_bytes(fitted_cpu_memory(shape.vcpus, shape.memory_gb)[1]) - shm) / GB
+        fabric = node_memory.machine_fabric(machine_type) if pool.fabric.enabled else None
+        fit = node_memory.fit_pod(shape.vcpus, shape.memory_gb, fabric, pool.fabric.installer,
+                                  s.workload.gcs_fuse.enabled)
+        pod = node_memory.process_memory_gb(fit.memory_gib * node_memory.GIB_BYTES, shm)
         if pod >= need_gb:
             out.append(f"{machine_type} ({pod:.1f} GB)")
     return out[:MACHINE_SUGGESTIONS]
@@ -77,8 +89,7 @@ def check_offload_fits_pod_memory(m: StackConfig) -> list[str]:
             f"{at('workloads', s.name, 'deepspeed', 'offloadOptimizer')}: DeepSpeed estimates {need:.1f} GB of CPU "
             f"memory per node for {s.request.model.name}'s offloaded states at {s.strategy.label} on "
             f"{s.estimate.nodes} worker(s) (its 1.5 buffer factor included), but a worker pod may use {room:.1f} GB: "
-            f"{_limit(s)} less {at('workloads', s.name, 'resources', 'shmSize')} {s.workload.resources.shm_size} "
-            f"for /dev/shm. {_what_fits(m, s)}")
+            f"{_limit(s)} less {_shm(s)} for /dev/shm. {_what_fits(m, s)}")
     return problems
 
 

@@ -60,7 +60,8 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
             gpus, machines = f"{o.gpus} x {short_name(o.gpu_name)}", f"{o.nodes} x {o.machine_type}"
             memory = f"{o.per_gpu_gb:.1f} of {o.memory_gb:g}"
             cpu = o.estimate.cpu_gb_per_node
-            offload = f" (offload: {cpu:.0f} of {o.machine_memory_gb:g} GB CPU per node)" if cpu else ""
+            offload = (f" (offload: {cpu:.0f} of the {o.pod_memory_gb:.1f} GB a worker pod may use on the "
+                       f"{o.machine_memory_gb:g} GiB machine)") if cpu else ""
             lines.append(f"  {gpus:<18} {machines:<22} {memory:>11} {o.on_demand:>14.2f} {o.spot:>9.2f}  "
                          f"{', '.join(o.zones)}{offload}")
         lines.append("")

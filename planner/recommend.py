@@ -2,7 +2,8 @@
 
 For each way of running the model (inference, or each ZeRO stage and offload variant for training) and each GPU
 type offered in the region, the cheapest (machine shape x node count) whose GPUs keep HEADROOM free, and
-whose CPU memory holds what DeepSpeed offloads. Options are sorted by the on-demand $/h, then spot $/h.
+whose worker pod holds what DeepSpeed offloads (GKE's allocatable less DaemonSets and /dev/shm,
+model/node_memory.py). Options are sorted by the on-demand $/h, then spot $/h.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model import catalog as gpu_catalog
+from model.node_memory import planned_process_memory_gb
 from planner.sizing import HEADROOM, Estimate, Request, Strategy, estimate
 
 MAX_NODES = 32
@@ -24,7 +26,8 @@ class Option:
     gpus_per_node: int
     zones: tuple[str, ...]
     memory_gb: float  # per GPU
-    machine_memory_gb: float
+    machine_memory_gb: float  # the machine's memory (GiB, as Compute Engine lists it)
+    pod_memory_gb: float  # what a worker's processes may hold on one node (model/node_memory.py), GB
     estimate: Estimate
     on_demand: float  # $/h for all nodes
     spot: float
@@ -56,9 +59,10 @@ def short_name(display_name: str) -> str:
     return display_name.removeprefix("NVIDIA ").removeprefix("Intel ")
 
 
-def fits(est: Estimate, memory_gb: float, machine_memory_gb: float, headroom: float = HEADROOM) -> bool:
-    """GPU memory with headroom, and the node's memory for what DeepSpeed offloads to the CPU."""
-    return est.fits(memory_gb, headroom) and est.cpu_gb_per_node <= machine_memory_gb
+def fits(est: Estimate, memory_gb: float, pod_memory_gb: float, headroom: float = HEADROOM) -> bool:
+    """GPU memory with headroom, and what DeepSpeed offloads to the CPU within what a worker pod's processes may
+    hold: the same number the preview's offload check compares with (model/node_memory.py), not the machine's."""
+    return est.fits(memory_gb, headroom) and est.cpu_gb_per_node <= pod_memory_gb
 
 
 def usable(cat: gpu_catalog.Catalog, gpu_type: str, request: Request) -> bool:
@@ -72,11 +76,12 @@ def cheapest_for_gpu(request: Request, strategy: Strategy, cat: gpu_catalog.Cata
     so each shape stops at the fewest nodes that fit."""
     gpu, best = cat.gpus[gpu_type], None
     for shape in gpu.shapes:
+        pod_gb = planned_process_memory_gb(shape.machine_type, shape.vcpus, shape.memory_gb)
         for nodes in range(1, max_nodes + 1):
             est = estimate(request, strategy, shape.gpus, nodes)
-            if fits(est, gpu.memory_gb, shape.memory_gb, headroom):
+            if fits(est, gpu.memory_gb, pod_gb, headroom):
                 option = Option(gpu_type, gpu.display_name, shape.machine_type, nodes, shape.gpus, zones,
-                                gpu.memory_gb, shape.memory_gb, est,
+                                gpu.memory_gb, shape.memory_gb, pod_gb, est,
                                 nodes * shape.price.on_demand, nodes * shape.price.spot)
                 if best is None or option.sort_key() < best.sort_key():
                     best = option

@@ -27,20 +27,23 @@ def test_quantities() -> None:
 
 def test_llama_8b_at_zero3_offload_on_g2_standard_8_is_refused_with_numbers() -> None:
     # DeepSpeed's estimate_zero3_model_states_mem_needs (offload_optimizer, zero.Init): 16 bytes per parameter
-    # over the nodes x 1.5: 8.03e9 x 16 / 2 x 1.5 = 96.4 GB per node. The pod: g2-standard-8 (32 GiB) less GKE's
-    # kube-reserved memory (25 % of 4 + 20 % of 4 + 10 % of 8 + 6 % of 16 = 3.56 GiB), the 100 MiB eviction
-    # threshold and 1.5 GiB for DaemonSets: 26 GiB (floored); less 8 GiB of /dev/shm: 18 GiB = 19.3 GB.
+    # over the nodes x 1.5: 8.03e9 x 16 / 2 x 1.5 = 96.4 GB per node. The pod: g2-standard-8 (32 GiB) less the
+    # kernel's reserve (32/64 GiB + 16 MiB + 64 MiB swiotlb + min(0.00175 x 32 GiB, 248 MiB) = 0.63 GiB; autoscaler
+    # gce_reserved.go), GKE's kube-reserved memory (25 % of 4 + 20 % of 4 + 10 % of 8 + 6 % of 16 = 3.56 GiB), the
+    # 100 MiB eviction threshold and 1.5 GiB for DaemonSets: 26 GiB (floored); less 8 GiB of /dev/shm: 18 GiB.
     need = 8.03e9 * 16 / 2 * 1.5 / 1e9
     room = 18 * GIB / 1e9
     (problem,) = config_problems(llama8b())
     assert problem.startswith(
         f"{WORKLOAD}.deepspeed.offloadOptimizer: DeepSpeed estimates {need:.1f} GB of CPU memory per node for "
         f"Llama-3.1-8B's offloaded states at ZeRO-3 + optimizer offload on 2 worker(s) (its 1.5 buffer factor "
-        f"included), but a worker pod may use {room:.1f} GB: its memory limit 26Gi (g2-standard-8's 32 GB after "
-        f"GKE's reservations) less {WORKLOAD}.resources.shmSize 8Gi for /dev/shm. What fits: ")
-    # g2-standard-32 (128 GiB): 128 - (1 + 0.8 + 0.8 + 6.72 + 0.02 x 0) - 0.1 - 1.5 -> 117 GiB, less 8 = 109 GiB.
+        f"included), but a worker pod may use {room:.1f} GB: its memory limit 26Gi (g2-standard-8's 32 GiB less "
+        f"the kernel's and GKE's reservations and the node's DaemonSets) less {WORKLOAD}.resources.shmSize 8Gi "
+        "for /dev/shm. What fits: ")
+    # g2-standard-32 (128 GiB): 128 - kernel (2 GiB + 80 MiB + 0.00175 x 128 GiB = 2.30) - kube-reserved
+    # (1 + 0.8 + 0.8 + 6.72 = 9.32) - 0.1 - 1.5 -> 114 GiB, less 8 = 106 GiB.
     assert problem.endswith(f"nodePools[0].machineType one of (memory for the offload): "
-                            f"g2-standard-32 ({109 * GIB / 1e9:.1f} GB)")
+                            f"g2-standard-32 ({106 * GIB / 1e9:.1f} GB)")
     # More workers: 8.03e9 x 16 / n x 1.5 <= 19.3e9 from n = 10 on.
     assert "ZeRO-3 + optimizer offload on 10 x L4 (10 workers x 1; " in problem
 

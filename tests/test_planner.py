@@ -14,7 +14,7 @@ import yaml
 from conftest import PROJECT_DIR, changed, config_model, config_problems, set_path, stack_yaml, yaml_load
 
 from checks import planner as checks_planner
-from model import catalog
+from model import catalog, node_memory
 from model.config import ConfigError
 from planner import cost, recommend, sizing
 from planner.__main__ import main as planner_main
@@ -184,7 +184,8 @@ def test_training_in_4_bit_is_refused() -> None:
 
 def brute_force(request: Request, strategy: Strategy, region: str, max_nodes: int) -> list[tuple]:
     """Every GPU type x machine shape x node count of the catalog; keep what fits with 10 % free GPU memory and
-    the offloaded states in the machine's memory; per GPU type the cheapest; cheapest first."""
+    the offloaded states in what a worker pod's processes may hold (model/node_memory.py, pinned by
+    test_node_memory.py: this checks the search, not the memory model); per GPU type the cheapest; cheapest first."""
     cat = catalog.load()
     fitting = []
     for gpu_type, gpu in cat.gpus.items():
@@ -193,9 +194,10 @@ def brute_force(request: Request, strategy: Strategy, region: str, max_nodes: in
         if request.mode == "training" and request.precision == "bf16" and not gpu.bf16:
             continue
         for shape in gpu.shapes:
+            pod_gb = node_memory.planned_process_memory_gb(shape.machine_type, shape.vcpus, shape.memory_gb)
             for nodes in range(1, max_nodes + 1):
                 est = sizing.estimate(request, strategy, shape.gpus, nodes)
-                if est.per_gpu_gb <= 0.9 * gpu.memory_gb and est.cpu_gb_per_node <= shape.memory_gb:
+                if est.per_gpu_gb <= 0.9 * gpu.memory_gb and est.cpu_gb_per_node <= pod_gb:
                     fitting.append((round(nodes * shape.price.on_demand, 6), round(nodes * shape.price.spot, 6),
                                     nodes * shape.gpus, gpu_type, shape.machine_type, nodes))
     best: dict[str, tuple] = {}

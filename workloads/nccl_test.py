@@ -21,7 +21,6 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from model import catalog as gpu_catalog
 from model.fabric import pool_fabric
 from model.types import NcclTestConfig, NodePoolConfig
 from workloads import fabric
@@ -83,8 +82,7 @@ def config_map_data(inputs: NcclTestInputs) -> dict[str, str]:
 
 
 def _resources(pool: NodePoolConfig) -> dict[str, str]:
-    shape = gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
-    cpu, memory = fitted_cpu_memory(shape.vcpus, shape.memory_gb) if shape else ("8", "32Gi")
+    cpu, memory = fitted_cpu_memory([pool]) or ("8", "32Gi")
     return {NVIDIA_RESOURCE: str(pool.gpu.count), "cpu": cpu, "memory": memory}
 
 

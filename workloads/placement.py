@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from model import capacity
+from model import capacity, node_memory
 from model import catalog as gpu_catalog
+from model.fabric import pool_fabric
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 from workloads import compute_class
 
@@ -27,9 +27,6 @@ DEFAULT_GAUDI_CARDS = 8
 # the 1.7 example asked for 95000Mi with 400Gi). tests/test_gaudi_stack.py pins both against that file.
 GAUDI_MEMORY = "250Gi"
 GAUDI_HUGEPAGES = "312600Mi"
-# Room left on a GPU node for GKE's DaemonSets (device plugin, logging, metrics, Dataplane V2).
-DAEMONSET_CPU = 1.0
-DAEMONSET_MEMORY_GIB = 1.5
 
 
 @dataclass(frozen=True)
@@ -69,34 +66,22 @@ class Placement:
         return out
 
 
-def gke_reserved_cpu(vcpus: float) -> float:
-    """GKE's kube-reserved CPU: 6 % of the first core, 1 % of the next, 0.5 % of the next 2, 0.25 % above 4."""
-    tiers = [(1, 0.06), (1, 0.01), (2, 0.005), (math.inf, 0.0025)]
-    return _tiered(vcpus, tiers)
+def pool_fit(pool: NodePoolConfig, gcs_fuse: bool = False) -> node_memory.PodFit | None:
+    """What the workload container may request on one node of the pool (model/node_memory.py: allocatable by
+    GKE's formula, less GKE's DaemonSets and the pool's fabric installers, less the FUSE sidecar); None for a
+    machine type that does not take the pool's GPUs (a config check reports it)."""
+    shape = gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
+    if shape is None:
+        return None
+    return node_memory.fit_pod(shape.vcpus, shape.memory_gb, pool_fabric(pool), pool.fabric.installer, gcs_fuse)
 
 
-def gke_reserved_memory_gib(memory_gib: float) -> float:
-    """GKE's kube-reserved memory (25/20/10/6/2 % tiers) plus the 100 MiB eviction threshold."""
-    tiers = [(4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06), (math.inf, 0.02)]
-    return _tiered(memory_gib, tiers) + 0.1
-
-
-def _tiered(amount: float, tiers: list[tuple[float, float]]) -> float:
-    total, left = 0.0, amount
-    for size, rate in tiers:
-        take = min(left, size)
-        total += take * rate
-        left -= take
-        if left <= 0:
-            break
-    return total
-
-
-def fitted_cpu_memory(vcpus: float, memory_gib: float) -> tuple[str, str]:
-    """Whole CPUs and GiB a single pod can request on an otherwise empty node of this shape."""
-    cpu = max(1, math.floor(vcpus - gke_reserved_cpu(vcpus) - DAEMONSET_CPU))
-    mem = max(1, math.floor(memory_gib - gke_reserved_memory_gib(memory_gib) - DAEMONSET_MEMORY_GIB))
-    return str(cpu), f"{mem}Gi"
+def fitted_cpu_memory(pools: list[NodePoolConfig], gcs_fuse: bool = False) -> tuple[str, str] | None:
+    """Whole CPUs and GiB that fit a node of every pool the pod may land on (pool, fallback)."""
+    fits = [f for f in (pool_fit(p, gcs_fuse) for p in pools) if f is not None]
+    if not fits:
+        return None
+    return str(min(f.cpu for f in fits)), f"{min(f.memory_gib for f in fits)}Gi"
 
 
 def capacity_tolerations(pool: NodePoolConfig) -> list[dict[str, str]]:
@@ -130,9 +115,8 @@ def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
         tolerations.append(compute_class.toleration(chain.name))
     elif fallback is not None:
         del selector[POOL_LABEL]  # the affinity names both pools
-    shape = gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
     gpu = gpu_catalog.load().gpus.get(pool.gpu.type)
-    cpu, memory = fitted_cpu_memory(shape.vcpus, shape.memory_gb) if shape else (None, "8Gi")
+    cpu, memory = fitted_cpu_memory([pool, *([fallback] if fallback else [])], w.gcs_fuse.enabled) or (None, "8Gi")
     return Placement(
         resource=NVIDIA_RESOURCE,
         per_worker=w.accelerator.count or pool.gpu.count,
@@ -186,23 +170,19 @@ def placement(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
     return _gaudi(w) if w.on_gaudi else _nvidia(cfg, w)
 
 
-_QUANTITY = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+quantity_bytes = node_memory.quantity_bytes
 
 
-def quantity_bytes(quantity: str) -> float | None:
-    """A Kubernetes memory quantity (the schema's forms: 24Gi, 500M, 1024) in bytes; None for another form."""
-    number = quantity.rstrip("kKMGTPEi")
-    try:
-        return float(number) * _QUANTITY[quantity[len(number):]]
-    except (KeyError, ValueError):
-        return None
+def effective_shm(where: Placement, shm_size: str) -> str:
+    """The /dev/shm the pods get: a GPU fabric's pod contract sets its own size (data/gpu_fabric.yaml)."""
+    fabric = pool_fabric(where.pool) if where.pool is not None else None
+    return fabric.shm_size if fabric is not None and fabric.shm_size else shm_size
 
 
 def offload_memory_bytes(where: Placement, shm_size: str) -> float | None:
     """What a worker's processes may hold in memory, e.g. ZeRO's offloaded states: the pod's memory limit
     (fitted to the node after GKE's reservations, or set by resources.memory) less the memory-backed
     /dev/shm, which counts against the same limit. None when either is not a quantity."""
-    limit, shm = quantity_bytes(where.memory), quantity_bytes(shm_size)
+    limit, shm = quantity_bytes(where.memory), quantity_bytes(effective_shm(where, shm_size))
     return None if limit is None or shm is None else max(0.0, limit - shm)
 

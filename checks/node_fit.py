@@ -1,0 +1,67 @@
+"""A worker's requests (= limits) must fit what a node of its pool gives pods: one named rule.
+
+The stack fits `cpu` and `memory` to the pool's machine itself (model/node_memory.py: GKE's allocatable less the
+DaemonSets on the node and the pod's FUSE sidecar) unless `resources.cpu` / `resources.memory` set them. A value
+above that never schedules: the pod stays Pending, DWS's ProvisioningRequest fails and Kueue deactivates the job.
+"""
+
+from __future__ import annotations
+
+from checks.common import Check, at
+from model import node_memory
+from model.types import NodePoolConfig, StackConfig, WorkloadConfig
+from workloads.placement import pool_fit, quantity_bytes
+
+
+def _pools(m: StackConfig, w: WorkloadConfig) -> list[NodePoolConfig]:
+    return [p for p in (m.pool(w.pool or ""), m.pool(w.fallback_pool or "")) if p is not None]
+
+
+def _why(fit: node_memory.PodFit, pool: NodePoolConfig) -> str:
+    n = fit.node
+    sidecar = f", {fit.sidecars.memory_gib:.2f} GiB for the GCS FUSE sidecar" if fit.sidecars.memory_gib else ""
+    return (f"what one {pool.machine_type} node of pool {pool.name} ({n.memory_gib:g} GiB) gives pods: "
+            f"{n.memory_allocatable_gib:.1f} GiB allocatable (less the kernel's {n.kernel_gib:.1f}, kube-reserved "
+            f"{n.kube_reserved_gib:.1f} and the eviction threshold's {n.eviction_gib:.1f} GiB), less "
+            f"{fit.daemonsets.memory_gib:.1f} GiB for its DaemonSets{sidecar}")
+
+
+def _memory_problem(name: str, w: WorkloadConfig, pool: NodePoolConfig, fit: node_memory.PodFit) -> str | None:
+    asked = quantity_bytes(w.resources.memory or "")
+    if asked is None or asked <= fit.container_room_gib * node_memory.GIB_BYTES:
+        return None
+    return (f"{at('workloads', name, 'resources', 'memory')}: {w.resources.memory} is more than {_why(fit, pool)}: "
+            f"at most {fit.memory}; the pod would stay Pending. Leave it unset (the stack fits {fit.memory}), or "
+            "choose a machine type with more memory")
+
+
+def _cpu_problem(name: str, w: WorkloadConfig, pool: NodePoolConfig, fit: node_memory.PodFit) -> str | None:
+    cpu = w.resources.cpu or ""
+    try:
+        asked = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    except ValueError:
+        return None
+    if asked <= fit.container_room_cpu:
+        return None
+    return (f"{at('workloads', name, 'resources', 'cpu')}: {cpu} is more than one {pool.machine_type} node of pool "
+            f"{pool.name} gives the pod ({fit.node.vcpus:g} vCPUs less kube-reserved {fit.node.kube_reserved_cpu:.2f}, "
+            f"{fit.daemonsets.cpu:.2f} for DaemonSets and {fit.sidecars.cpu:.2f} for sidecars): at most "
+            f"{fit.container_room_cpu:.2f}; leave it unset (the stack fits {fit.cpu})")
+
+
+def check_requests_fit_nodes(m: StackConfig) -> list[str]:
+    problems = []
+    for name, w in m.workloads.items():
+        if w.accelerator.kind != "nvidia" or m.cluster is None:
+            continue  # Gaudi runs on an existing cluster whose nodes the stack does not know
+        for pool in _pools(m, w):
+            fit = pool_fit(pool, w.gcs_fuse.enabled)
+            found = [p for p in (_memory_problem(name, w, pool, fit), _cpu_problem(name, w, pool, fit))
+                     if p] if fit else []
+            problems += found
+            if found:
+                break  # the fallback pool has the same shape (checks/capacity.py): one message is enough
+    return problems
+
+
+CHECKS: list[Check] = [check_requests_fit_nodes]

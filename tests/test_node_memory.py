@@ -1,0 +1,155 @@
+"""One memory model (issue 19.3, issue 20.2): what a pod may use on a GKE node, from GKE's allocatable formula
+(model/node_memory.py, data/node_memory.yaml), and every rendered GPU pod within it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import changed, config_problems, model, reference, stack_run
+
+from model import catalog, node_memory
+from model.config import schema as load_schema
+from preview.engine import stacks
+from workloads.placement import placement, quantity_bytes
+
+MIB, GIB = 2**20, 2**30
+
+
+@pytest.mark.parametrize(("memory", "expected"), [
+    # kubernetes/autoscaler cluster-autoscaler/cloudprovider/gce/gce_reserved_test.go (55c37cd5), the COS cases:
+    # reservedMemory + min(correctionConstant x memory, maximumCorrectionValue).
+    (256 * MIB, 4 * MIB + 16 * MIB + 8 * MIB + 0.00175 * 256 * MIB),
+    (2 * GIB, 32 * MIB + 16 * MIB + 8 * MIB + 0.00175 * 2 * GIB),
+    (3 * GIB, 48 * MIB + 16 * MIB + 8 * MIB + 0.00175 * 3 * GIB),
+    (3.25 * GIB, 52 * MIB + 16 * MIB + 64 * MIB + 8 * MIB + 0.00175 * 3.25 * GIB),
+    (4 * GIB, 64 * MIB + 16 * MIB + 64 * MIB + 8 * MIB + 0.00175 * 4 * GIB),
+    (1872 * GIB, 1872 * GIB / 64 + 16 * MIB + 64 * MIB + 248 * MIB),  # the correction's 248 MiB cap
+])
+def test_kernel_reserve_is_the_autoscalers(memory: float, expected: float) -> None:
+    assert node_memory.kernel_reserved_gib(memory / GIB) * GIB == pytest.approx(expected, abs=1)
+
+
+def test_a3_highgpu_8g_allocatable() -> None:
+    # 1872 GiB: kernel 29.25 GiB + 328 MiB = 29.57; kube-reserved 1 + 0.8 + 0.8 + 6.72 + 0.02 x 1744 = 44.2;
+    # eviction 100 MiB: allocatable 1798.13 GiB (../shared/reference/gke-node/FACTS.md: "about 1798 GiB").
+    node = node_memory.allocatable(208, 1872)
+    assert node.kernel_gib == pytest.approx(29.25 + 328 / 1024)
+    assert node.kube_reserved_gib == pytest.approx(44.2)
+    assert node.memory_allocatable_gib == pytest.approx(1872 - 29.25 - 328 / 1024 - 44.2 - 100 / 1024)
+    assert round(node.memory_allocatable_gib) == 1798
+
+
+def test_g2_standard_8_allocatable() -> None:
+    # 32 GiB: kernel 0.5 GiB + 80 MiB + 0.00175 x 32 GiB; kube-reserved 1 + 0.8 + 0.8 + 0.96 = 3.56: ~27.7 GiB.
+    node = node_memory.allocatable(8, 32)
+    assert node.memory_allocatable_gib == pytest.approx(32 - 0.5 - 80 / 1024 - 0.00175 * 32 - 3.56 - 100 / 1024)
+    assert round(node.memory_allocatable_gib, 1) == 27.7
+
+
+def test_small_machines_keep_the_minimum_kube_reserve() -> None:
+    assert node_memory.kube_reserved_gib(0.6) == pytest.approx(255 / 1024)
+
+
+def test_the_dws_request_of_1826gi_is_refused() -> None:
+    (msg,) = config_problems(changed("dws", {"workloads.pretrain.resources.memory": "1826Gi"}))
+    assert msg.startswith("workloads.pretrain.resources.memory: 1826Gi is more than what one a3-highgpu-8g node of "
+                          "pool h100-reserved (1872 GiB) gives pods: 1798.1 GiB allocatable")
+    assert "at most 1796Gi" in msg
+    (msg,) = config_problems(changed("dws", {"workloads.pretrain.resources.cpu": "208"}))
+    assert msg.startswith("workloads.pretrain.resources.cpu: 208 is more than one a3-highgpu-8g node")
+    assert config_problems(changed("dws", {"workloads.pretrain.resources.memory": "1796Gi"})) == []
+
+
+def test_the_dws_workers_fit_allocatable() -> None:
+    m = model("dws")
+    where = placement(m, m.workloads["pretrain"])
+    # 1798.13 GiB allocatable less 1.5 GiB for GKE's DaemonSets (the TCPX installer and NRI ask no memory).
+    assert where.memory == "1796Gi"
+    assert quantity_bytes(where.memory) <= node_memory.allocatable(208, 1872).memory_allocatable_gib * GIB
+
+
+def test_the_fuse_sidecar_counts_against_the_node() -> None:
+    plain = node_memory.fit_pod(8, 32)
+    fuse = node_memory.fit_pod(8, 32, gcs_fuse=True)
+    assert fuse.container_room_gib == pytest.approx(plain.container_room_gib - 128 / 1024)
+
+
+def _gpu_resources(value: Any) -> list[dict[str, Any]]:
+    """Every `resources` block that asks for GPUs, anywhere in a resource's inputs (pod specs, Helm values)."""
+    found = []
+    if isinstance(value, dict):
+        res = value.get("resources")
+        if isinstance(res, dict) and "nvidia.com/gpu" in (res.get("limits") or {}):
+            found.append(res)
+        for item in value.values():
+            found += _gpu_resources(item)
+    elif isinstance(value, list):
+        for item in value:
+            found += _gpu_resources(item)
+    return found
+
+
+@pytest.mark.parametrize("stack", [s for s in stacks() if s not in ("gaudi", "vertex")])
+def test_every_gpu_pod_fits_its_node(stack: str) -> None:
+    m, run, cat = model(stack), stack_run(stack), catalog.load()
+    room: dict[int, float] = {}  # GPUs per pod -> the smallest pod room of the pools with that many GPUs
+    for pool in m.node_pools:
+        shape = cat.shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
+        fit = node_memory.fit_pod(shape.vcpus, shape.memory_gb, node_memory.machine_fabric(pool.machine_type))
+        room[pool.gpu.count] = min(room.get(pool.gpu.count, float("inf")), fit.pod_room_gib)
+    checked = 0
+    for reg in run.resources:
+        for res in _gpu_resources(reg.inputs):
+            gpus = int(res["limits"]["nvidia.com/gpu"])
+            for part in ("requests", "limits"):
+                assert quantity_bytes(res[part]["memory"]) <= room[gpus] * GIB, (reg.name, part, res[part])
+            checked += 1
+    assert checked
+
+
+def test_the_stacks_daemonsets_ask_what_the_data_says() -> None:
+    # container-engine-accelerators @992db81: the installers and the NRI injector request 150m CPU, no memory.
+    base = ("gke-gpu-fabric", "container-engine-accelerators")
+    data = node_memory.facts().stack_daemonsets
+    for path, key in ((("gpudirect-tcpx", "nccl-tcpx-installer.yaml"), "fabricInstaller"),
+                      (("gpudirect-tcpxo", "nccl-tcpxo-installer.yaml"), "fabricInstaller"),
+                      (("gpudirect-rdma", "nccl-rdma-installer.yaml"), "fabricInstaller"),
+                      (("nri_device_injector", "nri-device-injector.yaml"), "nriDeviceInjector")):
+        with open(reference(*base, *path), encoding="utf-8") as fh:
+            ds = next(d for d in yaml_load_all(fh) if d and d.get("kind") == "DaemonSet")
+        spec = ds["spec"]["template"]["spec"]
+        requests = [c.get("resources", {}).get("requests", {}) for c in spec["containers"]]
+        init = [c.get("resources", {}).get("requests", {}) for c in spec.get("initContainers", [])]
+        # A pod's effective request: the larger of its containers' sum and its largest init container.
+        cpu = max(sum(_cpu(r) for r in requests), max((_cpu(r) for r in init), default=0))
+        assert (cpu, [r.get("memory") for r in requests + init if r.get("memory")]) == (data[key].cpu, []), path
+        assert data[key].memory_gib == 0
+
+
+def yaml_load_all(fh: Any) -> list[Any]:
+    import yaml
+
+    return list(yaml.load_all(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+
+
+def _cpu(requests: dict[str, str]) -> float:
+    cpu = str(requests.get("cpu", "0"))
+    return float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+
+
+def _defaults_of(schema: Any, key: str) -> set[str]:
+    found = set()
+    if isinstance(schema, dict):
+        if isinstance(schema.get(key), dict) and "default" in schema[key]:
+            found.add(schema[key]["default"])
+        for value in schema.values():
+            found |= _defaults_of(value, key)
+    elif isinstance(schema, list):
+        for value in schema:
+            found |= _defaults_of(value, key)
+    return found
+
+
+def test_the_planners_shm_is_the_workloads_default() -> None:
+    assert _defaults_of(load_schema(), "shmSize") == {node_memory.DEFAULT_SHM}
