@@ -52,7 +52,7 @@ def _cpu_problem(name: str, w: WorkloadConfig, pool: NodePoolConfig, fit: node_m
 def check_requests_fit_nodes(m: StackConfig) -> list[str]:
     problems = []
     for name, w in m.workloads.items():
-        if w.accelerator.kind != "nvidia" or m.cluster is None:
+        if not w.on_nvidia or m.cluster is None:
             continue  # Gaudi runs on an existing cluster whose nodes the stack does not know
         for pool in _pools(m, w):
             fit = pool_fit(pool, w.gcs_fuse.enabled)
