@@ -7,7 +7,7 @@ Three hosts (e2e/hosts.py) run the stack's own files, rendered by the stack's ow
           `retry_while`, then runs the release's launch command (`cd /app && deepspeed --hostfile
           /job/hostfile smoke_test.py ...`, pdsh) with /app holding the release's source ConfigMap and
           /job/hostfile written as the chart's template writes it;
-- mpijob: the Kubeflow MPIJob for NVIDIA as workloads/mpijob.py renders it: the worker script (its
+- mpijob: the Kubeflow MPIJob for NVIDIA as workloads/mpijob/nvidia.py renders it: the worker script (its
           own host key, sshd with StrictModes off for the operator's key Secret) and the launcher script
           over the operator's hostfile, /etc/deepspeed holding the job's ConfigMap;
 - mpirun: the same hosts launched with OpenMPI (`deepspeed --launcher openmpi`);

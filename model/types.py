@@ -30,6 +30,7 @@ from model.workload_types import (
     LaunchConfig,
     LoraConfig,
     ModelConfig,
+    MpiJobBaseConfig,
     MpiJobWorkloadConfig,
     OpenAiConfig,
     ProxyConfig,
@@ -45,9 +46,9 @@ from model.workload_types import (
 __all__ = [
     "WORKLOAD_TYPES", "AcceleratorConfig", "AllowedSource", "AutoscalingConfig", "ChartConfig", "DeepSpeedConfig",
     "DeepSpeedWorkloadConfig", "GaudiConfig", "GcsFuseConfig", "HelmWorkloadConfig", "LaunchConfig", "LoraConfig",
-    "ModelConfig", "MpiJobWorkloadConfig", "OpenAiConfig", "ProxyConfig", "ResourcesConfig", "ServeWorkloadConfig",
-    "ServingConfig", "StackConfig", "StorageClaimConfig", "TrainingConfig", "WorkloadConfig", "build", "camel",
-    "key_path", "snake",
+    "ModelConfig", "MpiJobBaseConfig", "MpiJobWorkloadConfig", "OpenAiConfig", "ProxyConfig", "ResourcesConfig",
+    "ServeWorkloadConfig", "ServingConfig", "StackConfig", "StorageClaimConfig", "TrainingConfig", "WorkloadConfig",
+    "build", "camel", "key_path", "snake",
 ]
 
 

@@ -238,15 +238,13 @@ class HelmWorkloadConfig(DeepSpeedWorkloadConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MpiJobWorkloadConfig(DeepSpeedWorkloadConfig):
-    """kind mpijob: a Kubeflow v2beta1 MPIJob, on NVIDIA GPUs of a GKE pool or on Gaudi nodes of an existing
-    cluster."""
+class MpiJobBaseConfig(DeepSpeedWorkloadConfig):
+    """A workload that runs as a Kubeflow MPIJob (workloads/mpijob/shape.py): a launcher and workers on a shared
+    volume claim (`storage`, with HF_HOME on it), behind a proxy where the cluster has one. A kind built on the
+    MPIJob subclasses this with its own keys (and merges these keys into its branch of model/schema.yaml)."""
 
     runs_as_mpijob: ClassVar[bool] = True
 
-    gaudi: GaudiConfig
-    host_ipc: bool = field(metadata={"key": "hostIPC"})
-    training: TrainingConfig
     storage: StorageClaimConfig
     hf_home: str
     proxy: ProxyConfig
@@ -258,6 +256,25 @@ class MpiJobWorkloadConfig(DeepSpeedWorkloadConfig):
     @property
     def mount_paths(self) -> tuple[str, ...]:
         return (self.storage.mount_path, *super().mount_paths)
+
+    @property
+    def shares_host_ipc(self) -> bool:
+        """Whether the workers share the host's IPC namespace (a kind with a `hostIPC` key says)."""
+        return False
+
+
+@dataclass(frozen=True, kw_only=True)
+class MpiJobWorkloadConfig(MpiJobBaseConfig):
+    """kind mpijob: a Kubeflow v2beta1 MPIJob, on NVIDIA GPUs of a GKE pool (`launch`) or on Gaudi nodes of an
+    existing cluster (`gaudi`, `training`: optimum-habana's fine-tuning run)."""
+
+    gaudi: GaudiConfig
+    host_ipc: bool = field(metadata={"key": "hostIPC"})
+    training: TrainingConfig
+
+    @property
+    def shares_host_ipc(self) -> bool:
+        return self.host_ipc
 
     @property
     def installs_at_start(self) -> bool:

@@ -4,6 +4,7 @@ worker commands, the config checks of mpijob workloads, and an MPIJob on an NVID
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 from typing import Any
@@ -360,6 +361,40 @@ def test_nvidia_launcher_runs_deepspeed_with_the_shipped_script(nvidia_model: St
     assert "Port 2222" in data["ssh_client.conf"].splitlines()
     mounts = {m["name"]: m["mountPath"] for m in container(job, "Launcher")["volumeMounts"]}
     assert mounts["ssh-client-config"] == "/etc/ssh/ssh_config.d"
+
+
+def test_a_kinds_own_launch_on_the_nvidia_path(nvidia_model: StackConfig) -> None:
+    """The entry point a kind built on the NVIDIA MPIJob uses (workloads/mpijob/nvidia.py): its rank command,
+    env, volumes and files, on the shared shape; the job stays valid for the CRD, the operator and a Pod."""
+    w = nvidia_model.workloads["ds-t4"]
+    where = placement(nvidia_model, w)
+    out = {"name": "out", "emptyDir": {}}
+    launch = mpijob.NvidiaLaunch(
+        rank_command=["/etc/deepspeed/finetune.py", "--deepspeed", "/etc/deepspeed/ds_config.json", "--epochs", "1"],
+        env={"CHECKPOINT_DIR": "/out/checkpoints/ds-t4", "MODEL_DIR": "/out/models/ds-t4"},
+        volumes=[out], mounts=[{"name": "out", "mountPath": "/out"}], files={"finetune.py": "print('hi')\n"},
+        hf_trainer=True)
+    inputs = mpijob.MpiJobInputs(workload=w, placement=where, image="img@sha256:" + "b" * 64,
+                                 config_map="ds-t4-deepspeed", hf_token_secret="ds-t4-hf-token")
+    job = mpijob.render(inputs, w.namespace, launch=launch)
+    assert crd_problems(job) == [] and mpijob.operator_problems(job) == [] and pod_problems(job) == []
+    assert container(job, "Launcher")["args"][0].splitlines()[-1] == (
+        'exec deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
+        "/etc/deepspeed/finetune.py --deepspeed /etc/deepspeed/ds_config.json --epochs 1")
+    for role in ("Launcher", "Worker"):
+        c = container(job, role)
+        assert env(c)["CHECKPOINT_DIR"] == "/out/checkpoints/ds-t4" and env(c)["MODEL_DIR"] == "/out/models/ds-t4"
+        assert {"name": "out", "mountPath": "/out"} in c["volumeMounts"]
+        assert out in job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["volumes"]
+    data = mpijob.config_map_data(w, where, has_token=True, launch=launch)
+    assert data["finetune.py"] == "print('hi')\n" and "smoke_test.py" not in data
+    # The ranks get the variables over ssh: the launcher's client sends them (the workers' sshd accepts them).
+    assert ("SendEnv HF_HOME no_proxy NO_PROXY CHECKPOINT_DIR MODEL_DIR PATH LD_LIBRARY_PATH HF_TOKEN "
+            "HUGGING_FACE_HUB_TOKEN") in data["ssh_client.conf"].splitlines()
+    # ZeRO-3 under the Hugging Face Trainer: the Trainer sizes the prefetch bucket from the model ("auto").
+    stage3 = dataclasses.replace(w, deepspeed=dataclasses.replace(w.deepspeed, zero_stage=3))
+    zero = json.loads(mpijob.config_map_data(stage3, where, False, launch)["ds_config.json"])["zero_optimization"]
+    assert zero["stage3_prefetch_bucket_size"] == "auto"
 
 
 @pytest.fixture(scope="module")

@@ -16,23 +16,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.types import MpiJobWorkloadConfig
+from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig
 from workloads import mpijob
 from workloads.pod_security import GAUDI_SSH_PORT
 
 
-def names(w: MpiJobWorkloadConfig) -> dict[str, str]:
+def names(w: MpiJobBaseConfig) -> dict[str, str]:
     """The two policies' names, by the role whose pods each isolates."""
     return {role: f"{w.name}-{role}" for role in ("launcher", "worker")}
 
 
-def _from(w: MpiJobWorkloadConfig, role: str) -> dict[str, Any]:
+def _from(w: MpiJobBaseConfig, role: str) -> dict[str, Any]:
     return {"podSelector": {"matchLabels": mpijob.pod_labels(w, role)}}
 
 
-def specs(w: MpiJobWorkloadConfig) -> dict[str, dict[str, Any]]:
+def specs(w: MpiJobBaseConfig) -> dict[str, dict[str, Any]]:
     """NetworkPolicy specs by role: the launcher's and the workers'."""
-    opt_in = mpijob.gaudi_installs_at_start(w)
+    opt_in = isinstance(w, MpiJobWorkloadConfig) and w.installs_at_start
     from_launcher: dict[str, Any] = {"from": [_from(w, "launcher")]}
     if not opt_in:
         port = GAUDI_SSH_PORT if w.on_gaudi else mpijob.NVIDIA_SSH_PORT  # each image's sshd

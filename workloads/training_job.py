@@ -16,14 +16,14 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from model.types import MpiJobWorkloadConfig
+from model.types import MpiJobBaseConfig
 from workloads import gcs_fuse, kueue, mpijob, network_policy, pull_secret
 from workloads.placement import Placement, labels
 
 
 @dataclass(frozen=True)
 class TrainingJobArgs:
-    config: MpiJobWorkloadConfig
+    config: MpiJobBaseConfig
     placement: Placement
     # The stack's built image (nvidia); Gaudi jobs use Habana's image unless `image` overrides.
     stack_image: pulumi.Input[str] | None = None
@@ -38,6 +38,8 @@ class TrainingJobArgs:
     # On an existing cluster the namespace and the claim may predate the stack (adopted, see ExistingCluster):
     # `pulumi destroy` leaves them, and the claim's data, in place.
     retain_on_delete: bool = False
+    # A kind built on the NVIDIA MPIJob's own launch (workloads/mpijob/nvidia.py); None: the workload's `launch`.
+    launch: mpijob.NvidiaLaunch | None = None
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -67,7 +69,7 @@ class TrainingJob(pulumi.ComponentResource):
         self.config_map = k8s.core.v1.ConfigMap(
             f"{name}-config",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=mpijob.config_map_name(w.name), namespace=ns, labels=labels(w)),
-            data=mpijob.config_map_data(w, where, has_token=args.hf_token is not None),
+            data=mpijob.config_map_data(w, where, has_token=args.hf_token is not None, launch=args.launch),
             opts=pulumi.ResourceOptions(parent=self),
         )
         access = args.bucket if w.gcs_fuse.enabled else None
@@ -84,13 +86,13 @@ class TrainingJob(pulumi.ComponentResource):
         ) for role, spec in network_policy.specs(w).items()]
         self.job = self._job(name, args, ns)
         self.summary = pulumi.Output.from_input({
-            "kind": "mpijob", "job": w.name, "namespace": ns, "claim": w.storage.claim_name,
+            "kind": w.kind, "job": w.name, "namespace": ns, "claim": w.storage.claim_name,
             "accelerator": where.resource, "acceleratorsPerWorker": where.per_worker, "workers": w.workers,
             "pool": w.pool,
         })
         self.register_outputs({"namespace": ns, "claim": self.claim.metadata.name, "job": w.name})
 
-    def _claim(self, name: str, w: MpiJobWorkloadConfig, ns: pulumi.Output[str], depends_on: list[pulumi.Resource],
+    def _claim(self, name: str, w: MpiJobBaseConfig, ns: pulumi.Output[str], depends_on: list[pulumi.Resource],
                retain: bool = False) -> k8s.core.v1.PersistentVolumeClaim:
         s = w.storage
         return k8s.core.v1.PersistentVolumeClaim(
@@ -105,7 +107,7 @@ class TrainingJob(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on or None, retain_on_delete=retain),
         )
 
-    def _token(self, name: str, w: MpiJobWorkloadConfig, ns: pulumi.Output[str],
+    def _token(self, name: str, w: MpiJobBaseConfig, ns: pulumi.Output[str],
                token: pulumi.Output[str]) -> k8s.core.v1.Secret:
         return k8s.core.v1.Secret(
             f"{name}-hf-token",
@@ -131,7 +133,7 @@ class TrainingJob(pulumi.ComponentResource):
             return mpijob.render_spec(mpijob.MpiJobInputs(
                 workload=w, placement=where, image=mpijob.launcher_image(w, stack_image, gaudi_image),
                 config_map=mpijob.config_map_name(w.name), hf_token_secret=secret, gcs=gcs,
-                operator_version=args.operator_version, image_pull_secret=pull_name, queue=args.queue))
+                operator_version=args.operator_version, image_pull_secret=pull_name, queue=args.queue), args.launch)
 
         return k8s.apiextensions.CustomResource(
             f"{name}-mpijob",

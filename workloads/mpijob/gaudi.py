@@ -1,0 +1,263 @@
+"""The Gaudi MPIJob: the Omnia reference (optimum-habana's `gaudi_spawn.py` over DeepSpeed on `habana.ai/gaudi`
+nodes of an existing cluster), minus what it got wrong: the HF token comes from a Secret (never a literal value),
+and nothing is sed-patched into `run_lora_clm.py` (the training processes get their environment through ssh).
+
+Two variants:
+- the stack's Gaudi image (the default, workloads/images/gaudi): everything installed, hardened pods (non-root,
+  sshd on SSH_PORT, written waivers for what Habana's runtime needs);
+- the install-at-start opt-in (`gaudi.installAtStart`): Habana's stock image as root, optimum-habana and Habana's
+  DeepSpeed installed on every node at every start, Omnia's worker command.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from model import gaudi_software
+from model.types import MpiJobWorkloadConfig
+from workloads import pod_security
+from workloads.ds_config import runs_hf_trainer
+from workloads.mpijob.shape import (
+    CONFIG_DIR,
+    DS_CONFIG_KEY,
+    HOSTFILE_PREAMBLE,
+    SSH_CLIENT_KEY,
+    SSH_READINESS,
+    MpiJobInputs,
+    base_env,
+    base_forwarded,
+    ds_config,
+    ds_config_text,
+    fabric_env,
+    launcher_template,
+    proxy_env,
+    quote_args,
+    ssh_client_config,
+    sshd_worker_script,
+    token_names,
+    worker_template,
+)
+from workloads.mpijob.shape import render_spec as shape_spec
+from workloads.placement import Placement
+
+# Omnia's worker command: generate host keys, start sshd (it daemonizes), keep the pod alive.
+GAUDI_SSHD = "/usr/sbin/sshd"
+# The Omnia reference pins this key exchange on the launcher's ssh client; kept as it is.
+GAUDI_KEX = "KexAlgorithms curve25519-sha256,sntrup761x25519-sha512@openssh.com"
+OPTIMUM_HABANA_REPO = "https://github.com/huggingface/optimum-habana"
+HABANA_DEEPSPEED_REPO = "https://github.com/HabanaAI/DeepSpeed.git"
+GAUDI_EXAMPLE_DIR = "/optimum-habana/examples/language-modeling"
+
+habana_deepspeed_ref = gaudi_software.habana_deepspeed_ref
+
+
+def gaudi_image(w: MpiJobWorkloadConfig) -> str:
+    """Habana's PyTorch installer image for the configured Gaudi software, OS and PyTorch versions: the
+    pinned tag (and digest) of data/gaudi_software.yaml, or the moving `:latest` when none is recorded."""
+    g = w.gaudi
+    base = gaudi_software.base_image(g)
+    if base is not None:
+        return base.ref
+    return (f"vault.habana.ai/gaudi-docker/{g.software_version}/{g.os}/habanalabs/"
+            f"pytorch-installer-{g.pytorch_version}:latest")
+
+
+def image(w: MpiJobWorkloadConfig, gaudi_built: str | None) -> str:
+    """`image` overrides; else Habana's stock image with the install-at-start opt-in, the stack's Gaudi image."""
+    if w.image:
+        return w.image
+    if w.installs_at_start:
+        return gaudi_image(w)
+    if gaudi_built is None:
+        raise ValueError(f"workload {w.name}: a Gaudi MPIJob needs the stack's Gaudi image or `image`")
+    return gaudi_built
+
+
+# --- environment ----------------------------------------------------------------------------------
+
+def plain_env(w: MpiJobWorkloadConfig, where: Placement) -> dict[str, str]:
+    """Non-secret variables of the launcher and workers; LLM_MODEL, NUM_HPU and NUM_EPOCHS are the names the Omnia
+    launcher uses, so its command reads the same."""
+    return {**base_env(w), "LLM_MODEL": w.training.model, "NUM_HPU": str(where.per_worker),
+            "NUM_EPOCHS": str(w.training.epochs), **fabric_env(where)}
+
+
+def forwarded_env(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> list[str]:
+    """Variables the launcher's ssh sends to the training processes on the workers."""
+    return [*base_forwarded(w), *token_names(has_token)]
+
+
+def hf_trainer(w: MpiJobWorkloadConfig) -> bool:
+    """optimum-habana's script runs the Hugging Face Trainer (so does a `launch.command` running one of ours)."""
+    return not w.launch.command or runs_hf_trainer(w.launch.script)
+
+
+def config_map_data(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> dict[str, str]:
+    """ds_config.json; the launcher's ssh client config (but for the install-at-start opt-in)."""
+    data = {DS_CONFIG_KEY: ds_config_text(w, where, hf_trainer(w))}
+    if w.runs_stack_gaudi_image:
+        data[SSH_CLIENT_KEY] = ssh_client_config(forwarded_env(w, where, has_token), [GAUDI_KEX])
+    return data
+
+
+# --- training arguments ---------------------------------------------------------------------------
+
+def ds_bound_args(ds: dict[str, Any]) -> list[str]:
+    """Trainer arguments that must match ds_config.json: the HF Trainer refuses to start when its
+    batch size, accumulation, clipping or precision disagree with an explicit DeepSpeed config."""
+    args = ["--per_device_train_batch_size", str(ds["train_micro_batch_size_per_gpu"]),
+            "--gradient_accumulation_steps", str(ds["gradient_accumulation_steps"]),
+            "--max_grad_norm", str(ds["gradient_clipping"])]
+    if ds.get("bf16", {}).get("enabled"):
+        args += ["--bf16", "True"]
+    elif ds.get("fp16", {}).get("enabled"):
+        args += ["--fp16", "True"]
+    return args
+
+
+def trainer_args(w: MpiJobWorkloadConfig) -> list[str]:
+    """Omnia's knobs from typed keys: the learning rate (also what "auto" in ds_config.json resolves to)
+    and the LoRA settings of run_lora_clm.py."""
+    args = ["--learning_rate", str(w.deepspeed.learning_rate)]
+    lora = w.training.lora
+    if lora.enabled:
+        args += ["--lora_rank", str(lora.rank), "--lora_alpha", str(lora.alpha), "--lora_dropout", str(lora.dropout),
+                 "--lora_target_modules", *lora.target_modules]
+    return args
+
+
+# Flags the stack derives from other keys of the workload (their key paths); `training.args` must not
+# repeat them (a rule says so: workloads/kinds/mpijob.py).
+RESERVED_TRAINING_FLAGS: dict[str, tuple[str, ...]] = {
+    "--model_name_or_path": ("training", "model"),
+    "--dataset_name": ("training", "dataset"),
+    "--num_train_epochs": ("training", "epochs"),
+    "--deepspeed": ("deepspeed",),
+    "--per_device_train_batch_size": ("deepspeed", "microBatchPerGpu"),
+    "--gradient_accumulation_steps": ("deepspeed", "gradientAccumulation"),
+    "--max_grad_norm": ("deepspeed", "gradientClipping"),
+    "--learning_rate": ("deepspeed", "learningRate"),
+    "--lora_rank": ("training", "lora", "rank"),
+    "--lora_alpha": ("training", "lora", "alpha"),
+    "--lora_dropout": ("training", "lora", "dropout"),
+    "--lora_target_modules": ("training", "lora", "targetModules"),
+    "--bf16": ("deepspeed", "precision"),
+    "--fp16": ("deepspeed", "precision"),
+}
+
+
+def reserved_flag(arg: str) -> tuple[str, ...] | None:
+    """The workload keys that set this training argument, when the stack sets it already."""
+    return RESERVED_TRAINING_FLAGS.get(arg.split("=", 1)[0])
+
+
+# --- launcher and worker commands -----------------------------------------------------------------
+
+def gaudi_setup_script(w: MpiJobWorkloadConfig) -> str:
+    """Install optimum-habana and Habana's DeepSpeed; runs on the launcher and once on every worker."""
+    ref = w.training.optimum_habana_version
+    runner = "optimum/habana/distributed/distributed_runner.py"
+    return "; ".join([
+        "set -e",
+        "rm -rf /optimum-habana",
+        f"git clone --depth 1 --branch {shlex.quote(ref)} {OPTIMUM_HABANA_REPO} /optimum-habana",
+        "cd /optimum-habana",
+        # The launcher holds no cards and is not in the hostfile; with one worker DeepSpeed would run
+        # "locally" on the launcher unless forced into multi-node mode. Matched by text (not by line
+        # number as in Omnia) and verified, so a changed release fails here instead of training nowhere.
+        f"sed -i 's|\"deepspeed --hostfile|\"deepspeed --force_multi --hostfile|' {runner}",
+        f"grep -q -- --force_multi {runner}",
+        "pip install .",
+        "pip install -r examples/language-modeling/requirements.txt",
+        f"pip install git+{HABANA_DEEPSPEED_REPO}@{habana_deepspeed_ref(w.gaudi.software_version)}",
+    ])
+
+
+def gaudi_train_command(w: MpiJobWorkloadConfig, where: Placement) -> str:
+    world_size = w.workers * where.per_worker
+    train = [
+        "python", "../gaudi_spawn.py", '--hostfile="$HOSTSFILE"', "--use_deepspeed", "--world_size", str(world_size),
+        shlex.quote(w.training.script), '--model_name_or_path "$LLM_MODEL"',
+        "--dataset_name", shlex.quote(w.training.dataset), '--num_train_epochs "$NUM_EPOCHS"',
+        "--deepspeed", shlex.quote(f"{CONFIG_DIR}/{DS_CONFIG_KEY}"),
+        quote_args(ds_bound_args(ds_config(w, where, hf_trainer(w)))),
+        quote_args(trainer_args(w)),
+        "--output_dir", shlex.quote(f"{w.storage.mount_path}/output/{w.name}"),
+        "--do_train", "--use_habana", "--use_lazy_mode", "--throughput_warmup_steps 3",
+        quote_args(w.training.args),
+    ]
+    return " ".join(part for part in train if part)
+
+
+def gaudi_image_launcher_script(w: MpiJobWorkloadConfig, where: Placement) -> str:
+    """The stack's Gaudi image has everything installed: wait for the workers' sshd, then train."""
+    return "\n".join([
+        "set -eo pipefail",
+        *HOSTFILE_PREAMBLE,
+        f"cd {pod_security.GAUDI_EXAMPLES_DIR}",
+        gaudi_train_command(w, where),
+    ])
+
+
+def gaudi_launcher_script(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> str:
+    """The install-at-start opt-in: Omnia's path (root, installs on every node at every start)."""
+    send_env = forwarded_env(w, where, has_token)
+    setup_env = " ".join(f"-x {name}" for name in ["HF_HOME", *proxy_env(w)])
+    return "\n".join([
+        "set -eo pipefail",
+        *HOSTFILE_PREAMBLE,
+        # ssh (DeepSpeed's pdsh) sends these to the workers, whose sshd accepts them: first lines win.
+        f"printf '%s\\n' {shlex.quote('SendEnv ' + ' '.join(send_env))} {shlex.quote(GAUDI_KEX)} "
+        "| cat - /etc/ssh/ssh_config > /tmp/ssh_config && cat /tmp/ssh_config > /etc/ssh/ssh_config",
+        f"SETUP={shlex.quote(gaudi_setup_script(w))}",
+        'bash -c "$SETUP"',
+        f'mpirun --npernode 1 --tag-output --allow-run-as-root --prefix "$MPI_ROOT" {setup_env} bash -c "$SETUP"',
+        f"cd {GAUDI_EXAMPLE_DIR}",
+        gaudi_train_command(w, where),
+    ])
+
+
+def gaudi_worker_script(send_env: list[str]) -> str:
+    return "\n".join([
+        "/usr/bin/ssh-keygen -A",
+        f"{GAUDI_SSHD} -o {shlex.quote('AcceptEnv=' + ' '.join(send_env))}",
+        "exec sleep infinity",
+    ])
+
+
+def launcher_script(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> str:
+    if w.launch.command:
+        return w.launch.command
+    if w.installs_at_start:
+        return gaudi_launcher_script(w, where, has_token)
+    return gaudi_image_launcher_script(w, where)
+
+
+# --- the job --------------------------------------------------------------------------------------
+
+def render_spec(inputs: MpiJobInputs) -> dict[str, Any]:
+    """The Gaudi MPIJob's spec: the stack's Gaudi image hardened, or the install-at-start opt-in as root."""
+    w, where = inputs.workload, inputs.placement
+    assert isinstance(w, MpiJobWorkloadConfig)  # the Gaudi keys are kind mpijob's
+    files = config_map_data(w, where, inputs.has_token)
+    env = plain_env(w, where)
+    send_env = forwarded_env(w, where, inputs.has_token)
+    script = launcher_script(w, where, inputs.has_token)
+    if w.installs_at_start:
+        secure, worker_script, probes, auth = pod_security.opt_in_security, gaudi_worker_script(send_env), {}, None
+        annotations: dict[str, dict[str, str]] = {"launcher": {}, "worker": {}}
+    else:
+        def secure(spec: dict[str, Any]) -> dict[str, Any]:
+            return pod_security.harden(spec, pod_security.GAUDI_USER)
+
+        worker_script = sshd_worker_script(send_env, pod_security.GAUDI_SSHD_CONFIG)
+        probes = {"readinessProbe": SSH_READINESS, "livenessProbe": pod_security.SSH_LIVENESS}
+        auth = f"{pod_security.GAUDI_HOME}/.ssh"
+        annotations = {role: pod_security.waiver_annotations(role, w.host_ipc) for role in ("launcher", "worker")}
+    launcher = launcher_template(inputs, script=script, env=env, files=files, secure=secure,
+                                 ssh_client=w.runs_stack_gaudi_image, resources=pod_security.LAUNCHER_RESOURCES,
+                                 annotations=annotations["launcher"])
+    worker = worker_template(inputs, script=worker_script, env=env, files=files, secure=secure, probes=probes,
+                             annotations=annotations["worker"])
+    return shape_spec(inputs, launcher, worker, auth)

@@ -1,0 +1,167 @@
+"""The NVIDIA MPIJob: the stack's own image on a GKE GPU pool, the launcher running `deepspeed --hostfile` over the
+operator's hostfile, the script and ds_config.json shipped in the job's ConfigMap (mounted at CONFIG_DIR).
+
+Entry point for a kind built on this path (e.g. `finetune`): describe what every rank runs as an `NvidiaLaunch`
+and render with it; the rest (the shape, the stack's image, hardening, placement, the GPU fabric, the token) is
+this path's:
+
+    launch = NvidiaLaunch(
+        rank_command=[f"{CONFIG_DIR}/finetune.py", "--deepspeed", f"{CONFIG_DIR}/{DS_CONFIG_KEY}", ...],
+        env={"CHECKPOINT_DIR": ..., "MODEL_DIR": ...},       # on launcher and workers, and sent to every rank
+        volumes=[...], mounts=[...],                          # extra volumes, mounted on launcher and workers
+        files={"finetune.py": text},                          # extra files in the job's ConfigMap
+        hf_trainer=True)                                      # ds_config.json for the Hugging Face Trainer
+    spec = render_spec(MpiJobInputs(workload=w, placement=where, image=..., config_map=...), launch)
+    files = config_map_data(w, where, has_token, launch)     # the ConfigMap the pods mount (same `launch`)
+
+`w` is any MpiJobBaseConfig (model/workload_types.py: launch, deepspeed, storage, hfHome, proxy); the TrainingJob
+component (workloads/training_job.py) creates the job, its ConfigMap, claim, token Secret and NetworkPolicies
+from the same pair when given `launch` (TrainingJobArgs.launch).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model.types import MpiJobBaseConfig
+from workloads import fabric
+from workloads.ds_config import runs_hf_trainer
+from workloads.mpijob.shape import (
+    CONFIG_DIR,
+    DS_CONFIG_KEY,
+    HOSTFILE_PREAMBLE,
+    SSH_CLIENT_KEY,
+    SSH_PORT,
+    SSH_READINESS,
+    MpiJobInputs,
+    base_env,
+    base_forwarded,
+    ds_config_text,
+    fabric_env,
+    launcher_template,
+    quote_args,
+    ssh_client_config,
+    sshd_worker_script,
+    token_names,
+    worker_template,
+)
+from workloads.mpijob.shape import render_spec as shape_spec
+from workloads.placement import Placement
+
+SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
+
+# The stack's image (workloads/images/deepspeed) runs as 1001 with sshd on 2222 (a port it may bind);
+# the operator mounts the job's SSH key pair where that user's ssh looks for it.
+NVIDIA_USER = 1001
+NVIDIA_HOME = "/home/deepspeed"
+NVIDIA_SSH_PORT = SSH_PORT
+
+
+@dataclass(frozen=True)
+class NvidiaLaunch:
+    """What the job runs on every rank, and what it needs besides the shape."""
+
+    rank_command: list[str]  # the script and its arguments, as `deepspeed --hostfile ...` runs them on every rank
+    env: dict[str, str] = field(default_factory=dict)  # on launcher and workers, and sent to every rank over ssh
+    volumes: list[dict[str, Any]] = field(default_factory=list)  # extra pod volumes (launcher and workers)
+    mounts: list[dict[str, Any]] = field(default_factory=list)  # their mounts (launcher and workers)
+    files: dict[str, str] = field(default_factory=dict)  # extra files of the job's ConfigMap, under CONFIG_DIR
+    hf_trainer: bool = False  # the ranks run the Hugging Face Trainer: ds_config.json leaves it its own values
+
+
+def launch_of(w: MpiJobBaseConfig) -> NvidiaLaunch:
+    """The `launch` keys' launch: `launch.script` from workloads/scripts with `--deepspeed_config` and
+    `launch.args` (with `launch.command`, the launcher runs that instead and ships no script)."""
+    script = w.launch.script
+    files = {} if w.launch.command else {script: (SCRIPTS_DIR / script).read_text(encoding="utf-8")}
+    return NvidiaLaunch(
+        rank_command=[f"{CONFIG_DIR}/{script}", "--deepspeed_config", f"{CONFIG_DIR}/{DS_CONFIG_KEY}",
+                      *w.launch.args],
+        files=files, hf_trainer=runs_hf_trainer(script))
+
+
+def image(w: MpiJobBaseConfig, stack_image: str | None) -> str:
+    """`image` overrides; else the stack's built image."""
+    if w.image:
+        return w.image
+    if stack_image is None:
+        raise ValueError(f"workload {w.name}: an nvidia MPIJob needs the stack's image or `image`")
+    return stack_image
+
+
+def plain_env(w: MpiJobBaseConfig, where: Placement, launch: NvidiaLaunch | None = None) -> dict[str, str]:
+    """Non-secret variables of the launcher and workers."""
+    return {**base_env(w), **(launch or launch_of(w)).env, **fabric_env(where)}
+
+
+def forwarded_env(w: MpiJobBaseConfig, where: Placement, has_token: bool,
+                  launch: NvidiaLaunch | None = None) -> list[str]:
+    """Variables the launcher's ssh sends to the training processes on the workers; the image's ENV (python venv,
+    GKE's driver libraries) is lost over ssh as well."""
+    return [*base_forwarded(w), *(launch or launch_of(w)).env, "PATH", "LD_LIBRARY_PATH", *token_names(has_token)]
+
+
+def config_map_data(w: MpiJobBaseConfig, where: Placement, has_token: bool,
+                    launch: NvidiaLaunch | None = None) -> dict[str, str]:
+    """ds_config.json, the launcher's ssh client config, the fabric's NCCL env script, and the script(s)."""
+    launch = launch or launch_of(w)
+    data = {DS_CONFIG_KEY: ds_config_text(w, where, launch.hf_trainer),
+            SSH_CLIENT_KEY: ssh_client_config(forwarded_env(w, where, has_token, launch))}
+    contract = fabric.pod_contract(where)
+    if contract is not None:
+        data[fabric.ENV_SCRIPT] = contract.env_script
+    return {**data, **launch.files}
+
+
+def launcher_script(where: Placement | None, launch: NvidiaLaunch) -> str:
+    # On a GPU fabric each rank runs through the fabric's NCCL env script (workloads/fabric.py).
+    rank = "" if fabric.pod_contract(where) is None else (
+        " ".join(fabric.LAUNCH_FLAGS) + " " + fabric.rank_command(f"{CONFIG_DIR}/{fabric.ENV_SCRIPT}") + " ")
+    script, *args = launch.rank_command
+    return "\n".join([
+        "set -eo pipefail",
+        *HOSTFILE_PREAMBLE,
+        # sshd resets PATH whatever the client sends (SendEnv): DeepSpeed's runner exports what ~/.deepspeed_env
+        # lists to every rank, so the ranks find the image's venv (ninja for JIT-built ops) and driver libraries.
+        'printf "PATH=%s\\nLD_LIBRARY_PATH=%s\\n" "$PATH" "${LD_LIBRARY_PATH:-}" >> "$HOME/.deepspeed_env"',
+        # DeepSpeed runs `cd <this directory>` on every worker: the ConfigMap is mounted there too.
+        f"cd {CONFIG_DIR}",
+        # --force_multi: the launcher has no GPU and is not in the hostfile, even with one worker.
+        'exec deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
+        f"{rank}{shlex.quote(script)} {quote_args(args)}".rstrip(),
+    ])
+
+
+def nvidia_launcher_script(w: MpiJobBaseConfig, where: Placement | None = None) -> str:
+    """The launcher's script for the workload's `launch` keys (without the token's export)."""
+    return launcher_script(where, launch_of(w))
+
+
+def nvidia_worker_script(send_env: list[str]) -> str:
+    return sshd_worker_script(send_env)
+
+
+def secure(spec: dict[str, Any]) -> dict[str, Any]:
+    # fsGroup makes the operator's SSH key Secret readable by the image's user.
+    spec["securityContext"] = {"runAsUser": NVIDIA_USER, "runAsGroup": NVIDIA_USER, "fsGroup": NVIDIA_USER,
+                               "runAsNonRoot": True}
+    return spec
+
+
+def render_spec(inputs: MpiJobInputs, launch: NvidiaLaunch | None = None) -> dict[str, Any]:
+    """The NVIDIA MPIJob's spec: the workload's `launch` keys, or a kind's own `launch`."""
+    w, where = inputs.workload, inputs.placement
+    launch = launch or launch_of(w)
+    files = config_map_data(w, where, inputs.has_token, launch)
+    env = plain_env(w, where, launch)
+    script = w.launch.command if w.launch.command else launcher_script(where, launch)
+    launcher = launcher_template(inputs, script=script, env=env, files=files, secure=secure, ssh_client=True,
+                                 volumes=launch.volumes, mounts=launch.mounts)
+    worker = worker_template(
+        inputs, script=nvidia_worker_script(forwarded_env(w, where, inputs.has_token, launch)), env=env,
+        files=files, secure=secure, probes={"readinessProbe": SSH_READINESS}, volumes=launch.volumes,
+        mounts=launch.mounts)
+    return shape_spec(inputs, launcher, worker, f"{NVIDIA_HOME}/.ssh")
