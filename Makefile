@@ -41,8 +41,10 @@ lint: $(STAMP)
 docs: $(STAMP)  ## regenerate the README's configuration reference from model/schema.yaml
 	$(BIN)/python -m model.docs --write README.md
 
-gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Llama-2-7B|7B MODE=inference [PRECISION=fp16] [REGION=...] [VOCAB=.. HIDDEN=..|LARGEST=..]
-	$(BIN)/python -m planner $(if $(MODEL),--model "$(MODEL)",$(if $(PARAMETERS),--parameters $(PARAMETERS),)) \
+# WRITE=<stack>: write the cheapest plan the stack's checks accept (within BUDGET $/h) as Pulumi.<stack>.yaml.
+gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Llama-2-7B|7B MODE=inference|training [PRECISION=fp16] [REGION=...] [VOCAB=.. HIDDEN=..|LARGEST=..] [WRITE=<stack> [BUDGET=$/h]]
+	$(BIN)/python -m $(if $(WRITE),preview.write_stack --stack "$(WRITE)" $(if $(BUDGET),--budget $(BUDGET),),planner) \
+		$(if $(MODEL),--model "$(MODEL)",$(if $(PARAMETERS),--parameters $(PARAMETERS),)) \
 		$(if $(MODE),--mode $(MODE),) $(if $(PRECISION),--precision $(PRECISION),) \
 		$(if $(REGION),--region $(REGION),) $(if $(SEQ),--seq $(SEQ),) $(if $(BATCH),--batch $(BATCH),) \
 		$(if $(VOCAB),--vocab $(VOCAB),) $(if $(HIDDEN),--hidden $(HIDDEN),) $(if $(LARGEST),--largest-layer $(LARGEST),)

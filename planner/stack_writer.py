@@ -1,0 +1,249 @@
+"""The planner writes the stack: each option it recommends as a whole `Pulumi.<stack>.yaml`, cheapest first.
+
+`candidates()` turns every (strategy, option) of `recommend()` into a stack config: one GKE cluster with a private
+system pool, one GPU pool shaped like the option (one zone: NCCL across zones is slow and billed), and the workload
+of the mode: `training` an MPIJob running workloads/scripts/finetune.py (full-parameter, the Hugging Face Trainer)
+on the option's nodes with the ZeRO stage and offload the planner sized; `inference` a `serve` workload on one
+node. `render()` writes it with the plan, the ds_config choices and the reasons as YAML comments.
+
+Which candidate is written is decided above this layer (preview/write_stack.py): the cheapest whose config the
+stack's own checks accept, so what is written previews. A `finetune` mode (LoRA, the finetune kind) plugs in as one
+more entry of WORKLOADS once that kind exists.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from model import catalog as gpu_catalog
+from model.suggest import closest
+from planner.recommend import MAX_NODES, Option, recommend, short_name
+from planner.sizing import BYTES_PER_PARAM, GB, HEADROOM, Estimate, Request, Strategy, known_models
+
+TRAINING, INFERENCE = "training", "inference"
+PROJECT_PLACEHOLDER = "my-gcp-project"
+MODEL_PLACEHOLDER = "your-org/your-model"  # a bare size (`MODEL=34B`) names no Hugging Face model
+DATASET = "/data/datasets/train.jsonl"  # on the MPIJob's shared claim (storage.mountPath /data)
+SCRIPT = "finetune.py"  # workloads/scripts: the Hugging Face Trainer under DeepSpeed (the fine-tuning contract)
+# Checkpoints finetune.py keeps (its --save-total-limit default) and what one holds: the model states of mixed-precision
+# Adam, 16 bytes a parameter (DeepSpeed's estimators; planner/sizing.py), written once for all ranks.
+CHECKPOINTS_KEPT = 2
+CHECKPOINT_BYTES_PER_PARAM = 16
+COMMENT_WIDTH = 112
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One option as a stack: its config (the stack file's `config:` map) and the comments that explain it."""
+
+    mode: str
+    strategy: Strategy
+    option: Option
+    config: dict[str, Any]
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        how = "" if self.mode == INFERENCE else f"{self.strategy.label} on "
+        return f"{how}{self.option.describe()}"
+
+
+def hf_id(model_name: str) -> str | None:
+    """The model's Hugging Face id from its aliases in data/models.yaml: a transformers checkpoint (Llama 2's `-hf`
+    repositories; the bare ones hold Meta's own format), else the id closest to the model's name."""
+    ids = [a for a in (known_models().get(model_name.lower()) or {}).get("aliases", []) if "/" in a]
+    converted = [a for a in ids if a.endswith("-hf")]
+    if converted:
+        return converted[0]
+    by_repo = {a.split("/", 1)[1]: a for a in ids}
+    best = closest(model_name, by_repo, cutoff=0)
+    return by_repo[best] if best else None
+
+
+def _parts(est: Estimate) -> str:
+    return ", ".join(f"{k} {v / GB:.1f}" for k, v in est.parts.items() if v >= 0.05 * GB)
+
+
+def pool_name(gpu_type: str) -> str:
+    """`nvidia-tesla-a100` -> `a100`: what the GPU is called in a sentence, as a pool name."""
+    return gpu_type.removeprefix("nvidia-").removeprefix("tesla-")
+
+
+def _gib(size_bytes: float, floor: int) -> str:
+    return f"{max(floor, math.ceil(size_bytes / 2**30))}Gi"
+
+
+def _platform(stack: str, region: str, option: Option, nodes: int) -> dict[str, Any]:
+    zone = option.zones[0]
+    return {
+        "gcp:project": PROJECT_PLACEHOLDER,
+        "gcp:region": region,
+        "deepspeed-stack:cluster": {
+            "name": f"deepspeed-{stack}"[:40].rstrip("-"),
+            "releaseChannel": "REGULAR",
+            "privateNodes": True,
+            # A private cluster admits only its own new VPC: `pulumi up` reaches it through the fleet's Connect
+            # Gateway (checks/reachability.py).
+            "fleet": {"enabled": True},
+            "deletionProtection": False,
+            "systemPool": {"machineType": "e2-standard-4", "minNodes": 1, "maxNodes": 2, "zones": [zone]},
+        },
+        "deepspeed-stack:nodePools": [{
+            "name": pool_name(option.gpu_type),
+            "machineType": option.machine_type,
+            "gpu": {"type": option.gpu_type, "count": option.gpus_per_node, "driverVersion": "LATEST"},
+            "spot": False,
+            "minNodes": 0,
+            "maxNodes": nodes,
+            "zones": [zone],
+            "diskSizeGb": 200,
+        }],
+        "deepspeed-stack:registry": {"name": "deepspeed", "keepVersions": 10},
+        "deepspeed-stack:image": {"name": "deepspeed", "context": "workloads/images/deepspeed", "tag": "0.1.0"},
+    }
+
+
+def _model_block(request: Request, mode: str) -> dict[str, Any]:
+    block: dict[str, Any] = {"name": request.model.name, "mode": mode, "precision": request.precision,
+                             "sequenceLength": request.sequence_length, "batchSize": request.batch_size}
+    if not request.model.shape_known:
+        block["parameters"] = round(request.model.billions, 3)
+    return block
+
+
+def _training(request: Request, strategy: Strategy, option: Option, model_id: str) -> tuple[dict[str, Any], list[str]]:
+    """An MPIJob of finetune.py: a worker per node with all of its GPUs; the launcher on the system pool."""
+    params = request.model.parameters
+    weights = params * BYTES_PER_PARAM[request.precision]
+    claim = weights + CHECKPOINTS_KEPT * params * CHECKPOINT_BYTES_PER_PARAM
+    workers, gpus = option.nodes, option.gpus_per_node
+    offload = "cpu"
+    workload = {
+        "kind": "mpijob",
+        "namespace": "train",
+        "pool": pool_name(option.gpu_type),
+        "workers": workers,
+        "launch": {"script": SCRIPT,
+                   "args": ["--model", model_id, "--dataset", DATASET, "--seq-len", str(request.sequence_length)]},
+        "storage": {"claimName": "train-shared", "storageClass": "standard-rwx", "size": _gib(claim, 100),
+                    "accessMode": "ReadWriteMany", "mountPath": "/data"},
+        "hfHome": "/data/huggingface",
+        "deepspeed": {
+            "zeroStage": strategy.zero_stage,
+            "offloadOptimizer": offload if strategy.offload_optimizer else "none",
+            "offloadParams": offload if strategy.offload_params else "none",
+            "precision": request.precision,
+            "microBatchPerGpu": request.batch_size,
+            "gradientAccumulation": 1,
+            "trainBatchSize": workers * gpus * request.batch_size,
+        },
+        "model": _model_block(request, TRAINING),
+    }
+    est = option.estimate
+    reasons = [
+        f"deepspeed: {strategy.label}: {est.per_gpu_gb:.1f} GB of each {option.memory_gb:g} GB GPU "
+        f"({_parts(est)}), {HEADROOM:.0%} kept free",
+        f"workers: {workers} (one per node, {gpus} GPU(s) each); trainBatchSize {workers} x {gpus} x micro batch "
+        f"{request.batch_size} x 1 accumulation step",
+        f"storage: {_gib(claim, 100)} of Filestore Basic HDD (standard-rwx) for the model download ({weights / GB:.0f} "
+        f"GB) and {CHECKPOINTS_KEPT} checkpoints of {params * CHECKPOINT_BYTES_PER_PARAM / GB:.0f} GB",
+        f"launch: {SCRIPT} trains every parameter of {model_id}; put the dataset at {DATASET} on the claim (or pass "
+        "a Hugging Face dataset id)",
+    ]
+    if est.cpu_gb_per_node:
+        reasons.insert(1, f"offload: DeepSpeed's estimate {est.cpu_gb_per_node:.0f} GB of CPU memory per node, of "
+                          f"{option.machine_memory_gb:g} GB on a {option.machine_type}")
+    return {"deepspeed-stack:mpiOperator": {"install": True, "version": "v0.8.0"},
+            "deepspeed-stack:workloads": {"train": workload}}, reasons
+
+
+def _inference(request: Request, strategy: Strategy, option: Option, model_id: str) -> tuple[dict[str, Any], list[str]]:
+    """A `serve` workload: one replica on one node, the model tensor-parallel over the node's GPUs."""
+    weights = request.model.parameters * BYTES_PER_PARAM[request.precision]
+    cache = _gib(weights * 1.25, 64)  # the download and FastGen's compiled kernels on the node's disk
+    workload = {
+        "kind": "serve",
+        "namespace": "serving",
+        "pool": pool_name(option.gpu_type),
+        "serving": {"model": model_id, "replicas": 1, "service": "ClusterIP", "cacheSize": cache},
+        "model": _model_block(request, INFERENCE),
+    }
+    est = option.estimate
+    reasons = [
+        f"serving: {option.gpus} GPU(s) of one {option.machine_type}, {est.per_gpu_gb:.1f} GB of each "
+        f"{option.memory_gb:g} GB ({_parts(est)}), "
+        f"{HEADROOM:.0%} kept free",
+        f"cacheSize: {cache} for the weights ({weights / GB:.0f} GB) and FastGen's kernels on the node's disk",
+        "replicas: 1 (each replica takes a node of the pool; raise maxNodes with it)",
+    ]
+    return {"deepspeed-stack:workloads": {"serve": workload}}, reasons
+
+
+# (request, strategy, option, Hugging Face id) -> the stack config's workload keys and the reasons for them.
+WorkloadWriter = Callable[[Request, Strategy, Option, str], tuple[dict[str, Any], list[str]]]
+# The workload each mode writes; a `finetune` entry (the finetune kind, LoRA) joins here when that kind exists.
+WORKLOADS: dict[str, WorkloadWriter] = {TRAINING: _training, INFERENCE: _inference}
+
+
+def _model_reasons(model_id: str) -> list[str]:
+    if model_id == MODEL_PLACEHOLDER:
+        return [f"model: {MODEL_PLACEHOLDER} stands in for the Hugging Face id of your model: name it"]
+    return [f"hfToken: if {model_id} is gated on Hugging Face (Llama and Gemma are), `pulumi config set --secret "
+            "hfToken hf_...`; the pods read it from a mounted file"]
+
+
+def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catalog | None = None,
+               top: int = 50, model_id: str | None = None) -> list[Candidate]:
+    """Every option the planner recommends, as a stack config, cheapest first (on-demand, then spot $/h).
+    Inference stays on one node: a `serve` workload runs one replica per node. `model_id`: the Hugging Face id
+    (default: from data/models.yaml)."""
+    cat = cat or gpu_catalog.load()
+    model_id = model_id or hf_id(request.model.name) or MODEL_PLACEHOLDER
+    write = WORKLOADS[request.mode]
+    plans = recommend(request, region, cat, max_nodes=1 if request.mode == INFERENCE else MAX_NODES, top=top)
+    ranked = sorted(((p.strategy, o) for p in plans for o in p.options), key=lambda so: so[1].sort_key())
+    out = []
+    for strategy, option in ranked:
+        config = _platform(stack, region, option, option.nodes)
+        workload, reasons = write(request, strategy, option, model_id)
+        out.append(Candidate(request.mode, strategy, option, {**config, **workload},
+                             reasons + _model_reasons(model_id)))
+    return out
+
+
+def _block(key: str, value: Any) -> str:
+    return yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False, width=100).rstrip("\n")
+
+
+def _comment(text: str, indent: str = "") -> list[str]:
+    wrapped = textwrap.wrap(text, COMMENT_WIDTH - len(indent), break_on_hyphens=False, break_long_words=False)
+    return [f"# {indent}{wrapped[0]}", *(f"# {indent}  {w}" for w in wrapped[1:])] if wrapped else ["#"]
+
+
+def render(candidate: Candidate, header: list[str]) -> str:
+    """The stack file: `header` comments, the plan's reasons, then `config:` with each block under its key."""
+    lines = [line for h in header for line in _comment(h)]
+    lines += ["#", "# Why each choice:"] + [line for r in candidate.reasons for line in _comment(r, "  ")]
+    lines.append("config:")
+    for key, value in candidate.config.items():
+        if key == "gcp:project":
+            lines.append("  # Your project id (`pulumi config set gcp:project <id>`).")
+        body = _block(key, value)
+        lines += [f"  {line}" for line in body.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def summary_line(candidate: Candidate) -> str:
+    o = candidate.option
+    return (f"{candidate.label} in {o.zones[0]}, ${o.on_demand:,.2f}/h on-demand for the GPU nodes "
+            f"(${o.spot:,.2f}/h spot)")
+
+
+__all__ = ["INFERENCE", "TRAINING", "WORKLOADS", "Candidate", "candidates", "hf_id", "pool_name", "render",
+           "short_name", "summary_line"]

@@ -1,0 +1,160 @@
+"""Write the planner's cheapest plan as a stack that previews: `make gpus MODEL=... MODE=... WRITE=<stack>`.
+
+    python -m preview.write_stack --model Llama-3.1-8B --mode training --stack llama8b [--region R] [--budget 5]
+
+The planner lists every option that holds the model (planner/recommend.py), cheapest first; each is written as a
+stack config (planner/stack_writer.py) and loaded through the stack's own checks (the rules `make preview` runs),
+and the first they accept, within the budget, is written to Pulumi.<stack>.yaml with its reasons as comments.
+Cheaper options the checks refused are listed in the file with the first reason. It sits in the preview layer
+because it runs the checks; the plan itself is the planner's.
+
+Exit codes: 0 written; 2 a usage error, an unknown model, or no option the checks accept within the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from checks import load
+from model import catalog as gpu_catalog
+from model.config import ConfigError
+from model.suggest import did_you_mean
+from planner import stack_writer
+from planner.cost import SERVING, TRAINING, stack_costs
+from planner.sizing import BYTES_PER_PARAM, Request, given_shape, resolve
+from preview.engine import PROJECT_DIR, engine_config_from_yaml
+
+MAX_TRIES = 60  # candidates loaded through the checks before giving up (each load is a few tens of ms)
+ROLE = {stack_writer.TRAINING: TRAINING, stack_writer.INFERENCE: SERVING}
+
+
+class NoPlanError(Exception):
+    """No candidate that the checks accept (within the budget); the message says why the cheapest were refused."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    candidate: stack_writer.Candidate
+    running_per_hour: float
+    floor_per_hour: float
+    refused: list[tuple[stack_writer.Candidate, str]]
+
+
+def _problem_line(problem: str, limit: int = 220) -> str:
+    return problem if len(problem) <= limit else problem[:limit - 1] + "…"
+
+
+def choose(request: Request, region: str, stack: str, budget: float | None = None,
+           cat: gpu_catalog.Catalog | None = None, model_id: str | None = None) -> Choice:
+    """The cheapest candidate whose config the checks accept and whose $/h with the workload running is within
+    `budget` (None: any)."""
+    refused: list[tuple[stack_writer.Candidate, str]] = []
+    for candidate in stack_writer.candidates(request, region, stack, cat, model_id=model_id)[:MAX_TRIES]:
+        config, secret_keys = engine_config_from_yaml(candidate.config)
+        try:
+            model = load(config, set(secret_keys))
+        except ConfigError as err:
+            refused.append((candidate, _problem_line(err.problems[0])))
+            continue
+        costs = stack_costs(model, cat)
+        running = costs["running"][ROLE[request.mode]]["perHour"]
+        if budget is not None and running > budget:
+            refused.append((candidate, f"${running:,.2f}/h with the workload running, over the budget "
+                                       f"${budget:,.2f}/h"))
+            continue
+        return Choice(candidate, running, costs["floorPerHour"], refused)
+    reasons = "; ".join(f"{c.label}: {why}" for c, why in refused[:3]) or "the planner found no option"
+    raise NoPlanError(f"no plan for {request.model.name} in {region} that the stack's checks accept"
+                 f"{' within the budget' if budget is not None else ''} ({reasons})")
+
+
+def header(choice: Choice, request: Request, region: str, stack: str, command: str,
+           cat: gpu_catalog.Catalog) -> list[str]:
+    c, model = choice.candidate, request.model
+    shape = "shape from data/models.yaml" if model.shape_known else "shape unknown: the planner's upper bounds"
+    today = datetime.date.today().isoformat()
+    lines = [
+        f"{stack}: written by `{command}` ({today}).",
+        f"{model.name}: {model.billions:.2f}B parameters ({shape}), {request.precision} {request.mode}, sequence "
+        f"{request.sequence_length} x batch {request.batch_size}, {region}.",
+        f"Plan: {stack_writer.summary_line(c)}; the cheapest option that holds it with "
+        f"{stack_writer.HEADROOM:.0%} of each GPU free and that the stack's checks accept.",
+        f"Estimated cost: ${choice.running_per_hour:,.2f}/h with the workload running, ${choice.floor_per_hour:,.2f}/h "
+        "at rest (list-price estimates from data/gpu_catalog.yaml, "
+        f"{cat.date}; `make preview STACK={stack}` shows the breakdown).",
+    ]
+    if choice.refused:
+        lines.append("Cheaper options the stack's checks refused (first reason each):")
+        lines += [f"  - {rc.label}: {why}" for rc, why in choice.refused[:5]]
+        if len(choice.refused) > 5:
+            lines.append(f"  - and {len(choice.refused) - 5} more")
+    lines.append(f"Next: set gcp:project below, then `make preview STACK={stack}`, then `pulumi up -s {stack}`.")
+    return lines
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m preview.write_stack", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="a known model (python -m planner --list), a Hugging Face id, or a size (7B)")
+    what.add_argument("--parameters", type=float, metavar="B", help="parameters in billions (unknown shape)")
+    parser.add_argument("--mode", required=True, help="training or inference (finetune: once the finetune kind "
+                                                      "exists)")
+    parser.add_argument("--stack", required=True, help="the stack to write: Pulumi.<stack>.yaml")
+    parser.add_argument("--precision", choices=list(BYTES_PER_PARAM), default="bf16")
+    parser.add_argument("--region", default="us-central1")
+    parser.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per GPU at once (default 1)")
+    parser.add_argument("--budget", type=float, metavar="USD_PER_HOUR",
+                        help="most $/h with the workload running (on-demand list prices)")
+    parser.add_argument("--vocab", type=int)
+    parser.add_argument("--hidden", type=int)
+    parser.add_argument("--largest-layer", type=float, metavar="M")
+    parser.add_argument("--force", action="store_true", help="replace an existing Pulumi.<stack>.yaml")
+    parser.add_argument("--dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def _command(args: argparse.Namespace) -> str:
+    parts = [f"MODEL={args.model}" if args.model else f"PARAMETERS={args.parameters:g}", f"MODE={args.mode}"]
+    parts += [f"{k}={v}" for k, v in (("PRECISION", args.precision if args.precision != "bf16" else None),
+                                      ("REGION", args.region if args.region != "us-central1" else None),
+                                      ("BUDGET", args.budget)) if v is not None]
+    return "make gpus " + " ".join([*parts, f"WRITE={args.stack}"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.mode not in stack_writer.WORKLOADS:
+        hint = did_you_mean(args.mode, stack_writer.WORKLOADS)
+        later = (" (the finetune kind is not in this checkout yet: MODE=training writes a full-parameter fine-tune, "
+                 "an MPIJob of finetune.py)" if args.mode == "finetune" else "")
+        print(f"error: MODE={args.mode}: write knows {', '.join(stack_writer.WORKLOADS)}{later}{hint}", file=sys.stderr)
+        return 2
+    path = args.dir / f"Pulumi.{args.stack}.yaml"
+    if path.exists() and not args.force:
+        print(f"error: {path.name} exists; choose another WRITE= name (or pass --force to replace it)", file=sys.stderr)
+        return 2
+    cat = gpu_catalog.load()
+    try:
+        model = given_shape(resolve(args.model, args.parameters), args.vocab, args.hidden, args.largest_layer)
+        request = Request(model, args.precision, args.mode, args.seq, args.batch)
+        # A Hugging Face id as MODEL is what the pods download; a name or a size takes data/models.yaml's id.
+        model_id = args.model if args.model and "/" in args.model else None
+        choice = choose(request, args.region, args.stack, args.budget, cat, model_id)
+    except (ValueError, NoPlanError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    text = stack_writer.render(choice.candidate, header(choice, request, args.region, args.stack, _command(args), cat))
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path.name}: {stack_writer.summary_line(choice.candidate)}; ${choice.running_per_hour:,.2f}/h with "
+          f"the workload running. Next: make preview STACK={args.stack}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The planner writes the stack (issue 20.1): `make gpus MODEL=... MODE=... WRITE=<stack>` writes the cheapest plan
+that the stack's checks accept as Pulumi.<stack>.yaml, with its reasons as comments, and it loads.
+
+The grid (7B, 8B, 13B, 34B, 70B x training, inference) round-trips through the written text and checks.load in
+memory; one written stack runs through the whole offline preview."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import config_problems
+
+from checks import load
+from model import catalog
+from planner import stack_writer
+from planner.sizing import Request, resolve
+from preview import engine
+from preview import write_stack as ws
+from preview.__main__ import main as preview_main
+
+GRID_MODELS = ["Llama-2-7B", "Llama-3.1-8B", "Llama-2-13B", "34B", "Llama-2-70B"]
+MODES = [stack_writer.TRAINING, stack_writer.INFERENCE]
+REGION = "us-central1"
+
+
+def _written(model: str, mode: str, stack: str = "grid") -> tuple[ws.Choice, dict, str]:
+    request = Request(resolve(model), "bf16", mode, 2048, 1)
+    choice = ws.choose(request, REGION, stack)
+    header = ws.header(choice, request, REGION, stack, f"make gpus MODEL={model} MODE={mode} WRITE={stack}",
+                       catalog.load())
+    text = stack_writer.render(choice.candidate, header)
+    return choice, yaml.safe_load(text)["config"], text
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("model", GRID_MODELS)
+def test_grid_round_trips_through_write_and_load(model: str, mode: str) -> None:
+    choice, config, text = _written(model, mode)
+    assert config_problems(config) == [], text  # what was written loads through every rule `make preview` runs
+    option, strategy = choice.candidate.option, choice.candidate.strategy
+    (pool,) = config["deepspeed-stack:nodePools"]
+    assert (pool["gpu"]["type"], pool["machineType"], pool["gpu"]["count"]) == \
+        (option.gpu_type, option.machine_type, option.gpus_per_node)
+    assert pool["zones"] == [option.zones[0]] and pool["maxNodes"] == option.nodes
+    (workload,) = config["deepspeed-stack:workloads"].values()
+    assert workload["model"]["mode"] == mode and workload["pool"] == pool["name"]
+    if mode == stack_writer.TRAINING:
+        assert workload["kind"] == "mpijob" and workload["workers"] == option.nodes
+        ds = workload["deepspeed"]
+        assert ds["zeroStage"] == strategy.zero_stage
+        assert (ds["offloadOptimizer"] != "none", ds["offloadParams"] != "none") == \
+            (strategy.offload_optimizer, strategy.offload_params)
+        assert f"#   deepspeed: {strategy.label}: " in text
+    else:
+        assert workload["kind"] == "serve" and option.nodes == 1 and workload["serving"]["replicas"] == 1
+        assert "#   serving: " in text
+    # The cheapest: every cheaper option was refused by the checks (or the budget), each for a reason in the file.
+    ranked = stack_writer.candidates(choice.candidate.option.estimate.request, REGION, "grid")
+    cheaper = ranked[:ranked.index(choice.candidate)]
+    assert [c.label for c, _ in choice.refused] == [c.label for c in cheaper]
+    for candidate, _ in choice.refused[:3]:
+        assert config_problems(candidate.config) != [], candidate.label
+
+
+def test_a_written_stack_previews(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`make gpus ... WRITE=llama8b` then `make preview STACK=llama8b`: the file, then the whole offline preview."""
+    args = ["--model", "Llama-3.1-8B", "--mode", "inference", "--stack", "llama8b", "--dir", str(tmp_path)]
+    assert ws.main(args) == 0
+    out = capsys.readouterr().out
+    path = tmp_path / "Pulumi.llama8b.yaml"
+    assert out.startswith("wrote Pulumi.llama8b.yaml: ") and "Next: make preview STACK=llama8b" in out
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# llama8b: written by `make gpus MODEL=Llama-3.1-8B MODE=inference WRITE=llama8b`")
+    assert preview_main(["--stack", "llama8b", "--stack-file", str(path), "--out", str(tmp_path / "build")]) == 0
+    summary = (tmp_path / "build" / "llama8b" / "summary.md").read_text(encoding="utf-8")
+    assert "with serving running" in summary.splitlines()[2]
+
+
+def test_budget_skips_what_costs_more_and_says_when_nothing_fits() -> None:
+    request = Request(resolve("Llama-3.1-8B"), "bf16", "inference", 2048, 1)
+    free = ws.choose(request, REGION, "b")
+    with pytest.raises(ws.NoPlanError, match=r"within the budget"):
+        ws.choose(request, REGION, "b", budget=free.running_per_hour - 0.01)
+    assert ws.choose(request, REGION, "b", budget=free.running_per_hour).candidate == free.candidate
+
+
+def test_hugging_face_ids_and_placeholders() -> None:
+    # Llama 2's bare repositories hold Meta's format; the `-hf` ones are what transformers and the servers load.
+    assert stack_writer.hf_id("Llama-2-7B") == "meta-llama/Llama-2-7b-hf"
+    assert stack_writer.hf_id("Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"
+    assert stack_writer.hf_id("34B") is None
+    _, config, text = _written("34B", stack_writer.INFERENCE)
+    assert config["deepspeed-stack:workloads"]["serve"]["serving"]["model"] == stack_writer.MODEL_PLACEHOLDER
+    assert config["deepspeed-stack:workloads"]["serve"]["model"]["parameters"] == 34.0
+    assert "stands in for the Hugging Face id of your model" in text
+
+
+def test_write_refuses_an_existing_stack_and_unknown_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "Pulumi.dev.yaml").write_text("config: {}\n", encoding="utf-8")
+    assert ws.main(["--model", "7B", "--mode", "inference", "--stack", "dev", "--dir", str(tmp_path)]) == 2
+    assert "Pulumi.dev.yaml exists" in capsys.readouterr().err
+    assert ws.main(["--model", "7B", "--mode", "finetune", "--stack", "x", "--dir", str(tmp_path)]) == 2
+    assert "the finetune kind is not in this checkout yet" in capsys.readouterr().err
+    assert ws.main(["--model", "7B", "--mode", "inferense", "--stack", "x", "--dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().endswith("did you mean `inference`?")
+
+
+def test_the_written_config_is_what_the_engine_loads() -> None:
+    """The file's `config:` map goes through the same engine form the preview uses (objects as JSON)."""
+    choice, config, _ = _written("Llama-2-7B", stack_writer.INFERENCE)
+    engine_cfg, secret_keys = engine.engine_config_from_yaml(config)
+    pool = stack_writer.pool_name(choice.candidate.option.gpu_type)
+    assert load(engine_cfg, set(secret_keys)).pool(pool).machine_type == choice.candidate.option.machine_type
