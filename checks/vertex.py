@@ -7,6 +7,7 @@ import re
 from checks.common import Check
 from checks.platform import machine_problems
 from model import catalog as gpu_catalog
+from model.config import schema
 from model.suggest import did_you_mean
 from model.types import StackConfig
 
@@ -70,10 +71,31 @@ def check_storage_names(m: StackConfig) -> list[str]:
     if not K8S_NAME.match(m.storage.kubernetes_service_account):
         problems.append(f"storage.kubernetesServiceAccount: {m.storage.kubernetes_service_account!r} is not a "
                         "Kubernetes name (lowercase letters, digits, hyphens)")
-    name = m.storage.bucket_name
-    if name is not None and (not BUCKET_NAME.match(name) or "goog" in name):
-        problems.append(f"storage.bucketName: {name!r} is not a valid bucket name (3-63 lowercase letters, digits, "
-                        "- _ .; no 'goog')")
+    for key, name in (("bucketName", m.storage.bucket_name), ("existingBucket", m.storage.existing_bucket)):
+        if name is not None and (not BUCKET_NAME.match(name) or "goog" in name):
+            problems.append(f"storage.{key}: {name!r} is not a valid bucket name (3-63 lowercase letters, digits, "
+                            "- _ .; no 'goog')")
+    return problems
+
+
+# The settings of a bucket the stack creates; an existing bucket keeps its own (the stack changes none of them).
+OWN_BUCKET_SETTINGS = {"bucketName": "bucket_name", "location": "location", "versioning": "versioning",
+                       "softDeleteDays": "soft_delete_days", "checkpointRetentionDays": "checkpoint_retention_days"}
+
+
+def check_existing_bucket_settings(m: StackConfig) -> list[str]:
+    """`existingBucket` names a bucket the stack did not create: a setting of the stack's own bucket given with it
+    would be silently ignored (the stack never changes that bucket), so it is refused. Defaults stand for unset."""
+    if not (m.storage.enabled and m.storage.existing_bucket):
+        return []
+    keys = schema()["properties"]["storage"]["properties"]
+    problems = []
+    for key, field in OWN_BUCKET_SETTINGS.items():
+        value = getattr(m.storage, field)
+        if value is not None and value != keys[key].get("default"):
+            problems.append(f"storage.{key}: a setting of a bucket the stack creates, but storage.existingBucket "
+                            f"names {m.storage.existing_bucket!r}, whose settings the stack never changes; remove "
+                            f"{key} (or set it on the bucket yourself)")
     return problems
 
 
@@ -96,6 +118,7 @@ CHECKS: list[Check] = [
     check_gcs_fuse_needs_storage_and_gke,
     check_gcs_fuse_mount_path,
     check_storage_names,
+    check_existing_bucket_settings,
     check_storage_needs_project,
     check_soft_delete_days,
 ]

@@ -3,6 +3,10 @@
 GKE pods reach it through the GCS FUSE CSI driver as a Kubernetes service account that Workload
 Identity maps to the bucket's Google service account; Vertex AI reaches it through its /gcs mount.
 Both get object access on this bucket only, never a project-wide storage role.
+
+With `storage.existingBucket` the stack creates no bucket: it grants its account object access on that bucket (an
+additive bucket-level IAM member, never the bucket's whole policy) and registers nothing else on it, so it never
+changes, protects or deletes a bucket it did not create.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ def lifecycle_rules(cfg: StorageConfig) -> list[gcp.storage.BucketLifecycleRuleA
 
 
 class Storage(pulumi.ComponentResource):
-    bucket: gcp.storage.Bucket
+    bucket: gcp.storage.Bucket | None  # None: `existingBucket`, which the stack does not manage
     account: gcp.serviceaccount.Account
     bucket_name: pulumi.Output[str]
     email: pulumi.Output[str]
@@ -62,7 +66,31 @@ class Storage(pulumi.ComponentResource):
     def __init__(self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:Storage", name, None, opts)
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
-        self.bucket = gcp.storage.Bucket(
+        self.bucket = self._bucket(name, args) if cfg.existing_bucket is None else None
+        self.bucket_name = self.bucket.name if self.bucket is not None \
+            else pulumi.Output.from_input(cfg.existing_bucket)
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-sa", project=args.project, account_id=account_id("ds-data", args.stack),
+            display_name="DeepSpeed data access (deepspeed-stack)",
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))  # accountId is fixed
+        self.email = self.account.email
+        # Additive (BucketIAMMember, not BucketIAMBinding/Policy): the bucket's other members stay as they are.
+        gcp.storage.BucketIAMMember(
+            f"{name}-objects", bucket=self.bucket_name, role=OBJECT_ROLE,
+            member=self.email.apply(lambda e: f"serviceAccount:{e}"), opts=child)
+        for namespace, ksa in args.kubernetes_accounts if args.workload_identity else []:
+            gcp.serviceaccount.IAMMember(
+                f"{name}-wi-{namespace}-{ksa}",
+                service_account_id=self.account.name,
+                role="roles/iam.workloadIdentityUser",
+                member=f"serviceAccount:{args.project}.svc.id.goog[{namespace}/{ksa}]",
+                opts=pulumi.ResourceOptions(parent=self, depends_on=args.identity_pool_ready),
+            )
+        self.register_outputs({"bucket": self.bucket_name, "serviceAccount": self.email})
+
+    def _bucket(self, name: str, args: StorageArgs) -> gcp.storage.Bucket:
+        cfg = args.config
+        return gcp.storage.Bucket(
             f"{name}-bucket",
             name=cfg.bucket_name,
             project=args.project,
@@ -79,21 +107,3 @@ class Storage(pulumi.ComponentResource):
             # The name is fixed (global namespace): a replacement (e.g. a new location) must delete first.
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect, delete_before_replace=True),
         )
-        self.account = gcp.serviceaccount.Account(
-            f"{name}-sa", project=args.project, account_id=account_id("ds-data", args.stack),
-            display_name="DeepSpeed data access (deepspeed-stack)",
-            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))  # accountId is fixed
-        self.bucket_name = self.bucket.name
-        self.email = self.account.email
-        gcp.storage.BucketIAMMember(
-            f"{name}-objects", bucket=self.bucket.name, role=OBJECT_ROLE,
-            member=self.email.apply(lambda e: f"serviceAccount:{e}"), opts=child)
-        for namespace, ksa in args.kubernetes_accounts if args.workload_identity else []:
-            gcp.serviceaccount.IAMMember(
-                f"{name}-wi-{namespace}-{ksa}",
-                service_account_id=self.account.name,
-                role="roles/iam.workloadIdentityUser",
-                member=f"serviceAccount:{args.project}.svc.id.goog[{namespace}/{ksa}]",
-                opts=pulumi.ResourceOptions(parent=self, depends_on=args.identity_pool_ready),
-            )
-        self.register_outputs({"bucket": self.bucket_name, "serviceAccount": self.email})

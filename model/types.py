@@ -197,6 +197,7 @@ class StorageConfig:
     checkpoint_retention_days: int
     kubernetes_service_account: str
     bucket_name: str | None = None
+    existing_bucket: str | None = None  # a bucket the stack did not create: granted on, never changed
     location: str | None = None
 
 

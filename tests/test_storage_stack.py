@@ -221,3 +221,57 @@ def test_a_changed_script_or_ds_config_changes_the_pods() -> None:
         w["deepspeed"] = {**w.get("deepspeed", {}), "stepsPerPrint": 99}
     after = annotations(run_stack("dev", changes))
     assert before[0] != after[0] and before[1] != after[1]
+
+
+# --- an existing bucket (storage.existingBucket) ------------------------------------------------------------------
+
+EXISTING = "team-training-data"
+
+
+@functools.cache
+def _existing_run() -> RunResult:
+    config = _with_data_path()
+    config["deepspeed-stack:storage"] = {"enabled": True, "existingBucket": EXISTING}
+    return run_stack("dev", config)
+
+
+def test_an_existing_bucket_is_granted_on_and_nothing_else() -> None:
+    run = _existing_run()
+    assert run.by_type(BUCKET) == []  # never created, so never changed, protected or deleted by the stack
+    storage_types = {r.type for r in run.resources if r.type.startswith("gcp:storage/")}
+    assert storage_types == {"gcp:storage/bucketIAMMember:BucketIAMMember"}  # additive members only: no policy
+    grants = [r.inputs for r in run.by_type("gcp:storage/bucketIAMMember:BucketIAMMember")]
+    assert {(g["bucket"], g["role"], g["member"]) for g in grants} == {
+        (EXISTING, "roles/storage.objectUser", "serviceAccount:ds-data-dev@my-gcp-project.iam.gserviceaccount.com"),
+        (EXISTING, "roles/storage.objectUser", "serviceAccount:ds-vertex-dev@my-gcp-project.iam.gserviceaccount.com")}
+    assert [r for r in run.by_type("gcp:projects/iAMMember:IAMMember") if "storage" in r.inputs["role"]] == []
+    assert run.outputs["bucket"] == EXISTING
+
+
+def test_pods_and_vertex_use_the_existing_bucket() -> None:
+    run = _existing_run()
+    job = run.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs
+    volumes = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"]
+    (gcs,) = [v for v in volumes if v["name"] == "gcs"]
+    assert gcs["csi"]["volumeAttributes"]["bucketName"] == EXISTING
+    assert EXISTING in json.dumps(run.outputs["vertexCustomJob"])
+
+
+def test_settings_of_the_stacks_own_bucket_are_refused_with_an_existing_one() -> None:
+    from conftest import config_problems
+
+    config = stack_yaml("dev")
+    config["deepspeed-stack:storage"] = {"enabled": True, "existingBucket": EXISTING, "location": "EU",
+                                         "versioning": True, "checkpointRetentionDays": 14}
+    found = config_problems(config)
+    assert [p.split(":")[0] for p in found] == ["storage.location", "storage.versioning",
+                                                "storage.checkpointRetentionDays"]
+    assert found[0] == ("storage.location: a setting of a bucket the stack creates, but storage.existingBucket names "
+                        f"'{EXISTING}', whose settings the stack never changes; remove location (or set it on the "
+                        "bucket yourself)")
+    # The defaults stand for unset: the bare key is fine.
+    config["deepspeed-stack:storage"] = {"enabled": True, "existingBucket": EXISTING, "softDeleteDays": 7}
+    assert config_problems(config) == []
+    config["deepspeed-stack:storage"] = {"enabled": True, "existingBucket": "Team_Data"}
+    assert config_problems(config) == ["storage.existingBucket: 'Team_Data' is not a valid bucket name (3-63 "
+                                       "lowercase letters, digits, - _ .; no 'goog')"]
