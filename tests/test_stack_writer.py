@@ -62,6 +62,13 @@ def test_grid_round_trips_through_write_and_load(model: str, mode: str) -> None:
     assert [c.label for c, _ in choice.refused] == [c.label for c in cheaper]
     for candidate, _ in choice.refused[:3]:
         assert config_problems(candidate.config) != [], candidate.label
+    # Every candidate is its option as written: all its nodes in the pool, a worker (or the replica) on each.
+    for c in ranked[:5]:
+        (p,) = c.config["deepspeed-stack:nodePools"]
+        (w,) = c.config["deepspeed-stack:workloads"].values()
+        assert (p["machineType"], p["maxNodes"], p["gpu"]["count"]) == \
+            (c.option.machine_type, c.option.nodes, c.option.gpus_per_node), c.label
+        assert w.get("workers", 1) == c.option.nodes if mode == stack_writer.TRAINING else c.option.nodes == 1
 
 
 def test_a_written_stack_previews(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
