@@ -267,6 +267,22 @@ def test_the_marker_says_the_step_and_the_model(ft: ModuleType) -> None:
                                 "precision": "bf16", "world_size": 16, "finished": "2026-11-23T12:00:00+00:00"}
 
 
+def test_output_survives_a_closed_pipe(ft: ModuleType) -> None:
+    class Closed:
+        encoding = "utf-8"
+
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    stream = ft.ForgivingStream(Closed())
+    assert stream.write("{'loss': 1.0}\n") == 14
+    stream.flush()
+    assert stream.encoding == "utf-8"
+
+
 def test_sigterm_is_recorded_not_acted_on(ft: ModuleType) -> None:
     stop = ft.StopRequest()
     assert stop.signal is None

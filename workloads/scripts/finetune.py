@@ -37,6 +37,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -401,6 +402,27 @@ def say(text: str) -> None:
         print(f"[finetune] {text}", flush=True)
 
 
+class ForgivingStream:
+    """stdout/stderr that survive the reader going away: on preemption the ssh session carrying a rank's output may
+    close before the rank has saved its checkpoint, and a log line must not kill the save (BrokenPipeError)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class StopRequest:
     """Set by SIGTERM (Kubernetes' preemption notice: the grace period has started)."""
 
@@ -457,7 +479,10 @@ def _tokenized(args: argparse.Namespace, tokenizer: Any, token: str | None) -> A
     if source.loader == "hub":
         data = datasets.load_dataset(source.hub_id, split="train", token=token)
     else:
-        data = datasets.load_dataset(source.loader, data_files=list(source.files), split="train")
+        # Each rank's Arrow cache on its own local disk: not shared between ranks (their locks would race) nor on
+        # the bucket's FUSE mount (no file locks there).
+        cache = tempfile.mkdtemp(prefix="finetune-data-")
+        data = datasets.load_dataset(source.loader, data_files=list(source.files), split="train", cache_dir=cache)
     problems = record_problems(list(data.column_names), args.text_field, args.prompt_field, args.response_field)
     if problems:
         raise UsageError("; ".join(problems))
@@ -557,6 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
 
     import signal
 
+    sys.stdout, sys.stderr = ForgivingStream(sys.stdout), ForgivingStream(sys.stderr)
     stop = StopRequest()
     signal.signal(signal.SIGTERM, stop)
     cpu_deepspeed = cpu and ds is not None
