@@ -9,7 +9,7 @@ from conftest import DELETE, stack_run, stack_yaml
 
 from model.yamlio import load_yaml
 from preview import diff, plan, replacements, summary
-from preview.engine import Registration, RunResult
+from preview.engine import Registration, RunResult, run_stack
 
 CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"
@@ -78,8 +78,20 @@ def test_workload_pulling_the_stack_image_waits_for_the_read_grant(dev: RunResul
     assert _depends(dev, release, dev.one(READER))
 
 
-def test_gaudi_workload_does_not_wait_for_a_registry() -> None:
-    assert stack_run("gaudi").by_type(READER) == []
+def test_workload_with_its_own_image_does_not_wait_for_the_read_grant(dev: RunResult) -> None:
+    # On a stack that has the grant (dev: its release waits for it, above), a second workload that names its own
+    # image has nothing to wait for. (A Gaudi workload never shares a stack with the grant: it runs on an
+    # existing cluster, and the grant is the GKE nodes' own; test_kinds.py pins `pulls_stack_image` for it.)
+    config = stack_yaml("dev")
+    smoke = config["deepspeed-stack:workloads"]["smoke"]
+    own = {**copy.deepcopy(smoke), "namespace": "own",
+           "image": "registry.example.com/ml/own@sha256:" + "d" * 64}
+    pools = copy.deepcopy(config["deepspeed-stack:nodePools"])
+    pools[0]["maxNodes"] = 4  # 2 workers each (the charts' clients run on the system pool)
+    run = run_stack("dev", {"workloads": {"smoke": smoke, "own": own}, "nodePools": pools})
+    reader = run.one(READER)
+    assert _depends(run, run.one(RELEASE, "smoke-release"), reader)
+    assert not _depends(run, run.one(RELEASE, "own-release"), reader)
 
 
 # --- 2. Existing clusters: adopt, never delete ---------------------------------------------------

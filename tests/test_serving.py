@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import importlib.util
 import json
+import re
 import sys
 import threading
 import types
@@ -87,7 +88,11 @@ def test_every_server_object_is_a_valid_kubernetes_object(serve: RunResult, vari
 
 def test_deployment_runs_the_entry_script_with_the_stack_values(serve: RunResult) -> None:
     c = container(serve)
-    assert c["image"] == serve.outputs["imageRef"] and "@sha256:" in c["image"]
+    # The stack's image in its Artifact Registry (Pulumi.serve.yaml: gcp:project, gcp:region, registry.name), by
+    # digest; the same the stack exports.
+    assert re.fullmatch(r"us-central1-docker\.pkg\.dev/my-gcp-project/deepspeed/deepspeed@sha256:[0-9a-f]{64}",
+                        c["image"]), c["image"]
+    assert c["image"] == serve.outputs["imageRef"]
     assert c["command"] == ["python"]
     assert c["args"] == ["/app/serve.py", "--model", "mistralai/Mistral-7B-Instruct-v0.3", "--deployment-name",
                          "mistral", "--tensor-parallel", "1", "--port", "51080", "--health-port", "8081",
