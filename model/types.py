@@ -55,7 +55,7 @@ __all__ = [
 @dataclass(frozen=True)
 class AuthorizedNetwork:
     cidr: str
-    name: str = ""
+    name: str
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class SystemPool:
 
 @dataclass(frozen=True)
 class FleetConfig:
-    enabled: bool = False
+    enabled: bool
     project: str | None = None  # the fleet host project; None means gcp:project
 
 
@@ -83,17 +83,17 @@ class ClusterConfig:
     deletion_protection: bool
     dataplane_v2: bool
     system_pool: SystemPool
+    fleet: FleetConfig
     location: str | None = None
-    fleet: FleetConfig = field(default_factory=FleetConfig)
     multi_networking: bool | None = None  # None: on when a pool's GPU fabric needs it
     min_master_version: str | None = None
 
 
 @dataclass(frozen=True)
 class FlowLogsConfig:
-    enabled: bool = False
-    sampling: float = 0.5
-    aggregation_interval: str = "INTERVAL_5_SEC"
+    enabled: bool
+    sampling: float
+    aggregation_interval: str
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,8 @@ class NetworkConfig:
     subnet_cidr: str
     pods_cidr: str
     services_cidr: str
-    fabric_cidr: str = "192.168.0.0/16"
-    flow_logs: FlowLogsConfig = field(default_factory=FlowLogsConfig)
+    fabric_cidr: str
+    flow_logs: FlowLogsConfig
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,8 @@ class GpuConfig:
 
 @dataclass(frozen=True)
 class PoolFabricConfig:
-    enabled: bool = True
-    installer: bool = True
+    enabled: bool
+    installer: bool
     additional_networks: int | None = None
 
 
@@ -132,13 +132,13 @@ class NodePoolConfig:
     disk_size_gb: int
     disk_type: str
     labels: dict[str, str]
-    fabric: PoolFabricConfig = field(default_factory=PoolFabricConfig)
-    compact_placement: bool = False
+    fabric: PoolFabricConfig
+    compact_placement: bool
     # Capacity (README, Capacity and queueing): at most one of reservation / flex-start / spot (checks/capacity.py).
+    flex_start: bool
+    queued_provisioning: bool
     reservation: str | None = None
-    flex_start: bool = False
     max_run_duration: str | None = None
-    queued_provisioning: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,9 +175,9 @@ class MpiOperatorConfig:
 
 @dataclass(frozen=True)
 class KueueConfig:
-    install: bool = False
-    version: str = "v0.19.2"
-    queue_name: str = "deepspeed"
+    install: bool
+    version: str
+    queue_name: str
 
 
 @dataclass(frozen=True)
@@ -256,11 +256,10 @@ class StackConfig:
     workloads: dict[str, WorkloadConfig]
     storage: StorageConfig
     vertex: VertexConfig
+    gaudi_image: GaudiImageConfig
+    kueue: KueueConfig
+    nccl_tests: dict[str, NcclTestConfig]
     cluster: ClusterConfig | None = None
-    gaudi_image: GaudiImageConfig = field(default_factory=lambda: GaudiImageConfig(
-        name="deepspeed-gaudi", context="workloads/images/gaudi", tag="0.1.0", platform="linux/amd64"))
-    kueue: KueueConfig = field(default_factory=KueueConfig)
-    nccl_tests: dict[str, NcclTestConfig] = field(default_factory=dict)
     hf_token: pulumi.Output[str] | None = field(default=None, compare=False)
     registry_password: pulumi.Output[str] | None = field(default=None, compare=False)
     kubeconfig: pulumi.Output[str] | None = field(default=None, compare=False)

@@ -32,7 +32,7 @@ class GaudiConfig:
 class ChartConfig:
     version: str
     repository: str
-    client_gpu: bool = False  # the client on the workers' GPU pool (else on the system pool, CPU and memory only)
+    client_gpu: bool  # the client on the workers' GPU pool (else on the system pool, CPU and memory only)
 
 
 @dataclass(frozen=True)

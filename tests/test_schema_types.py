@@ -1,0 +1,84 @@
+"""The config is written once: model/schema.yaml says every key (type, default, description) and the typed classes
+(model/types.py, model/workload_types.py) hold them. Walked together here: every schema key has a field, every
+field a schema key, and no default is written twice (the schema's fills every value before `build`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from model.config import kind_branches, schema
+from model.types import WORKLOAD_TYPES, StackConfig, WorkloadConfig, build, camel
+
+# Fields filled from outside the `deepspeed-stack:` keys: gcp:project and gcp:region.
+NOT_FROM_THE_SCHEMA = {(StackConfig, "project"), (StackConfig, "region")}
+
+
+def _key(f: dataclasses.Field) -> str:
+    return f.metadata.get("key", camel(f.name))
+
+
+def _inner(hint: Any) -> Any:
+    """`X | None` -> X."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    return hint
+
+
+def _pairs(node: dict[str, Any], cls: type, path: str = "") -> Iterator[tuple[str, dict[str, Any], type]]:
+    """Each object of the schema with the class it is built as (a workload: each kind's branch and class)."""
+    yield path or "(root)", node, cls
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        sub = node.get("properties", {}).get(_key(f))
+        if sub is None:
+            continue
+        hint, where = _inner(hints[f.name]), f"{path}.{_key(f)}".lstrip(".")
+        origin = typing.get_origin(hint)
+        if dataclasses.is_dataclass(hint):
+            yield from _pairs(sub, hint, where)
+        elif origin is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+            yield from _pairs(sub["items"], typing.get_args(hint)[0], f"{where}[i]")
+        elif origin is dict and dataclasses.is_dataclass(typing.get_args(hint)[1]):
+            item, entry = typing.get_args(hint)[1], sub["additionalProperties"]
+            if item is WorkloadConfig:
+                for kind, branch in kind_branches(entry).items():
+                    yield from _pairs(branch, WORKLOAD_TYPES[kind], f"{where}.<{kind}>")
+            else:
+                yield from _pairs(entry, item, f"{where}.<name>")
+
+
+PAIRS = list(_pairs(schema(), StackConfig))
+
+
+def test_the_walk_reaches_every_object_class() -> None:
+    classes = {cls for _, _, cls in PAIRS}
+    assert set(WORKLOAD_TYPES.values()) <= classes
+    assert len(PAIRS) >= 45  # every object of the schema (cluster, pools, workloads' blocks, serving, vertex, ...)
+
+
+@pytest.mark.parametrize(("path", "node", "cls"), PAIRS, ids=[p for p, _, _ in PAIRS])
+def test_every_schema_key_has_a_field_and_every_field_a_key(path: str, node: dict[str, Any], cls: type) -> None:
+    keys = set(node.get("properties", {}))
+    fields = {_key(f) for f in dataclasses.fields(cls)
+              if (cls, f.name) not in NOT_FROM_THE_SCHEMA and not (f.name == "name" and "name" not in keys)}
+    assert sorted(keys - fields) == [], f"{path}: schema keys with no field of {cls.__name__}"
+    assert sorted(fields - keys) == [], f"{path}: fields of {cls.__name__} with no schema key"
+
+
+@pytest.mark.parametrize(("path", "node", "cls"), PAIRS, ids=[p for p, _, _ in PAIRS])
+def test_no_default_is_written_twice(path: str, node: dict[str, Any], cls: type) -> None:
+    props = node.get("properties", {})
+    twice = [f.name for f in dataclasses.fields(cls) if "default" in props.get(_key(f), {})
+             and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)]
+    assert twice == [], f"{path}: {cls.__name__} repeats the schema's default of {twice}"
+
+
+def test_build_refuses_a_schema_key_with_no_field() -> None:
+    with pytest.raises(TypeError, match="StackConfig has no field for the schema key"):
+        build(StackConfig, {"notAKey": 1}, project="p", region="r")
