@@ -66,13 +66,13 @@ def check_nccl_test_pools(m: StackConfig) -> list[str]:
             problems.append(f"{key}: {', '.join(missing)} is not a nodePools entry (known: "
                             f"{', '.join(p.name for p in m.node_pools) or 'none'})")
             continue
-        kinds = {pool: (f.name if (f := fabric.pool_fabric(cfg)) else "none") for pool, cfg in pools}
-        if len(set(kinds.values())) > 1:
+        fabrics = {pool: (f.name if (f := fabric.pool_fabric(cfg)) else "none") for pool, cfg in pools}
+        if len(set(fabrics.values())) > 1:
             problems.append(f"{key}: one job across pools of different fabrics ("
-                            + ", ".join(f"{pool}: {kind}" for pool, kind in kinds.items())
+                            + ", ".join(f"{pool}: {name}" for pool, name in fabrics.items())
                             + "); NCCL runs one transport per job, so use pools of one fabric")
-        elif "none" in kinds.values():
-            problems.append(f"{key}: {or_list(list(kinds))} has no GPU fabric (A3 High/Mega/Ultra, A4 with "
+        elif "none" in fabrics.values():
+            problems.append(f"{key}: {or_list(list(fabrics))} has no GPU fabric (A3 High/Mega/Ultra, A4 with "
                             "fabric.enabled); the NCCL test measures a fabric pool")
         capacity = sum(cfg.max_nodes for _, cfg in pools)
         if t.nodes > capacity:
@@ -115,7 +115,7 @@ def check_fabric_networks_distinct(m: StackConfig) -> list[str]:
         if clash:
             names = ", ".join(n for n in s.network_names if n in seen)
             problems.append(f"nodePools: pool(s) {', '.join(s.pools)} ({s.key}) and {', '.join(clash)} need Networks "
-                            f"of the same names ({names}); put fabric pools of one kind in one zone, and A3 High and "
+                            f"of the same names ({names}); put fabric pools of one type in one zone, and A3 High and "
                             "A3 Mega in separate clusters")
         for n in s.network_names:
             seen.setdefault(n, s.key)

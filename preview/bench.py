@@ -18,8 +18,8 @@ nothing asserts timings. The goal: program <= 1.3 x floor, and a constant per-po
 `make bench` runs the defaults: per row one fresh process that runs the program once cold (loading every
 module), then bare, floor and the program again, warm, side by side (so a row's ratio compares runs in the
 same process under the same load); two rows at a time. That keeps it within a minute on a 2-core machine.
-`--fresh` times each kind in its own fresh process instead (cold, minutes); `--repeat 3 --jobs 1` gives
-medians on a quiet machine.
+`--fresh` times each run (bare, floor, program) in its own fresh process instead (cold, minutes); `--repeat 3
+--jobs 1` gives medians on a quiet machine.
 """
 
 from __future__ import annotations
@@ -284,29 +284,29 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _spawn(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+def _spawn(task: str, payload: dict[str, Any]) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(payload, fh)
-    out = subprocess.run([sys.executable, "-m", "preview.bench", "--worker", kind, fh.name], cwd=PROJECT_DIR,
+    out = subprocess.run([sys.executable, "-m", "preview.bench", "--worker", task, fh.name], cwd=PROJECT_DIR,
                          capture_output=True, text=True, check=False, env=_worker_env())
     Path(fh.name).unlink(missing_ok=True)
     if out.returncode != 0:
-        raise RuntimeError(f"{kind} worker failed:\n{out.stderr[-2000:]}")
+        raise RuntimeError(f"{task} worker failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _worker_main(kind: str, path: str) -> None:
+def _worker_main(task: str, path: str) -> None:
     with open(path, encoding="utf-8") as fh:
         payload = json.load(fh)
-    if kind == "probe":
+    if task == "probe":
         result = worker_probe(payload["config"], payload["stack"])
-    elif kind == "row":
+    elif task == "row":
         result = worker_row(payload["config"], payload["stack"])
-    elif kind == "program":
+    elif task == "program":
         result = worker_program(payload["config"], payload["stack"], payload["modules"])
     else:
         result = worker_floor(payload["resources"], payload["stack"], payload["project"], payload["region"],
-                              payload["modules"], kind == "floor")
+                              payload["modules"], task == "floor")
     print(json.dumps(result))
 
 

@@ -113,17 +113,17 @@ def _from_value(value: Any, path: str, secrets: list[str]) -> Any:
     (their paths collected), resource references their URN, whole-number doubles ints (the engine's JSON
     shows integers). One pass instead of json_format.MessageToDict plus a redaction pass: several times
     faster, and recording was a quarter of a 100-pool run's own cost (`make bench`)."""
-    kind = value.WhichOneof("kind")
-    if kind == "string_value":
+    which = value.WhichOneof("kind")
+    if which == "string_value":
         return value.string_value
-    if kind == "number_value":
+    if which == "number_value":
         number = value.number_value
         return int(number) if number.is_integer() else number
-    if kind == "bool_value":
+    if which == "bool_value":
         return value.bool_value
-    if kind == "struct_value":
+    if which == "struct_value":
         return _from_struct(value.struct_value.fields, path, secrets)
-    if kind == "list_value":
+    if which == "list_value":
         return [_from_value(v, f"{path}[{i}]", secrets) for i, v in enumerate(value.list_value.values)]
     return None
 
