@@ -140,3 +140,17 @@ def test_no_pinned_mention_in_the_repository_drifts_from_the_set(vs: versions.Ve
 def test_which_gpus_the_images_torch_runs_on(vs: versions.VersionSet, capability: tuple[int, int],
                                              runs: bool) -> None:
     assert vs.supports(capability) is runs
+
+
+INSTALL = ROOT / "e2e" / "install.sh"
+# A version literal in the e2e install script: `torch==2.13.0`, `TORCH_VERSION=2.13.0` or `${X:-0.19.8}`.
+E2E_PINNED = re.compile(r"(?:==|_VERSION=\"?|:-)(\d+\.\d+(?:\.\d+)?)")
+
+
+def test_make_e2e_reads_the_set_and_pins_none_of_it_itself() -> None:
+    text = INSTALL.read_text(encoding="utf-8")
+    assert "data/versions.yaml" in text, "e2e/install.sh must read the version set"
+    own = [line.strip() for line in text.splitlines() if not line.lstrip().startswith("#")
+           and E2E_PINNED.search(line) and any(p in line.lower() for p in (*PACKAGES, "torch", "vllm"))
+           and "MPI4PY" not in line]  # mpi4py: an e2e-only package, not in the image
+    assert not own, f"e2e/install.sh pins versions of the set itself: {own}"
