@@ -15,6 +15,7 @@ from checks import (
     capacity,
     cluster_wide,
     fabric,
+    gated,
     gaudi,
     image,
     machine_disks,
@@ -44,7 +45,7 @@ def kind_warnings(m: StackConfig) -> list[str]:
 ALL_CHECKS: list[Check] = [*platform.CHECKS, *workloads.CHECKS, kind_rules, *gaudi.CHECKS, *planner.CHECKS,
                            *vertex.CHECKS, *capacity.CHECKS, *fabric.CHECKS, *offload.CHECKS, *machine_disks.CHECKS,
                            *cluster_wide.CHECKS, *image.CHECKS, *reachability.CHECKS,
-                           *node_fit.CHECKS]
+                           *node_fit.CHECKS, *gated.CHECKS]
 
 
 def run_all(m: StackConfig) -> list[str]:

@@ -212,6 +212,11 @@ class WorkloadConfig:
         """Nodes its pods take at once (each worker's CPU and memory are fitted to a whole node), and who."""
         return self.workers, f"{self.workers} worker(s)"
 
+    def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
+        """The Hugging Face model ids its pods download at start, each with the key (under the workload) that
+        names it: a gated one needs the stack's hfToken (checks/gated.py)."""
+        return ()
+
 
 @dataclass(frozen=True, kw_only=True)
 class DeepSpeedWorkloadConfig(WorkloadConfig):
@@ -281,6 +286,10 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig):
         """Omnia's original Gaudi path (opt-in): Habana's stock image, software installed at every start, as root."""
         return self.on_gaudi and self.gaudi.install_at_start
 
+    def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
+        # Only Omnia's Gaudi trainer (no launch.command) downloads `training.model`.
+        return ((("training", "model"), self.training.model),) if self.on_gaudi and not self.launch.command else ()
+
     @property
     def runs_stack_gaudi_image(self) -> bool:
         """The default Gaudi path: the stack's Gaudi image (or an `image` built from it), hardened."""
@@ -292,6 +301,9 @@ class ServeWorkloadConfig(WorkloadConfig):
     """kind serve: a DeepSpeed-MII (FastGen) server Deployment on a GKE pool."""
 
     serving: ServingConfig
+
+    def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
+        return ((("serving", "model"), self.serving.model),) if self.serving.model else ()  # not modelPath
 
 
 # The one kind -> class table: a new kind adds its class here and its branch in model/schema.yaml.

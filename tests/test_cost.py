@@ -49,15 +49,15 @@ def test_prod_headline_is_training_running_not_the_floor(raw: dict[str, Any]) ->
 def test_training_and_serving_apart_and_together(raw: dict[str, Any]) -> None:
     """prod's helm release (2 nodes) and serve's one-replica server on the same l4 pool (min 1, max 4)."""
     config = stack_yaml("prod")
-    server = copy.deepcopy(stack_yaml("serve")["deepspeed-stack:workloads"]["mistral"])
-    config["deepspeed-stack:workloads"]["mistral"] = server
+    server = copy.deepcopy(stack_yaml("serve")["deepspeed-stack:workloads"]["chat"])
+    config["deepspeed-stack:workloads"]["chat"] = server
     costs = cost.stack_costs(config_model(config))
     l4, base = _od(raw, "nvidia-l4", "g2-standard-8"), _floor_parts(raw)
     running = costs["running"]
     assert running["training"]["perHour"] == pytest.approx(base + 2 * l4)
     assert running["serving"]["perHour"] == pytest.approx(base + 1 * l4)  # one replica: the pool's min node
     assert running["all"]["perHour"] == pytest.approx(base + 3 * l4)
-    assert (running["training"]["workloads"], running["serving"]["workloads"]) == (["zero3-smoke"], ["mistral"])
+    assert (running["training"]["workloads"], running["serving"]["workloads"]) == (["zero3-smoke"], ["chat"])
     line = cost.headline(costs)
     assert f"**${base + 2 * l4:,.2f}/h with training running**" in line
     assert f"**${base + l4:,.2f}/h with serving running**" in line
@@ -66,7 +66,7 @@ def test_training_and_serving_apart_and_together(raw: dict[str, Any]) -> None:
 
 def test_serving_replicas_take_a_node_each_at_most_max_nodes(raw: dict[str, Any]) -> None:
     l4, base = _od(raw, "nvidia-l4", "g2-standard-8"), _floor_parts(raw)
-    two = cost.stack_costs(config_model(changed("serve", {"workloads.mistral.serving.replicas": 2})))
+    two = cost.stack_costs(config_model(changed("serve", {"workloads.chat.serving.replicas": 2})))
     assert two["running"]["serving"]["perHour"] == pytest.approx(base + 2 * l4)
     one = cost.stack_costs(config_model(stack_yaml("serve")))
     assert one["running"]["serving"]["perHour"] == pytest.approx(base + l4) == pytest.approx(one["floorPerHour"])

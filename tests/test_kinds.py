@@ -34,7 +34,7 @@ def test_one_list_of_kinds_everywhere() -> None:
 
 @pytest.mark.parametrize(("stack", "name", "cls"), [
     ("dev", "smoke", HelmWorkloadConfig), ("gaudi", "gaudi-llm-ds-ft", MpiJobWorkloadConfig),
-    ("h100", "smoke", MpiJobWorkloadConfig), ("serve", "mistral", ServeWorkloadConfig),
+    ("h100", "smoke", MpiJobWorkloadConfig), ("serve", "chat", ServeWorkloadConfig),
 ])
 def test_each_workload_is_built_as_its_kinds_class(stack: str, name: str, cls: type) -> None:
     w = model(stack).workloads[name]
@@ -43,7 +43,7 @@ def test_each_workload_is_built_as_its_kinds_class(stack: str, name: str, cls: t
 
 
 def test_a_kinds_class_has_only_its_keys() -> None:
-    serve = model("serve").workloads["mistral"]
+    serve = model("serve").workloads["chat"]
     assert not hasattr(serve, "deepspeed") and not hasattr(serve, "storage") and not hasattr(serve, "chart")
     helm = model("dev").workloads["smoke"]
     assert not hasattr(helm, "serving") and not hasattr(helm, "gaudi") and not hasattr(helm, "storage")
@@ -53,8 +53,8 @@ def test_a_key_of_another_kind_names_the_kinds_keys() -> None:
     assert problems("dev", {"workloads.smoke.serving": {"replicas": 2}}) == [
         "workloads.smoke.serving: not a key of kind helm (its keys: accelerator, chart, deepspeed, fallbackPool, "
         "gcsFuse, image, kind, launch, model, namespace, pool, resources, workers); it is a key of kind serve"]
-    assert problems("serve", {"workloads.mistral.deepspeed": {"zeroStage": 3}}) == [
-        "workloads.mistral.deepspeed: not a key of kind serve (its keys: accelerator, fallbackPool, gcsFuse, image, "
+    assert problems("serve", {"workloads.chat.deepspeed": {"zeroStage": 3}}) == [
+        "workloads.chat.deepspeed: not a key of kind serve (its keys: accelerator, fallbackPool, gcsFuse, image, "
         "kind, model, namespace, pool, resources, serving, workers); it is a key of kind helm, mpijob"]
 
 
@@ -70,7 +70,7 @@ def test_an_unknown_kind_lists_the_kinds_and_nothing_else() -> None:
 
 
 def test_a_workload_gets_only_its_kinds_defaults() -> None:
-    serve = model("serve").workloads["mistral"]
+    serve = model("serve").workloads["chat"]
     assert serve.serving.openai.port == 8000  # model/schema.yaml: serving.openai.port's default
     helm = model("dev").workloads["smoke"]
     assert helm.chart.repository == "oci://registry-1.docker.io/bitnamicharts"

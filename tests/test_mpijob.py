@@ -234,7 +234,7 @@ def test_gaudi_launcher_env_and_token_from_the_secret(gaudi_job: dict[str, Any])
         'HF_TOKEN="$(cat /var/run/secrets/huggingface/token)"; export HF_TOKEN',
         'HUGGING_FACE_HUB_TOKEN="$(cat /var/run/secrets/huggingface/token)"; export HUGGING_FACE_HUB_TOKEN']
     assert (launcher["HF_HOME"], launcher["LLM_MODEL"], launcher["NUM_HPU"], launcher["NUM_EPOCHS"]) == (
-        "/storage/huggingface", "meta-llama/Meta-Llama-3.1-8B-Instruct", "8", "3")
+        "/storage/huggingface", "Qwen/Qwen2.5-7B-Instruct", "8", "3")
     assert launcher["no_proxy"] == "127.0.0.1,localhost"
     assert "http_proxy" not in launcher  # empty in config: not set at all
     # Workers get the token only through ssh from the launcher, never in their own pod spec.

@@ -83,8 +83,11 @@ def test_clipping_in_ds_config_is_omnias(gaudi: RunResult, omnia: dict[str, Any]
 def test_model_epochs_and_cards_are_omnias(gaudi: RunResult, omnia: dict[str, Any]) -> None:
     ours = {e["name"]: e.get("value") for e in containers(gaudi.one(MPIJOB).inputs, "Launcher")["env"]}
     theirs = {e["name"]: e["value"] for e in containers(omnia, "Launcher")["env"]}
-    assert (ours["LLM_MODEL"], ours["NUM_EPOCHS"], ours["NUM_HPU"]) == (
-        theirs["LLM_MODEL"], theirs["NUM_EPOCHS"], theirs["NUM_HPU"])
+    assert (ours["NUM_EPOCHS"], ours["NUM_HPU"]) == (theirs["NUM_EPOCHS"], theirs["NUM_HPU"])
+    # A listed deviation: Omnia's Llama 3.1 8B is gated (data/gated_models.yaml), so the example stack, which must
+    # deploy without a token, fine-tunes an open model; Omnia's model is the training.model default.
+    assert theirs["LLM_MODEL"] == "meta-llama/Meta-Llama-3.1-8B-Instruct" != ours["LLM_MODEL"]
+    assert ours["LLM_MODEL"] == "Qwen/Qwen2.5-7B-Instruct"
 
 
 def test_worker_memory_and_hugepages_are_the_newest_omnias(gaudi: RunResult, omnia: dict[str, Any]) -> None:

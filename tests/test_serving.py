@@ -33,14 +33,14 @@ SECRET = "kubernetes:core/v1:Secret"
 CANARY = "hf_serving_canary_token"
 # The variant: autoscaling, an internal load balancer, the OpenAI server, the model from the bucket, a token.
 VARIANT = {
-    "workloads.mistral.serving.model": DELETE,
-    "workloads.mistral.serving.modelPath": "models/Mistral-7B-Instruct-v0.3",
-    "workloads.mistral.gcsFuse.enabled": True,
+    "workloads.chat.serving.model": DELETE,
+    "workloads.chat.serving.modelPath": "models/Qwen2.5-7B-Instruct",
+    "workloads.chat.gcsFuse.enabled": True,
     "storage.enabled": True,
-    "workloads.mistral.serving.autoscaling": {"enabled": True, "maxReplicas": 2, "cpuUtilization": 70},
-    "workloads.mistral.serving.service": "InternalLoadBalancer",
-    "workloads.mistral.serving.openai": {"enabled": True, "port": 8000},
-    "workloads.mistral.serving.allowFrom": [{"cidr": "10.0.0.0/8"}, {"namespace": "apps", "podLabels": {"app": "ui"}}],
+    "workloads.chat.serving.autoscaling": {"enabled": True, "maxReplicas": 2, "cpuUtilization": 70},
+    "workloads.chat.serving.service": "InternalLoadBalancer",
+    "workloads.chat.serving.openai": {"enabled": True, "port": 8000},
+    "workloads.chat.serving.allowFrom": [{"cidr": "10.0.0.0/8"}, {"namespace": "apps", "podLabels": {"app": "ui"}}],
 }
 
 
@@ -94,13 +94,13 @@ def test_deployment_runs_the_entry_script_with_the_stack_values(serve: RunResult
                         c["image"]), c["image"]
     assert c["image"] == serve.outputs["imageRef"]
     assert c["command"] == ["python"]
-    assert c["args"] == ["/app/serve.py", "--model", "mistralai/Mistral-7B-Instruct-v0.3", "--deployment-name",
-                         "mistral", "--tensor-parallel", "1", "--port", "51080", "--health-port", "8081",
+    assert c["args"] == ["/app/serve.py", "--model", "Qwen/Qwen2.5-7B-Instruct", "--deployment-name",
+                         "chat", "--tensor-parallel", "1", "--port", "51080", "--health-port", "8081",
                          "--max-length", "4096"]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod(serve)["spec"]["volumes"]}
-    assert volumes[mounts["/app"]]["configMap"]["name"] == "mistral-server"
-    cm = serve.one("kubernetes:core/v1:ConfigMap", "mistral-server").inputs["data"]
+    assert volumes[mounts["/app"]]["configMap"]["name"] == "chat-server"
+    cm = serve.one("kubernetes:core/v1:ConfigMap", "chat-server").inputs["data"]
     assert cm["serve.py"] == (PROJECT_DIR / "workloads" / "scripts" / "serve.py").read_text(encoding="utf-8")
 
 
@@ -151,7 +151,7 @@ def test_pod_is_hardened(serve: RunResult) -> None:
 def test_service_pdb_and_network_policy(serve: RunResult) -> None:
     selector = serve.one(DEPLOYMENT).inputs["spec"]["selector"]["matchLabels"]
     svc = serve.one(SERVICE).inputs
-    assert (svc["metadata"]["name"], svc["metadata"]["namespace"]) == ("mistral", "serving")
+    assert (svc["metadata"]["name"], svc["metadata"]["namespace"]) == ("chat", "serving")
     assert svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["selector"] == selector
     assert svc["spec"]["ports"] == [{"name": "http", "port": 51080, "targetPort": "http", "protocol": "TCP"}]
@@ -167,17 +167,17 @@ def test_service_pdb_and_network_policy(serve: RunResult) -> None:
 
 def test_no_sources_admit_nobody_and_a_protected_cluster_protects_the_server() -> None:
     run = engine.run_program(*engine.engine_config_from_yaml(changed("serve", {
-        "workloads.mistral.serving.allowFrom": [], "cluster.deletionProtection": True})), stack="serve")
+        "workloads.chat.serving.allowFrom": [], "cluster.deletionProtection": True})), stack="serve")
     assert run.one(NETPOL).inputs["spec"].get("ingress", []) == []
     assert run.one(DEPLOYMENT).protect and run.one(SERVICE).protect
     assert not run.one(PDB).protect  # a budget holds nothing
 
 
 def test_endpoint_in_the_outputs(serve: RunResult) -> None:
-    assert serve.outputs["servingEndpoints"] == {"mistral": {
-        "endpoint": "http://mistral.serving.svc.cluster.local:51080/mii/mistral",
-        "portForward": "kubectl -n serving port-forward svc/mistral 51080:51080"}}
-    assert serve.outputs["workloads"]["mistral"]["kind"] == "serve"
+    assert serve.outputs["servingEndpoints"] == {"chat": {
+        "endpoint": "http://chat.serving.svc.cluster.local:51080/mii/chat",
+        "portForward": "kubectl -n serving port-forward svc/chat 51080:51080"}}
+    assert serve.outputs["workloads"]["chat"]["kind"] == "serve"
 
 
 def test_server_waits_for_its_pool_and_the_image_grant(serve: RunResult) -> None:
@@ -196,7 +196,7 @@ def test_variant_autoscaler_load_balancer_openai_bucket_and_token(variant: RunRe
     assert "replicas" not in spec  # the autoscaler owns the count
     hpa = variant.one(HPA).inputs["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 2)
-    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "mistral"}
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "chat"}
     assert hpa["metrics"][0]["resource"]["target"] == {"type": "Utilization", "averageUtilization": 70}
     # maxReplicas 2 takes both nodes of the pool: no node to surge onto.
     assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
@@ -207,7 +207,7 @@ def test_variant_autoscaler_load_balancer_openai_bucket_and_token(variant: RunRe
     assert [p["port"] for p in svc["spec"]["ports"]] == [51080, 8000]
     c = container(variant)
     args = c["args"]
-    assert args[args.index("--model") + 1] == "/gcs/models/Mistral-7B-Instruct-v0.3"
+    assert args[args.index("--model") + 1] == "/gcs/models/Qwen2.5-7B-Instruct"
     assert args[args.index("--openai-port") + 1] == "8000"
     p = spec["template"]["spec"]
     gcs = next(v for v in p["volumes"] if "csi" in v)
@@ -268,46 +268,46 @@ def test_serve_stack_is_valid() -> None:
 def test_pre_ampere_gpus_are_refused(gpu: str, machine: str, zone: str, capability: str) -> None:
     found = problems("serve", {"nodePools[0].gpu.type": gpu, "nodePools[0].machineType": machine,
                                "nodePools[0].zones": [zone]})
-    (refusal,) = [p for p in found if p.startswith("workloads.mistral.pool:")]
+    (refusal,) = [p for p in found if p.startswith("workloads.chat.pool:")]
     assert f"compute capability {capability}" in refusal and "8.0 or newer" in refusal
     assert "gpu.type nvidia-l4" in refusal  # the cheapest Ampere+ GPU of us-central1, as the alternative
 
 
 def test_a_model_that_cannot_fit_is_refused_with_numbers_and_what_fits() -> None:
-    found = problems("serve", {"workloads.mistral.model.name": "Llama-3.1-70B"})
+    found = problems("serve", {"workloads.chat.model.name": "Llama-3.1-70B"})
     (refusal,) = found
     # 70.55B parameters x 2 bytes (bf16) = 141.1 GB of weights on one 24 GB L4.
-    assert refusal.startswith("workloads.mistral.model: Llama-3.1-70B")
+    assert refusal.startswith("workloads.chat.model: Llama-3.1-70B")
     assert "weights 141.1" in refusal and "24 GB" in refusal
     # 141.1 GB / 8 = 17.6 GB of weights per GPU: eight L4s of one g2-standard-96 hold it.
     assert "8 x L4 (g2-standard-96" in refusal
 
 
 def test_int4_is_refused_for_serving_but_sized_by_the_planner() -> None:
-    found = problems("serve", {"workloads.mistral.model.precision": "int4"})
-    assert found == ["workloads.mistral.model.precision: DeepSpeed-MII (FastGen) serves 16-bit weights (fp16 or "
+    found = problems("serve", {"workloads.chat.model.precision": "int4"})
+    assert found == ["workloads.chat.model.precision: DeepSpeed-MII (FastGen) serves 16-bit weights (fp16 or "
                      "bf16), not int4; the planner can still size int4 (`make gpus ... MODE=inference "
                      "PRECISION=int4`), but this server cannot run it"]
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"workloads.mistral.model": DELETE}, "workloads.mistral.model: a serve workload needs its model block"),
-    ({"workloads.mistral.model.mode": "training"}, "workloads.mistral.model.mode: a serve workload is sized"),
-    ({"workloads.mistral.serving.modelPath": "models/m"}, "workloads.mistral.serving: set exactly one of model"),
-    ({"workloads.mistral.workers": 2}, "workloads.mistral.workers: a serve workload runs one pod per replica"),
-    ({"workloads.mistral.serving.replicas": 3}, "workloads.mistral.serving.replicas: 3 replica(s) need"),
-    ({"workloads.mistral.serving.autoscaling": {"enabled": True, "maxReplicas": 5}},
-     "workloads.mistral.serving.autoscaling.maxReplicas: 5 replica(s) need"),
-    ({"workloads.mistral.serving.port": 50050}, "workloads.mistral.serving.port: 50050 is taken by MII's load"),
-    ({"workloads.mistral.serving.openai": {"enabled": True, "port": 51080}},
-     "workloads.mistral.serving.openai.port: 51080 is also serving.port"),
-    ({"workloads.mistral.serving.allowFrom": [{"cidr": "0.0.0.0/0"}]},
-     "workloads.mistral.serving.allowFrom[0].cidr: 0.0.0.0/0 would admit every address"),
-    ({"workloads.mistral.serving.allowFrom": [{}]}, "workloads.mistral.serving.allowFrom[0]: give a cidr"),
-    ({"workloads.mistral.serving.allowFrom": [{"cidr": "10.0.0.0/8", "namespace": "apps"}]},
-     "workloads.mistral.serving.allowFrom[0]: give either cidr or namespace"),
-    ({"workloads.mistral.accelerator.kind": "gaudi"}, "workloads.mistral.accelerator.kind: kind serve runs"),
-    ({"workloads.mistral.kind": "helm"}, "workloads.mistral.serving: not a key of kind helm (its keys: accelerator, "
+    ({"workloads.chat.model": DELETE}, "workloads.chat.model: a serve workload needs its model block"),
+    ({"workloads.chat.model.mode": "training"}, "workloads.chat.model.mode: a serve workload is sized"),
+    ({"workloads.chat.serving.modelPath": "models/m"}, "workloads.chat.serving: set exactly one of model"),
+    ({"workloads.chat.workers": 2}, "workloads.chat.workers: a serve workload runs one pod per replica"),
+    ({"workloads.chat.serving.replicas": 3}, "workloads.chat.serving.replicas: 3 replica(s) need"),
+    ({"workloads.chat.serving.autoscaling": {"enabled": True, "maxReplicas": 5}},
+     "workloads.chat.serving.autoscaling.maxReplicas: 5 replica(s) need"),
+    ({"workloads.chat.serving.port": 50050}, "workloads.chat.serving.port: 50050 is taken by MII's load"),
+    ({"workloads.chat.serving.openai": {"enabled": True, "port": 51080}},
+     "workloads.chat.serving.openai.port: 51080 is also serving.port"),
+    ({"workloads.chat.serving.allowFrom": [{"cidr": "0.0.0.0/0"}]},
+     "workloads.chat.serving.allowFrom[0].cidr: 0.0.0.0/0 would admit every address"),
+    ({"workloads.chat.serving.allowFrom": [{}]}, "workloads.chat.serving.allowFrom[0]: give a cidr"),
+    ({"workloads.chat.serving.allowFrom": [{"cidr": "10.0.0.0/8", "namespace": "apps"}]},
+     "workloads.chat.serving.allowFrom[0]: give either cidr or namespace"),
+    ({"workloads.chat.accelerator.kind": "gaudi"}, "workloads.chat.accelerator.kind: kind serve runs"),
+    ({"workloads.chat.kind": "helm"}, "workloads.chat.serving: not a key of kind helm (its keys: accelerator, "
                                          "chart, deepspeed, fallbackPool, gcsFuse, image, kind, launch, model, "
                                          "namespace, pool, resources, workers); it is a key of kind serve"),
 ])
@@ -317,10 +317,10 @@ def test_serving_rules(change: dict[str, Any], message: str) -> None:
 
 
 def test_model_path_needs_the_bucket_mount() -> None:
-    found = problems("serve", {"workloads.mistral.serving.model": DELETE,
-                               "workloads.mistral.serving.modelPath": "models/m"})
-    assert found == ["workloads.mistral.serving.modelPath: reads the stack's bucket through GCS FUSE; set "
-                     "workloads.mistral.gcsFuse.enabled: true (and storage.enabled: true)"]
+    found = problems("serve", {"workloads.chat.serving.model": DELETE,
+                               "workloads.chat.serving.modelPath": "models/m"})
+    assert found == ["workloads.chat.serving.modelPath: reads the stack's bucket through GCS FUSE; set "
+                     "workloads.chat.gcsFuse.enabled: true (and storage.enabled: true)"]
 
 
 # --- the entry script under a stub of MII ---------------------------------------------------------
@@ -388,7 +388,7 @@ def test_entry_script_loads_the_model_the_stack_names(serve: RunResult, serve_py
     assert serve_py.run(serve_py.parse_args(argv), stop) == 0
     (kwargs,) = calls
     assert kwargs == {
-        "model_name_or_path": "mistralai/Mistral-7B-Instruct-v0.3", "deployment_name": "mistral",
+        "model_name_or_path": "Qwen/Qwen2.5-7B-Instruct", "deployment_name": "chat",
         "tensor_parallel": 1, "replica_num": 1, "max_length": 4096,
         "enable_restful_api": True, "restful_api_host": "0.0.0.0", "restful_api_port": 51080,
         "port_number": 50050,
@@ -470,11 +470,11 @@ def send_prompt() -> types.ModuleType:
 
 
 def test_send_prompt_builds_mii_rest_requests(send_prompt: types.ModuleType, serve: RunResult) -> None:
-    args = send_prompt.parse_args(["--deployment", "mistral", "What is DeepSpeed?"])
+    args = send_prompt.parse_args(["--deployment", "chat", "What is DeepSpeed?"])
     request = send_prompt.build_request(args)
     # The port-forward of the stack's output, and MII's RESTful path for the deployment the server was given.
-    forwarded = serve.outputs["servingEndpoints"]["mistral"]["portForward"].rsplit(":", 1)[1]
-    assert request.full_url == f"http://localhost:{forwarded}/mii/mistral"
+    forwarded = serve.outputs["servingEndpoints"]["chat"]["portForward"].rsplit(":", 1)[1]
+    assert request.full_url == f"http://localhost:{forwarded}/mii/chat"
     assert request.get_method() == "POST"
     assert request.get_header("Content-type") == "application/json"
     assert json.loads(request.data) == {"prompts": ["What is DeepSpeed?"], "max_new_tokens": 128}
@@ -487,10 +487,10 @@ def test_send_prompt_builds_mii_rest_requests(send_prompt: types.ModuleType, ser
 
 def test_send_prompt_builds_openai_requests(send_prompt: types.ModuleType) -> None:
     args = send_prompt.parse_args(["--openai", "--url", "http://localhost:8000", "--model",
-                                   "mistralai/Mistral-7B-Instruct-v0.3", "Hello"])
+                                   "Qwen/Qwen2.5-7B-Instruct", "Hello"])
     request = send_prompt.build_request(args)
     assert request.full_url == "http://localhost:8000/v1/completions"
-    assert json.loads(request.data) == {"model": "mistralai/Mistral-7B-Instruct-v0.3", "prompt": "Hello",
+    assert json.loads(request.data) == {"model": "Qwen/Qwen2.5-7B-Instruct", "prompt": "Hello",
                                         "max_tokens": 128}
 
 
@@ -533,11 +533,11 @@ def test_send_prompt_round_trip_on_loopback(send_prompt: types.ModuleType, capsy
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        assert send_prompt.main(["--url", url, "--deployment", "mistral", "ping"]) == 0
+        assert send_prompt.main(["--url", url, "--deployment", "chat", "ping"]) == 0
     finally:
         server.shutdown()
         server.server_close()
-    assert seen == [("/mii/mistral", {"prompts": ["ping"], "max_new_tokens": 128})]
+    assert seen == [("/mii/chat", {"prompts": ["ping"], "max_new_tokens": 128})]
     assert capsys.readouterr().out == "pong\n"
 
 
@@ -549,10 +549,10 @@ def test_preview_lists_the_server_with_its_cost_and_the_prompt_command(serve: Ru
 
     (w,) = summary.workloads(serve)
     assert (w.name, w.namespace, w.runs_on, w.accelerators, w.workers) == (
-        "mistral", "serving", "pool l4 (nvidia-l4)", "nvidia.com/gpu x 1", 1)
+        "chat", "serving", "pool l4 (nvidia-l4)", "nvidia.com/gpu x 1", 1)
     ((title, body),) = serving.section(serve)
     assert title == "Serving"
     node = catalog.load().shape("nvidia-l4", "g2-standard-8", 1).price.on_demand  # the pool is on-demand
-    assert f"| mistral | mistralai/Mistral-7B-Instruct-v0.3 | 1 | 1 | ${node:.2f} (pool l4) |" in body
-    assert "kubectl -n serving port-forward svc/mistral 51080:51080 &" in body
-    assert 'python workloads/scripts/send_prompt.py --deployment mistral "What is DeepSpeed?"' in body
+    assert f"| chat | Qwen/Qwen2.5-7B-Instruct | 1 | 1 | ${node:.2f} (pool l4) |" in body
+    assert "kubectl -n serving port-forward svc/chat 51080:51080 &" in body
+    assert 'python workloads/scripts/send_prompt.py --deployment chat "What is DeepSpeed?"' in body

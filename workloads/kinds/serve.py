@@ -86,7 +86,7 @@ def check_serve_model_block(m: StackConfig, w: ServeWorkloadConfig) -> list[str]
     mb = w.model
     if mb is None:
         problems.append(f"{at('workloads', name, 'model')}: a serve workload needs its model block for the "
-                        "planner's memory check, e.g. {name: Mistral-7B, mode: inference, sequenceLength: 4096}")
+                        "planner's memory check, e.g. {name: Qwen2.5-7B, mode: inference, sequenceLength: 4096}")
         return problems
     if mb.mode != "inference":
         problems.append(f"{at('workloads', name, 'model', 'mode')}: a serve workload is sized for inference "
@@ -107,7 +107,7 @@ def check_serve_model_source(m: StackConfig, w: ServeWorkloadConfig) -> list[str
     key = at("workloads", name, "serving")
     if bool(s.model) == bool(s.model_path):
         problems.append(f"{key}: set exactly one of model (a Hugging Face id) and modelPath (a folder of the "
-                        "stack's bucket)" + ("" if s.model else ", e.g. model: mistralai/Mistral-7B-Instruct-v0.3"))
+                        "stack's bucket)" + ("" if s.model else ", e.g. model: Qwen/Qwen2.5-7B-Instruct"))
     if s.model_path and not w.gcs_fuse.enabled:
         problems.append(f"{key}.modelPath: reads the stack's bucket through GCS FUSE; set "
                         f"{at('workloads', name, 'gcsFuse', 'enabled')}: true (and storage.enabled: true)")

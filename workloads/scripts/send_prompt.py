@@ -4,8 +4,8 @@
 The server answers inside the cluster; reach it through `kubectl port-forward` (the stack's `servingEndpoints`
 output prints the command for each workload):
 
-    kubectl -n serving port-forward svc/mistral 51080:51080 &
-    python workloads/scripts/send_prompt.py --deployment mistral "What is DeepSpeed?"
+    kubectl -n serving port-forward svc/chat 51080:51080 &
+    python workloads/scripts/send_prompt.py --deployment chat "What is DeepSpeed?"
 
 MII's RESTful API takes `POST /mii/<deployment>` with `{"prompts": [...], "max_new_tokens": N}` and answers a
 list of `{"generated_text": ...}` (deepspeed-mii 0.3.3). With --openai the script calls an OpenAI-compatible
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.temperature is not None and args.temperature < 0:
         parser.error(f"--temperature must be 0 or more, got {args.temperature}")
     if not args.openai and not args.deployment:
-        parser.error("--deployment is required (the workload's name, e.g. mistral)")
+        parser.error("--deployment is required (the workload's name, e.g. chat)")
     return args
 
 

@@ -1,0 +1,35 @@
+"""A gated model needs a token: one named rule.
+
+Meta's Llama, Mistral's and Google's Gemma repos ask each account to accept their terms; a pod that downloads one
+without a token gets 401 and crash-loops (data/gated_models.yaml, with sources). A workload's kind says which
+model ids its pods download (`hub_models`); without `hfToken` a gated one is refused before anything is created.
+"""
+
+from __future__ import annotations
+
+from checks.common import Check, at
+from model.gated_models import gated_family
+from model.types import StackConfig
+
+OPEN_EXAMPLE = "Qwen/Qwen2.5-7B-Instruct"  # Apache-2.0, not gated; its shape is in data/models.yaml
+
+
+def check_gated_models_have_a_token(m: StackConfig) -> list[str]:
+    if m.hf_token is not None:
+        return []
+    problems = []
+    for name, w in m.workloads.items():
+        for key, model_id in w.hub_models():
+            family = gated_family(model_id)
+            if family is None:
+                continue
+            problems.append(
+                f"{at('workloads', name, *key)}: {model_id} is gated on Hugging Face (data/gated_models.yaml: "
+                f"{family.family}) and the stack has no hfToken, so the download would fail with 401 and the "
+                f"pod crash-loop. Accept the model's terms at https://huggingface.co/{model_id} with your account, "
+                "then `pulumi config set --secret hfToken hf_...` (a read token of that account); or use a model "
+                f"that is not gated, e.g. {OPEN_EXAMPLE}")
+    return problems
+
+
+CHECKS: list[Check] = [check_gated_models_have_a_token]
