@@ -22,11 +22,12 @@ from pathlib import Path
 from checks import load
 from model import catalog as gpu_catalog
 from model.config import ConfigError
+from model.gated_models import gated_family
 from model.suggest import did_you_mean
 from planner import stack_writer
 from planner.cost import SERVING, TRAINING, stack_costs
 from planner.sizing import BYTES_PER_PARAM, Request, given_shape, resolve
-from preview.engine import PROJECT_DIR, engine_config_from_yaml
+from preview.engine import PROJECT_DIR, SECRET, engine_config_from_yaml
 
 MAX_TRIES = 60  # candidates loaded through the checks before giving up (each load is a few tens of ms)
 ROLE = {stack_writer.TRAINING: TRAINING, stack_writer.INFERENCE: SERVING}
@@ -42,10 +43,20 @@ class Choice:
     running_per_hour: float
     floor_per_hour: float
     refused: list[tuple[stack_writer.Candidate, str]]
+    gated_model: str | None = None  # a gated Hugging Face id the pods download: the user's token comes first
 
 
 def _problem_line(problem: str, limit: int = 220) -> str:
     return problem if len(problem) <= limit else problem[:limit - 1] + "…"
+
+
+def gated_model(candidate: stack_writer.Candidate) -> str | None:
+    """The gated Hugging Face id (data/gated_models.yaml) a candidate's workload downloads, if any."""
+    for w in (candidate.config.get("deepspeed-stack:workloads") or {}).values():
+        model_id = (w.get("serving") or {}).get("model")
+        if isinstance(model_id, str) and gated_family(model_id) is not None:
+            return model_id
+    return None
 
 
 def choose(request: Request, region: str, stack: str, budget: float | None = None,
@@ -55,6 +66,10 @@ def choose(request: Request, region: str, stack: str, budget: float | None = Non
     refused: list[tuple[stack_writer.Candidate, str]] = []
     for candidate in stack_writer.candidates(request, region, stack, cat, model_id=model_id)[:MAX_TRIES]:
         config, secret_keys = engine_config_from_yaml(candidate.config)
+        gated = gated_model(candidate)
+        if gated:  # checked as it will run: after the user's `pulumi config set --secret hfToken` (header says so)
+            config["deepspeed-stack:hfToken"] = SECRET
+            secret_keys = [*secret_keys, "deepspeed-stack:hfToken"]
         try:
             model = load(config, set(secret_keys))
         except ConfigError as err:
@@ -66,7 +81,7 @@ def choose(request: Request, region: str, stack: str, budget: float | None = Non
             refused.append((candidate, f"${running:,.2f}/h with the workload running, over the budget "
                                        f"${budget:,.2f}/h"))
             continue
-        return Choice(candidate, running, costs["floorPerHour"], refused)
+        return Choice(candidate, running, costs["floorPerHour"], refused, gated)
     reasons = "; ".join(f"{c.label}: {why}" for c, why in refused[:3]) or "the planner found no option"
     raise NoPlanError(f"no plan for {request.model.name} in {region} that the stack's checks accept"
                  f"{' within the budget' if budget is not None else ''} ({reasons})")
@@ -92,6 +107,10 @@ def header(choice: Choice, request: Request, region: str, stack: str, command: s
         lines += [f"  - {rc.label}: {why}" for rc, why in choice.refused[:5]]
         if len(choice.refused) > 5:
             lines.append(f"  - and {len(choice.refused) - 5} more")
+    if choice.gated_model:
+        lines.append(f"{choice.gated_model} is gated on Hugging Face (data/gated_models.yaml): accept its terms on "
+                     f"https://huggingface.co/{choice.gated_model}, then `pulumi config set --secret hfToken hf_... "
+                     f"-s {stack}`; without it the preview refuses the stack.")
     lines.append(f"Next: set gcp:project below, then `make preview STACK={stack}`, then `pulumi up -s {stack}`.")
     return lines
 

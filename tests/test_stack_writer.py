@@ -25,13 +25,21 @@ MODES = [stack_writer.TRAINING, stack_writer.INFERENCE]
 REGION = "us-central1"
 
 
+TOKEN = {"secure": "v1:planted"}  # `pulumi config set --secret hfToken ...`, the user's step for a gated model
+
+
 def _written(model: str, mode: str, stack: str = "grid") -> tuple[ws.Choice, dict, str]:
+    """The written config, with the token the header asks for when the model is gated (as the user sets it)."""
     request = Request(resolve(model), "bf16", mode, 2048, 1)
     choice = ws.choose(request, REGION, stack)
     header = ws.header(choice, request, REGION, stack, f"make gpus MODEL={model} MODE={mode} WRITE={stack}",
                        catalog.load())
     text = stack_writer.render(choice.candidate, header)
-    return choice, yaml.safe_load(text)["config"], text
+    config = yaml.safe_load(text)["config"]
+    if choice.gated_model:
+        assert "`pulumi config set --secret hfToken hf_... -s grid`" in text
+        config["deepspeed-stack:hfToken"] = TOKEN
+    return choice, config, text
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -72,7 +80,8 @@ def test_grid_round_trips_through_write_and_load(model: str, mode: str) -> None:
 
 
 def test_a_written_stack_previews(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`make gpus ... WRITE=llama8b` then `make preview STACK=llama8b`: the file, then the whole offline preview."""
+    """`make gpus ... WRITE=llama8b` then `make preview STACK=llama8b`: the file, then the whole offline preview.
+    Llama is gated: the preview refuses the file until the token the header names is set."""
     args = ["--model", "Llama-3.1-8B", "--mode", "inference", "--stack", "llama8b", "--dir", str(tmp_path)]
     assert ws.main(args) == 0
     out = capsys.readouterr().out
@@ -80,7 +89,13 @@ def test_a_written_stack_previews(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert out.startswith("wrote Pulumi.llama8b.yaml: ") and "Next: make preview STACK=llama8b" in out
     text = path.read_text(encoding="utf-8")
     assert text.startswith("# llama8b: written by `make gpus MODEL=Llama-3.1-8B MODE=inference WRITE=llama8b`")
-    assert preview_main(["--stack", "llama8b", "--stack-file", str(path), "--out", str(tmp_path / "build")]) == 0
+    assert "`pulumi config set --secret hfToken hf_... -s llama8b`" in text
+    argv = ["--stack", "llama8b", "--stack-file", str(path), "--out", str(tmp_path / "build")]
+    assert preview_main(argv) == 2 and "is gated on Hugging Face" in capsys.readouterr().err
+    written = yaml.safe_load(text)
+    written["config"]["deepspeed-stack:hfToken"] = TOKEN
+    path.write_text(yaml.safe_dump(written), encoding="utf-8")
+    assert preview_main(argv) == 0
     summary = (tmp_path / "build" / "llama8b" / "summary.md").read_text(encoding="utf-8")
     assert "with serving running" in summary.splitlines()[2]
 
@@ -88,6 +103,7 @@ def test_a_written_stack_previews(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_budget_skips_what_costs_more_and_says_when_nothing_fits() -> None:
     request = Request(resolve("Llama-3.1-8B"), "bf16", "inference", 2048, 1)
     free = ws.choose(request, REGION, "b")
+    assert free.gated_model == "meta-llama/Llama-3.1-8B"  # checked with the user's token
     with pytest.raises(ws.NoPlanError, match=r"within the budget"):
         ws.choose(request, REGION, "b", budget=free.running_per_hour - 0.01)
     assert ws.choose(request, REGION, "b", budget=free.running_per_hour).candidate == free.candidate
@@ -117,6 +133,6 @@ def test_write_refuses_an_existing_stack_and_unknown_modes(tmp_path: Path, capsy
 def test_the_written_config_is_what_the_engine_loads() -> None:
     """The file's `config:` map goes through the same engine form the preview uses (objects as JSON)."""
     choice, config, _ = _written("Llama-2-7B", stack_writer.INFERENCE)
-    engine_cfg, secret_keys = engine.engine_config_from_yaml(config)
+    engine_cfg, secret_keys = engine.engine_config_from_yaml(config)  # with the token: Llama 2 is gated
     pool = stack_writer.pool_name(choice.candidate.option.gpu_type)
     assert load(engine_cfg, set(secret_keys)).pool(pool).machine_type == choice.candidate.option.machine_type
