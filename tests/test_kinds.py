@@ -113,7 +113,7 @@ def test_the_kind_comparison_pattern_catches_what_it_should() -> None:
 @pytest.mark.parametrize(("stack", "name", "pulls", "on_gaudi", "nodes"), [
     ("dev", "smoke", True, False, (2, "2 worker(s)")),  # helm: the stack's image; its client on the system pool
     ("gaudi", "gaudi-llm-ds-ft", False, True, (1, "1 worker(s)")),  # Gaudi: the stack's Gaudi image, no grant
-    ("serve", "mistral", True, False, (1, "1 worker(s)")),
+    ("serve", "chat", True, False, (1, "1 worker(s)")),
 ])
 def test_what_the_typed_classes_say_about_a_workload(stack: str, name: str, pulls: bool, on_gaudi: bool,
                                                      nodes: tuple[int, str]) -> None:
