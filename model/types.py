@@ -24,6 +24,8 @@ from model.workload_types import (
     ChartConfig,
     DeepSpeedConfig,
     DeepSpeedWorkloadConfig,
+    FinetuneConfig,
+    FinetuneWorkloadConfig,
     GaudiConfig,
     GcsFuseConfig,
     HelmWorkloadConfig,
@@ -45,10 +47,10 @@ from model.workload_types import (
 # The workload classes live in model/workload_types.py (one per kind); re-exported for `from model.types import`.
 __all__ = [
     "WORKLOAD_TYPES", "AcceleratorConfig", "AllowedSource", "AutoscalingConfig", "ChartConfig", "DeepSpeedConfig",
-    "DeepSpeedWorkloadConfig", "GaudiConfig", "GcsFuseConfig", "HelmWorkloadConfig", "LaunchConfig", "LoraConfig",
-    "ModelConfig", "MpiJobBaseConfig", "MpiJobWorkloadConfig", "OpenAiConfig", "ProxyConfig", "ResourcesConfig",
-    "ServeWorkloadConfig", "ServingConfig", "StackConfig", "StorageClaimConfig", "TrainingConfig", "WorkloadConfig",
-    "build", "camel", "key_path", "snake",
+    "DeepSpeedWorkloadConfig", "FinetuneConfig", "FinetuneWorkloadConfig", "GaudiConfig", "GcsFuseConfig",
+    "HelmWorkloadConfig", "LaunchConfig", "LoraConfig", "ModelConfig", "MpiJobBaseConfig", "MpiJobWorkloadConfig",
+    "OpenAiConfig", "ProxyConfig", "ResourcesConfig", "ServeWorkloadConfig", "ServingConfig", "StackConfig",
+    "StorageClaimConfig", "TrainingConfig", "WorkloadConfig", "build", "camel", "key_path", "snake",
 ]
 
 

@@ -158,6 +158,27 @@ class ServingConfig:
     model_path: str | None = None
 
 
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """`finetune` of a `finetune` workload: what workloads/scripts/finetune.py trains on what (the fine-tuning
+    contract's arguments, from typed keys)."""
+
+    format: str
+    text_field: str
+    sequence_length: int
+    epochs: float
+    save_steps: int
+    gradient_checkpointing: bool
+    lora: LoraConfig
+    model: str | None = None  # a Hugging Face model id
+    model_path: str | None = None  # or a folder of the stack's bucket
+    dataset: str | None = None  # a Hugging Face dataset id
+    dataset_path: str | None = None  # or a file or folder of the stack's bucket
+    prompt_field: str | None = None
+    response_field: str | None = None
+    max_steps: int | None = None
+
+
 # --- the workloads ------------------------------------------------------------------------------------
 # kw_only: a kind's class adds its keys to the base's, in any order, and the loader passes every key by name.
 
@@ -297,6 +318,38 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
+class FinetuneWorkloadConfig(MpiJobBaseConfig):
+    """kind finetune: an NVIDIA MPIJob whose ranks run workloads/scripts/finetune.py (the Hugging Face Trainer under
+    DeepSpeed) with the `finetune` keys; checkpoints and the finished model go to the bucket (its GCS FUSE mount)
+    or, without one, to the shared claim."""
+
+    finetune: FinetuneConfig
+
+    @property
+    def output_root(self) -> str:
+        """Where CHECKPOINT_DIR and MODEL_DIR live in the pods: the bucket's mount, else the claim's."""
+        root = self.gcs_fuse.mount_path if self.gcs_fuse.enabled else self.storage.mount_path
+        return root.rstrip("/") or "/"
+
+    @property
+    def model_folder(self) -> str:
+        """MODEL_DIR relative to the output root (the bucket, or the claim): what a server of the result reads."""
+        return f"models/{self.name}"
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return f"{self.output_root.rstrip('/')}/checkpoints/{self.name}"
+
+    @property
+    def model_dir(self) -> str:
+        return f"{self.output_root.rstrip('/')}/{self.model_folder}"
+
+    def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
+        """The Hugging Face model ids its pods download, with their keys (a gated one needs hfToken)."""
+        return ((("finetune", "model"), self.finetune.model),) if self.finetune.model else ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServeWorkloadConfig(WorkloadConfig):
     """kind serve: a DeepSpeed-MII (FastGen) server Deployment on a GKE pool."""
 
@@ -310,5 +363,6 @@ class ServeWorkloadConfig(WorkloadConfig):
 WORKLOAD_TYPES: dict[str, type[WorkloadConfig]] = {
     "helm": HelmWorkloadConfig,
     "mpijob": MpiJobWorkloadConfig,
+    "finetune": FinetuneWorkloadConfig,
     "serve": ServeWorkloadConfig,
 }

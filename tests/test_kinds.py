@@ -23,7 +23,7 @@ WORKLOAD_NODE = schema()["properties"]["workloads"]["additionalProperties"]
 
 
 def test_one_list_of_kinds_everywhere() -> None:
-    kinds = ["helm", "mpijob", "serve"]
+    kinds = ["helm", "mpijob", "finetune", "serve"]
     assert list(KINDS) == kinds
     assert list(WORKLOAD_TYPES) == kinds
     assert WORKLOAD_NODE["properties"]["kind"]["enum"] == kinds
@@ -55,7 +55,7 @@ def test_a_key_of_another_kind_names_the_kinds_keys() -> None:
         "gcsFuse, image, kind, launch, model, namespace, pool, resources, workers); it is a key of kind serve"]
     assert problems("serve", {"workloads.chat.deepspeed": {"zeroStage": 3}}) == [
         "workloads.chat.deepspeed: not a key of kind serve (its keys: accelerator, fallbackPool, gcsFuse, image, "
-        "kind, model, namespace, pool, resources, serving, workers); it is a key of kind helm, mpijob"]
+        "kind, model, namespace, pool, resources, serving, workers); it is a key of kind helm, mpijob, finetune"]
 
 
 def test_a_misspelt_key_of_the_kind_is_suggested() -> None:
@@ -65,8 +65,8 @@ def test_a_misspelt_key_of_the_kind_is_suggested() -> None:
 
 def test_an_unknown_kind_lists_the_kinds_and_nothing_else() -> None:
     # No follow-on errors: with no kind to check them against, the other keys say nothing.
-    assert problems("dev", {"workloads.smoke.kind": "finetune"}) == [
-        'workloads.smoke.kind: "finetune" is not one of helm, mpijob, serve']
+    assert problems("dev", {"workloads.smoke.kind": "finetuning"}) == [
+        'workloads.smoke.kind: "finetuning" is not one of helm, mpijob, finetune, serve; did you mean `finetune`?']
 
 
 def test_a_workload_gets_only_its_kinds_defaults() -> None:

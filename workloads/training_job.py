@@ -40,6 +40,8 @@ class TrainingJobArgs:
     retain_on_delete: bool = False
     # A kind built on the NVIDIA MPIJob's own launch (workloads/mpijob/nvidia.py); None: the workload's `launch`.
     launch: mpijob.NvidiaLaunch | None = None
+    # The bucket's GCS FUSE mount options (data/gcs_fuse.yaml's profiles): a kind that checkpoints there says so.
+    gcs_mount_options: str = gcs_fuse.MOUNT_OPTIONS
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -128,8 +130,8 @@ class TrainingJob(pulumi.ComponentResource):
 
         def spec(values: list) -> dict:
             stack_image, secret, bucket, gaudi_image, pull_name = values
-            gcs = gcs_fuse.GcsMount(bucket, w.gcs_fuse.mount_path, access.kubernetes_service_account) \
-                if access else None
+            gcs = gcs_fuse.GcsMount(bucket, w.gcs_fuse.mount_path, access.kubernetes_service_account,
+                                    args.gcs_mount_options) if access else None
             return mpijob.render_spec(mpijob.MpiJobInputs(
                 workload=w, placement=where, image=mpijob.launcher_image(w, stack_image, gaudi_image),
                 config_map=mpijob.config_map_name(w.name), hf_token_secret=secret, gcs=gcs,

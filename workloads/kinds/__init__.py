@@ -8,12 +8,13 @@ model/schema.yaml, a module here that builds its `Kind` (config, rules, builder;
 from __future__ import annotations
 
 from model.types import WorkloadConfig
-from workloads.kinds import helm, mpijob, serve
+from workloads.kinds import finetune, helm, mpijob, serve
 from workloads.kinds.kind import Built, Kind, Platform
 
 KINDS: dict[str, Kind] = {
     "helm": helm.KIND,
     "mpijob": mpijob.KIND,
+    "finetune": finetune.KIND,
     "serve": serve.KIND,
 }
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pulumi
 
-from model.types import MpiJobWorkloadConfig, StackConfig
+from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig, StackConfig
 from model.validators import DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX, at
 from workloads import mpijob
 from workloads.kinds.kind import Built, Kind, Platform
-from workloads.kinds.shared import launch_script_problems
 from workloads.kueue import queue_name
+from workloads.mpijob import script_source
 from workloads.placement import placement
 from workloads.training_job import TrainingJob, TrainingJobArgs
 
@@ -35,12 +35,13 @@ def check_gaudi_placement(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
 
 
 def check_launch_script(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
-    """An NVIDIA MPIJob's launcher runs `launch.script` from workloads/scripts, shipped in its ConfigMap (a Gaudi
-    job runs optimum-habana's `training.script` from its image)."""
-    return launch_script_problems(w) if w.on_nvidia else []
+    """An NVIDIA MPIJob's ranks run `launch.script`: shipped from workloads/scripts (or its user/ folder) in the
+    job's ConfigMap, or a file of the bucket or the image (a Gaudi job runs optimum-habana's `training.script` from
+    its image)."""
+    return script_source.problems(m, w) if w.on_nvidia else []
 
 
-def check_mpijob_name(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+def check_mpijob_name(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
     """The operator names pods (and their host names) `<job>-worker-<i>`: the last must be a DNS-1035 label."""
     host = mpijob.worker_pod_name(w.name, w.workers)
     if mpijob.DNS1035_LABEL.match(host) and len(host) <= mpijob.DNS_LABEL_MAX:
@@ -50,7 +51,7 @@ def check_mpijob_name(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
             f"{mpijob.DNS_LABEL_MAX} characters); shorten or rename the workload"]
 
 
-def check_mpijob_storage(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+def check_mpijob_storage(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
     """The shared claim: mountable by launcher and workers at once, a valid name, HF_HOME on it."""
     problems, s, name = [], w.storage, w.name
     if s.access_mode == "ReadWriteOnce":

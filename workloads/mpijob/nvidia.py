@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from model.types import MpiJobBaseConfig
 from workloads import fabric
 from workloads.ds_config import runs_hf_trainer
+from workloads.mpijob import script_source
 from workloads.mpijob.shape import (
     CONFIG_DIR,
     DS_CONFIG_KEY,
@@ -51,8 +51,6 @@ from workloads.mpijob.shape import (
 from workloads.mpijob.shape import render_spec as shape_spec
 from workloads.placement import Placement
 
-SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
-
 # The stack's image (workloads/images/deepspeed) runs as 1001 with sshd on 2222 (a port it may bind);
 # the operator mounts the job's SSH key pair where that user's ssh looks for it.
 NVIDIA_USER = 1001
@@ -70,17 +68,23 @@ class NvidiaLaunch:
     mounts: list[dict[str, Any]] = field(default_factory=list)  # their mounts (launcher and workers)
     files: dict[str, str] = field(default_factory=dict)  # extra files of the job's ConfigMap, under CONFIG_DIR
     hf_trainer: bool = False  # the ranks run the Hugging Face Trainer: ds_config.json leaves it its own values
+    # `launch.command`: the launcher runs it instead of the DeepSpeed command line, after the same set-up.
+    command: str | None = None
+    worker_volumes: list[dict[str, Any]] = field(default_factory=list)  # extra pod volumes of the workers only
+    worker_mounts: list[dict[str, Any]] = field(default_factory=list)  # their mounts
+    # Never: a worker whose sshd died stays failed (the launcher's restarts cannot reach it). OnFailure: it restarts
+    # in place under the same host name, and the launcher's next attempt finds it.
+    worker_restart_policy: str = "Never"
 
 
 def launch_of(w: MpiJobBaseConfig) -> NvidiaLaunch:
-    """The `launch` keys' launch: `launch.script` from workloads/scripts with `--deepspeed_config` and
-    `launch.args` (with `launch.command`, the launcher runs that instead and ships no script)."""
-    script = w.launch.script
-    files = {} if w.launch.command else {script: (SCRIPTS_DIR / script).read_text(encoding="utf-8")}
+    """The `launch` keys' launch: `launch.script` (workloads/mpijob/script_source.py: shipped from workloads/scripts,
+    or a file of the bucket or the image) with `--deepspeed_config` and `launch.args`; `launch.command` replaces the
+    DeepSpeed command line (and ships no script)."""
+    script = script_source.source(w)
     return NvidiaLaunch(
-        rank_command=[f"{CONFIG_DIR}/{script}", "--deepspeed_config", f"{CONFIG_DIR}/{DS_CONFIG_KEY}",
-                      *w.launch.args],
-        files=files, hf_trainer=runs_hf_trainer(script))
+        rank_command=[script.path, "--deepspeed_config", f"{CONFIG_DIR}/{DS_CONFIG_KEY}", *w.launch.args],
+        files=script.files, hf_trainer=runs_hf_trainer(w.launch.script), command=w.launch.command)
 
 
 def image(w: MpiJobBaseConfig, stack_image: str | None) -> str:
@@ -121,6 +125,9 @@ def launcher_script(where: Placement | None, launch: NvidiaLaunch) -> str:
     rank = "" if fabric.pod_contract(where) is None else (
         " ".join(fabric.LAUNCH_FLAGS) + " " + fabric.rank_command(f"{CONFIG_DIR}/{fabric.ENV_SCRIPT}") + " ")
     script, *args = launch.rank_command
+    # --force_multi: the launcher has no GPU and is not in the hostfile, even with one worker.
+    deepspeed = ('exec deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
+                 f"{rank}{shlex.quote(script)} {quote_args(args)}".rstrip())
     return "\n".join([
         "set -eo pipefail",
         *HOSTFILE_PREAMBLE,
@@ -129,9 +136,8 @@ def launcher_script(where: Placement | None, launch: NvidiaLaunch) -> str:
         'printf "PATH=%s\\nLD_LIBRARY_PATH=%s\\n" "$PATH" "${LD_LIBRARY_PATH:-}" >> "$HOME/.deepspeed_env"',
         # DeepSpeed runs `cd <this directory>` on every worker: the ConfigMap is mounted there too.
         f"cd {CONFIG_DIR}",
-        # --force_multi: the launcher has no GPU and is not in the hostfile, even with one worker.
-        'exec deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
-        f"{rank}{shlex.quote(script)} {quote_args(args)}".rstrip(),
+        # `launch.command` replaces only this line: $HOSTSFILE and $MASTER_ADDR are set, the workers answer on ssh.
+        launch.command or deepspeed,
     ])
 
 
@@ -157,11 +163,12 @@ def render_spec(inputs: MpiJobInputs, launch: NvidiaLaunch | None = None) -> dic
     launch = launch or launch_of(w)
     files = config_map_data(w, where, inputs.has_token, launch)
     env = plain_env(w, where, launch)
-    script = w.launch.command if w.launch.command else launcher_script(where, launch)
-    launcher = launcher_template(inputs, script=script, env=env, files=files, secure=secure, ssh_client=True,
-                                 volumes=launch.volumes, mounts=launch.mounts)
+    launcher = launcher_template(inputs, script=launcher_script(where, launch), env=env, files=files, secure=secure,
+                                 ssh_client=True, volumes=launch.volumes, mounts=launch.mounts)
     worker = worker_template(
         inputs, script=nvidia_worker_script(forwarded_env(w, where, inputs.has_token, launch)), env=env,
-        files=files, secure=secure, probes={"readinessProbe": SSH_READINESS}, volumes=launch.volumes,
-        mounts=launch.mounts)
-    return shape_spec(inputs, launcher, worker, f"{NVIDIA_HOME}/.ssh")
+        files=files, secure=secure, probes={"readinessProbe": SSH_READINESS},
+        volumes=[*launch.volumes, *launch.worker_volumes], mounts=[*launch.mounts, *launch.worker_mounts])
+    spec = shape_spec(inputs, launcher, worker, f"{NVIDIA_HOME}/.ssh")
+    spec["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = launch.worker_restart_policy
+    return spec

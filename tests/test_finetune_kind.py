@@ -1,0 +1,270 @@
+"""kind finetune (issue 18 item 1, the stack side): an NVIDIA MPIJob whose ranks run workloads/scripts/finetune.py with
+the `finetune` keys, CHECKPOINT_DIR and MODEL_DIR on the bucket's GCS FUSE mount (checkpointing options) or the
+claim, the token as a mounted file, restarts that resume; and the inputs the script cannot run, refused first.
+
+Expected values are written out here from the contract (BRIEF: the fine-tuning contract), the GCS FUSE sample
+(data/gcs_fuse.yaml's source) and the Hugging Face Trainer's "auto" keys, never read from the code under test."""
+
+from __future__ import annotations
+
+import functools
+import shlex
+from typing import Any
+
+import pytest
+from conftest import DELETE, PROJECT_DIR, changed, problems, stack_run
+from test_mpijob import crd_problems, pod_problems
+
+from preview.engine import RunResult, run_stack
+
+MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
+TOKEN = {"secure": "v1:planted-ciphertext"}
+W = "workloads.tune"
+
+# GoogleCloudPlatform/gcsfuse samples/gke-csi-yaml/gpu/checkpointing-pv.yaml (commit fa119133), its mountOptions in
+# its order, as the CSI ephemeral volume takes them (GKE "Optimize Cloud Storage FUSE CSI driver" page: one string,
+# comma-separated, no spaces).
+CHECKPOINTING_MOUNT_OPTIONS = ",".join([
+    "implicit-dirs", "metadata-cache:negative-ttl-secs:0", "metadata-cache:ttl-secs:-1",
+    "metadata-cache:stat-cache-max-size-mb:-1", "metadata-cache:type-cache-max-size-mb:-1",
+    "file-cache:max-size-mb:-1", "file-cache:cache-file-for-range-read:true",
+    "file-cache:enable-parallel-downloads:true", "read_ahead_kb=1024", "write:enable-streaming-writes:true"])
+
+
+@functools.cache
+def _run(token: bool = False, changes: tuple[tuple[str, Any], ...] = ()) -> RunResult:
+    if not token and not changes:
+        return stack_run("finetune")
+    config = changed("finetune", dict(changes))
+    if token:
+        config["deepspeed-stack:hfToken"] = TOKEN
+    return run_stack("finetune", config)
+
+
+def _job(run: RunResult) -> dict[str, Any]:
+    return run.one(MPIJOB).inputs
+
+
+def _pod(run: RunResult, role: str) -> dict[str, Any]:
+    return _job(run)["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
+
+
+def _env(run: RunResult, role: str) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in _pod(run, role)["containers"][0]["env"]}
+
+
+def _launcher_script(run: RunResult) -> str:
+    return _pod(run, "Launcher")["containers"][0]["args"][0]
+
+
+def test_the_launcher_runs_finetune_py_with_the_keys_as_arguments() -> None:
+    script = _launcher_script(_run())
+    last = script.splitlines()[-1]
+    assert last.startswith('exec deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" ')
+    args = shlex.split(last.split('"$MASTER_ADDR" ', 1)[1])
+    # Pulumi.finetune.yaml's keys, as the contract spells the script's arguments.
+    assert args == [
+        "/etc/deepspeed/finetune.py", "--deepspeed", "/etc/deepspeed/ds_config.json",
+        "--model", "Qwen/Qwen2.5-7B-Instruct", "--dataset", "/gcs/data/train.jsonl", "--format", "auto",
+        "--prompt-field", "prompt", "--response-field", "response", "--seq-len", "2048", "--epochs", "3",
+        "--learning-rate", "0.0002", "--save-steps", "200", "--gradient-checkpointing",
+        "--lora", "--lora-rank", "16", "--lora-alpha", "32", "--lora-dropout", "0.05",
+        "--lora-target-modules", "all-linear"]
+    # The set-up a launcher always has: the master's address, the wait for every worker's sshd, ~/.deepspeed_env.
+    assert 'export MASTER_ADDR="$(head -n 1 "$HOSTSFILE"' in script
+    assert "until ssh -o ConnectTimeout=5 -o BatchMode=yes" in script
+    assert '>> "$HOME/.deepspeed_env"' in script
+
+
+def test_the_script_accepts_what_the_stack_passes() -> None:
+    """The rendered arguments through finetune.py's own parser: nothing it refuses, every value where it belongs."""
+    from workloads import finetune
+
+    args = shlex.split(_launcher_script(_run()).splitlines()[-1].split('"$MASTER_ADDR" ', 1)[1])[1:]
+    parsed = finetune.contract().parse_args(args, {"CHECKPOINT_DIR": "/gcs/checkpoints/tune",
+                                                   "MODEL_DIR": "/gcs/models/tune"})
+    assert (parsed.model, parsed.dataset, parsed.seq_len, parsed.epochs, parsed.max_steps) == (
+        "Qwen/Qwen2.5-7B-Instruct", "/gcs/data/train.jsonl", 2048, 3.0, None)
+    assert (parsed.lora, parsed.lora_rank, parsed.lora_alpha, parsed.lora_target_modules) == (
+        True, 16, 32.0, ["all-linear"])
+    assert (parsed.learning_rate, parsed.save_steps, parsed.gradient_checkpointing) == (0.0002, 200, True)
+    assert parsed.checkpoint_dir == "/gcs/checkpoints/tune" and parsed.precision is None  # ds_config.json's bf16
+
+
+def test_max_steps_replaces_epochs() -> None:
+    run = _run(changes=((f"{W}.finetune.maxSteps", 500),))
+    last = _launcher_script(run).splitlines()[-1]
+    assert "--max-steps 500" in last and "--epochs" not in last
+
+
+def test_output_folders_are_on_the_bucket_mount() -> None:
+    for role in ("Launcher", "Worker"):
+        env = _env(_run(), role)
+        assert env["CHECKPOINT_DIR"] == "/gcs/checkpoints/tune"  # the contract: <out>/checkpoints/<workload>
+        assert env["MODEL_DIR"] == "/gcs/models/tune"  # <out>/models/<workload>
+        assert "HF_TOKEN_PATH" not in env  # no hfToken, no token file
+    # Every rank gets them: DeepSpeed's ranks start over ssh, which passes only what the client sends.
+    conf = _run().one(CONFIG_MAP).inputs["data"]["ssh_client.conf"]
+    assert "CHECKPOINT_DIR" in conf.split("SendEnv ", 1)[1].split() and "MODEL_DIR" in conf
+
+
+def test_without_a_bucket_the_output_goes_to_the_claim() -> None:
+    run = _run(changes=((f"{W}.gcsFuse.enabled", False), (f"{W}.finetune.datasetPath", DELETE),
+                        (f"{W}.finetune.dataset", "tatsu-lab/alpaca"), (f"{W}.finetune.promptField", "instruction"),
+                        (f"{W}.finetune.responseField", "output")))
+    env = _env(run, "Worker")
+    assert (env["CHECKPOINT_DIR"], env["MODEL_DIR"]) == ("/data/checkpoints/tune", "/data/models/tune")
+    assert not [v for v in _pod(run, "Worker")["volumes"] if "csi" in v]
+    assert "--dataset tatsu-lab/alpaca" in _launcher_script(run)
+
+
+def test_the_bucket_is_mounted_with_the_checkpointing_options() -> None:
+    for role in ("Launcher", "Worker"):
+        (gcs,) = [v for v in _pod(_run(), role)["volumes"] if "csi" in v]
+        assert gcs["csi"]["driver"] == "gcsfuse.csi.storage.gke.io"
+        assert gcs["csi"]["volumeAttributes"]["mountOptions"] == CHECKPOINTING_MOUNT_OPTIONS
+
+
+def test_ds_config_leaves_the_trainers_values_auto() -> None:
+    import json
+
+    ds = json.loads(_run().one(CONFIG_MAP).inputs["data"]["ds_config.json"])
+    zero = ds["zero_optimization"]
+    assert zero["stage"] == 3
+    # What the HF Trainer sizes from the model (transformers' deepspeed integration: hidden^2 x 0.9, 10 x hidden).
+    assert zero["stage3_prefetch_bucket_size"] == "auto" and zero["stage3_param_persistence_threshold"] == "auto"
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True  # the model saved whole at export
+    # The planner's concrete values, which finetune.py sets the Trainer to: 2 workers x 4 L4 x 2 x 4 accumulation.
+    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], ds["train_batch_size"]) == (
+        2, 4, 64)
+    assert ds["bf16"] == {"enabled": True}
+    offloaded = json.loads(_run(changes=((f"{W}.deepspeed.offloadOptimizer", "cpu"),)).one(CONFIG_MAP)
+                           .inputs["data"]["ds_config.json"])
+    assert offloaded["optimizer"] == {"type": "AdamW", "params": {
+        "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+
+
+def test_the_configmap_ships_the_projects_script() -> None:
+    data = _run().one(CONFIG_MAP).inputs["data"]
+    assert data["finetune.py"] == (PROJECT_DIR / "workloads" / "scripts" / "finetune.py").read_text()
+
+
+def test_failed_pods_restart_and_the_job_retries() -> None:
+    spec = _job(_run())["spec"]
+    # A worker whose sshd died restarts in place (same host name); the launcher restarts and the script resumes
+    # from the newest checkpoint, up to backoffLimit attempts (workloads/recovery.py: 6).
+    assert spec["mpiReplicaSpecs"]["Worker"]["restartPolicy"] == "OnFailure"
+    assert spec["mpiReplicaSpecs"]["Launcher"]["restartPolicy"] == "OnFailure"
+    assert spec["runPolicy"]["backoffLimit"] == 6
+    assert _pod(_run(), "Worker")["terminationGracePeriodSeconds"] == 120  # SIGTERM: save a checkpoint first
+
+
+def test_the_job_is_valid_for_the_operator_and_kubernetes() -> None:
+    for run in (_run(), _run(token=True)):
+        job = _job(run)
+        doc = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": job["metadata"],
+               "spec": job["spec"]}
+        assert crd_problems(doc) == []
+        assert pod_problems(doc) == []
+
+
+def test_the_token_is_a_file_on_every_pod_that_runs_a_rank() -> None:
+    run = _run(token=True)
+    for role in ("Launcher", "Worker"):
+        pod = _pod(run, role)
+        assert _env(run, role)["HF_TOKEN_PATH"] == "/var/run/secrets/huggingface/token"
+        (volume,) = [v for v in pod["volumes"] if "secret" in v]
+        assert volume["secret"] == {"secretName": "tune-hf-token", "defaultMode": 0o440}
+        assert {"name": volume["name"], "mountPath": "/var/run/secrets/huggingface", "readOnly": True} in \
+            pod["containers"][0]["volumeMounts"]
+        assert not [e for e in pod["containers"][0]["env"] if e["name"] in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
+    assert run.one("kubernetes:core/v1:Secret").inputs["metadata"]["name"] == "tune-hf-token"
+
+
+def test_the_summary_says_where_the_result_goes() -> None:
+    tune = _run().outputs["workloads"]["tune"]
+    assert (tune["kind"], tune["checkpointDir"], tune["modelDir"]) == (
+        "finetune", "/gcs/checkpoints/tune", "/gcs/models/tune")
+
+
+# --- what the script cannot run, refused before anything is created ---------------------------------------------
+
+def _problems(changes: dict[str, Any], secure: tuple[str, ...] = ()) -> list[str]:
+    return problems("finetune", {f"{W}.{k}": v for k, v in changes.items()}, secure)
+
+
+def test_the_stack_file_has_no_problem() -> None:
+    assert _problems({}) == []
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"finetune.datasetPath": "data/train.csv"},
+     f"{W}.finetune.datasetPath: finetune.py cannot read .csv files (it reads .jsonl, .json, .parquet, .txt, .text: "
+     f"JSON lines, Parquet, text); convert the data, or set {W}.finetune.format if the file is one of them under "
+     "another name"),
+    ({"finetune.format": "parquet"},
+     f"{W}.finetune.format: parquet, but data/train.jsonl is jsonl by its name; set format auto or jsonl"),
+    ({"finetune.datasetPath": DELETE, "finetune.dataset": "tatsu-lab/alpaca", "finetune.format": "jsonl"},
+     f"{W}.finetune.format: jsonl is for files of the bucket ({W}.finetune.datasetPath); a Hugging Face dataset "
+     "brings its own: set auto"),
+    ({"finetune.datasetPath": "data/train.txt"},
+     f"{W}.finetune.promptField: a text file's records have one field, `text` (a line each); use JSON lines or "
+     "Parquet for prompt/response pairs"),
+    ({"finetune.responseField": DELETE},
+     f"{W}.finetune.promptField: goes with {W}.finetune.responseField (or neither: textField)"),
+])
+def test_data_the_script_cannot_read_is_refused(changes: dict[str, Any], expected: str) -> None:
+    assert _problems(changes) == [expected]
+
+
+def test_lora_with_zero3_parameter_offload_is_refused() -> None:
+    # finetune.py's combination_problems: peft wraps modules ZeRO-3 partitioned, and offloaded parameters must be
+    # gathered twice to merge the adapter at export.
+    assert _problems({"deepspeed.offloadParams": "cpu"}) == [
+        f"{W}.finetune.lora.enabled: LoRA with ZeRO-3 parameter offload (offload_param) is not supported: offload "
+        "the optimizer only, or train without LoRA (finetune.py would stop at start-up; see "
+        f"{W}.deepspeed)"]
+    assert _problems({"deepspeed.offloadParams": "cpu", "finetune.lora.enabled": False}) == []
+    assert _problems({"deepspeed.offloadOptimizer": "cpu"}) == []
+
+
+def test_a_model_is_a_hub_id_or_a_bucket_folder() -> None:
+    (found,) = _problems({"finetune.model": "not a model id"})
+    assert found.startswith(f"{W}.finetune.model: ") and "a Hugging Face model id such as Qwen/Qwen2.5-7B-" in found
+    assert _problems({"finetune.model": DELETE}) == [
+        f"{W}.finetune.model: required: the model to train on, a Hugging Face id (e.g. Qwen/Qwen2.5-7B-Instruct), or "
+        f"{W}.finetune.modelPath: a folder of the stack's bucket"]
+    assert _problems({"finetune.modelPath": "models/base"}) == [
+        f"{W}.finetune.modelPath: give {W}.finetune.model (a Hugging Face id) or modelPath (a folder of the bucket), "
+        "not both"]
+    assert _problems({"finetune.model": DELETE, "finetune.modelPath": "models/base"}) == []
+
+
+def test_data_in_the_bucket_needs_the_bucket() -> None:
+    assert _problems({"gcsFuse.enabled": False}) == [
+        f"{W}.finetune.datasetPath: data/train.jsonl is read from the stack's bucket through the pods' GCS FUSE "
+        f"mount; set {W}.gcsFuse.enabled: true (and storage.enabled: true)"]
+    found = problems("finetune", {"storage.enabled": False})
+    assert found == [f"{W}.gcsFuse.enabled: needs the stack's bucket; set storage.enabled: true"]
+
+
+def test_flags_the_stack_sets_are_not_repeated_in_launch_args() -> None:
+    assert _problems({"launch.args": ["--logging-steps", "50", "--model=other/model", "--model-dir", "/x"]}) == [
+        f"{W}.launch.args[2]: --model is set by the stack from {W}.finetune.model; change it there instead",
+        f"{W}.launch.args[3]: --model-dir is the stack's (CHECKPOINT_DIR and MODEL_DIR under the bucket's mount, "
+        "else the claim's: the contract a server of the result reads); remove it"]
+
+
+def test_every_flag_the_stack_passes_is_guarded() -> None:
+    from workloads import finetune
+
+    args = shlex.split(_launcher_script(_run()).splitlines()[-1].split('"$MASTER_ADDR" ', 1)[1])[1:]
+    assert {a for a in args if a.startswith("--")} <= set(finetune.STACK_FLAGS)
+
+
+def test_finetune_runs_on_nvidia_only() -> None:
+    found = _problems({"accelerator.kind": "gaudi", "pool": DELETE})
+    assert f"{W}.accelerator.kind: a finetune workload runs on NVIDIA GPUs of a GKE pool (finetune.py under " \
+           "DeepSpeed's CUDA path); for Gaudi use kind mpijob with `training`" in found
+

@@ -1,0 +1,161 @@
+"""kind finetune: fine-tune a Hugging Face model on your data with workloads/scripts/finetune.py, as an NVIDIA MPIJob.
+
+Config: FinetuneWorkloadConfig (model/workload_types.py; its keys: the common ones, `finetune`, `launch`,
+`deepspeed`, `storage`, `hfHome`, `proxy`). Builder: the TrainingJob component (workloads/training_job.py) with the
+kind's own launch (workloads/finetune.py): the NVIDIA MPIJob's shape, image, hardening, placement, fabric and token
+as an `mpijob` has them, plus:
+
+- every rank runs `launch.script` (finetune.py) with the `finetune` keys as arguments, under ds_config.json with the
+  Hugging Face Trainer's values "auto";
+- CHECKPOINT_DIR and MODEL_DIR on the bucket's GCS FUSE mount (data/gcs_fuse.yaml's checkpointing options) with
+  `gcsFuse.enabled`, else on the shared claim; HF_TOKEN_PATH names the mounted token file with `hfToken`;
+- restarts: the launcher OnFailure and the workers OnFailure (in place), up to runPolicy.backoffLimit
+  (workloads/recovery.py); the script resumes from the newest checkpoint by itself, and a SIGTERM saves one first.
+
+Summary (`workloads.<name>`): the MPIJob's, plus checkpointDir, modelDir and the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import pulumi
+
+from model.types import FinetuneWorkloadConfig, StackConfig
+from model.validators import at
+from workloads import finetune, gcs_fuse
+from workloads.kinds.kind import Built, Kind, Platform
+from workloads.kinds.mpijob import check_mpijob_name, check_mpijob_storage
+from workloads.kueue import queue_name
+from workloads.mpijob import script_source
+from workloads.placement import placement
+from workloads.training_job import TrainingJob, TrainingJobArgs
+
+CHECKPOINT_PROFILE = "checkpointing"  # data/gcs_fuse.yaml
+
+
+def _key(w: FinetuneWorkloadConfig, *path: str | int) -> str:
+    return at("workloads", w.name, *path)
+
+
+def check_on_nvidia(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    if w.on_nvidia:
+        return []
+    return [f"{_key(w, 'accelerator', 'kind')}: a finetune workload runs on NVIDIA GPUs of a GKE pool "
+            "(finetune.py under DeepSpeed's CUDA path); for Gaudi use kind mpijob with `training`"]
+
+
+def _one_of(w: FinetuneWorkloadConfig, hub_key: str, path_key: str, what: str, example: str) -> list[str]:
+    f = w.finetune
+    hub, path = getattr(f, hub_key), getattr(f, f"{hub_key}_path")
+    camel = f"{hub_key}Path"
+    if hub and path:
+        return [f"{_key(w, 'finetune', camel)}: give {_key(w, 'finetune', hub_key)} (a Hugging Face id) or "
+                f"{camel} (a folder of the bucket), not both"]
+    if not hub and not path:
+        return [f"{_key(w, 'finetune', hub_key)}: required: the {what} to train on, a Hugging Face id (e.g. "
+                f"{example}), or {_key(w, 'finetune', camel)}: {path_key} of the stack's bucket"]
+    return []
+
+
+def check_model_and_data(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """A Hugging Face id or a bucket path for each of the model and the data, and the bucket mounted for a path."""
+    problems = [*_one_of(w, "model", "a folder", "model", "Qwen/Qwen2.5-7B-Instruct"),
+                *_one_of(w, "dataset", "a file or folder", "data", "tatsu-lab/alpaca")]
+    f = w.finetune
+    for camel, value in (("modelPath", f.model_path), ("datasetPath", f.dataset_path)):
+        if value and not w.gcs_fuse.enabled:
+            problems.append(f"{_key(w, 'finetune', camel)}: {value} is read from the stack's bucket through the "
+                            f"pods' GCS FUSE mount; set {_key(w, 'gcsFuse', 'enabled')}: true (and storage.enabled: "
+                            "true)")
+    return problems
+
+
+def _data_format(w: FinetuneWorkloadConfig) -> str | None:
+    """The format the script reads the data in: `format`, else by the bucket file's ending (None: a folder or a
+    Hugging Face dataset, decided by what is there)."""
+    f = w.finetune
+    if f.format != "auto":
+        return f.format
+    suffix = PurePosixPath(f.dataset_path or "").suffix.lower()
+    return finetune.contract().SUFFIXES.get(suffix)
+
+
+def check_data_format(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """What finetune.py can read (its SUFFIXES and FORMATS) and which fields its records have."""
+    f, ft = w.finetune, finetune.contract()
+    problems = []
+    suffix = PurePosixPath(f.dataset_path or "").suffix.lower()
+    readable = ", ".join(ft.SUFFIXES)
+    if f.dataset_path and suffix and suffix not in ft.SUFFIXES and f.format == "auto":
+        problems.append(f"{_key(w, 'finetune', 'datasetPath')}: finetune.py cannot read {suffix} files (it reads "
+                        f"{readable}: JSON lines, Parquet, text); convert the data, or set "
+                        f"{_key(w, 'finetune', 'format')} if the file is one of them under another name")
+    elif f.dataset_path and suffix in ft.SUFFIXES and f.format not in ("auto", ft.SUFFIXES[suffix]):
+        problems.append(f"{_key(w, 'finetune', 'format')}: {f.format}, but {f.dataset_path} is "
+                        f"{ft.SUFFIXES[suffix]} by its name; set format auto or {ft.SUFFIXES[suffix]}")
+    if f.dataset and f.format != "auto":
+        problems.append(f"{_key(w, 'finetune', 'format')}: {f.format} is for files of the bucket "
+                        f"({_key(w, 'finetune', 'datasetPath')}); a Hugging Face dataset brings its own: set auto")
+    if bool(f.prompt_field) != bool(f.response_field):
+        given = "promptField" if f.prompt_field else "responseField"
+        missing = "responseField" if f.prompt_field else "promptField"
+        problems.append(f"{_key(w, 'finetune', given)}: goes with {_key(w, 'finetune', missing)} (or neither: "
+                        "textField)")
+    if _data_format(w) == "text":
+        if f.prompt_field:
+            problems.append(f"{_key(w, 'finetune', 'promptField')}: a text file's records have one field, `text` "
+                            "(a line each); use JSON lines or Parquet for prompt/response pairs")
+        elif f.text_field != "text":
+            problems.append(f"{_key(w, 'finetune', 'textField')}: a text file's records have one field, `text`, "
+                            f"not {f.text_field!r}")
+    return problems
+
+
+def check_lora_combination(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """The LoRA/ZeRO/precision combinations finetune.py refuses at start-up (its own combination_problems), refused
+    here before anything is created."""
+    ds = w.deepspeed
+    found = finetune.contract().combination_problems(
+        w.finetune.lora.enabled, ds.zero_stage, ds.precision, False, ds.offload_params != "none")
+    return [f"{_key(w, 'finetune', 'lora', 'enabled')}: {problem} (finetune.py would stop at start-up; see "
+            f"{_key(w, 'deepspeed')})" for problem in found]
+
+
+def check_launch(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """The script is one the ranks can run; `launch.args` repeats no flag the stack sets from a key."""
+    problems = script_source.problems(m, w)
+    for i, arg in enumerate(w.launch.args):
+        flag, key = arg.split("=", 1)[0], _key(w, "launch", "args", i)
+        source = finetune.STACK_FLAGS.get(flag)
+        if source is None:
+            continue
+        if flag in ("--checkpoint-dir", "--model-dir"):
+            problems.append(f"{key}: {flag} is the stack's (CHECKPOINT_DIR and MODEL_DIR under the bucket's mount, "
+                            "else the claim's: the contract a server of the result reads); remove it")
+        else:
+            problems.append(f"{key}: {flag} is set by the stack from {_key(w, *source)}; change it there instead")
+    return problems
+
+
+def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi.ResourceOptions) -> Built:
+    cfg = platform.cfg
+    queue = queue_name(cfg, w)
+    job = TrainingJob(name, TrainingJobArgs(
+        config=w, placement=placement(cfg, w), stack_image=platform.image, hf_token=platform.hf_token,
+        claim_depends_on=platform.claim_depends_on, bucket=platform.bucket,
+        operator_version=cfg.mpi_operator.version, retain_on_delete=not platform.own_cluster, queue=queue,
+        launch=finetune.launch(w, has_token=platform.hf_token is not None),
+        gcs_mount_options=gcs_fuse.mount_options(CHECKPOINT_PROFILE)), opts)
+    outputs = {"checkpointDir": w.checkpoint_dir, "modelDir": w.model_dir, "model": finetune.model_arg(w)}
+    summary = job.summary.apply(lambda s: {**s, **outputs})
+    return Built(job, summary, queued_namespace=job.namespace.metadata.name if queue else None)
+
+
+KIND: Kind[FinetuneWorkloadConfig] = Kind(
+    name="finetune",
+    config=FinetuneWorkloadConfig,
+    rules=(check_on_nvidia, check_model_and_data, check_data_format, check_lora_combination, check_launch,
+           check_mpijob_name, check_mpijob_storage),
+    build=build,
+)

@@ -1,0 +1,107 @@
+"""Where an NVIDIA MPIJob's `launch.script` comes from, and the path every rank runs it at.
+
+- `NAME.py`: the project's script in workloads/scripts, shipped in the job's ConfigMap (mounted at CONFIG_DIR).
+- `user/NAME.py`: your own script in workloads/scripts/user/, shipped the same way under the key `user-NAME.py`.
+  The folder is yours: ruff and the project's tests leave it alone (pyproject.toml `extend-exclude`), so a script
+  of yours never breaks `make test` or `make lint`.
+- `gs://BUCKET/PATH.py`: a file of the stack's bucket, run from the workload's GCS FUSE mount
+  (`gcsFuse.mountPath/PATH.py`): no fork, no ConfigMap.
+- `/ABSOLUTE/PATH.py`: a file of the image, of the claim, or of the bucket's mount: run where it is.
+
+`source` renders, `problems` is the rule: both read the same table of forms, so what previews is what runs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from model.types import MpiJobBaseConfig, StackConfig
+from model.validators import at, is_file
+from workloads.mpijob.shape import CONFIG_DIR
+
+SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
+USER_FOLDER = "user"  # workloads/scripts/user/: the users' scripts
+USER_KEY_PREFIX = "user-"  # their ConfigMap key (a key has no "/")
+GS_PREFIX = "gs://"
+# What a ConfigMap key allows (Kubernetes: [-._a-zA-Z0-9]+), for the shipped file's name.
+CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+
+@dataclass(frozen=True)
+class ScriptSource:
+    path: str  # what every rank runs
+    files: dict[str, str]  # what the job's ConfigMap ships for it (key -> text)
+
+
+def _in_bucket(script: str) -> tuple[str, str]:
+    bucket, _, path = script[len(GS_PREFIX):].partition("/")
+    return bucket, path
+
+
+def source(w: MpiJobBaseConfig) -> ScriptSource:
+    """The path the ranks run `launch.script` at, and the files to ship (with `launch.command`: none)."""
+    script = w.launch.script
+    if script.startswith(GS_PREFIX):
+        return ScriptSource(f"{w.gcs_fuse.mount_path.rstrip('/')}/{_in_bucket(script)[1]}", {})
+    if script.startswith("/"):
+        return ScriptSource(script, {})
+    if script.startswith(f"{USER_FOLDER}/"):
+        key = USER_KEY_PREFIX + script.split("/", 1)[1]
+        text = "" if w.launch.command else (SCRIPTS_DIR / script).read_text(encoding="utf-8")
+        return ScriptSource(f"{CONFIG_DIR}/{key}", {} if w.launch.command else {key: text})
+    text = "" if w.launch.command else (SCRIPTS_DIR / script).read_text(encoding="utf-8")
+    return ScriptSource(f"{CONFIG_DIR}/{script}", {} if w.launch.command else {script: text})
+
+
+def _known(folder: Path) -> str:
+    return ", ".join(sorted(p.name for p in folder.glob("*.py"))) or "nothing"
+
+
+def _bucket_problems(m: StackConfig, w: MpiJobBaseConfig, key: str) -> list[str]:
+    bucket, path = _in_bucket(w.launch.script)
+    named = m.storage.existing_bucket or m.storage.bucket_name
+    mount = w.gcs_fuse.mount_path.rstrip("/")
+    problems = []
+    if not path or path.endswith("/"):
+        problems.append(f"{key}: {w.launch.script!r} names no file (gs://BUCKET/PATH.py)")
+    if not m.storage.enabled:
+        problems.append(f"{key}: {w.launch.script!r} is in a bucket, but the stack has none; set storage.enabled "
+                        "(with storage.existingBucket for a bucket of yours)")
+    elif named is None:
+        problems.append(f"{key}: the stack's bucket is auto-named, so {bucket!r} cannot be told to be it; write the "
+                        f"path under the bucket's mount instead ({mount}/{path or 'PATH.py'})")
+    elif bucket != named:
+        problems.append(f"{key}: {bucket!r} is not the stack's bucket ({named!r}); the pods mount only that one "
+                        f"(storage.existingBucket names a bucket of yours)")
+    if not w.gcs_fuse.enabled:
+        problems.append(f"{key}: a script in the bucket is read through the pods' GCS FUSE mount; set "
+                        f"{at('workloads', w.name, 'gcsFuse', 'enabled')}: true")
+    return problems
+
+
+def problems(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
+    """`launch.script` names a file the ranks can run (see the module's forms)."""
+    script, key = w.launch.script, at("workloads", w.name, "launch", "script")
+    if script.startswith(GS_PREFIX):
+        return _bucket_problems(m, w, key)
+    if script.startswith("/"):
+        mount = w.gcs_fuse.mount_path.rstrip("/")
+        if script.startswith(f"{mount}/") and not w.gcs_fuse.enabled:
+            return [f"{key}: {script} is under the bucket's mount path {mount}, but the pods do not mount the "
+                    f"bucket; set {at('workloads', w.name, 'gcsFuse', 'enabled')}: true"]
+        return []  # in the image or on the claim: nothing here can see it
+    if w.launch.command:
+        return []  # the command runs what it names
+    if script.startswith(f"{USER_FOLDER}/") and script.count("/") == 1:
+        name = script.split("/", 1)[1]
+        if CONFIG_KEY.match(name) and is_file(SCRIPTS_DIR / script):
+            return []
+        return [f"{key}: no file {name!r} in workloads/scripts/{USER_FOLDER} (there: "
+                f"{_known(SCRIPTS_DIR / USER_FOLDER)}); a name of letters, digits, '-', '_' and '.'"]
+    if "/" not in script and is_file(SCRIPTS_DIR / script):
+        return []
+    return [f"{key}: no file {script!r} in workloads/scripts (there: {_known(SCRIPTS_DIR)}); put your own script in "
+            f"workloads/scripts/{USER_FOLDER}/ (`{USER_FOLDER}/NAME.py`), in the stack's bucket "
+            "(`gs://BUCKET/PATH.py`), or name an absolute path in the image, or set launch.command"]
