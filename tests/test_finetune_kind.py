@@ -268,3 +268,15 @@ def test_finetune_runs_on_nvidia_only() -> None:
     assert f"{W}.accelerator.kind: a finetune workload runs on NVIDIA GPUs of a GKE pool (finetune.py under " \
            "DeepSpeed's CUDA path); for Gaudi use kind mpijob with `training`" in found
 
+
+# --- `training.*` on an NVIDIA mpijob: refused, pointing at this kind (issue 18: never silently ignored) -----------
+
+def test_training_keys_on_an_nvidia_mpijob_are_refused() -> None:
+    found = problems("h100", {"workloads.smoke.training.model": "Qwen/Qwen2.5-7B-Instruct",
+                              "workloads.smoke.training.epochs": 2, "workloads.smoke.training.lora.rank": 4})
+    reason = ("`training` is the Gaudi fine-tuning run's (optimum-habana); an NVIDIA MPIJob runs launch.script and "
+              "would ignore it. Fine-tune on NVIDIA with kind finetune (finetune.model, finetune.dataset or "
+              "datasetPath, finetune.epochs, finetune.lora), or pass your script its arguments in launch.args")
+    assert found == [f"workloads.smoke.training.{key}: {reason}" for key in ("model", "epochs", "lora")]
+    assert problems("h100", {}) == []  # the defaults alone: nothing set, nothing refused
+    assert problems("gaudi", {"workloads.gaudi-llm-ds-ft.training.epochs": 2}) == []  # Gaudi runs them

@@ -8,9 +8,14 @@ around the MPIJob that workloads/mpijob renders. Summary: the job, its namespace
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import pulumi
 
-from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig, StackConfig
+from model.config import kind_branches, schema, with_defaults
+from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig, StackConfig, TrainingConfig, camel
+from model.types import build as build_config
 from model.validators import DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX, at
 from workloads import mpijob
 from workloads.kinds.kind import Built, Kind, Platform
@@ -85,6 +90,30 @@ def check_training_args(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     return problems
 
 
+@functools.cache
+def _training_defaults() -> TrainingConfig:
+    """`training` as the schema's defaults fill it: what a stack file that never set it gets."""
+    node = kind_branches(schema()["properties"]["workloads"]["additionalProperties"])["mpijob"]
+    return build_config(TrainingConfig, with_defaults(node["properties"]["training"], {}))
+
+
+def check_training_on_nvidia(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """`training` is the Gaudi run's (optimum-habana's script, model, dataset, epochs, LoRA): an NVIDIA MPIJob runs
+    `launch.script` and would silently ignore it. A value other than its default is refused, pointing at the kind
+    that does fine-tune on NVIDIA (a value equal to its default cannot be told from none)."""
+    if not w.on_nvidia:
+        return []
+    defaults, problems = _training_defaults(), []
+    for f in dataclasses.fields(TrainingConfig):
+        if getattr(w.training, f.name) != getattr(defaults, f.name):
+            key = at("workloads", w.name, "training", camel(f.name))
+            problems.append(f"{key}: `training` is the Gaudi fine-tuning run's (optimum-habana); an NVIDIA MPIJob "
+                            "runs launch.script and would ignore it. Fine-tune on NVIDIA with kind finetune "
+                            "(finetune.model, finetune.dataset or datasetPath, finetune.epochs, finetune.lora), or "
+                            "pass your script its arguments in launch.args")
+    return problems
+
+
 def warn_install_at_start(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     if not w.installs_at_start:
         return []
@@ -108,7 +137,8 @@ def build(name: str, w: MpiJobWorkloadConfig, platform: Platform, opts: pulumi.R
 KIND: Kind[MpiJobWorkloadConfig] = Kind(
     name="mpijob",
     config=MpiJobWorkloadConfig,
-    rules=(check_gaudi_placement, check_launch_script, check_mpijob_name, check_mpijob_storage, check_training_args),
+    rules=(check_gaudi_placement, check_launch_script, check_mpijob_name, check_mpijob_storage, check_training_args,
+           check_training_on_nvidia),
     build=build,
     warnings=(warn_install_at_start,),
 )
