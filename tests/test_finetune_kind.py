@@ -12,7 +12,7 @@ import shlex
 from typing import Any
 
 import pytest
-from conftest import DELETE, PROJECT_DIR, changed, problems, stack_run
+from conftest import DELETE, PROJECT_DIR, changed, config_problems, problems, stack_run
 from test_mpijob import crd_problems, pod_problems
 
 from preview.engine import RunResult, run_stack
@@ -239,6 +239,18 @@ def test_a_model_is_a_hub_id_or_a_bucket_folder() -> None:
         f"{W}.finetune.modelPath: give {W}.finetune.model (a Hugging Face id) or modelPath (a folder of the bucket), "
         "not both"]
     assert _problems({"finetune.model": DELETE, "finetune.modelPath": "models/base"}) == []
+
+
+def test_a_gated_model_needs_the_token() -> None:
+    # data/gated_models.yaml: Meta's Llama repos ask each account to accept their terms (401 without a token).
+    llama = {"finetune.model": "meta-llama/Llama-3.1-8B-Instruct"}
+    (found,) = _problems(llama)
+    assert found.startswith(f"{W}.finetune.model: meta-llama/Llama-3.1-8B-Instruct is gated on Hugging Face")
+    config = changed("finetune", {f"{W}.finetune.model": "meta-llama/Llama-3.1-8B-Instruct"})
+    config["deepspeed-stack:hfToken"] = TOKEN
+    assert config_problems(config) == []
+    # A folder of the bucket is no download: nothing to gate.
+    assert _problems({"finetune.model": DELETE, "finetune.modelPath": "models/meta-llama/Llama-3.1-8B"}) == []
 
 
 def test_data_in_the_bucket_needs_the_bucket() -> None:
