@@ -11,20 +11,24 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from model import defaults, repair
+from model import cache, defaults, repair
 from model.suggest import did_you_mean
 from model.types import StackConfig, build, camel, key_path, snake
 from model.yamlio import load_yaml
+
+if TYPE_CHECKING:
+    import jsonschema
 
 PROJECT = "deepspeed-stack"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
@@ -181,12 +185,54 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"{where or '(root)'}: {error.message}"
 
 
+# The validator's packages: their installed versions are part of a verdict's cache key.
+VALIDATOR_PACKAGES = ("jsonschema", "jsonschema_specifications", "referencing", "rpds_py")
+SECRET_SCHEMA_KEYS = {"type", "x-secret", "description"}
+
+
+@functools.cache
+def _validator_identity() -> bytes:
+    """The schema as the program reads it and the validator's installed distributions (found without importing
+    jsonschema: that import alone was ~40 ms of every run)."""
+    spec = importlib.util.find_spec("jsonschema")
+    site = Path(spec.origin).parent.parent if spec and spec.origin else None
+    dists = sorted(n for n in (os.listdir(site) if site else []) if n.endswith(".dist-info")
+                   and n.split("-", 1)[0].lower() in VALIDATOR_PACKAGES)
+    return json.dumps([schema(), str(site), dists], sort_keys=True).encode()
+
+
+def _verdict_key(raw: dict[str, Any]) -> str | None:
+    """The cache key of the schema's verdict on `raw`. A secret enters it only as "some string", which is all the
+    schema asks of one; where it asks more (or the value is no string), None: the verdict is never cached, so no
+    hash of a secret is ever written."""
+    props, shown = schema()["properties"], {}
+    for k, v in raw.items():
+        p = props.get(k, {})
+        if p.get("x-secret"):
+            if not isinstance(v, str) or set(p) - SECRET_SCHEMA_KEYS or p.get("type") != "string":
+                return None
+            v = "<a string>"
+        shown[k] = v
+    return cache.key(_validator_identity(), json.dumps(shown, sort_keys=True).encode())
+
+
 def schema_problems(raw: dict[str, Any]) -> list[str]:
+    """Every problem the schema finds in `raw` (defaults filled). A config the same schema and validator passed
+    before passes again: that verdict is cached (model/cache.py), and then jsonschema is not even imported.
+    Problems are always computed afresh."""
+    name = _verdict_key(raw)
+    if name is not None and cache.get("schema-valid", name) is True:
+        return []
+    import jsonschema
+
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(raw), key=lambda e: [str(p) for p in e.absolute_path])
     # dict.fromkeys: one line per problem, in order; a value checked through a `$ref` and its own keywords
     # (e.g. `zones: us-west1-b`, not a list) fails the same way twice.
-    return list(dict.fromkeys(line for e in errors for line in _describe(e).split("\n")))
+    problems = list(dict.fromkeys(line for e in errors for line in _describe(e).split("\n")))
+    if not problems and name is not None:
+        cache.put("schema-valid", name, True)
+    return problems
 
 
 def gcp_settings(cfg: dict[str, Any], problems: list[str], required: bool = True) -> tuple[str, str]:
@@ -240,17 +286,22 @@ def parse_all(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = 
     raw = read_raw(cfg, secret_keys, problems)
     project, region = gcp_settings(cfg, problems, required="cluster" in raw)
     filled = with_defaults(schema(), raw)
-    problems += schema_problems(filled)
+    found = schema_problems(filled)
+    problems += found
     valid: dict[str, Any] | None = filled
     dropped: list[str] = []
     if problems:
+        import jsonschema
+
         fixed = repair.repair(filled, jsonschema.Draft202012Validator(schema()),
                               lambda c: with_defaults(schema(), c))
         valid, dropped = fixed.config, fixed.dropped
     reported = list(dict.fromkeys([*(p.split(": ", 1)[0] for p in problems), *dropped]))
     if valid is None:
         return Parsed(None, problems, reported)
-    variant = defaults.other_defaults(schema(), raw, valid, defaults.objects_with_unknown_keys(schema(), filled))
+    # A schema-valid config has no unknown keys, so no default stands in for one.
+    unknown = defaults.objects_with_unknown_keys(schema(), filled) if found else {}
+    variant = defaults.other_defaults(schema(), raw, valid, unknown)
     secrets = {snake(k): pulumi.Output.secret(valid.pop(k)) for k, p in schema()["properties"].items()
                if p.get("x-secret") and k in valid}
     model = build(StackConfig, valid, project=project, region=region, **secrets)

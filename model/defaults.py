@@ -11,9 +11,10 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
+if TYPE_CHECKING:
+    import jsonschema
 
 Path = tuple[str | int, ...]
 SUGGEST_CUTOFF = 0.6  # difflib's default, as the schema's "did you mean" uses it (model/config.py)
@@ -27,6 +28,8 @@ def _errors(error: jsonschema.ValidationError) -> Iterator[jsonschema.Validation
 
 def objects_with_unknown_keys(schema: dict[str, Any], config: dict[str, Any]) -> dict[Path, set[str]]:
     """The objects in which the schema rejected keys it does not know, and those keys."""
+    import jsonschema  # here: a valid config never needs it (model/config.py)
+
     validator = jsonschema.Draft202012Validator(schema)
     found: dict[Path, set[str]] = {}
     for top in validator.iter_errors(config):
@@ -118,6 +121,8 @@ def other_defaults(schema: dict[str, Any], raw: dict[str, Any], valid: dict[str,
     to other valid values, one at a time, keeping each change the schema accepts; None when nothing changed."""
     if not objects:
         return None
+    import jsonschema  # here: a valid config never needs it (model/config.py)
+
     validator = jsonschema.Draft202012Validator(schema)
     variant, changed = copy.deepcopy(valid), False
     for path, unknown in objects.items():
