@@ -288,6 +288,26 @@ class MpiJobBaseConfig(DeepSpeedWorkloadConfig):
         """Whether the workers share the host's IPC namespace (a kind with a `hostIPC` key says)."""
         return False
 
+    # The fine-tuning contract's layout: CHECKPOINT_DIR=<out>/checkpoints/<workload>, MODEL_DIR=<out>/models/<workload>.
+    @property
+    def output_root(self) -> str:
+        """Where CHECKPOINT_DIR and MODEL_DIR live in the pods: the bucket's mount, else the claim's."""
+        root = self.gcs_fuse.mount_path if self.gcs_fuse.enabled else self.storage.mount_path
+        return root.rstrip("/") or "/"
+
+    @property
+    def model_folder(self) -> str:
+        """MODEL_DIR relative to the output root (the bucket, or the claim): what a server of the result reads."""
+        return f"models/{self.name}"
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return f"{self.output_root.rstrip('/')}/checkpoints/{self.name}"
+
+    @property
+    def model_dir(self) -> str:
+        return f"{self.output_root.rstrip('/')}/{self.model_folder}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class MpiJobWorkloadConfig(MpiJobBaseConfig):
@@ -324,25 +344,6 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig):
     or, without one, to the shared claim."""
 
     finetune: FinetuneConfig
-
-    @property
-    def output_root(self) -> str:
-        """Where CHECKPOINT_DIR and MODEL_DIR live in the pods: the bucket's mount, else the claim's."""
-        root = self.gcs_fuse.mount_path if self.gcs_fuse.enabled else self.storage.mount_path
-        return root.rstrip("/") or "/"
-
-    @property
-    def model_folder(self) -> str:
-        """MODEL_DIR relative to the output root (the bucket, or the claim): what a server of the result reads."""
-        return f"models/{self.name}"
-
-    @property
-    def checkpoint_dir(self) -> str:
-        return f"{self.output_root.rstrip('/')}/checkpoints/{self.name}"
-
-    @property
-    def model_dir(self) -> str:
-        return f"{self.output_root.rstrip('/')}/{self.model_folder}"
 
     def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
         """The Hugging Face model ids its pods download, with their keys (a gated one needs hfToken)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import shlex
+import subprocess
 from typing import Any
 
 import pytest
@@ -75,6 +76,20 @@ def test_the_launcher_runs_finetune_py_with_the_keys_as_arguments() -> None:
     assert 'export MASTER_ADDR="$(head -n 1 "$HOSTSFILE"' in script
     assert "until ssh -o ConnectTimeout=5 -o BatchMode=yes" in script
     assert '>> "$HOME/.deepspeed_env"' in script
+
+
+def test_the_launcher_waits_for_the_data_in_the_bucket() -> None:
+    """One `pulumi up` makes the bucket and the job; the data is uploaded after: the launcher waits for it (bounded:
+    180 x 10 s, then it fails and restarts), then starts the ranks. The script is valid bash."""
+    script = _launcher_script(_run())
+    lines = script.splitlines()
+    (wait,) = [line for line in lines if line.startswith("for path in ")]
+    assert wait.startswith("for path in /gcs/data/train.jsonl; do tries=180; until [ -e \"$path\" ]")
+    assert lines.index(wait) == len(lines) - 2  # just before the DeepSpeed line
+    assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
+    hub = _launcher_script(_run(changes=((f"{W}.gcsFuse.enabled", False), (f"{W}.finetune.datasetPath", DELETE),
+                                         (f"{W}.finetune.dataset", "tatsu-lab/alpaca"))))
+    assert "for path in" not in hub  # a Hugging Face dataset: nothing to wait for
 
 
 def test_the_script_accepts_what_the_stack_passes() -> None:
@@ -292,3 +307,16 @@ def test_training_keys_on_an_nvidia_mpijob_are_refused() -> None:
     assert found == [f"workloads.smoke.training.{key}: {reason}" for key in ("model", "epochs", "lora")]
     assert problems("h100", {}) == []  # the defaults alone: nothing set, nothing refused
     assert problems("gaudi", {"workloads.gaudi-llm-ds-ft.training.epochs": 2}) == []  # Gaudi runs them
+
+
+def test_every_nvidia_mpijob_gets_the_output_folders() -> None:
+    """The contract's layout on a plain mpijob too (smoke_test.py checkpoints to CHECKPOINT_DIR, and finetune.py run
+    as an mpijob's launch.script needs both): the h100 stack's claim is mounted at /data."""
+    job = stack_run("h100").one(MPIJOB).inputs
+    for role in ("Launcher", "Worker"):
+        container = job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert (env["CHECKPOINT_DIR"], env["MODEL_DIR"]) == ("/data/checkpoints/smoke", "/data/models/smoke")
+    conf = stack_run("h100").by_type(CONFIG_MAP)
+    (ssh,) = [c.inputs["data"]["ssh_client.conf"] for c in conf if "ssh_client.conf" in c.inputs.get("data", {})]
+    assert {"CHECKPOINT_DIR", "MODEL_DIR"} <= set(ssh.split("SendEnv ", 1)[1].splitlines()[0].split())

@@ -17,7 +17,7 @@ from types import ModuleType
 
 from model.types import FinetuneWorkloadConfig
 from workloads.mpijob import script_source
-from workloads.mpijob.nvidia import NvidiaLaunch
+from workloads.mpijob.nvidia import NvidiaLaunch, output_env
 from workloads.mpijob.shape import CONFIG_DIR, DS_CONFIG_KEY, HF_TOKEN_KEY, TOKEN_DIR, TOKEN_VOLUME, token_secret_name
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "finetune.py"
@@ -100,7 +100,7 @@ def script_args(w: FinetuneWorkloadConfig) -> list[str]:
 
 def env(w: FinetuneWorkloadConfig, has_token: bool) -> dict[str, str]:
     """The contract's environment: where checkpoints and the model go; the token's file with a token."""
-    out = {"CHECKPOINT_DIR": w.checkpoint_dir, "MODEL_DIR": w.model_dir}
+    out = output_env(w)
     if has_token:
         out[TOKEN_PATH_ENV] = f"{TOKEN_DIR}/{HF_TOKEN_KEY}"
     return out
@@ -120,4 +120,10 @@ def launch(w: FinetuneWorkloadConfig, has_token: bool) -> NvidiaLaunch:
     return NvidiaLaunch(
         rank_command=[script.path, *script_args(w)], env=env(w, has_token), files=script.files, hf_trainer=True,
         command=w.launch.command, worker_volumes=worker_volumes, worker_mounts=worker_mounts,
-        worker_restart_policy=WORKER_RESTART_POLICY)
+        worker_restart_policy=WORKER_RESTART_POLICY, wait_for=bucket_inputs(w))
+
+
+def bucket_inputs(w: FinetuneWorkloadConfig) -> list[str]:
+    """The inputs in the bucket, as the pods see them: the launcher waits for them (uploaded after `pulumi up`)."""
+    f = w.finetune
+    return [in_bucket(w, path) for path in (f.model_path, f.dataset_path) if path]

@@ -75,6 +75,9 @@ class NvidiaLaunch:
     # Never: a worker whose sshd died stays failed (the launcher's restarts cannot reach it). OnFailure: it restarts
     # in place under the same host name, and the launcher's next attempt finds it.
     worker_restart_policy: str = "Never"
+    # Paths (e.g. the data in the bucket) the launcher waits for before it starts the ranks: one `pulumi up` creates
+    # the bucket and the job, and the data is uploaded after.
+    wait_for: list[str] = field(default_factory=list)
 
 
 def launch_of(w: MpiJobBaseConfig) -> NvidiaLaunch:
@@ -84,7 +87,14 @@ def launch_of(w: MpiJobBaseConfig) -> NvidiaLaunch:
     script = script_source.source(w)
     return NvidiaLaunch(
         rank_command=[script.path, "--deepspeed_config", f"{CONFIG_DIR}/{DS_CONFIG_KEY}", *w.launch.args],
-        files=script.files, hf_trainer=runs_hf_trainer(w.launch.script), command=w.launch.command)
+        env=output_env(w), files=script.files, hf_trainer=runs_hf_trainer(w.launch.script),
+        command=w.launch.command)
+
+
+def output_env(w: MpiJobBaseConfig) -> dict[str, str]:
+    """Where the scripts write (the fine-tuning contract; smoke_test.py reads CHECKPOINT_DIR too): checkpoints, and
+    a finished model, under the bucket's mount, else the claim's."""
+    return {"CHECKPOINT_DIR": w.checkpoint_dir, "MODEL_DIR": w.model_dir}
 
 
 def image(w: MpiJobBaseConfig, stack_image: str | None) -> str:
@@ -136,9 +146,22 @@ def launcher_script(where: Placement | None, launch: NvidiaLaunch) -> str:
         'printf "PATH=%s\\nLD_LIBRARY_PATH=%s\\n" "$PATH" "${LD_LIBRARY_PATH:-}" >> "$HOME/.deepspeed_env"',
         # DeepSpeed runs `cd <this directory>` on every worker: the ConfigMap is mounted there too.
         f"cd {CONFIG_DIR}",
+        *([wait_for_paths(launch.wait_for)] if launch.wait_for else []),
         # `launch.command` replaces only this line: $HOSTSFILE and $MASTER_ADDR are set, the workers answer on ssh.
         launch.command or deepspeed,
     ])
+
+
+# How long the launcher waits for a path (10 s apart): then it fails, restarts (OnFailure) and waits again, up to
+# runPolicy.backoffLimit times.
+WAIT_TRIES = 180
+
+
+def wait_for_paths(paths: list[str]) -> str:
+    """One shell line: wait (bounded) until every path exists, saying what it waits for."""
+    return (f"for path in {quote_args(paths)}; do tries={WAIT_TRIES}; until [ -e \"$path\" ]; do "
+            'tries=$((tries - 1)); [ "$tries" -gt 0 ] || { echo "$path never appeared" >&2; exit 1; }; '
+            'echo "waiting for $path (upload it to the bucket)"; sleep 10; done; done')
 
 
 def nvidia_launcher_script(w: MpiJobBaseConfig, where: Placement | None = None) -> str:
