@@ -37,11 +37,8 @@ def _memory_problem(name: str, w: WorkloadConfig, pool: NodePoolConfig, fit: nod
 
 def _cpu_problem(name: str, w: WorkloadConfig, pool: NodePoolConfig, fit: node_memory.PodFit) -> str | None:
     cpu = w.resources.cpu or ""
-    try:
-        asked = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
-    except ValueError:
-        return None
-    if asked <= fit.container_room_cpu:
+    asked = quantity_bytes(cpu)  # a quantity's value: cores for CPU (500m = 0.5)
+    if asked is None or asked <= fit.container_room_cpu:
         return None
     return (f"{at('workloads', name, 'resources', 'cpu')}: {cpu} is more than one {pool.machine_type} node of pool "
             f"{pool.name} gives the pod ({fit.node.vcpus:g} vCPUs less kube-reserved {fit.node.kube_reserved_cpu:.2f}, "

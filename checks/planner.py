@@ -149,7 +149,8 @@ def check_model_known(m: StackConfig) -> list[str]:
         try:
             resolve(w.model.name, None)
         except UnknownModelError as err:
-            problems.append(f"{_model_key(name, 'name')}: {err}")
+            # Names the parameters key: when a given count was rejected, this is its echo and is left out.
+            problems.append(f"{_model_key(name, 'name')}: {err}; the count goes in {_model_key(name, 'parameters')}")
     return problems
 
 

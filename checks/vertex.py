@@ -10,9 +10,9 @@ from model import catalog as gpu_catalog
 from model.config import schema
 from model.suggest import did_you_mean
 from model.types import StackConfig
+from model.validators import bucket_name_problem
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-BUCKET_NAME = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,61}[a-z0-9]$")
 
 
 def check_vertex_needs_storage(m: StackConfig) -> list[str]:
@@ -72,9 +72,9 @@ def check_storage_names(m: StackConfig) -> list[str]:
         problems.append(f"storage.kubernetesServiceAccount: {m.storage.kubernetes_service_account!r} is not a "
                         "Kubernetes name (lowercase letters, digits, hyphens)")
     for key, name in (("bucketName", m.storage.bucket_name), ("existingBucket", m.storage.existing_bucket)):
-        if name is not None and (not BUCKET_NAME.match(name) or "goog" in name):
-            problems.append(f"storage.{key}: {name!r} is not a valid bucket name (3-63 lowercase letters, digits, "
-                            "- _ .; no 'goog')")
+        why = bucket_name_problem(name) if name is not None else None
+        if why:
+            problems.append(f"storage.{key}: {name!r} is not a valid bucket name: {why} (Cloud Storage's naming rules)")
     return problems
 
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 from checks.common import Check, at
 from model import catalog as gpu_catalog
 from model.types import DeepSpeedWorkloadConfig, NodePoolConfig, StackConfig, WorkloadConfig
-from model.validators import DNS1123_LABEL, DNS1123_MAX, DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX
+from model.validators import (
+    DNS1123_LABEL,
+    DNS1123_MAX,
+    DNS1123_SUBDOMAIN,
+    DNS1123_SUBDOMAIN_MAX,
+    RESERVED_NAMESPACES,
+)
 from workloads.ds_config import batch_problems, nvme_offload_path
 from workloads.kinds import kind_of
 from workloads.placement import placement
@@ -51,6 +57,10 @@ def check_workload_namespaces(m: StackConfig) -> list[str]:
         key = at("workloads", name, "namespace")
         if not DNS1123_LABEL.match(w.namespace) or len(w.namespace) > DNS1123_MAX:
             problems.append(f"{key}: {w.namespace!r} is not a valid namespace (a DNS-1123 label)")
+        elif w.namespace in RESERVED_NAMESPACES:
+            problems.append(f"{key}: {w.namespace!r} is a namespace every cluster has, and the stack puts the "
+                            "workload's NetworkPolicies (and, on GKE, deletes the namespace with the workload) in it; "
+                            "choose one of its own (e.g. the workload's name)")
         if w.namespace in seen:
             problems.append(f"{key}: {w.namespace!r} is also the namespace of {seen[w.namespace]}; each workload "
                             "creates and deletes its own namespace, so give it one of its own")

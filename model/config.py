@@ -151,6 +151,8 @@ def _not_of_kind(key: str, kind: str, known: list[str]) -> str:
 
 def _describe(error: jsonschema.ValidationError) -> str:
     path = list(error.absolute_path)
+    if "propertyNames" in error.relative_schema_path and isinstance(error.instance, str):
+        path.append(error.instance)  # a key's name is wrong: name the key itself (`ncclTests.Bad_Name`)
     where = key_path(path)
     if error.validator == "additionalProperties":
         known = list(error.schema.get("properties", {}))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,14 +205,18 @@ def planned_process_memory_gb(machine_type: str, vcpus: float, memory_gib: float
     return process_memory_gb(fit.memory_gib * GIB_BYTES, shm_bytes)
 
 
-_QUANTITY = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+# Kubernetes' quantity grammar (k8s.io/apimachinery pkg/api/resource/quantity.go): a signed decimal number, then
+# a binary SI suffix, a decimal SI suffix, or a decimal exponent (e/E followed by a signed integer).
+QUANTITY = re.compile(r"^(?P<number>[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))"
+                      r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE](?P<exponent>[+-]?[0-9]+))?$")
 
 
 def quantity_bytes(quantity: str) -> float | None:
-    """A Kubernetes memory quantity (24Gi, 500M, 1024, 1.5Gi) in bytes; None for another form."""
-    number = quantity.rstrip("kKMGTPEi")
-    try:
-        return float(number) * _QUANTITY[quantity[len(number):]]
-    except (KeyError, ValueError):
+    """A Kubernetes quantity (24Gi, 500M, 1024, 1.5Gi, 129e6) as a number (bytes for memory); None if it is not one."""
+    match = QUANTITY.match(quantity.strip()) if isinstance(quantity, str) else None
+    if match is None:
         return None
+    number, suffix, exponent = float(match["number"]), match["suffix"] or "", match["exponent"]
+    return number * (10 ** int(exponent) if exponent is not None else _SUFFIX[suffix])

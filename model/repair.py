@@ -102,6 +102,14 @@ def _parent_and_leaf(key: str) -> tuple[str, str]:
     return key[:match.start()], match.group(1)
 
 
+def _names_child(problem: str, rest: str) -> bool:
+    """Whether the problem's text names the first key of `rest` (`.podLabels.app` -> podLabels; a list index names
+    nothing)."""
+    first = re.match(r'^(?:\.([^.\[\]]+)|\["([^"]+)"\])', rest)
+    name = first and (first.group(1) or first.group(2))
+    return bool(name) and re.search(rf"\b{re.escape(name)}\b", problem.split(": ", 1)[-1]) is not None
+
+
 def is_echo(problem: str, reported: Iterable[str]) -> bool:
     """A rule's problem that only repeats a reported (or dropped) key's problem: on that key or under it, naming
     it, or on a sibling that names its leaf (`minNodes ... more than maxNodes` after a rejected maxNodes)."""
@@ -109,6 +117,8 @@ def is_echo(problem: str, reported: Iterable[str]) -> bool:
     for other in reported:
         if _under(key, other) or other in problem:
             return True
+        if other != key and _under(other, key) and _names_child(problem, other[len(key):]):
+            return True  # on an enclosing object, about its dropped child (allowFrom[0] after podLabels.app)
         parent, leaf = _parent_and_leaf(other)
         if parent and _under(key, parent) and re.search(rf"\b{re.escape(leaf)}\b", problem):
             return True

@@ -15,6 +15,30 @@ DNS1123_MAX = 63
 # DNS-1123 subdomain: what Kubernetes accepts for PersistentVolumeClaim and StorageClass names.
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS1123_SUBDOMAIN_MAX = 253
+# Namespaces every cluster already has (kube-system, kube-public, kube-node-lease, default): a workload's namespace
+# is one the stack creates and, on `destroy`, deletes, so it must not be one of these.
+RESERVED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# Cloud Storage bucket names (cloud.google.com/storage/docs/buckets#naming): lowercase letters, digits, - _ .;
+# start and end with a letter or digit; 3-63 characters, or up to 222 with dots, each dot-separated part at most
+# 63; not an IP address in dotted-decimal; not starting with "goog"; not containing "google" or a close misspelling.
+BUCKET_PART = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
+DOTTED_DECIMAL = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")
+GOOGLE_LOOKALIKES = ("google", "g00gle", "go0gle", "g0ogle")
+
+
+def bucket_name_problem(name: str) -> str | None:
+    """Why Cloud Storage would refuse this bucket name, or None."""
+    limit = 222 if "." in name else 63
+    if not 3 <= len(name) <= limit:
+        return f"must be 3-{limit} characters long"
+    if not all(BUCKET_PART.match(part) for part in name.split(".")):
+        return ("only lowercase letters, digits, - _ and ., starting and ending with a letter or digit, each "
+                "dot-separated part at most 63 characters")
+    if DOTTED_DECIMAL.match(name):
+        return "must not be an IP address"
+    if name.startswith("goog") or any(word in name for word in GOOGLE_LOOKALIKES):
+        return "must not start with goog nor contain google (or a look-alike)"
+    return None
 
 
 def at(*parts: object) -> str:

@@ -273,5 +273,7 @@ def test_settings_of_the_stacks_own_bucket_are_refused_with_an_existing_one() ->
     config["deepspeed-stack:storage"] = {"enabled": True, "existingBucket": EXISTING, "softDeleteDays": 7}
     assert config_problems(config) == []
     config["deepspeed-stack:storage"] = {"enabled": True, "existingBucket": "Team_Data"}
-    assert config_problems(config) == ["storage.existingBucket: 'Team_Data' is not a valid bucket name (3-63 "
-                                       "lowercase letters, digits, - _ .; no 'goog')"]
+    assert config_problems(config) == [
+        "storage.existingBucket: 'Team_Data' is not a valid bucket name: only lowercase letters, digits, - _ and ., "
+        "starting and ending with a letter or digit, each dot-separated part at most 63 characters (Cloud Storage's "
+        "naming rules)"]
