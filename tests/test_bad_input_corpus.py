@@ -219,7 +219,8 @@ CORPUS: list[tuple[str, dict[str, Any], str]] = [
 
 def _id(case: tuple[str, dict[str, Any], str]) -> str:
     stack, changes, _ = case
-    return f"{stack}:" + ",".join(f"{k}={v!r}"[:60] for k, v in changes.items())
+    # DELETE's repr holds its address, which differs between xdist workers: name it.
+    return f"{stack}:" + ",".join(f"{k}={'DELETE' if v is DELETE else repr(v)}"[:60] for k, v in changes.items())
 
 
 @pytest.mark.parametrize("case", CORPUS, ids=[_id(c) for c in CORPUS])
