@@ -31,6 +31,7 @@ from workloads.placement import Placement, offload_memory_bytes, placement
 # The suggestions search up to this many workers of the workload's own accelerator.
 MAX_WORKERS = 128
 SUGGESTIONS = 3
+COUNT_HINT = "(or give the parameter count in billions)"  # planner/sizing.py's unknown-model message
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ def check_model_known(m: StackConfig) -> list[str]:
             resolve(w.model.name, None)
         except UnknownModelError as err:
             # Names the parameters key: when a given count was rejected, this is its echo and is left out.
-            problems.append(f"{_model_key(name, 'name')}: {err}; the count goes in {_model_key(name, 'parameters')}")
+            text = str(err).replace(COUNT_HINT, f"{COUNT_HINT[:-1]} as {_model_key(name, 'parameters')})")
+            problems.append(f"{_model_key(name, 'name')}: {text}")
     return problems
 
 

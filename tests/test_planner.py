@@ -293,7 +293,7 @@ def test_model_fits_on_more_workers() -> None:
 def test_unknown_model_and_training_precision_are_config_errors() -> None:
     found = config_problems(changed("prod", {f"{WORKLOAD}.model": {"name": "my-llm"}}))
     assert found == [f"{WORKLOAD}.model.name: unknown model 'my-llm'; known: " + ", ".join(sizing.model_names())
-                     + f" (or give the parameter count in billions); the count goes in {WORKLOAD}.model.parameters"]
+                     + f" (or give the parameter count in billions as {WORKLOAD}.model.parameters)"]
     assert config_problems(changed("prod", {f"{WORKLOAD}.model": {"mode": "inference"}})) == [
         f"{WORKLOAD}.model: give `name` (a model in data/models.yaml) or `parameters` (billions) for the planner's "
         "memory check"]
