@@ -143,7 +143,9 @@ def check_model_known(m: StackConfig) -> list[str]:
     for name, w in m.workloads.items():
         if w.model is None or w.model.parameters is not None:
             continue
-        if not w.model.name:
+        if not w.model.name and kind_of(w).sizes_its_model:
+            continue  # the kind's own rules say what names it (a server: `serving.model`, or what training trains)
+        if not w.sized_model_name:
             problems.append(f"{_model_key(name)}: give `name` (a model in data/models.yaml) or `parameters` "
                             "(billions) for the planner's memory check")
             continue

@@ -144,18 +144,20 @@ class AllowedSource:
 
 @dataclass(frozen=True)
 class ServingConfig:
-    """`serving` of a `serve` workload (DeepSpeed-MII)."""
+    """`serving` of a `serve` workload (vLLM or DeepSpeed-MII)."""
 
+    engine: str
     replicas: int
     autoscaling: AutoscalingConfig
-    port: int
     openai: OpenAiConfig
     service: str
     allow_from: list[AllowedSource]
     startup_minutes: int
     cache_size: str
+    port: int | None = None  # None: the engine's own (data/serving.yaml)
     model: str | None = None
     model_path: str | None = None
+    from_workload: str | None = None  # a training workload of the stack whose MODEL_DIR it serves
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,18 @@ class WorkloadConfig:
         """The Hugging Face model ids its pods download at start, each with the key (under the workload) that
         names it: a gated one needs the stack's hfToken (checks/gated.py)."""
         return ()
+
+    @property
+    def sized_model_name(self) -> str | None:
+        """The name the planner sizes: `model.name` (a kind may know it from elsewhere)."""
+        return self.model.name if self.model else None
+
+    @property
+    def model_folder(self) -> str | None:
+        """Where the workload writes the model it trains, relative to its output root (the bucket's mount with
+        `gcsFuse.enabled`, else its claim): `models/<name>` (MODEL_DIR of the fine-tuning contract); None for a
+        workload that trains no model a server can load. A `serve` workload's `serving.fromWorkload` needs one."""
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -352,12 +366,17 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class ServeWorkloadConfig(WorkloadConfig):
-    """kind serve: a DeepSpeed-MII (FastGen) server Deployment on a GKE pool."""
+    """kind serve: a model server Deployment (vLLM, or DeepSpeed-MII) on a GKE pool."""
 
     serving: ServingConfig
 
     def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
         return ((("serving", "model"), self.serving.model),) if self.serving.model else ()  # not modelPath
+
+    @property
+    def sized_model_name(self) -> str | None:
+        # Without `model.name` the shape comes from the served Hugging Face id (data/models.yaml aliases).
+        return (self.model.name if self.model else None) or self.serving.model
 
 
 # The one kind -> class table: a new kind adds its class here and its branch in model/schema.yaml.

@@ -42,13 +42,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _serving_note(request: Request) -> list[str]:
+    """How inference options are chosen: what the `serve` kind's engine can run (planner/recommend.py)."""
+    if request.mode != "inference":
+        return []
+    e = request.serving_engine
+    budget = f", within --gpu-memory-utilization {e.gpu_memory_utilization:.2f}" if e.gpu_memory_utilization else ""
+    return [f"Served by {e.display_name} (the serve kind's default engine{budget}): one node per replica, the "
+            "model tensor-parallel over all of its GPUs (a split the attention heads allow), on GPUs and in a "
+            "precision the engine serves there; the engine spans no nodes in this stack."]
+
+
 def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Catalog) -> str:
     model = request.model
     shape = "shape from data/models.yaml" if model.shape_known else "shape unknown: Llama-like fallback"
     lines = [f"{model.name}: {model.billions:.2f}B parameters ({shape}), {request.precision} {request.mode}, "
              f"sequence {request.sequence_length} x batch {request.batch_size}, region {region}",
              f"Options keep {HEADROOM:.0%} of each GPU's memory free. Prices are estimates in {cat.currency} "
-             f"(data/gpu_catalog.yaml, {cat.date}).", ""]
+             f"(data/gpu_catalog.yaml, {cat.date}).", *_serving_note(request), ""]
     for plan in plans:
         lines.append(f"## {plan.strategy.label}")
         if not plan.options:

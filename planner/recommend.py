@@ -4,6 +4,11 @@ For each way of running the model (inference, or each ZeRO stage and offload var
 type offered in the region, the cheapest (machine shape x node count) whose GPUs keep HEADROOM free, and
 whose worker pod holds what DeepSpeed offloads (GKE's allocatable less DaemonSets and /dev/shm,
 model/node_memory.py). Options are sorted by the on-demand $/h, then spot $/h.
+
+Inference plans are what the `serve` kind can run (issue 20 item 3): one node per replica (neither engine spans
+nodes in this stack: data/serving.yaml multiNode), the model tensor-parallel over all of the node's GPUs, which the
+engine must be able to split its attention heads over; a GPU the engine's kernels (and the image's torch) run on;
+a precision the engine serves on it (no bf16 below compute capability 8.0: T4 serves fp16).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model import catalog as gpu_catalog
+from model import versions
 from model.node_memory import planned_process_memory_gb
 from planner.sizing import HEADROOM, Estimate, Request, Strategy, estimate
 
@@ -65,17 +71,53 @@ def fits(est: Estimate, memory_gb: float, pod_memory_gb: float, headroom: float 
     return est.fits(memory_gb, headroom) and est.cpu_gb_per_node <= pod_memory_gb
 
 
+def serving_problem(cat: gpu_catalog.Catalog, gpu_type: str, request: Request) -> str | None:
+    """Why the request's serving engine cannot serve it on this GPU type, or None: its kernels (and, for vLLM, the
+    image's torch) must run there, and it must serve the precision there (bf16 only from compute capability 8.0)."""
+    gpu, engine = cat.gpus[gpu_type], request.serving_engine
+    cc = gpu.compute_capability
+    if not engine.runs_kernels_on(cc):
+        archs = engine.kernel_archs_text() or f"{engine.min_compute_capability[0]}.{engine.min_compute_capability[1]}+"
+        return f"{engine.display_name}'s kernels are built for compute capability {archs}"
+    if engine.kernel_archs is None and not versions.load().supports(cc):
+        return f"the image's torch has no kernels for compute capability {gpu.compute_capability_text}"
+    if request.precision not in engine.precisions:
+        return f"{engine.display_name} does not serve {request.precision}"
+    if request.precision == "bf16" and not (gpu.bf16 and engine.serves_bf16_on(cc)):
+        return "no bf16 below compute capability 8.0 (serve fp16)"
+    return None
+
+
 def usable(cat: gpu_catalog.Catalog, gpu_type: str, request: Request) -> bool:
-    """bf16 training needs bf16 hardware (Ampere and later); inference can run the same bytes as fp16."""
-    return not (request.mode == "training" and request.precision == "bf16" and not cat.gpus[gpu_type].bf16)
+    """bf16 training needs bf16 hardware (Ampere and later); inference needs a GPU and a precision its engine
+    serves (`serving_problem`)."""
+    if request.mode == "inference":
+        return serving_problem(cat, gpu_type, request) is None
+    return not (request.precision == "bf16" and not cat.gpus[gpu_type].bf16)
+
+
+def splits(request: Request, gpus_per_node: int) -> bool:
+    """Inference: the engine can split the model's attention over all of the node's GPUs. An unknown model's shape
+    is a guess, so it is not held against a split (the preview warns instead)."""
+    shape = request.model.shape
+    if request.mode != "inference" or not request.model.shape_known:
+        return True
+    return request.serving_engine.tensor_parallel_problem(shape.heads, shape.kv_heads, gpus_per_node) is None
 
 
 def cheapest_for_gpu(request: Request, strategy: Strategy, cat: gpu_catalog.Catalog, gpu_type: str,
-                     zones: tuple[str, ...], max_nodes: int = MAX_NODES, headroom: float = HEADROOM) -> Option | None:
+                     zones: tuple[str, ...], max_nodes: int = MAX_NODES,
+                     headroom: float | None = None) -> Option | None:
     """The cheapest shape x nodes of this GPU type that holds the model; more nodes of a shape only cost more,
-    so each shape stops at the fewest nodes that fit."""
+    so each shape stops at the fewest nodes that fit. Inference: one node whose GPUs the model splits over.
+    `headroom`: the share of each GPU kept free (default: the request's, HEADROOM or the engine's)."""
     gpu, best = cat.gpus[gpu_type], None
+    headroom = request.headroom if headroom is None else headroom
+    if request.mode == "inference":
+        max_nodes = 1  # a replica is one node (data/serving.yaml: neither engine spans nodes here)
     for shape in gpu.shapes:
+        if not splits(request, shape.gpus):
+            continue
         pod_gb = planned_process_memory_gb(shape.machine_type, shape.vcpus, shape.memory_gb)
         for nodes in range(1, max_nodes + 1):
             est = estimate(request, strategy, shape.gpus, nodes)
@@ -90,7 +132,7 @@ def cheapest_for_gpu(request: Request, strategy: Strategy, cat: gpu_catalog.Cata
 
 
 def recommend(request: Request, region: str, cat: gpu_catalog.Catalog | None = None, max_nodes: int = MAX_NODES,
-              top: int = 10, headroom: float = HEADROOM) -> list[Plan]:
+              top: int = 10, headroom: float | None = None) -> list[Plan]:
     """One plan per strategy (inference, or each ZeRO variant), each with up to `top` options, cheapest first."""
     cat = cat or gpu_catalog.load()
     plans = []

@@ -6,7 +6,7 @@ workloads/kinds/serve.py). Only workloads that train with DeepSpeed have a ds_co
 
 from __future__ import annotations
 
-from model.types import DeepSpeedWorkloadConfig, WorkloadConfig
+from model.types import DeepSpeedWorkloadConfig, ServeWorkloadConfig, WorkloadConfig
 from planner.sizing import INFERENCE, TRAINING_PRECISIONS, Request, Strategy, UnknownModelError, given_shape, resolve
 
 
@@ -18,14 +18,15 @@ def workload_request(w: WorkloadConfig) -> Request | None:
     if mb is None:
         return None
     try:
-        model = given_shape(resolve(mb.name, mb.parameters), mb.vocabulary, mb.hidden, mb.largest_layer)
+        model = given_shape(resolve(w.sized_model_name, mb.parameters), mb.vocabulary, mb.hidden, mb.largest_layer)
     except UnknownModelError:
         return None
     if mb.mode == "training" and (mb.precision not in TRAINING_PRECISIONS
                                   or not isinstance(w, DeepSpeedWorkloadConfig)):
         return None
     if not isinstance(w, DeepSpeedWorkloadConfig):
-        return Request(model, mb.precision, mb.mode, mb.sequence_length, mb.batch_size)
+        engine = w.serving.engine if isinstance(w, ServeWorkloadConfig) else None
+        return Request(model, mb.precision, mb.mode, mb.sequence_length, mb.batch_size, engine=engine)
     ds = w.deepspeed
     # Training: DeepSpeed runs microBatchPerGpu sequences per GPU; size for the larger of the two settings.
     batch = max(mb.batch_size, ds.micro_batch_per_gpu) if mb.mode == "training" else mb.batch_size

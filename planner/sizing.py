@@ -3,11 +3,16 @@
 Sizes are bytes inside, reported in GB of 10^9 bytes (the unit GPU memory is quoted in; a GiB-based
 reading would only add headroom). Every constant below says where it comes from; all of it is an estimate.
 
-Inference, per accelerator, with the weights tensor-parallel over all G accelerators of the workload:
-    (weights + KV cache) / G x (1 + INFERENCE_OVERHEAD) + CUDA_CONTEXT
+Inference, per accelerator, with the weights tensor-parallel over all G accelerators of one node, as the serving
+engine (model/serving_engines.py, data/serving.yaml) takes memory:
+    vLLM (the default): (weights / G + KV cache per GPU) x (1 + INFERENCE_OVERHEAD) + CUDA_CONTEXT, within
+               `--gpu-memory-utilization` (0.90) of the GPU: it fits with 1 - 0.90 = HEADROOM free
+    FastGen (MII): weights / G + KV cache per GPU + its 1 GB reserve + CUDA_CONTEXT, within the whole GPU (its KV
+               cache then takes every other free byte, so nothing more is kept free)
     weights  = parameters x bytes per parameter (fp32 4, fp16/bf16 2, int8 1, int4 0.5)
     KV cache = 2 (K and V) x layers x KV heads x head dim x sequence x batch x 2 bytes (4 for fp32; weight-only
-               quantisation keeps a 16-bit cache)
+               quantisation keeps a 16-bit cache); per GPU the KV heads divide over G, and a GPU holds at least one
+               (vLLM and FastGen replicate KV heads when G exceeds them)
 
 Training: mixed-precision Adam partitioned by ZeRO over the N data-parallel GPUs, counted the way DeepSpeed's
 own estimators count it (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`), which
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model import serving_engines
 from model.suggest import did_you_mean
 from model.yamlio import load_yaml
 
@@ -147,9 +153,23 @@ class Request:
     batch_size: int = 1
     reduce_bucket: int = DEEPSPEED_BUCKET
     allgather_bucket: int = DEEPSPEED_BUCKET
+    engine: str | None = None  # inference: the serving engine (data/serving.yaml); None: the default, vLLM
 
     def strategies(self) -> tuple[Strategy, ...]:
         return TRAINING_STRATEGIES if self.mode == "training" else (INFERENCE,)
+
+    @property
+    def serving_engine(self) -> serving_engines.Engine:
+        return serving_engines.engine(self.engine)
+
+    @property
+    def headroom(self) -> float:
+        """The share of each accelerator kept free: HEADROOM for training; for inference what the engine leaves
+        (vLLM: 1 - its memory budget; FastGen: nothing beyond the reserve its estimate already holds)."""
+        if self.mode == "training":
+            return HEADROOM
+        e = self.serving_engine
+        return 1 - e.gpu_memory_utilization if e.gpu_memory_utilization is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -278,9 +298,21 @@ def kv_cache_bytes(shape: ModelShape, sequence_length: int, batch_size: int, pre
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * sequence_length * batch_size * per_value
 
 
+def kv_cache_per_gpu(shape: ModelShape, sequence_length: int, batch_size: int, precision: str, gpus: int) -> float:
+    """The KV cache one of `gpus` tensor-parallel GPUs holds: its share of the KV heads, at least one head (both
+    engines replicate KV heads when there are more GPUs than KV heads)."""
+    heads_per_gpu = max(shape.kv_heads / gpus, 1.0)
+    return kv_cache_bytes(shape, sequence_length, batch_size, precision) * heads_per_gpu / shape.kv_heads
+
+
 def inference_parts(request: Request, gpus: int) -> dict[str, float]:
     weights = weights_bytes(request.model.parameters, request.precision) / gpus
-    kv = kv_cache_bytes(request.model.shape, request.sequence_length, request.batch_size, request.precision) / gpus
+    kv = kv_cache_per_gpu(request.model.shape, request.sequence_length, request.batch_size, request.precision, gpus)
+    engine = request.serving_engine
+    if engine.memory == serving_engines.RESERVE:
+        # FastGen: the weights, the KV cache of the sequences asked for, and the reserve it leaves after the cache
+        # (which covers activations); then its cache grows into the rest.
+        return {"weights": weights, "KV cache": kv, "reserve": engine.reserve_bytes, "CUDA context": CUDA_CONTEXT_BYTES}
     return {"weights": weights, "KV cache": kv, "overhead": INFERENCE_OVERHEAD * (weights + kv),
             "CUDA context": CUDA_CONTEXT_BYTES}
 

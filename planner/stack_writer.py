@@ -166,7 +166,7 @@ def _training(request: Request, strategy: Strategy, option: Option, model_id: st
 def _inference(request: Request, strategy: Strategy, option: Option, model_id: str) -> tuple[dict[str, Any], list[str]]:
     """A `serve` workload: one replica on one node, the model tensor-parallel over the node's GPUs."""
     weights = request.model.parameters * BYTES_PER_PARAM[request.precision]
-    cache = _gib(weights * 1.25, 64)  # the download and FastGen's compiled kernels on the node's disk
+    cache = _gib(weights * 1.25, 64)  # the download and the engine's compiled kernels on the node's disk
     workload = {
         "kind": "serve",
         "namespace": "serving",
@@ -175,11 +175,13 @@ def _inference(request: Request, strategy: Strategy, option: Option, model_id: s
         "model": _model_block(request, INFERENCE),
     }
     est = option.estimate
+    engine = request.serving_engine
+    budget = (f"within {engine.display_name}'s --gpu-memory-utilization {engine.gpu_memory_utilization:.2f}"
+              if engine.gpu_memory_utilization else f"{HEADROOM:.0%} kept free")
     reasons = [
-        f"serving: {option.gpus} GPU(s) of one {option.machine_type}, {est.per_gpu_gb:.1f} GB of each "
-        f"{option.memory_gb:g} GB ({_parts(est)}), "
-        f"{HEADROOM:.0%} kept free",
-        f"cacheSize: {cache} for the weights ({weights / GB:.0f} GB) and FastGen's kernels on the node's disk",
+        f"serving: {engine.display_name} (the default engine), tensor-parallel over the {option.gpus} GPU(s) of one "
+        f"{option.machine_type}, {est.per_gpu_gb:.1f} GB of each {option.memory_gb:g} GB ({_parts(est)}), {budget}",
+        f"cacheSize: {cache} for the weights ({weights / GB:.0f} GB) and the engine's kernels on the node's disk",
         "replicas: 1 (each replica takes a node of the pool; raise maxNodes with it)",
     ]
     return {"deepspeed-stack:workloads": {"serve": workload}}, reasons

@@ -166,6 +166,11 @@ def _mpijob_workload(reg: Registration) -> Workload:
     )
 
 
+def _server_engine(container: dict) -> str:
+    """vLLM runs its OpenAI server module; MII the stack's entry script (workloads/serving.py `command`)."""
+    return "vLLM" if any("vllm" in str(part) for part in container.get("command") or []) else "DeepSpeed-MII"
+
+
 def _server_workload(reg: Registration) -> Workload:
     """A `serve` workload's Deployment (workloads/serving.py): one pod per replica."""
     pod = _get(reg.inputs, "spec", "template", "spec") or {}
@@ -173,7 +178,7 @@ def _server_workload(reg: Registration) -> Workload:
     meta = reg.inputs.get("metadata") or {}
     return Workload(
         name=str(meta.get("name") or reg.physical_name or reg.name),
-        kind="DeepSpeed-MII server (Deployment)",
+        kind=f"{_server_engine(_get(pod, 'containers', 0) or {})} server (Deployment)",
         namespace=str(meta.get("namespace", "default")),
         runs_on=_runs_on(pod.get("nodeSelector"), resource),
         accelerators=_per_worker(resource, count),

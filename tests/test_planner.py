@@ -182,6 +182,21 @@ def test_training_in_4_bit_is_refused() -> None:
 
 # --- recommendations against a brute-force search ------------------------------------------------------------------
 
+def vllm_serves(capability: tuple[int, int], precision: str) -> bool:
+    """vLLM (the default engine) in the stack's image: compute capability 7.0+ (vLLM's GPU installation page), with a
+    torch 2.13 cubin (7.5, 8.0, 8.6, 9.0, 10.0, 12.0 and their minors: no V100 7.0), bf16 from 8.0 (vLLM's
+    _check_if_gpu_supports_dtype)."""
+    torch_archs = {(7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)}
+    runs = capability >= (7, 0) and any(m == capability[0] and n <= capability[1] for m, n in torch_archs)
+    return runs and (precision != "bf16" or capability >= (8, 0))
+
+
+def vllm_splits(shape: sizing.ModelShape, gpus: int) -> bool:
+    """vLLM's tensor parallel: the heads divide by it, and it divides the KV heads or is a multiple of them
+    (vllm/config/model.py verify_with_parallel_config; linear.py QKVParallelLinear)."""
+    return shape.heads % gpus == 0 and (shape.kv_heads % gpus == 0 or gpus % shape.kv_heads == 0)
+
+
 def brute_force(request: Request, strategy: Strategy, region: str, max_nodes: int) -> list[tuple]:
     """Every GPU type x machine shape x node count of the catalog; keep what fits with 10 % free GPU memory and
     the offloaded states in what a worker pod's processes may hold (model/node_memory.py, pinned by
@@ -193,9 +208,14 @@ def brute_force(request: Request, strategy: Strategy, region: str, max_nodes: in
             continue
         if request.mode == "training" and request.precision == "bf16" and not gpu.bf16:
             continue
+        if request.mode == "inference" and not vllm_serves(gpu.compute_capability, request.precision):
+            continue
         for shape in gpu.shapes:
+            if request.mode == "inference" and not vllm_splits(request.model.shape, shape.gpus):
+                continue
             pod_gb = node_memory.planned_process_memory_gb(shape.machine_type, shape.vcpus, shape.memory_gb)
-            for nodes in range(1, max_nodes + 1):
+            # A server replica is one node (issue 20 item 3: neither engine spans nodes in this stack).
+            for nodes in range(1, (1 if request.mode == "inference" else max_nodes) + 1):
                 est = sizing.estimate(request, strategy, shape.gpus, nodes)
                 if est.per_gpu_gb <= 0.9 * gpu.memory_gb and est.cpu_gb_per_node <= pod_gb:
                     fitting.append((round(nodes * shape.price.on_demand, 6), round(nodes * shape.price.spot, 6),
@@ -242,7 +262,9 @@ def test_cli_lists_options_and_rejects_unknown_models(capsys: pytest.CaptureFixt
     assert planner_main(["--model", "Llama-2-70B", "--mode", "inference", "--precision", "int4", "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert "Llama-2-70B: 68.98B parameters" in out and "## inference" in out
-    assert re.search(r"2 x L4\s+2 x g2-standard-4\s+19\.8 of 24", out), out
+    # One node per replica: the two L4s of one g2-standard-24, not two g2-standard-4 (issue 20 item 3).
+    assert re.search(r"2 x L4\s+1 x g2-standard-24\s+19\.8 of 24", out), out
+    assert "Served by vLLM" in out
     assert planner_main(["--model", "gpt-5", "--mode", "training"]) == 2
     assert "unknown model 'gpt-5'" in capsys.readouterr().err
     assert planner_main(["--parameters", "7", "--mode", "training", "--region", "mars-1"]) == 2

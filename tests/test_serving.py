@@ -1,5 +1,5 @@
-"""`serve` workloads: the DeepSpeed-MII server's Kubernetes objects under mocks, its rules, and its entry script
-run against a stub of MII."""
+"""`serve` workloads: the server's Kubernetes objects under mocks for both engines (vLLM, the default, and
+DeepSpeed-MII), the kind's rules, and MII's entry script run against a stub of MII."""
 
 from __future__ import annotations
 
@@ -7,18 +7,20 @@ import http.server
 import importlib.util
 import json
 import re
+import shlex
 import sys
 import threading
 import types
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import kubernetes_validate
 import pytest
-from conftest import DELETE, PROJECT_DIR, changed, problems, stack_run
+from conftest import DELETE, PROJECT_DIR, changed, config_model, problems, stack_run
 
+from checks import warnings
 from model import catalog
 from preview import engine, manifests
 from preview.engine import RunResult
@@ -26,22 +28,25 @@ from preview.engine import RunResult
 K8S_VERSION = "1.33.0"
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 SERVICE = "kubernetes:core/v1:Service"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 PDB = "kubernetes:policy/v1:PodDisruptionBudget"
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 HPA = "kubernetes:autoscaling/v2:HorizontalPodAutoscaler"
 SECRET = "kubernetes:core/v1:Secret"
 CANARY = "hf_serving_canary_token"
-# The variant: autoscaling, an internal load balancer, the OpenAI server, the model from the bucket, a token.
+W = "workloads.chat"
+# The variant: autoscaling, an internal load balancer, the model from the bucket, a token.
 VARIANT = {
-    "workloads.chat.serving.model": DELETE,
-    "workloads.chat.serving.modelPath": "models/Qwen2.5-7B-Instruct",
-    "workloads.chat.gcsFuse.enabled": True,
+    f"{W}.serving.model": DELETE,
+    f"{W}.serving.modelPath": "models/Qwen2.5-7B-Instruct",
+    f"{W}.gcsFuse.enabled": True,
     "storage.enabled": True,
-    "workloads.chat.serving.autoscaling": {"enabled": True, "maxReplicas": 2, "cpuUtilization": 70},
-    "workloads.chat.serving.service": "InternalLoadBalancer",
-    "workloads.chat.serving.openai": {"enabled": True, "port": 8000},
-    "workloads.chat.serving.allowFrom": [{"cidr": "10.0.0.0/8"}, {"namespace": "apps", "podLabels": {"app": "ui"}}],
+    f"{W}.serving.autoscaling": {"enabled": True, "maxReplicas": 2, "cpuUtilization": 70},
+    f"{W}.serving.service": "InternalLoadBalancer",
+    f"{W}.serving.allowFrom": [{"cidr": "10.0.0.0/8"}, {"namespace": "apps", "podLabels": {"app": "ui"}}],
 }
+# DeepSpeed-MII instead, with its OpenAI-compatible server beside the RESTful API.
+MII = {f"{W}.serving.engine": "mii", f"{W}.serving.openai": {"enabled": True, "port": 8000}}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +59,11 @@ def variant() -> RunResult:
     values, secret_keys = engine.engine_config_from_yaml(changed("serve", VARIANT))
     values["deepspeed-stack:hfToken"] = CANARY
     return engine.run_program(values, [*secret_keys, "deepspeed-stack:hfToken"], stack="serve")
+
+
+@pytest.fixture(scope="module")
+def mii() -> RunResult:
+    return engine.run_program(*engine.engine_config_from_yaml(changed("serve", MII)), stack="serve")
 
 
 def pod(run: RunResult) -> dict[str, Any]:
@@ -76,9 +86,10 @@ def server_objects(run: RunResult) -> list[dict[str, Any]]:
 
 # --- the Kubernetes objects -----------------------------------------------------------------------
 
-def test_every_server_object_is_a_valid_kubernetes_object(serve: RunResult, variant: RunResult) -> None:
+def test_every_server_object_is_a_valid_kubernetes_object(serve: RunResult, variant: RunResult,
+                                                          mii: RunResult) -> None:
     kinds = set()
-    for run in (serve, variant):
+    for run in (serve, variant, mii):
         for doc in server_objects(run):
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
             kinds.add(doc["kind"])
@@ -86,22 +97,34 @@ def test_every_server_object_is_a_valid_kubernetes_object(serve: RunResult, vari
                      "PodDisruptionBudget", "NetworkPolicy", "HorizontalPodAutoscaler"}
 
 
-def test_deployment_runs_the_entry_script_with_the_stack_values(serve: RunResult) -> None:
+def test_vllm_serves_the_model_with_the_planners_values(serve: RunResult) -> None:
     c = container(serve)
     # The stack's image in its Artifact Registry (Pulumi.serve.yaml: gcp:project, gcp:region, registry.name), by
-    # digest; the same the stack exports.
+    # digest; the same the stack exports. It ships vLLM (data/versions.yaml).
     assert re.fullmatch(r"us-central1-docker\.pkg\.dev/my-gcp-project/deepspeed/deepspeed@sha256:[0-9a-f]{64}",
                         c["image"]), c["image"]
     assert c["image"] == serve.outputs["imageRef"]
-    assert c["command"] == ["python"]
-    assert c["args"] == ["/app/serve.py", "--model", "Qwen/Qwen2.5-7B-Instruct", "--deployment-name",
-                         "chat", "--tensor-parallel", "1", "--port", "51080", "--health-port", "8081",
-                         "--max-length", "4096"]
-    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod(serve)["spec"]["volumes"]}
-    assert volumes[mounts["/app"]]["configMap"]["name"] == "chat-server"
-    cm = serve.one("kubernetes:core/v1:ConfigMap", "chat-server").inputs["data"]
-    assert cm["serve.py"] == (PROJECT_DIR / "workloads" / "scripts" / "serve.py").read_text(encoding="utf-8")
+    # The module `make e2e` proves with vLLM's CPU build (whose `vllm serve` CLI fails), on the Service's port, the
+    # node's 1 GPU, model.sequenceLength 4096, the planner's budget 0.90 and bf16 as bfloat16.
+    assert c["command"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert c["args"] == ["--model", "Qwen/Qwen2.5-7B-Instruct", "--served-model-name", "Qwen/Qwen2.5-7B-Instruct",
+                         "--host", "0.0.0.0", "--port", "8000", "--tensor-parallel-size", "1",
+                         "--gpu-memory-utilization", "0.90", "--max-model-len", "4096", "--dtype", "bfloat16"]
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    # No usage report to stats.vllm.ai from inside the cluster.
+    assert {"name": "VLLM_NO_USAGE_STATS", "value": "1"} in c["env"]
+    assert {"name": "DO_NOT_TRACK", "value": "1"} in c["env"]
+    # vLLM runs from the image: no entry script, no ConfigMap; nothing waits for a model (no init container).
+    assert serve.by_type(CONFIG_MAP) == []
+    assert "initContainers" not in pod(serve)["spec"]
+
+
+def test_the_budget_is_the_planners_headroom() -> None:
+    from model import serving_engines
+    from planner.sizing import HEADROOM
+
+    # vLLM takes --gpu-memory-utilization of each GPU; the planner sizes within 1 - HEADROOM of it.
+    assert serving_engines.engine("vllm").gpu_memory_utilization == pytest.approx(1 - HEADROOM) == 0.90
 
 
 def test_deployment_placement_and_resources(serve: RunResult) -> None:
@@ -116,19 +139,26 @@ def test_deployment_placement_and_resources(serve: RunResult) -> None:
     expected = {"nvidia.com/gpu": "1", "cpu": "6", "memory": "26Gi"}
     assert container(serve)["resources"] == {"requests": expected, "limits": expected}
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    # A server whose model already exists is awaited by `pulumi up` (no skipAwait).
+    assert "annotations" not in serve.one(DEPLOYMENT).inputs["metadata"]
+    assert "annotations" not in serve.one(SERVICE).inputs["metadata"]
 
 
-def test_probes_wait_for_the_model(serve: RunResult) -> None:
-    c = container(serve)
+@pytest.mark.parametrize("fixture", ["serve", "mii"])
+def test_probes_watch_the_served_port(fixture: str, request: pytest.FixtureRequest) -> None:
+    run = request.getfixturevalue(fixture)
+    c = container(run)
+    # vLLM's own /health (503 once its engine is dead; nothing listens before the model is loaded), or MII's entry
+    # script's /health (gateway and every model process answering): on the port the Service exposes (issue 19.9).
+    health = {"path": "/health", "port": "http", "scheme": "HTTP"}
+    assert (c["startupProbe"]["httpGet"], c["readinessProbe"]["httpGet"], c["livenessProbe"]["httpGet"]) == (
+        health, health, health)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"http": 51080, "health": 8081}
-    assert c["startupProbe"]["httpGet"] == {"path": "/ready", "port": "health", "scheme": "HTTP"}
+    assert ports["http"] == {"serve": 8000, "mii": 51080}[fixture]
     # startupMinutes 45 at one probe every 10 s.
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 45 * 60
-    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert c["livenessProbe"]["httpGet"]["path"] == "/live"
     # The rollout may take longer than the pod may take to start (a new GPU node comes first).
-    assert serve.one(DEPLOYMENT).inputs["spec"]["progressDeadlineSeconds"] > 45 * 60
+    assert run.one(DEPLOYMENT).inputs["spec"]["progressDeadlineSeconds"] > 45 * 60
 
 
 def test_pod_is_hardened(serve: RunResult) -> None:
@@ -154,20 +184,20 @@ def test_service_pdb_and_network_policy(serve: RunResult) -> None:
     assert (svc["metadata"]["name"], svc["metadata"]["namespace"]) == ("chat", "serving")
     assert svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["selector"] == selector
-    assert svc["spec"]["ports"] == [{"name": "http", "port": 51080, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
     pdb = serve.one(PDB).inputs["spec"]
     assert pdb == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
     np = serve.one(NETPOL).inputs["spec"]
     assert np["podSelector"] == {"matchLabels": selector}
     assert np["policyTypes"] == ["Ingress"]
     assert np["ingress"] == [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}],
-                              "ports": [{"port": 51080, "protocol": "TCP"}]}]
+                              "ports": [{"port": 8000, "protocol": "TCP"}]}]
     assert serve.by_type(HPA) == []
 
 
 def test_no_sources_admit_nobody_and_a_protected_cluster_protects_the_server() -> None:
     run = engine.run_program(*engine.engine_config_from_yaml(changed("serve", {
-        "workloads.chat.serving.allowFrom": [], "cluster.deletionProtection": True})), stack="serve")
+        f"{W}.serving.allowFrom": [], "cluster.deletionProtection": True})), stack="serve")
     assert run.one(NETPOL).inputs["spec"].get("ingress", []) == []
     assert run.one(DEPLOYMENT).protect and run.one(SERVICE).protect
     assert not run.one(PDB).protect  # a budget holds nothing
@@ -175,9 +205,13 @@ def test_no_sources_admit_nobody_and_a_protected_cluster_protects_the_server() -
 
 def test_endpoint_in_the_outputs(serve: RunResult) -> None:
     assert serve.outputs["servingEndpoints"] == {"chat": {
-        "endpoint": "http://chat.serving.svc.cluster.local:51080/mii/chat",
-        "portForward": "kubectl -n serving port-forward svc/chat 51080:51080"}}
-    assert serve.outputs["workloads"]["chat"]["kind"] == "serve"
+        "endpoint": "http://chat.serving.svc.cluster.local:8000/v1",
+        "portForward": "kubectl -n serving port-forward svc/chat 8000:8000",
+        "prompt": 'python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 '
+                  '--model Qwen/Qwen2.5-7B-Instruct "What is DeepSpeed?"',
+        "servedModel": "Qwen/Qwen2.5-7B-Instruct"}}
+    summary = serve.outputs["workloads"]["chat"]
+    assert (summary["kind"], summary["engine"], summary["model"]) == ("serve", "vllm", "Qwen/Qwen2.5-7B-Instruct")
 
 
 def test_server_waits_for_its_pool_and_the_image_grant(serve: RunResult) -> None:
@@ -191,7 +225,7 @@ def test_server_waits_for_its_pool_and_the_image_grant(serve: RunResult) -> None
     assert pool.urn not in serve.one(SERVICE).dependencies
 
 
-def test_variant_autoscaler_load_balancer_openai_bucket_and_token(variant: RunResult) -> None:
+def test_variant_autoscaler_load_balancer_bucket_and_token(variant: RunResult) -> None:
     spec = variant.one(DEPLOYMENT).inputs["spec"]
     assert "replicas" not in spec  # the autoscaler owns the count
     hpa = variant.one(HPA).inputs["spec"]
@@ -204,11 +238,12 @@ def test_variant_autoscaler_load_balancer_openai_bucket_and_token(variant: RunRe
     assert svc["spec"]["type"] == "LoadBalancer"
     assert svc["metadata"]["annotations"] == {"networking.gke.io/load-balancer-type": "Internal"}
     assert svc["spec"]["externalTrafficPolicy"] == "Local"
-    assert [p["port"] for p in svc["spec"]["ports"]] == [51080, 8000]
+    assert [p["port"] for p in svc["spec"]["ports"]] == [8000]
     c = container(variant)
     args = c["args"]
+    # A folder of the bucket, named in the API by its folder.
     assert args[args.index("--model") + 1] == "/gcs/models/Qwen2.5-7B-Instruct"
-    assert args[args.index("--openai-port") + 1] == "8000"
+    assert args[args.index("--served-model-name") + 1] == "models/Qwen2.5-7B-Instruct"
     p = spec["template"]["spec"]
     gcs = next(v for v in p["volumes"] if "csi" in v)
     assert gcs["csi"]["readOnly"] is True
@@ -218,98 +253,215 @@ def test_variant_autoscaler_load_balancer_openai_bucket_and_token(variant: RunRe
     # The token: a Secret (kept secret), mounted as a file; only its path is in the environment.
     secret = variant.one(SECRET)
     assert "stringData" in secret.secret_paths or any(s.startswith("stringData") for s in secret.secret_paths)
-    assert c["env"] == [{"name": "HF_TOKEN_PATH", "value": "/etc/huggingface/token"}]
+    assert {"name": "HF_TOKEN_PATH", "value": "/etc/huggingface/token"} in c["env"]
     assert CANARY not in repr(variant.one(DEPLOYMENT).inputs)
     ingress = variant.one(NETPOL).inputs["spec"]["ingress"]
     assert ingress[0]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/8"}},
                                   {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}},
                                    "podSelector": {"matchLabels": {"app": "ui"}}}]
-    assert ingress[0]["ports"] == [{"port": 51080, "protocol": "TCP"}, {"port": 8000, "protocol": "TCP"}]
+    assert ingress[0]["ports"] == [{"port": 8000, "protocol": "TCP"}]
 
 
-# --- the catalog fact and the rules ---------------------------------------------------------------
+def test_mii_runs_its_entry_script_behind_its_own_port(mii: RunResult) -> None:
+    c = container(mii)
+    assert c["command"] == ["python"]
+    # The Service's port is the entry script's; MII's gateway listens on 127.0.0.1:28080 inside the pod.
+    assert c["args"] == ["/app/serve.py", "--model", "Qwen/Qwen2.5-7B-Instruct", "--deployment-name", "chat",
+                         "--tensor-parallel", "1", "--port", "51080", "--gateway-port", "28080",
+                         "--max-length", "4096", "--openai-port", "8000"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 51080, "openai": 8000}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod(mii)["spec"]["volumes"]}
+    assert volumes[mounts["/app"]]["configMap"]["name"] == "chat-server"
+    cm = mii.one(CONFIG_MAP, "chat-server").inputs["data"]
+    assert cm["serve.py"] == (PROJECT_DIR / "workloads" / "scripts" / "serve.py").read_text(encoding="utf-8")
+    assert [p["port"] for p in mii.one(SERVICE).inputs["spec"]["ports"]] == [51080, 8000]
+    # The NetworkPolicy admits allowFrom to the two API ports only (never 28080: nothing listens there but on
+    # loopback anyway).
+    assert mii.one(NETPOL).inputs["spec"]["ingress"][0]["ports"] == [{"port": 51080, "protocol": "TCP"},
+                                                                   {"port": 8000, "protocol": "TCP"}]
+    assert mii.outputs["servingEndpoints"]["chat"]["endpoint"] == "http://chat.serving.svc.cluster.local:51080/mii/chat"
+
+
+# --- the facts and the rules ----------------------------------------------------------------------
 
 def test_compute_capabilities_in_the_catalog() -> None:
-    # developer.nvidia.com/cuda-gpus: T4 7.5, V100 7.0, P100 6.0, L4 8.9, A100 8.0, H100 9.0.
+    # developer.nvidia.com/cuda-gpus: T4 7.5, V100 7.0, P100 6.0, L4 8.9, A100 8.0, H100 9.0, B200 10.0.
     gpus = catalog.load().gpus
     assert {g: gpus[g].compute_capability for g in ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100",
-                                                     "nvidia-l4", "nvidia-tesla-a100", "nvidia-h100-80gb")} == {
+                                                     "nvidia-l4", "nvidia-tesla-a100", "nvidia-h100-80gb",
+                                                     "nvidia-b200")} == {
         "nvidia-tesla-t4": (7, 5), "nvidia-tesla-v100": (7, 0), "nvidia-tesla-p100": (6, 0),
-        "nvidia-l4": (8, 9), "nvidia-tesla-a100": (8, 0), "nvidia-h100-80gb": (9, 0)}
+        "nvidia-l4": (8, 9), "nvidia-tesla-a100": (8, 0), "nvidia-h100-80gb": (9, 0), "nvidia-b200": (10, 0)}
     assert all(g.compute_capability != (0, 0) for g in gpus.values())
 
 
-def test_mii_facts_and_their_copies_agree(serve_py: types.ModuleType) -> None:
-    # data/serving.yaml (deepspeed-mii 0.3.3 and deepspeed 0.16.4, sources there) is the one place for these facts;
-    # the image's pin and the entry script, which runs in the pod without data/, must say the same.
-    import re
-
+def test_engine_facts_and_their_copies_agree(serve_py: types.ModuleType) -> None:
+    # data/serving.yaml (sources there) is the one place for these facts; the image's pin and the entry script,
+    # which runs in the pod without data/, must say the same.
+    from model.serving_engines import engine, mii_facts, vllm_facts
     from model.yamlio import load_yaml
-    from workloads.serving import mii_facts
 
     raw = load_yaml(PROJECT_DIR / "data" / "serving.yaml")
     facts = mii_facts()
-    assert (facts.version, facts.min_compute_capability, facts.precisions) == ("0.3.3", (8, 0), ("fp16", "bf16"))
+    assert facts.version == "0.3.3"
     dockerfile = (PROJECT_DIR / "workloads" / "images" / "deepspeed" / "Dockerfile").read_text(encoding="utf-8")
     assert re.search(r"^ARG DEEPSPEED_MII_VERSION=(\S+)$", dockerfile, re.M).group(1) == facts.version
     assert serve_py.MII_LOAD_BALANCER_PORT == facts.load_balancer_port == 50050
-    assert serve_py.FASTGEN_MAX_CONTEXT == raw["fastgenMaxContext"] == 8192
+    assert serve_py.GATEWAY_PORT == facts.gateway_internal_port == 28080
+    assert serve_py.FASTGEN_MAX_CONTEXT == raw["mii"]["fastgenMaxContext"] == 8192
+    # FastGen: kernels for 8.0, 8.6, 8.9, 9.0 (deepspeed-kernels' cubins); a 1 GB reserve (manager_configs.py).
+    m = engine("mii")
+    assert (m.kernel_archs, m.precisions, m.reserve_bytes) == (((8, 0), (8, 6), (8, 9), (9, 0)), ("fp16", "bf16"),
+                                                               1e9)
+    # vLLM: 7.0+ (its installation page), bf16 from 8.0, --dtype per precision (vllm/config/model.py ModelDType).
+    v = engine("vllm")
+    assert (v.min_compute_capability, v.bf16_min_compute_capability, v.port) == ((7, 0), (8, 0), 8000)
+    assert vllm_facts().dtypes == {"fp16": "float16", "bf16": "bfloat16", "int8": "float16", "int4": "float16"}
+    assert engine().name == "vllm"  # the default
+    # pulumi-kubernetes' annotation (provider/pkg/metadata/annotations.go: AnnotationSkipAwait).
+    assert raw["pulumiKubernetes"]["skipAwait"] == "pulumi.com/skipAwait"
 
 
-def test_serve_stack_is_valid() -> None:
+def test_serve_stack_is_valid_with_and_without_a_token() -> None:
     assert problems("serve", {}) == []
+    assert problems("serve", {"hfToken": {"secure": "v1:planted"}}) == []
+
+
+@pytest.mark.parametrize(("gpu", "machine", "zone", "why"), [
+    # vLLM needs compute capability 7.0 (P100 6.0); the image's torch 2.13 has no 7.0 kernels (V100).
+    ("nvidia-tesla-p100", "n1-standard-8", "us-central1-c", "vLLM needs compute capability 7.0 or newer"),
+    ("nvidia-tesla-v100", "n1-standard-8", "us-central1-b", "kernels for compute capability 7.5, 8.0"),
+])
+def test_gpus_vllm_cannot_run_on_are_refused(gpu: str, machine: str, zone: str, why: str) -> None:
+    found = problems("serve", {"nodePools[0].gpu.type": gpu, "nodePools[0].machineType": machine,
+                               "nodePools[0].zones": [zone], f"{W}.model.precision": "fp16"})
+    (refusal,) = found
+    assert refusal.startswith(f"{W}.pool: pool l4 has ") and why in refusal
+    assert "gpu.type nvidia-tesla-t4" in refusal  # the cheapest GPU vLLM runs on in us-central1, as the alternative
+
+
+def test_t4_serves_fp16_not_bf16() -> None:
+    t4 = {"nodePools[0].gpu.type": "nvidia-tesla-t4", "nodePools[0].machineType": "n1-standard-8",
+          "nodePools[0].zones": ["us-central1-b"], f"{W}.model.batchSize": 1, f"{W}.model.sequenceLength": 2048}
+    # Qwen2.5-7B: 15.2 GB of bf16 weights do not fit a 16 GB T4 at 0.90; 2 x T4 hold it (28 heads, 4 KV heads).
+    t4["nodePools[0].gpu.count"] = 2
+    assert problems("serve", {**t4, f"{W}.model.precision": "fp16"}) == []
+    (refusal,) = problems("serve", t4)
+    assert refusal == (f"{W}.model.precision: T4 (compute capability 7.5) has no bf16, and vLLM refuses it there; "
+                       "set precision: fp16 (the same bytes, --dtype float16)")
 
 
 @pytest.mark.parametrize(("gpu", "machine", "zone", "capability"), [
     ("nvidia-tesla-t4", "n1-standard-8", "us-central1-b", "7.5"),
-    ("nvidia-tesla-v100", "n1-standard-8", "us-central1-b", "7.0"),
-    ("nvidia-tesla-p100", "n1-standard-8", "us-central1-c", "6.0"),
+    ("nvidia-b200", "a4-highgpu-8g", "us-central1-b", "10.0"),
 ])
-def test_pre_ampere_gpus_are_refused(gpu: str, machine: str, zone: str, capability: str) -> None:
-    found = problems("serve", {"nodePools[0].gpu.type": gpu, "nodePools[0].machineType": machine,
-                               "nodePools[0].zones": [zone]})
-    (refusal,) = [p for p in found if p.startswith("workloads.chat.pool:")]
-    assert f"compute capability {capability}" in refusal and "8.0 or newer" in refusal
-    assert "gpu.type nvidia-l4" in refusal  # the cheapest Ampere+ GPU of us-central1, as the alternative
+def test_mii_is_refused_where_its_kernels_do_not_run(gpu: str, machine: str, zone: str, capability: str) -> None:
+    count = 8 if gpu == "nvidia-b200" else 1
+    found = problems("serve", {**MII, "nodePools[0].gpu.type": gpu, "nodePools[0].machineType": machine,
+                               "nodePools[0].gpu.count": count, "nodePools[0].zones": [zone],
+                               f"{W}.model.precision": "fp16"})
+    (refusal,) = [p for p in found if p.startswith(f"{W}.serving.engine:")]
+    assert f"compute capability {capability}" in refusal
+    assert "built for compute capability 8.0, 8.6, 8.9, 9.0 only" in refusal
+    assert "Valid: engine vllm (the default) on this pool, or engine mii on a pool of A100, L4, H100 or H200" in refusal
 
 
 def test_a_model_that_cannot_fit_is_refused_with_numbers_and_what_fits() -> None:
-    found = problems("serve", {"workloads.chat.model.name": "Llama-3.1-70B"})
+    found = problems("serve", {f"{W}.model.name": "Qwen2.5-72B", f"{W}.serving.model": "Qwen/Qwen2.5-72B-Instruct",
+                               f"{W}.model.batchSize": 1})
     (refusal,) = found
-    # 70.55B parameters x 2 bytes (bf16) = 141.1 GB of weights on one 24 GB L4.
-    assert refusal.startswith("workloads.chat.model: Llama-3.1-70B")
-    assert "weights 141.1" in refusal and "24 GB" in refusal
-    # 141.1 GB / 8 = 17.6 GB of weights per GPU: eight L4s of one g2-standard-96 hold it.
+    # 72.71B parameters x 2 bytes (bf16) = 145.4 GB of weights on one 24 GB L4, of which vLLM takes 90 %.
+    assert refusal.startswith(f"{W}.model: Qwen2.5-72B")
+    assert "weights 145.4" in refusal and "vLLM takes 90% of each (21.6 GB)" in refusal
+    # 145.4 GB / 8 = 18.2 GB of weights per GPU: eight L4s of one g2-standard-96 hold it (64 heads, 8 KV heads).
     assert "8 x L4 (g2-standard-96" in refusal
 
 
-def test_int4_is_refused_for_serving_but_sized_by_the_planner() -> None:
-    found = problems("serve", {"workloads.chat.model.precision": "int4"})
-    assert found == ["workloads.chat.model.precision: DeepSpeed-MII (FastGen) serves 16-bit weights (fp16 or "
-                     "bf16), not int4; the planner can still size int4 (`make gpus ... MODE=inference "
-                     "PRECISION=int4`), but this server cannot run it"]
+def test_mii_sizes_by_its_reserve() -> None:
+    from planner.requests import workload_request
+    from planner.sizing import INFERENCE, estimate
+
+    w = config_model(changed("serve", MII)).workloads["chat"]
+    est = estimate(workload_request(w), INFERENCE, 1, 1)
+    # FastGen: weights + the KV cache asked for + its 1 GB reserve + the CUDA context, no 10 % on top; its cache
+    # then takes the rest of the GPU. Qwen2.5-7B bf16: 7.62e9 x 2; 2 x 28 layers x 4 KV heads x 128 x 4096 x 8 x 2.
+    weights, kv = 7.62e9 * 2, 2 * 28 * 4 * 128 * 4096 * 8 * 2
+    assert est.parts == {"weights": weights, "KV cache": kv, "reserve": 1e9, "CUDA context": 0.5e9}
+
+
+def test_int4_with_vllm_is_a_quantised_checkpoint_and_mii_refuses_it() -> None:
+    int4 = {f"{W}.model.precision": "int4"}
+    assert problems("serve", int4) == []
+    found = warnings(config_model(changed("serve", int4)))
+    assert f"{W}.model.precision: int4 is sized as int4 weights; vLLM reads the quantisation from " \
+           "Qwen/Qwen2.5-7B-Instruct's quantization_config, so it must be a checkpoint quantised that way (AWQ, " \
+           "GPTQ); a 16-bit checkpoint would load at 16 bits and not fit" in found
+    assert problems("serve", {**MII, **int4}) == [
+        f"{W}.model.precision: DeepSpeed-MII (FastGen) serves fp16 or bf16, not int4; the planner can still size int4 "
+        "(`make gpus ... MODE=inference PRECISION=int4`), but this server cannot run it; engine vllm (the default) "
+        "serves int8/int4 checkpoints"]
+
+
+def test_the_served_model_is_the_sized_model() -> None:
+    # issue 20 item 4: Llama-2-7b-chat (32 KV heads) served under model.name Mistral-7B (8 KV heads).
+    token = ("hfToken",)
+    found = problems("serve", {f"{W}.serving.model": "meta-llama/Llama-2-7b-chat-hf", f"{W}.model.name": "Mistral-7B",
+                               "hfToken": "v1:planted"}, token)
+    assert found == [f"{W}.serving.model: meta-llama/Llama-2-7b-chat-hf is Llama-2-7B in data/models.yaml (32 heads, "
+                     f"32 KV heads, 32 layers), but {W}.model.name is Mistral-7B (32 heads, 8 KV heads, 32 layers): "
+                     f"the planner sized another model. Set {W}.model.name: Llama-2-7B, or leave it out (the shape "
+                     f"then comes from {W}.serving.model)"]
+    # Without model.name the served id is sized: Qwen2.5-7B's shape from its alias.
+    from planner.requests import workload_request
+
+    w = config_model(changed("serve", {f"{W}.model.name": DELETE})).workloads["chat"]
+    assert workload_request(w).model.name == "Qwen2.5-7B"
+    assert problems("serve", {f"{W}.model.name": DELETE}) == []
+    # An id the catalog does not list cannot be sized from itself.
+    assert problems("serve", {f"{W}.model.name": DELETE, f"{W}.serving.model": "acme/chat-7b"}) == [
+        f"{W}.serving.model: acme/chat-7b is not in data/models.yaml, so the planner cannot size it from its id; set "
+        f"{W}.model.name (a listed model of the same shape) or model.parameters"]
+    # With model.name it is sized as that, and a warning says the stack could not compare the two.
+    assert problems("serve", {f"{W}.serving.model": "acme/chat-7b"}) == []
+    assert any(w.startswith(f"{W}.serving.model: acme/chat-7b is not in data/models.yaml")
+               for w in warnings(config_model(changed("serve", {f"{W}.serving.model": "acme/chat-7b"}))))
+
+
+def test_tensor_parallel_must_divide_the_attention_heads() -> None:
+    # Qwen2.5-7B has 28 heads and 4 KV heads: 8 L4s (g2-standard-96) do not divide 28 (vLLM refuses to start).
+    eight = {"nodePools[0].machineType": "g2-standard-96", "nodePools[0].gpu.count": 8}
+    (refusal,) = problems("serve", eight)
+    assert refusal == (f"{W}.pool: the server splits Qwen2.5-7B over all 8 GPUs of a node of pool l4 (tensor parallel "
+                       "8), and its 28 attention heads do not divide by 8 (vLLM); use a pool with 1, 2 or 4 GPUs per "
+                       "node")
+    assert problems("serve", {"nodePools[0].machineType": "g2-standard-48", "nodePools[0].gpu.count": 4}) == []
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"workloads.chat.model": DELETE}, "workloads.chat.model: a serve workload needs its model block"),
-    ({"workloads.chat.model.mode": "training"}, "workloads.chat.model.mode: a serve workload is sized"),
-    ({"workloads.chat.serving.modelPath": "models/m"}, "workloads.chat.serving: set exactly one of model"),
-    ({"workloads.chat.workers": 2}, "workloads.chat.workers: a serve workload runs one pod per replica"),
-    ({"workloads.chat.serving.replicas": 3}, "workloads.chat.serving.replicas: 3 replica(s) need"),
-    ({"workloads.chat.serving.autoscaling": {"enabled": True, "maxReplicas": 5}},
-     "workloads.chat.serving.autoscaling.maxReplicas: 5 replica(s) need"),
-    ({"workloads.chat.serving.port": 50050}, "workloads.chat.serving.port: 50050 is taken by MII's load"),
-    ({"workloads.chat.serving.openai": {"enabled": True, "port": 51080}},
-     "workloads.chat.serving.openai.port: 51080 is also serving.port"),
-    ({"workloads.chat.serving.allowFrom": [{"cidr": "0.0.0.0/0"}]},
-     "workloads.chat.serving.allowFrom[0].cidr: 0.0.0.0/0 would admit every address"),
-    ({"workloads.chat.serving.allowFrom": [{}]}, "workloads.chat.serving.allowFrom[0]: give a cidr"),
-    ({"workloads.chat.serving.allowFrom": [{"cidr": "10.0.0.0/8", "namespace": "apps"}]},
-     "workloads.chat.serving.allowFrom[0]: give either cidr or namespace"),
-    ({"workloads.chat.accelerator.kind": "gaudi"}, "workloads.chat.accelerator.kind: kind serve runs"),
-    ({"workloads.chat.kind": "helm"}, "workloads.chat.serving: not a key of kind helm (its keys: accelerator, "
-                                         "chart, deepspeed, fallbackPool, gcsFuse, image, kind, launch, model, "
-                                         "namespace, pool, resources, workers); it is a key of kind serve"),
+    ({f"{W}.model": DELETE}, f"{W}.model: a serve workload needs its model block"),
+    ({f"{W}.model.mode": "training"}, f"{W}.model.mode: a serve workload is sized"),
+    ({f"{W}.serving.modelPath": "models/m"}, f"{W}.serving: set exactly one of model"),
+    ({f"{W}.serving.fromWorkload": "tune"}, f"{W}.serving: set exactly one of model"),
+    ({f"{W}.workers": 2}, f"{W}.workers: a serve workload runs one pod per replica on one node"),
+    ({f"{W}.serving.replicas": 3}, f"{W}.serving.replicas: 3 replica(s) need"),
+    ({f"{W}.serving.autoscaling": {"enabled": True, "maxReplicas": 5}},
+     f"{W}.serving.autoscaling.maxReplicas: 5 replica(s) need"),
+    ({f"{W}.serving.openai": {"enabled": True, "port": 9000}}, f"{W}.serving.openai.enabled: vLLM's API on"),
+    ({**MII, f"{W}.serving.port": 50050}, f"{W}.serving.port: 50050 is taken by MII's load"),
+    ({**MII, f"{W}.serving.port": 28080}, f"{W}.serving.port: 28080 is taken by MII's RESTful gateway"),
+    ({**MII, f"{W}.serving.openai": {"enabled": True, "port": 51080}},
+     f"{W}.serving.openai.port: 51080 is also serving.port"),
+    ({f"{W}.serving.allowFrom": [{"cidr": "0.0.0.0/0"}]},
+     f"{W}.serving.allowFrom[0].cidr: 0.0.0.0/0 would admit every address"),
+    ({f"{W}.serving.allowFrom": [{}]}, f"{W}.serving.allowFrom[0]: give a cidr"),
+    ({f"{W}.serving.allowFrom": [{"cidr": "10.0.0.0/8", "namespace": "apps"}]},
+     f"{W}.serving.allowFrom[0]: give either cidr or namespace"),
+    ({f"{W}.serving.engine": "tgi"}, f"{W}.serving.engine"),
+    ({f"{W}.accelerator.kind": "gaudi"}, f"{W}.accelerator.kind: kind serve runs"),
+    ({f"{W}.kind": "helm"}, f"{W}.serving: not a key of kind helm (its keys: accelerator, "
+                            "chart, deepspeed, fallbackPool, gcsFuse, image, kind, launch, model, "
+                            "namespace, pool, resources, workers); it is a key of kind serve"),
 ])
 def test_serving_rules(change: dict[str, Any], message: str) -> None:
     found = problems("serve", change)
@@ -317,13 +469,12 @@ def test_serving_rules(change: dict[str, Any], message: str) -> None:
 
 
 def test_model_path_needs_the_bucket_mount() -> None:
-    found = problems("serve", {"workloads.chat.serving.model": DELETE,
-                               "workloads.chat.serving.modelPath": "models/m"})
-    assert found == ["workloads.chat.serving.modelPath: reads the stack's bucket through GCS FUSE; set "
-                     "workloads.chat.gcsFuse.enabled: true (and storage.enabled: true)"]
+    found = problems("serve", {f"{W}.serving.model": DELETE, f"{W}.serving.modelPath": "models/m"})
+    assert found == [f"{W}.serving.modelPath: reads the stack's bucket through GCS FUSE; set "
+                     f"{W}.gcsFuse.enabled: true (and storage.enabled: true)"]
 
 
-# --- the entry script under a stub of MII ---------------------------------------------------------
+# --- the MII entry script under a stub of MII -----------------------------------------------------
 
 SERVE_PY = PROJECT_DIR / "workloads" / "scripts" / "serve.py"
 # deepspeed-mii 0.3.3's keyword arguments of mii.serve: the fields of mii.config.ModelConfig and MIIConfig (read
@@ -374,27 +525,30 @@ def fake_torch(gpus: int) -> types.ModuleType:
     return torch
 
 
-def test_entry_script_loads_the_model_the_stack_names(serve: RunResult, serve_py: types.ModuleType,
+def test_entry_script_loads_the_model_the_stack_names(mii: RunResult, serve_py: types.ModuleType,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
     monkeypatch.setitem(sys.modules, "mii", fake_mii(calls))
     monkeypatch.setitem(sys.modules, "torch", fake_torch(1))
-    health: list[tuple] = []
-    monkeypatch.setattr(serve_py, "health_server", lambda h, host, port: health.append((h, host, port)) or
-                        types.SimpleNamespace(shutdown=lambda: None))
-    argv = container(serve)["args"][1:]  # what the Deployment passes after the script's path
+    served: list[tuple] = []
+    monkeypatch.setattr(serve_py, "api_server", lambda h, host, port, path, gateway: served.append(
+        (h, host, port, path, gateway)) or types.SimpleNamespace(shutdown=lambda: None))
+    monkeypatch.setattr(serve_py.subprocess, "Popen", lambda cmd: types.SimpleNamespace(poll=lambda: None,
+                                                                                        terminate=lambda: None))
+    argv = container(mii)["args"][1:]  # what the Deployment passes after the script's path
     stop = threading.Event()
     stop.set()  # SIGTERM as soon as the model is loaded
     assert serve_py.run(serve_py.parse_args(argv), stop) == 0
     (kwargs,) = calls
+    # MII's RESTful gateway on loopback only: its GET /terminate must not be reachable (issue 19.9).
     assert kwargs == {
         "model_name_or_path": "Qwen/Qwen2.5-7B-Instruct", "deployment_name": "chat",
         "tensor_parallel": 1, "replica_num": 1, "max_length": 4096,
-        "enable_restful_api": True, "restful_api_host": "0.0.0.0", "restful_api_port": 51080,
+        "enable_restful_api": True, "restful_api_host": "127.0.0.1", "restful_api_port": 28080,
         "port_number": 50050,
     }
-    ((h, host, port),) = health
-    assert (host, port) == ("0.0.0.0", 8081)
+    ((h, host, port, path, gateway),) = served
+    assert (host, port, path, gateway) == ("0.0.0.0", 51080, "/mii/chat", 28080)
     assert h.loaded.is_set()
 
 
@@ -434,26 +588,67 @@ def test_bad_arguments_are_refused(serve_py: types.ModuleType) -> None:
             serve_py.parse_args(argv)
 
 
-def _status(url: str) -> int:
+def _status(url: str, data: bytes | None = None) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=5) as response:
+            return response.status, response.read()
     except urllib.error.HTTPError as err:
-        return err.code
+        return err.code, err.read()
 
 
-def test_health_endpoints(serve_py: types.ModuleType) -> None:
-    balancer_up = {"value": True}
-    health = serve_py.Health(50050, port_check=lambda port: balancer_up["value"])
-    server = serve_py.health_server(health, "127.0.0.1", 0)  # port 0: any free port, never a fixed one
+class FakeGateway(http.server.BaseHTTPRequestHandler):
+    """MII's RESTful gateway as restful_gateway.py serves it: POST /mii/<name>, GET /healthz, GET /terminate."""
+
+    seen: ClassVar[list[tuple[str, str, bytes]]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append(("GET", self.path, b""))
+        body = b"ok" if self.path == "/healthz" else b"Shutting down RESTful API gateway server"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.seen.append(("POST", self.path, body))
+        reply = json.dumps([{"generated_text": "pong"}]).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+
+def test_the_served_port_forwards_prompts_answers_health_and_hides_terminate(serve_py: types.ModuleType) -> None:
+    gateway = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeGateway)
+    threading.Thread(target=gateway.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    gateway_port = gateway.server_address[1]
+    models_up = {"value": True}
+    health = serve_py.Health(gateway_port, [50050, 50051], port_check=lambda port: models_up["value"])
+    server = serve_py.api_server(health, "127.0.0.1", 0, "/mii/chat", gateway_port)  # port 0: any free port
     base = f"http://127.0.0.1:{server.server_address[1]}"
+    FakeGateway.seen = []
     try:
-        assert (_status(f"{base}/ready"), _status(f"{base}/live")) == (503, 200)  # loading
+        assert _status(f"{base}/health")[0] == 503  # loading
         health.loaded.set()
-        assert (_status(f"{base}/ready"), _status(f"{base}/live")) == (200, 200)
-        balancer_up["value"] = False  # MII went away
-        assert (_status(f"{base}/ready"), _status(f"{base}/live")) == (503, 503)
-        assert _status(f"{base}/other") == 404
+        assert _status(f"{base}/health") == (200, b"ok\n")
+        models_up["value"] = False  # a model process went away: the probes fail
+        assert _status(f"{base}/health") == (503, b"MII's model processes on ports [50050, 50051] do not answer\n")
+        models_up["value"] = True
+        body = json.dumps({"prompts": ["ping"], "max_new_tokens": 8}).encode()
+        assert _status(f"{base}/mii/chat", body) == (200, json.dumps([{"generated_text": "pong"}]).encode())
+        # Whoever the NetworkPolicy admits reaches the served port, never MII's /terminate.
+        assert _status(f"{base}/terminate")[0] == 404
+        assert _status(f"{base}/mii/other", body)[0] == 404
+        assert ("GET", "/terminate", b"") not in FakeGateway.seen
+        assert ("POST", "/mii/chat", body) in FakeGateway.seen
+        gateway.shutdown()
+        gateway.server_close()  # the gateway went away
+        assert _status(f"{base}/health") == (503, b"MII's RESTful gateway does not answer\n")
     finally:
         server.shutdown()
         server.server_close()
@@ -469,11 +664,11 @@ def send_prompt() -> types.ModuleType:
     return load_script(SEND_PROMPT)
 
 
-def test_send_prompt_builds_mii_rest_requests(send_prompt: types.ModuleType, serve: RunResult) -> None:
+def test_send_prompt_builds_mii_rest_requests(send_prompt: types.ModuleType, mii: RunResult) -> None:
     args = send_prompt.parse_args(["--deployment", "chat", "What is DeepSpeed?"])
     request = send_prompt.build_request(args)
     # The port-forward of the stack's output, and MII's RESTful path for the deployment the server was given.
-    forwarded = serve.outputs["servingEndpoints"]["chat"]["portForward"].rsplit(":", 1)[1]
+    forwarded = mii.outputs["servingEndpoints"]["chat"]["portForward"].rsplit(":", 1)[1]
     assert request.full_url == f"http://localhost:{forwarded}/mii/chat"
     assert request.get_method() == "POST"
     assert request.get_header("Content-type") == "application/json"
@@ -485,7 +680,11 @@ def test_send_prompt_builds_mii_rest_requests(send_prompt: types.ModuleType, ser
     assert json.loads(request.data)["max_new_tokens"] == 16
 
 
-def test_send_prompt_builds_openai_requests(send_prompt: types.ModuleType) -> None:
+def test_send_prompt_builds_openai_requests(send_prompt: types.ModuleType, serve: RunResult) -> None:
+    # The stack's own prompt command for its vLLM server, as the preview prints it.
+    argv = shlex.split(serve.outputs["servingEndpoints"]["chat"]["prompt"])[2:]
+    assert argv == ["--openai", "--url", "http://localhost:8000", "--model", "Qwen/Qwen2.5-7B-Instruct",
+                    "What is DeepSpeed?"]
     args = send_prompt.parse_args(["--openai", "--url", "http://localhost:8000", "--model",
                                    "Qwen/Qwen2.5-7B-Instruct", "Hello"])
     request = send_prompt.build_request(args)
@@ -548,11 +747,12 @@ def test_preview_lists_the_server_with_its_cost_and_the_prompt_command(serve: Ru
     from preview.sections import serving
 
     (w,) = summary.workloads(serve)
-    assert (w.name, w.namespace, w.runs_on, w.accelerators, w.workers) == (
-        "chat", "serving", "pool l4 (nvidia-l4)", "nvidia.com/gpu x 1", 1)
+    assert (w.name, w.kind, w.namespace, w.runs_on, w.accelerators, w.workers) == (
+        "chat", "vLLM server (Deployment)", "serving", "pool l4 (nvidia-l4)", "nvidia.com/gpu x 1", 1)
     ((title, body),) = serving.section(serve)
     assert title == "Serving"
     node = catalog.load().shape("nvidia-l4", "g2-standard-8", 1).price.on_demand  # the pool is on-demand
     assert f"| chat | Qwen/Qwen2.5-7B-Instruct | 1 | 1 | ${node:.2f} (pool l4) |" in body
-    assert "kubectl -n serving port-forward svc/chat 51080:51080 &" in body
-    assert 'python workloads/scripts/send_prompt.py --deployment chat "What is DeepSpeed?"' in body
+    assert "kubectl -n serving port-forward svc/chat 8000:8000 &" in body
+    assert ('python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model '
+            'Qwen/Qwen2.5-7B-Instruct "What is DeepSpeed?"') in body

@@ -90,9 +90,9 @@ def test_the_stack_builds_with_the_data_files_set(dev: RunResult, vs: versions.V
 
 def test_the_serving_facts_name_the_images_mii() -> None:
     serving = load_yaml(ROOT / "data" / "serving.yaml")
-    assert str(serving["deepspeedMiiVersion"]) == versions.load().python["deepspeedMii"]
+    assert str(serving["mii"]["deepspeedMiiVersion"]) == versions.load().python["deepspeedMii"]
     # deepspeed-kernels' cubins (read from the wheel 2026-11-23): no sm_75 (T4), no sm_100 (B200).
-    assert serving["kernelArchs"] == ["8.0", "8.6", "8.9", "9.0"]
+    assert serving["mii"]["kernelArchs"] == ["8.0", "8.6", "8.9", "9.0"]
 
 
 # Names of the set's packages as people write them in prose and commands (pkg==X.Y.Z).

@@ -1,20 +1,28 @@
-"""ModelServer: one `serve` workload: a DeepSpeed-MII (FastGen) server on one GKE GPU pool.
+"""ModelServer: one `serve` workload: a model server (vLLM, or DeepSpeed-MII) on one GKE GPU pool.
 
-The component creates the workload's Namespace, a ConfigMap with the server's entry script
-(workloads/scripts/serve.py), a Secret with the Hugging Face token when the stack has one, a Deployment
-(one pod per replica, the model tensor-parallel over the GPUs of its node), a Service, a
-PodDisruptionBudget, a NetworkPolicy that admits only the sources in `serving.allowFrom`, and optionally a
-HorizontalPodAutoscaler. The pod template is a plain dict rendered by `pod_template` (validated in tests as
-a core/v1 Pod); every other object is built from pulumi_kubernetes' typed Args.
+The component creates the workload's Namespace, a ConfigMap with MII's entry script (workloads/scripts/serve.py),
+a Secret with the Hugging Face token when the stack has one, a Deployment (one pod per replica, the model
+tensor-parallel over the GPUs of its node), a Service, a PodDisruptionBudget, a NetworkPolicy that admits only the
+sources in `serving.allowFrom`, and optionally a HorizontalPodAutoscaler. The pod template is a plain dict rendered
+by `pod_template` (validated in tests as a core/v1 Pod); every other object is built from pulumi_kubernetes' typed
+Args.
 
-Probes: the entry script answers on HEALTH_PORT, `/ready` only once `mii.serve` has returned (the model is
-loaded and MII's load balancer answers), `/live` unless the loaded server has gone away. MII's own
-RESTful gateway is no readiness signal: MII starts it before the model has loaded.
+Engines (model/serving_engines.py, data/serving.yaml):
+- vLLM: its OpenAI-compatible server (`python -m vllm.entrypoints.openai.api_server`) on the Service's port, with
+  --tensor-parallel-size = the node's GPUs, --max-model-len = `model.sequenceLength`, --gpu-memory-utilization =
+  the budget the planner sized within, --dtype from the precision. Probes on its own `/health` on that port:
+  it listens only once the model is loaded, and answers 503 once the engine is dead.
+- MII: the entry script runs MII's RESTful gateway on 127.0.0.1 only (it also serves an unauthenticated
+  `GET /terminate`) and serves `POST /mii/<workload>` and `GET /health` itself on the Service's port; /health
+  answers 200 only while the gateway and every model process answer, so the probes watch what clients use.
+
+A server of a model that training writes (`serving.fromWorkload`) reads MODEL_DIR through the bucket's FUSE
+mount and waits for its marker `.complete` in an init container; its Deployment and Service carry
+pulumi-kubernetes' skipAwait annotation, so `pulumi up` does not wait for a model that does not exist yet.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,40 +31,17 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from model.types import AllowedSource, ServeWorkloadConfig
-from model.yamlio import load_yaml
+from model import serving_engines
+from model.serving_engines import MII, VLLM, mii_facts, vllm_facts
+from model.types import AllowedSource, ServeWorkloadConfig, StackConfig
 from workloads import gcs_fuse
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 SERVER_SCRIPT = "serve.py"
 SCRIPT_DIR = "/app"  # where the ConfigMap with the entry script is mounted
-HEALTH_PORT = 8081
-SERVING_FACTS_PATH = Path(__file__).resolve().parent.parent / "data" / "serving.yaml"
-
-
-@dataclass(frozen=True)
-class MiiFacts:
-    """data/serving.yaml: what the pinned DeepSpeed-MII needs and uses (each fact with its source there)."""
-
-    version: str
-    min_compute_capability: tuple[int, int]
-    precisions: tuple[str, ...]
-    load_balancer_port: int
-    torch_dist_port: int
-    zmq_port: int
-    rest_path: str
-
-
-@functools.cache
-def mii_facts(path: Path = SERVING_FACTS_PATH) -> MiiFacts:
-    raw = load_yaml(path)
-    major, _, minor = str(raw["minComputeCapability"]).partition(".")
-    ports = raw["ports"]
-    return MiiFacts(version=str(raw["deepspeedMiiVersion"]), min_compute_capability=(int(major), int(minor or 0)),
-                    precisions=tuple(raw["precisions"]), load_balancer_port=int(ports["loadBalancer"]),
-                    torch_dist_port=int(ports["torchDistributed"]), zmq_port=int(ports["zmq"]),
-                    rest_path=str(raw["restPath"]))
+COMPLETION_MARKER = ".complete"  # written last into MODEL_DIR by training (the fine-tuning contract)
+MARKER_POLL_SECONDS = 30
 # The image's user (workloads/images/deepspeed/Dockerfile) and its home, where HF_HOME, Triton's and torch's
 # extension caches live: a scratch volume, because the root filesystem is read-only.
 USER_ID = 1001
@@ -68,14 +53,60 @@ INTERNAL_LB_ANNOTATION = "networking.gke.io/load-balancer-type"
 PROBE_PERIOD_SECONDS = 10
 # A GPU node from zero (node creation, driver install, a multi-GB image pull) before the pod even starts.
 NODE_PROVISIONING_MINUTES = 20
+# The init container that waits for the model only runs `sh`: a little CPU and memory, requests = limits.
+WAIT_RESOURCES = {"cpu": "100m", "memory": "64Mi"}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What the server loads and how clients name it."""
+
+    ref: str  # a Hugging Face id, or a folder in the pod (the bucket's mount)
+    served_name: str  # the model name the API answers for (OpenAI's `model`)
+    wait_for: str | None = None  # a file the pods wait for before the server starts (MODEL_DIR/.complete)
+    trainer: str | None = None  # the training workload that writes it
+
+    @property
+    def waits(self) -> bool:
+        return self.wait_for is not None
+
+
+def model_dir(m: StackConfig, w: ServeWorkloadConfig) -> str | None:
+    """MODEL_DIR of the training workload `serving.fromWorkload` names, as the server's pods see it (under their
+    own bucket mount), or None where it names none that trains (the kind's rules say why)."""
+    trainer = m.workloads.get(w.serving.from_workload or "")
+    folder = trainer.model_folder if trainer is not None else None
+    if folder is None:
+        return None
+    return f"{w.gcs_fuse.mount_path.rstrip('/')}/{folder}"
+
+
+def model_source(m: StackConfig, w: ServeWorkloadConfig) -> ModelSource:
+    """A Hugging Face id (served under its id), a folder of the bucket (under `modelPath`), or what a training
+    workload writes (under the trainer's name, waiting for its marker)."""
+    s = w.serving
+    if s.from_workload:
+        folder = model_dir(m, w) or ""
+        return ModelSource(folder, s.from_workload, wait_for=f"{folder}/{COMPLETION_MARKER}", trainer=s.from_workload)
+    if s.model_path:
+        return ModelSource(f"{w.gcs_fuse.mount_path.rstrip('/')}/{s.model_path}", s.model_path)
+    return ModelSource(s.model or "", s.model or "")
+
+
+def engine_of(w: ServeWorkloadConfig) -> serving_engines.Engine:
+    return serving_engines.engine(w.serving.engine)
+
+
+def served_port(w: ServeWorkloadConfig) -> int:
+    """The API's port: `serving.port`, else the engine's own (vLLM 8000, MII 51080)."""
+    return w.serving.port or engine_of(w).port
 
 
 def mii_reserved_ports(tensor_parallel: int) -> dict[int, str]:
-    """Ports MII and the entry script use inside the pod, with what uses each: the configurable API ports must
-    not take them."""
+    """Ports MII uses inside the pod, with what uses each: the configurable API ports must not take them."""
     f = mii_facts()
-    ports = {HEALTH_PORT: "the entry script's health endpoint", f.torch_dist_port: "torch.distributed",
-             f.zmq_port: "MII's ZMQ broadcast", f.load_balancer_port: "MII's load balancer"}
+    ports = {f.torch_dist_port: "torch.distributed", f.zmq_port: "MII's ZMQ broadcast",
+             f.load_balancer_port: "MII's load balancer", f.gateway_internal_port: "MII's RESTful gateway (127.0.0.1)"}
     for rank in range(tensor_parallel):  # one model-server port per tensor-parallel rank after the balancer's
         ports[f.load_balancer_port + 1 + rank] = f"MII's model server (rank {rank})"
     return ports
@@ -89,6 +120,7 @@ class ServerInputs:
     placement: Placement
     image: str
     config_map: str
+    source: ModelSource
     hf_token_secret: str | None = None
     gcs: gcs_fuse.GcsMount | None = None
 
@@ -101,25 +133,34 @@ def pod_labels(w: ServeWorkloadConfig) -> dict[str, str]:
     return {**labels(w), **selector(w)}
 
 
-def model_ref(w: ServeWorkloadConfig) -> str:
-    """What `mii.serve` loads: a Hugging Face id, or the checkpoint's folder under the bucket's mount."""
-    s = w.serving
-    if s.model_path:
-        return f"{w.gcs_fuse.mount_path.rstrip('/')}/{s.model_path}"
-    return s.model or ""
-
-
 def rest_path(w: ServeWorkloadConfig) -> str:
     """MII's RESTful API path: `/mii/<deployment name>`; the deployment is named after the workload."""
     return f"{mii_facts().rest_path}/{w.name}"
 
 
-def server_args(w: ServeWorkloadConfig, where: Placement) -> list[str]:
-    """The entry script's arguments: the model, tensor-parallel over every GPU of the pod, the planner's
-    sequence length as the server's max length, and the ports."""
+def gpu_memory_utilization(w: ServeWorkloadConfig) -> float:
+    """vLLM's memory budget per GPU: the share the planner sized the model within (data/serving.yaml)."""
+    return engine_of(w).gpu_memory_utilization or 0.0
+
+
+def vllm_args(w: ServeWorkloadConfig, where: Placement, source: ModelSource) -> list[str]:
+    """vLLM's OpenAI server: the model, its name in the API, the Service's port, tensor-parallel over every GPU of
+    the node, the planner's sequence length, memory budget and precision."""
+    args = ["--model", source.ref, "--served-model-name", source.served_name, "--host", "0.0.0.0",
+            "--port", str(served_port(w)), "--tensor-parallel-size", str(where.per_worker),
+            "--gpu-memory-utilization", f"{gpu_memory_utilization(w):.2f}"]
+    if w.model is not None:
+        args += ["--max-model-len", str(w.model.sequence_length), "--dtype", vllm_facts().dtypes[w.model.precision]]
+    return args
+
+
+def mii_args(w: ServeWorkloadConfig, where: Placement, source: ModelSource) -> list[str]:
+    """The MII entry script's arguments: the model, tensor-parallel over every GPU of the pod, the planner's
+    sequence length as the server's max length, the Service's port and MII's gateway on 127.0.0.1."""
     s = w.serving
-    args = [f"{SCRIPT_DIR}/{SERVER_SCRIPT}", "--model", model_ref(w), "--deployment-name", w.name,
-            "--tensor-parallel", str(where.per_worker), "--port", str(s.port), "--health-port", str(HEALTH_PORT)]
+    args = [f"{SCRIPT_DIR}/{SERVER_SCRIPT}", "--model", source.ref, "--deployment-name", w.name,
+            "--tensor-parallel", str(where.per_worker), "--port", str(served_port(w)),
+            "--gateway-port", str(mii_facts().gateway_internal_port)]
     if w.model is not None:
         args += ["--max-length", str(w.model.sequence_length)]
     if s.openai.enabled:
@@ -127,25 +168,38 @@ def server_args(w: ServeWorkloadConfig, where: Placement) -> list[str]:
     return args
 
 
+def command(inp: ServerInputs) -> tuple[list[str], list[str]]:
+    """The server container's command and arguments for its engine."""
+    w, where = inp.workload, inp.placement
+    if w.serving.engine == VLLM:
+        return list(vllm_facts().entrypoint), vllm_args(w, where, inp.source)
+    return ["python"], mii_args(w, where, inp.source)
+
+
 def container_ports(w: ServeWorkloadConfig) -> list[dict[str, Any]]:
-    ports = [{"name": "http", "containerPort": w.serving.port, "protocol": "TCP"}]
-    if w.serving.openai.enabled:
+    ports = [{"name": "http", "containerPort": served_port(w), "protocol": "TCP"}]
+    if w.serving.engine == MII and w.serving.openai.enabled:
         ports.append({"name": "openai", "containerPort": w.serving.openai.port, "protocol": "TCP"})
-    ports.append({"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"})
     return ports
 
 
+def health_path(w: ServeWorkloadConfig) -> str:
+    """vLLM's own /health, or the MII entry script's /health; both on the Service's port."""
+    return vllm_facts().health_path if w.serving.engine == VLLM else "/health"
+
+
 def probes(w: ServeWorkloadConfig) -> dict[str, dict[str, Any]]:
-    """Startup: up to `startupMinutes` for the download and the weight load; then readiness (model loaded,
-    load balancer answering) and liveness (the server has not gone away), which start only after it."""
-    get = {"port": "health", "scheme": "HTTP"}
+    """All on the port clients use: startup allows `startupMinutes` for the download and the weight load (it starts
+    after the init containers, so the wait for a trained model is not counted); then readiness and liveness, which
+    fail once the server or the model stops answering (vLLM: 503 from a dead engine, or no answer at all)."""
+    get = {"path": health_path(w), "port": "http", "scheme": "HTTP"}
     startup_failures = math.ceil(w.serving.startup_minutes * 60 / PROBE_PERIOD_SECONDS)
     return {
-        "startupProbe": {"httpGet": {**get, "path": "/ready"}, "periodSeconds": PROBE_PERIOD_SECONDS,
+        "startupProbe": {"httpGet": dict(get), "periodSeconds": PROBE_PERIOD_SECONDS,
                          "timeoutSeconds": 5, "failureThreshold": startup_failures},
-        "readinessProbe": {"httpGet": {**get, "path": "/ready"}, "periodSeconds": PROBE_PERIOD_SECONDS,
+        "readinessProbe": {"httpGet": dict(get), "periodSeconds": PROBE_PERIOD_SECONDS,
                            "timeoutSeconds": 5, "failureThreshold": 3, "successThreshold": 1},
-        "livenessProbe": {"httpGet": {**get, "path": "/live"}, "periodSeconds": 20, "timeoutSeconds": 5,
+        "livenessProbe": {"httpGet": dict(get), "periodSeconds": 20, "timeoutSeconds": 5,
                           "failureThreshold": 3},
     }
 
@@ -153,26 +207,27 @@ def probes(w: ServeWorkloadConfig) -> dict[str, dict[str, Any]]:
 def _volumes(inp: ServerInputs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     w = inp.workload
     volumes: list[dict[str, Any]] = [
-        {"name": "server", "configMap": {"name": inp.config_map, "defaultMode": 0o444}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-        # HF_HOME (the download cache), Triton's and torch's extension caches (FastGen compiles kernels on
-        # first use): the only writable place besides /tmp.
+        # HF_HOME (the download cache), Triton's, torch's and the engine's compiled-kernel caches: the only writable
+        # place besides /tmp.
         {"name": "home", "emptyDir": {"sizeLimit": w.serving.cache_size}},
         # NCCL between the tensor-parallel ranks needs more than the runtime's 64 MiB of shared memory.
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": w.resources.shm_size}},
     ]
     mounts: list[dict[str, Any]] = [
-        {"name": "server", "mountPath": SCRIPT_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "home", "mountPath": HOME},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
+    if w.serving.engine == MII:
+        volumes.insert(0, {"name": "server", "configMap": {"name": inp.config_map, "defaultMode": 0o444}})
+        mounts.insert(0, {"name": "server", "mountPath": SCRIPT_DIR, "readOnly": True})
     if inp.hf_token_secret:
         volumes.append({"name": "hf-token", "secret": {"secretName": inp.hf_token_secret, "defaultMode": 0o440,
                                                        "items": [{"key": TOKEN_KEY, "path": TOKEN_KEY}]}})
         mounts.append({"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True})
     if inp.gcs:
-        # The checkpoint is only read: a read-only mount cannot damage the bucket.
+        # The model is only read: a read-only mount cannot damage the bucket (or the training run's output).
         volume = gcs_fuse.volume(inp.gcs)
         volume["csi"]["readOnly"] = True
         volumes.append(volume)
@@ -181,12 +236,47 @@ def _volumes(inp: ServerInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
 
 
 def _env(inp: ServerInputs) -> list[dict[str, str]]:
+    env = [{"name": k, "value": v} for k, v in vllm_facts().env.items()] if inp.workload.serving.engine == VLLM \
+        else []
     # huggingface_hub reads the token from the file HF_TOKEN_PATH names: only the path is in the pod spec.
-    return [{"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{TOKEN_KEY}"}] if inp.hf_token_secret else []
+    if inp.hf_token_secret:
+        env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{TOKEN_KEY}"})
+    return env
 
 
-def script_files() -> dict[str, str]:
+def script_files(w: ServeWorkloadConfig) -> dict[str, str]:
+    """The ConfigMap's files: MII's entry script (vLLM runs from the image alone)."""
+    if w.serving.engine != MII:
+        return {}
     return {SERVER_SCRIPT: (SCRIPTS_DIR / SERVER_SCRIPT).read_text(encoding="utf-8")}
+
+
+def hardened() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def wait_script(marker: str, trainer: str) -> str:
+    """The init container's loop: until training has written its marker (read through the same FUSE mount)."""
+    return (f'until [ -f "$MARKER" ]; do echo "waiting for $MARKER (written last by the training workload '
+            f'{trainer})"; sleep {MARKER_POLL_SECONDS}; done; echo "model ready:"; cat "$MARKER"')
+
+
+def wait_container(inp: ServerInputs, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Waits for MODEL_DIR/.complete before the server starts: the pod stays in Init until training has ended (GKE
+    injects the FUSE sidecar as the first, native-sidecar init container, so this one sees the mount)."""
+    src = inp.source
+    gcs_mounts = [mnt for mnt in mounts if mnt["name"] == gcs_fuse.VOLUME]
+    return {
+        "name": "wait-for-model",
+        "image": inp.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", wait_script(src.wait_for or "", src.trainer or "")],
+        "env": [{"name": "MARKER", "value": src.wait_for or ""}],
+        "resources": {"requests": dict(WAIT_RESOURCES), "limits": dict(WAIT_RESOURCES)},
+        "volumeMounts": gcs_mounts,
+        "securityContext": hardened(),
+    }
 
 
 def pod_template(inp: ServerInputs) -> dict[str, Any]:
@@ -194,23 +284,22 @@ def pod_template(inp: ServerInputs) -> dict[str, Any]:
     w, where = inp.workload, inp.placement
     volumes, mounts = _volumes(inp)
     limits = where.limits()
-    annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(script_files())}  # a new script rolls the pods
+    annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(script_files(w))}  # a new script rolls the pods
     if inp.gcs:
         annotations.update(gcs_fuse.POD_ANNOTATIONS)
+    cmd, args = command(inp)
     container = {
         "name": "server",
         "image": inp.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python"],
-        "args": server_args(w, where),
+        "command": cmd,
+        "args": args,
         "ports": container_ports(w),
         "env": _env(inp),
         "resources": {"requests": dict(limits), "limits": dict(limits)},
         "volumeMounts": mounts,
         **probes(w),
-        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
-                            "readOnlyRootFilesystem": True, "runAsNonRoot": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": hardened(),
     }
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -223,6 +312,8 @@ def pod_template(inp: ServerInputs) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
     }
+    if inp.source.waits:
+        spec["initContainers"] = [wait_container(inp, mounts)]
     if inp.gcs:
         spec["serviceAccountName"] = inp.gcs.service_account
     return {"metadata": {"labels": pod_labels(w), "annotations": annotations}, "spec": spec}
@@ -256,18 +347,38 @@ def network_peers(sources: list[AllowedSource]) -> list[dict[str, Any]]:
 
 
 def service_ports(w: ServeWorkloadConfig) -> list[dict[str, Any]]:
-    ports = [{"name": "http", "port": w.serving.port, "targetPort": "http", "protocol": "TCP"}]
-    if w.serving.openai.enabled:
+    ports = [{"name": "http", "port": served_port(w), "targetPort": "http", "protocol": "TCP"}]
+    if w.serving.engine == MII and w.serving.openai.enabled:
         ports.append({"name": "openai", "port": w.serving.openai.port, "targetPort": "openai", "protocol": "TCP"})
     return ports
 
 
 def endpoint(w: ServeWorkloadConfig) -> str:
-    return f"http://{w.name}.{w.namespace}.svc.cluster.local:{w.serving.port}{rest_path(w)}"
+    """What clients in the cluster call: vLLM's OpenAI API root, or MII's RESTful path."""
+    path = "/v1" if w.serving.engine == VLLM else rest_path(w)
+    return f"http://{w.name}.{w.namespace}.svc.cluster.local:{served_port(w)}{path}"
 
 
 def port_forward_command(w: ServeWorkloadConfig) -> str:
-    return f"kubectl -n {w.namespace} port-forward svc/{w.name} {w.serving.port}:{w.serving.port}"
+    return f"kubectl -n {w.namespace} port-forward svc/{w.name} {served_port(w)}:{served_port(w)}"
+
+
+def prompt_command(w: ServeWorkloadConfig, source: ModelSource, prompt: str = "What is DeepSpeed?") -> str:
+    """How to send one prompt through the port-forward (workloads/scripts/send_prompt.py)."""
+    url = f"http://localhost:{served_port(w)}"
+    if w.serving.engine == VLLM:
+        return f'python workloads/scripts/send_prompt.py --openai --url {url} --model {source.served_name} "{prompt}"'
+    return f'python workloads/scripts/send_prompt.py --url {url} --deployment {w.name} "{prompt}"'
+
+
+def skips_await(source: ModelSource) -> bool:
+    """A server of a model training has not written yet: `pulumi up` must not wait for its pods (they stay in Init
+    until the marker exists), so its Deployment and Service carry pulumi-kubernetes' skipAwait annotation."""
+    return source.waits
+
+
+def await_annotations(source: ModelSource) -> dict[str, str] | None:
+    return {serving_engines.skip_await_annotation(): "true"} if skips_await(source) else None
 
 
 @dataclass(frozen=True)
@@ -275,6 +386,7 @@ class ModelServerArgs:
     workload: ServeWorkloadConfig
     placement: Placement
     image_ref: pulumi.Input[str]  # the stack's image (workloads.<name>.image overrides)
+    source: ModelSource  # what it serves (model_source)
     hf_token: pulumi.Output[str] | None = None
     bucket: gcs_fuse.BucketAccess | None = None  # the stack's bucket, mounted when gcsFuse.enabled
     protect: bool = False  # the cluster's deletion protection: a production endpoint is not deleted by accident
@@ -292,7 +404,7 @@ class ModelServer(pulumi.ComponentResource):
     """Pass the cluster's Kubernetes provider and `depends_on=[<the pool's GpuNodePool>]` in `opts`."""
 
     namespace: k8s.core.v1.Namespace
-    config_map: k8s.core.v1.ConfigMap
+    config_map: k8s.core.v1.ConfigMap | None
     token: k8s.core.v1.Secret | None
     service_account: k8s.core.v1.ServiceAccount | None
     deployment: k8s.apps.v1.Deployment
@@ -309,15 +421,16 @@ class ModelServer(pulumi.ComponentResource):
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns", metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels=labels(w)), opts=child)
         ns = self.namespace.metadata.name
+        files = script_files(w)
         self.config_map = k8s.core.v1.ConfigMap(
             f"{name}-server",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{w.name}-server", namespace=ns, labels=labels(w)),
-            data=script_files(), opts=child)
+            data=files, opts=child) if files else None
         self.token = self._token(name, w, ns, args.hf_token)
         access = args.bucket if w.gcs_fuse.enabled else None
         self.service_account = gcs_fuse.service_account(f"{name}-ksa", ns, access, child) if access else None
         self.deployment = self._deployment(name, args, ns, access, opts)
-        self.service = self._service(name, w, ns, args.protect)
+        self.service = self._service(name, w, ns, args.protect, await_annotations(args.source))
         self.disruption_budget = k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
@@ -328,11 +441,13 @@ class ModelServer(pulumi.ComponentResource):
         self.network_policy = self._network_policy(name, w, ns)
         self.autoscaler = self._autoscaler(name, w, ns) if w.serving.autoscaling.enabled else None
         lb_ip = self.service.status.apply(_ingress_ip) if w.serving.service == "InternalLoadBalancer" else None
+        src = args.source
         self.summary = pulumi.Output.from_input({
-            "kind": "serve", "deployment": w.name, "namespace": ns, "pool": w.pool,
-            "model": model_ref(w),
+            "kind": "serve", "deployment": w.name, "namespace": ns, "pool": w.pool, "engine": w.serving.engine,
+            "model": src.ref, "servedModel": src.served_name,
             "gpusPerReplica": args.placement.per_worker, "replicas": w.serving.replicas,
-            "endpoint": endpoint(w), "portForward": port_forward_command(w),
+            "endpoint": endpoint(w), "portForward": port_forward_command(w), "prompt": prompt_command(w, src),
+            **({"waitsFor": src.wait_for} if src.wait_for else {}),
             **({"loadBalancerIp": lb_ip} if lb_ip is not None else {}),
         })
         self.register_outputs({"namespace": ns, "deployment": self.deployment.metadata.name,
@@ -362,13 +477,14 @@ class ModelServer(pulumi.ComponentResource):
             image_ref, secret_name, bucket = values
             gcs = gcs_fuse.GcsMount(bucket, w.gcs_fuse.mount_path, access.kubernetes_service_account) \
                 if access else None
-            return pod_template(ServerInputs(w, where, image_ref, f"{w.name}-server", secret_name, gcs))
+            return pod_template(ServerInputs(w, where, image_ref, f"{w.name}-server", args.source, secret_name, gcs))
 
         timeout = (w.serving.startup_minutes + NODE_PROVISIONING_MINUTES) * 60
         surge = rollout(w, where)
         return k8s.apps.v1.Deployment(
             f"{name}-deployment",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w),
+                                                annotations=await_annotations(args.source)),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 # With an autoscaler the HPA owns the count; Pulumi setting it too would undo every scaling.
                 replicas=None if w.serving.autoscaling.enabled else w.serving.replicas,
@@ -383,22 +499,25 @@ class ModelServer(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 # Only the Deployment needs GPU nodes: it alone waits for the pool the component depends on.
-                depends_on=[*_depends_on(opts), self.config_map,
-                            *(r for r in (self.token, self.service_account) if r is not None)],
-                # `pulumi up` waits for the rollout: a new GPU node plus the weight download and load.
+                depends_on=[*_depends_on(opts),
+                            *(r for r in (self.config_map, self.token, self.service_account) if r is not None)],
+                # `pulumi up` waits for the rollout: a new GPU node plus the weight download and load (not for a
+                # model training has yet to write: skipAwait above).
                 custom_timeouts=pulumi.CustomTimeouts(create=f"{timeout}s", update=f"{timeout}s"),
                 delete_before_replace=True,  # a fixed name: a replacement must not collide with the old one
                 protect=args.protect,
             ),
         )
 
-    def _service(self, name: str, w: ServeWorkloadConfig, ns: pulumi.Output[str], protect: bool) -> k8s.core.v1.Service:
+    def _service(self, name: str, w: ServeWorkloadConfig, ns: pulumi.Output[str], protect: bool,
+                 awaits: dict[str, str] | None) -> k8s.core.v1.Service:
         internal_lb = w.serving.service == "InternalLoadBalancer"
+        # pulumi-kubernetes waits for a Service's endpoints to be ready: not for a server still waiting for its model.
+        annotations = {**({INTERNAL_LB_ANNOTATION: "Internal"} if internal_lb else {}), **(awaits or {})}
         return k8s.core.v1.Service(
             f"{name}-service",
             metadata=k8s.meta.v1.ObjectMetaArgs(
-                name=w.name, namespace=ns, labels=labels(w),
-                annotations={INTERNAL_LB_ANNOTATION: "Internal"} if internal_lb else None),
+                name=w.name, namespace=ns, labels=labels(w), annotations=annotations or None),
             spec=k8s.core.v1.ServiceSpecArgs(
                 type="LoadBalancer" if internal_lb else "ClusterIP",
                 selector=selector(w),

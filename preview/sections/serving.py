@@ -18,7 +18,8 @@ def _node_price(costs: Any, pool: str | None) -> float | None:
 
 
 def section(run: RunResult) -> list[Section]:
-    """Each `serve` workload: its model, GPUs, what a replica costs, and how to send it a prompt."""
+    """Each `serve` workload: its model, GPUs, what a replica costs, and how to send it a prompt (the command its
+    engine takes: workloads/serving.py `prompt_command`)."""
     servers = {name: s for name, s in (run.outputs.get("workloads") or {}).items()
                if isinstance(s, dict) and s.get("kind") == "serve"}
     if not servers:
@@ -31,8 +32,9 @@ def section(run: RunResult) -> list[Section]:
         cost = f"${price:.2f} (pool {s['pool']})" if price is not None else "unknown"
         rows.append(f"| {name} | {s['model']} | {s['gpusPerReplica']} | {s['replicas']} | {cost} | "
                     f"`{s['endpoint']}` |")
-        commands += [f"{s['portForward']} &",
-                     f"python workloads/scripts/send_prompt.py --deployment {name} \"What is DeepSpeed?\""]
+        if s.get("waitsFor"):  # a model training writes: the server starts once the marker is there
+            commands.append(f"# {name} is Ready once {s['waitsFor']} exists (its pods wait in Init until then)")
+        commands += [f"{s['portForward']} &", s["prompt"]]
     body = "\n".join(rows) + "\n\nSend one prompt (README, \"Serving a model\"):\n\n```sh\n" + "\n".join(commands) + \
         "\n```"
     return [("Serving", body)]

@@ -1,13 +1,14 @@
-"""kind serve: a DeepSpeed-MII (FastGen) server Deployment on one GKE GPU pool.
+"""kind serve: a model server Deployment (vLLM, or DeepSpeed-MII) on one GKE GPU pool.
 
 Config: ServeWorkloadConfig (model/workload_types.py; its keys: the common ones and `serving`). Builder: the
 ModelServer component (workloads/serving.py). Summary: the model, GPUs per replica, replicas, the in-cluster
-endpoint and the port-forward command (`workloads.<name>`, and `servingEndpoints.<name>`).
+endpoint, the port-forward and prompt commands (`workloads.<name>`, and `servingEndpoints.<name>`).
 
-FastGen serves one replica per node, the model tensor-parallel over that node's GPUs: the planner's inference
-estimate on the pool's GPUs per node must fit, and what would fit is searched on one node of each GPU type.
-Facts: compute capability in data/gpu_catalog.yaml; what FastGen needs (compute capability 8.0+, 16-bit
-weights) and the ports MII takes in data/serving.yaml, each with its source.
+One replica per node, the model tensor-parallel over that node's GPUs: the engine (`serving.engine`, facts in
+data/serving.yaml through model/serving_engines.py) must run on the pool's GPU, serve the precision there and split
+the model's attention heads over those GPUs; the planner's estimate for that engine must fit; what would is
+searched on one node of each GPU type. The served model is the sized one (`serving.model` through
+data/models.yaml), and a server of what training writes (`serving.fromWorkload`) names a workload that trains.
 """
 
 from __future__ import annotations
@@ -17,20 +18,29 @@ import ipaddress
 import pulumi
 
 from model import catalog as gpu_catalog
-from model.types import ServeWorkloadConfig, StackConfig
+from model import serving_engines, versions
+from model.serving_engines import MII, VLLM, Engine, capability_text
+from model.suggest import did_you_mean
+from model.types import ServeWorkloadConfig, StackConfig, WorkloadConfig
 from model.validators import DNS1123_LABEL, at, or_list
-from planner.recommend import Option, cheapest_for_gpu, short_name
+from planner.recommend import Option, cheapest_for_gpu, serving_problem, short_name
 from planner.requests import workload_request
-from planner.sizing import HEADROOM, INFERENCE, estimate
+from planner.sizing import INFERENCE, estimate, known_models
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.placement import placement
-from workloads.serving import ModelServer, ModelServerArgs, mii_facts, mii_reserved_ports, most_replicas
+from workloads.serving import (
+    ModelServer,
+    ModelServerArgs,
+    engine_of,
+    mii_reserved_ports,
+    model_source,
+    most_replicas,
+    served_port,
+)
 
-MIN_COMPUTE_CAPABILITY = mii_facts().min_compute_capability  # data/serving.yaml, with its source
-SERVING_PRECISIONS = mii_facts().precisions
 SUGGESTIONS = 3
 # What `servingEndpoints.<name>` exports of a server's summary: how to reach it.
-ENDPOINT_KEYS = ("endpoint", "portForward", "loadBalancerIp")
+ENDPOINT_KEYS = ("endpoint", "portForward", "prompt", "servedModel", "loadBalancerIp")
 
 
 def _pool_index(m: StackConfig, w: ServeWorkloadConfig) -> int | None:
@@ -38,80 +48,222 @@ def _pool_index(m: StackConfig, w: ServeWorkloadConfig) -> int | None:
     return m.node_pools.index(pool) if pool is not None else None
 
 
-def _servable_gpus(m: StackConfig) -> list[str]:
-    """GPU types FastGen runs on that the stack's region offers, cheapest GPU-hour first."""
+def _image_runs(m: StackConfig, w: ServeWorkloadConfig, capability: tuple[int, int]) -> bool:
+    """The stack's image has torch kernels for the GPU (a prebuilt image or the workload's own is the user's)."""
+    return bool(m.image.prebuilt or w.image) or versions.load().supports(capability)
+
+
+def _runs(m: StackConfig, w: ServeWorkloadConfig, e: Engine, gpu_type: str) -> bool:
+    gpu = gpu_catalog.load().gpus[gpu_type]
+    return e.runs_kernels_on(gpu.compute_capability) and _image_runs(m, w, gpu.compute_capability)
+
+
+def _servable_gpus(m: StackConfig, w: ServeWorkloadConfig, e: Engine) -> list[str]:
+    """GPU types the engine runs on that the stack's region offers, cheapest GPU-hour first."""
     cat = gpu_catalog.load()
-    return sorted((g for g, gpu in cat.gpus.items()
-                   if gpu.compute_capability >= MIN_COMPUTE_CAPABILITY and cat.zones(g, m.region)),
-                  key=lambda g: cat.gpu_hour(g))
+    return sorted((g for g in cat.gpus if _runs(m, w, e, g) and cat.zones(g, m.region)), key=lambda g: cat.gpu_hour(g))
+
+
+def _gpu_text(gpu_type: str) -> str:
+    gpu = gpu_catalog.load().gpus[gpu_type]
+    return f"{short_name(gpu.display_name)} ({gpu_type}, {gpu.compute_capability_text})"
+
+
+def _alternatives(m: StackConfig, w: ServeWorkloadConfig, e: Engine) -> str:
+    servable = _servable_gpus(m, w, e)
+    if not servable:
+        return f"no GPU {e.display_name} runs on is offered in {m.region} (data/gpu_catalog.yaml); pick another region"
+    cat = gpu_catalog.load()
+    best = cat.gpus[servable[0]]
+    shape = min(best.shapes, key=lambda sh: (sh.gpus, sh.price.on_demand))
+    others = [_gpu_text(g) for g in servable[:3]]
+    return (f"serve from a pool of {short_name(best.display_name)} instead (gpu.type {best.name}, e.g. machineType "
+            f"{shape.machine_type}); GPUs it runs on in {m.region}, cheapest first: {or_list(others)}")
 
 
 def check_serve_accelerator(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
-    """MII serves on NVIDIA GPUs of a GKE pool (the pool rules themselves: checks/workloads.py)."""
+    """The server runs on NVIDIA GPUs of a GKE pool (the pool rules themselves: checks/workloads.py)."""
     if w.on_nvidia:
         return []
-    return [f"{at('workloads', w.name, 'accelerator', 'kind')}: kind serve runs DeepSpeed-MII on NVIDIA GKE pools "
-            f"only, got {w.accelerator.kind}"]
+    return [f"{at('workloads', w.name, 'accelerator', 'kind')}: kind serve runs vLLM or DeepSpeed-MII on NVIDIA GKE "
+            f"pools only, got {w.accelerator.kind}"]
 
 
-def check_serve_compute_capability(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
-    """FastGen's kernels need compute capability 8.0 or newer (Ampere+): T4, V100 and P100 cannot serve."""
-    problems, cat = [], gpu_catalog.load()
-    name = w.name
+def check_serve_engine_gpu(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """The engine's kernels run on the pool's GPU: MII's deepspeed-kernels only on compute capability 8.0, 8.6, 8.9
+    and 9.0 (no T4, no B200); vLLM from 7.0, in the image's torch (no V100 or P100)."""
     pool = m.pool(w.pool or "")
-    gpu = cat.gpus.get(pool.gpu.type) if pool else None
-    if gpu is None or gpu.compute_capability >= MIN_COMPUTE_CAPABILITY:
-        return problems
-    servable = _servable_gpus(m)
-    others = [f"{short_name(cat.gpus[g].display_name)} ({g}, {cat.gpus[g].compute_capability_text})"
-              for g in servable[:3]]
-    if servable:
-        best = cat.gpus[servable[0]]
-        shape = min(best.shapes, key=lambda sh: (sh.gpus, sh.price.on_demand))
-        hint = (f"Serve from a pool of {short_name(best.display_name)} instead (gpu.type {best.name}, e.g. "
-                f"machineType {shape.machine_type}); Ampere+ GPUs in {m.region}, cheapest first: {or_list(others)}")
-    else:
-        hint = f"No Ampere+ GPU is offered in {m.region} (data/gpu_catalog.yaml); pick another region"
-    problems.append(
-        f"{at('workloads', name, 'pool')}: pool {pool.name} has {short_name(gpu.display_name)} ({gpu.name}), "
-        f"compute capability {gpu.compute_capability_text}; DeepSpeed-MII's FastGen kernels need "
-        f"{'{}.{}'.format(*MIN_COMPUTE_CAPABILITY)} or newer (Ampere+). {hint}")
-    return problems
+    gpu = gpu_catalog.load().gpus.get(pool.gpu.type) if pool else None
+    if pool is None or gpu is None:
+        return []
+    e, cc = engine_of(w), gpu.compute_capability
+    where = (f"pool {pool.name} has {short_name(gpu.display_name)} ({gpu.name}), compute capability "
+             f"{capability_text(cc)}")
+    if e.name == MII and not e.runs_kernels_on(cc):
+        vllm = serving_engines.engine(VLLM)
+        on_pool = "engine vllm (the default) on this pool, or " if _runs(m, w, vllm, gpu.name) else ""
+        return [f"{at('workloads', w.name, 'serving', 'engine')}: mii cannot run on {where}: DeepSpeed-MII's FastGen "
+                f"kernels (deepspeed-kernels) are built for compute capability {e.kernel_archs_text()} only "
+                f"(data/serving.yaml). Valid: {on_pool}engine mii on a pool of A100, L4, H100 or H200; "
+                f"{_alternatives(m, w, e)}"]
+    if not e.runs_kernels_on(cc):
+        return [f"{at('workloads', w.name, 'pool')}: {where}; {e.display_name} needs compute capability "
+                f"{capability_text(e.min_compute_capability)} or newer (data/serving.yaml). {_alternatives(m, w, e)}"]
+    if not _image_runs(m, w, cc):
+        vs = versions.load()
+        return [f"{at('workloads', w.name, 'pool')}: {where}, and the stack's image runs torch {vs.python['torch']} "
+                f"(CUDA {vs.cuda}) with kernels for compute capability {vs.torch_archs_text()} only "
+                f"(data/versions.yaml): {e.display_name} would fail at its first kernel. {_alternatives(m, w, e)}"]
+    return []
 
 
 def check_serve_model_block(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
-    """The planner sizes every server: a `model` block in inference mode, in a precision FastGen runs."""
-    problems = []
-    name = w.name
-    mb = w.model
+    """The planner sizes every server: a `model` block in inference mode, in a precision the engine serves there."""
+    mb, e = w.model, engine_of(w)
     if mb is None:
-        problems.append(f"{at('workloads', name, 'model')}: a serve workload needs its model block for the "
-                        "planner's memory check, e.g. {name: Qwen2.5-7B, mode: inference, sequenceLength: 4096}")
-        return problems
+        return [f"{at('workloads', w.name, 'model')}: a serve workload needs its model block for the planner's "
+                "memory check, e.g. {name: Qwen2.5-7B, mode: inference, sequenceLength: 4096}"]
+    problems = []
+    key = at("workloads", w.name, "model", "precision")
     if mb.mode != "inference":
-        problems.append(f"{at('workloads', name, 'model', 'mode')}: a serve workload is sized for inference "
+        problems.append(f"{at('workloads', w.name, 'model', 'mode')}: a serve workload is sized for inference "
                         f"(weights + KV cache), got {mb.mode}; set mode: inference")
-    if mb.precision not in SERVING_PRECISIONS:
-        problems.append(f"{at('workloads', name, 'model', 'precision')}: DeepSpeed-MII (FastGen) serves 16-bit "
-                        f"weights ({or_list(list(SERVING_PRECISIONS))}), not {mb.precision}; the planner can "
-                        f"still size {mb.precision} (`make gpus ... MODE=inference PRECISION={mb.precision}`), "
-                        "but this server cannot run it")
+    if mb.precision not in e.precisions:
+        problems.append(f"{key}: {e.display_name} serves {or_list(list(e.precisions))}, not {mb.precision}; the "
+                        f"planner can still size {mb.precision} (`make gpus ... MODE=inference "
+                        f"PRECISION={mb.precision}`), but this server cannot run it"
+                        + ("; engine vllm (the default) serves int8/int4 checkpoints" if e.name == MII
+                           and mb.precision in serving_engines.engine(VLLM).precisions else ""))
+        return problems
+    pool = m.pool(w.pool or "")
+    gpu = gpu_catalog.load().gpus.get(pool.gpu.type) if pool else None
+    if mb.precision == "bf16" and gpu is not None and not (gpu.bf16 and e.serves_bf16_on(gpu.compute_capability)):
+        problems.append(f"{key}: {short_name(gpu.display_name)} (compute capability {gpu.compute_capability_text}) "
+                        f"has no bf16, and {e.display_name} refuses it there; set precision: fp16 (the same bytes, "
+                        "--dtype float16)")
+    if mb.precision in e.quantised and (w.serving.from_workload or w.serving.model_path):
+        what = "training writes a 16-bit model" if w.serving.from_workload else "the stack quantises nothing"
+        problems.append(f"{key}: {mb.precision} serves a checkpoint quantised that way, and {what}; size what the "
+                        "folder holds (fp16 or bf16)")
     return problems
 
 
 def check_serve_model_source(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
-    """Exactly one of a Hugging Face id and a folder of the stack's bucket (through GCS FUSE)."""
-    problems = []
-    name = w.name
+    """Exactly one of a Hugging Face id, a folder of the bucket and a training workload's output; the last two
+    read the bucket through GCS FUSE."""
     s = w.serving
-    key = at("workloads", name, "serving")
-    if bool(s.model) == bool(s.model_path):
-        problems.append(f"{key}: set exactly one of model (a Hugging Face id) and modelPath (a folder of the "
-                        "stack's bucket)" + ("" if s.model else ", e.g. model: Qwen/Qwen2.5-7B-Instruct"))
-    if s.model_path and not w.gcs_fuse.enabled:
-        problems.append(f"{key}.modelPath: reads the stack's bucket through GCS FUSE; set "
-                        f"{at('workloads', name, 'gcsFuse', 'enabled')}: true (and storage.enabled: true)")
-    return problems
+    key = at("workloads", w.name, "serving")
+    given = [k for k, v in (("model", s.model), ("modelPath", s.model_path), ("fromWorkload", s.from_workload)) if v]
+    if len(given) != 1:
+        found = f" (got {' and '.join(given)})" if given else ", e.g. model: Qwen/Qwen2.5-7B-Instruct"
+        return [f"{key}: set exactly one of model (a Hugging Face id), modelPath (a folder of the stack's bucket) and "
+                f"fromWorkload (a training workload of this stack){found}"]
+    if given[0] != "model" and not w.gcs_fuse.enabled:
+        return [f"{key}.{given[0]}: reads the stack's bucket through GCS FUSE; set "
+                f"{at('workloads', w.name, 'gcsFuse', 'enabled')}: true (and storage.enabled: true)"]
+    return []
+
+
+def _trainers(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    return [n for n, t in m.workloads.items() if n != w.name and t.model_folder is not None]
+
+
+def check_serve_from_workload(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """`serving.fromWorkload` names another workload of the stack that trains a model into the bucket (MODEL_DIR of
+    the fine-tuning contract): not itself, not a workload that trains nothing, not one writing to its own claim."""
+    name = w.serving.from_workload
+    if not name:
+        return []
+    key = at("workloads", w.name, "serving", "fromWorkload")
+    trainers = _trainers(m, w)
+    valid = (f"the stack's workloads that train a model: {or_list(trainers)}" if trainers else
+             "a workload of kind finetune (the stack has none)")
+    target = m.workloads.get(name)
+    if target is None:
+        known = sorted(n for n in m.workloads if n != w.name)
+        return [f"{key}: no workload named {name!r} in this stack; valid: {valid}{did_you_mean(name, known)}"]
+    if name == w.name or target.model_folder is None:
+        what = "is this server itself" if name == w.name else f"is kind {target.kind}, which trains no model"
+        return [f"{key}: {name} {what}: nothing writes MODEL_DIR/.complete for it to serve; valid: {valid}"]
+    if not target.gcs_fuse.enabled:
+        claim = target.claim.claim_name if target.claim else "storage"
+        return [f"{key}: {name} writes its model to its volume claim ({claim}, namespace {target.namespace}), which "
+                "no other namespace can mount; set "
+                f"{at('workloads', name, 'gcsFuse', 'enabled')}: true (storage.enabled) so that MODEL_DIR is in the "
+                "stack's bucket"]
+    return []
+
+
+def _catalog_name(text: str | None) -> str | None:
+    entry = known_models().get(text.lower()) if text else None
+    return entry["name"] if entry else None
+
+
+def _shape_text(name: str) -> str:
+    entry = known_models()[name.lower()]
+    return f"{entry['heads']} heads, {entry['kvHeads']} KV heads, {entry['layers']} layers"
+
+
+def check_serve_model_identity(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """The served model is the sized model (issue 20 item 4): `serving.model` resolves through data/models.yaml to
+    the entry `model.name` names (without `model.name` its shape is the sized one); the model training writes is
+    the model the server is sized as."""
+    mb, s = w.model, w.serving
+    if mb is None:
+        return []
+    name_key, served_key = at("workloads", w.name, "model", "name"), at("workloads", w.name, "serving", "model")
+    sized = _catalog_name(mb.name)
+    if not w.sized_model_name and mb.parameters is None and not s.from_workload:
+        return [f"{name_key}: give the model's name (a model in data/models.yaml) or model.parameters (billions) for "
+                "the planner's memory check"]
+    if s.model:
+        served = _catalog_name(s.model)
+        if served is None and not mb.name and mb.parameters is None:
+            return [f"{served_key}: {s.model} is not in data/models.yaml, so the planner cannot size it from its id; "
+                    f"set {name_key} (a listed model of the same shape) or model.parameters"]
+        if served is not None and sized is not None and served != sized:
+            return [f"{served_key}: {s.model} is {served} in data/models.yaml ({_shape_text(served)}), but "
+                    f"{name_key} is {mb.name} ({_shape_text(sized)}): the planner sized another model. Set "
+                    f"{name_key}: {served}, or leave it out (the shape then comes from {served_key})"]
+    trainer = m.workloads.get(s.from_workload or "")
+    if trainer is not None and trainer.model_folder is not None:
+        trained = _trained_model(trainer)
+        if not mb.name and mb.parameters is None:
+            hint = f" ({trained[1]}, what {s.from_workload} trains)" if trained else ""
+            return [f"{name_key}: name the model the server is sized as{hint}, or give model.parameters"]
+        if trained is not None and sized is not None and trained[1] != sized:
+            key, catalog_name = trained
+            return [f"{name_key}: {mb.name} ({_shape_text(sized)}), but "
+                    f"{at('workloads', w.name, 'serving', 'fromWorkload')} serves what {s.from_workload} trains, "
+                    f"{at('workloads', s.from_workload, *key)} = {catalog_name} ({_shape_text(catalog_name)}); set "
+                    f"{name_key}: {catalog_name}"]
+    return []
+
+
+def _trained_model(trainer: WorkloadConfig) -> tuple[tuple[str, ...], str] | None:
+    """The data/models.yaml entry a training workload trains, with the key that names it: its `model.name`, else
+    the Hugging Face id it downloads (a finetune's `finetune.model`); None where neither is listed."""
+    if (name := _catalog_name(trainer.sized_model_name)) is not None:
+        return ("model", "name"), name
+    for key, hf_id in trainer.hub_models():
+        if (name := _catalog_name(hf_id)) is not None:
+            return key, name
+    return None
+
+
+def check_serve_tensor_parallel(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """The engine splits the model over all of the node's GPUs: its attention heads must allow that split."""
+    request, where = workload_request(w), placement(m, w)
+    if request is None or where is None or not request.model.shape_known:
+        return []
+    shape, e, tp = request.model.shape, engine_of(w), where.per_worker
+    why = e.tensor_parallel_problem(shape.heads, shape.kv_heads, tp)
+    if why is None:
+        return []
+    valid = [t for t in e.valid_tensor_parallel(shape.heads, shape.kv_heads, 8) if t in (1, 2, 4, 8)]
+    return [f"{at('workloads', w.name, 'pool')}: the server splits {request.model.name} over all {tp} GPUs of a node "
+            f"of pool {w.pool} (tensor parallel {tp}), and {why} ({e.display_name}); use a pool with "
+            f"{or_list([str(t) for t in valid])} GPUs per node"]
 
 
 def _describe(o: Option) -> str:
@@ -120,74 +272,81 @@ def _describe(o: Option) -> str:
 
 
 def _fitting_nodes(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
-    """One node of each servable GPU type that holds the model with HEADROOM, cheapest first."""
+    """One node of each GPU type the engine serves the request on that holds it, cheapest first."""
     request, cat = workload_request(w), gpu_catalog.load()
     if request is None:
         return []
-    found = [o for g in _servable_gpus(m)
-             if (o := cheapest_for_gpu(request, INFERENCE, cat, g, cat.zones(g, m.region), max_nodes=1)) is not None]
+    found = [o for g in _servable_gpus(m, w, engine_of(w)) if serving_problem(cat, g, request) is None
+             and (o := cheapest_for_gpu(request, INFERENCE, cat, g, cat.zones(g, m.region), max_nodes=1)) is not None]
     return [_describe(o) for o in sorted(found, key=Option.sort_key)[:SUGGESTIONS]]
 
 
 def check_serve_fits(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
-    """Weights + KV cache (batch x sequence), tensor-parallel over the GPUs of one pod, must fit each GPU."""
-    problems, cat = [], gpu_catalog.load()
-    name = w.name
+    """Weights + KV cache (batch x sequence), tensor-parallel over the GPUs of one pod, within what the engine takes
+    of each GPU (vLLM: its --gpu-memory-utilization; FastGen: all but its reserve)."""
+    cat = gpu_catalog.load()
     request, where = workload_request(w), placement(m, w)
     gpu = cat.gpus.get(where.accelerator_type) if where else None
     if (request is None or where is None or gpu is None or request.mode != "inference"
-            or request.precision not in SERVING_PRECISIONS):
-        return problems  # no model or no pool: other rules say why
+            or request.precision not in engine_of(w).precisions):
+        return []  # no model or no pool: other rules say why
+    if serving_problem(cat, gpu.name, request) is not None:
+        return []  # the engine cannot serve it on this GPU at all: check_serve_engine_gpu or the precision rule says
     est = estimate(request, INFERENCE, where.per_worker, 1)
-    if est.per_gpu_gb <= gpu.memory_gb:
-        return problems
+    budget = gpu.memory_gb * (1 - request.headroom)
+    if est.per_gpu_gb <= budget:
+        return []
+    e = engine_of(w)
     fitting = _fitting_nodes(m, w)
     what = (f"{request.model.name} ({request.model.billions:.2f}B parameters) {request.precision} at sequence "
             f"{request.sequence_length} x batch {request.batch_size}")
-    hint = (f"Fits on one node with {HEADROOM:.0%} headroom: " + "; ".join(fitting)) if fitting else (
-        f"No single node in {m.region} holds it")
-    problems.append(
-        f"{at('workloads', name, 'model')}: {what} needs {est.per_gpu_gb:.1f} GB per GPU ({est.breakdown()}) "
-        f"tensor-parallel over {where.per_worker} x {short_name(gpu.display_name)}; each has "
-        f"{gpu.memory_gb:g} GB. {hint}; or lower sequenceLength or batchSize")
-    return problems
+    within = (f"{e.display_name} takes {e.gpu_memory_utilization:.0%} of each ({budget:.1f} GB)"
+              if e.gpu_memory_utilization else f"each has {gpu.memory_gb:g} GB")
+    hint = ("Fits on one node: " + "; ".join(fitting)) if fitting else f"No single node in {m.region} holds it"
+    return [f"{at('workloads', w.name, 'model')}: {what} needs {est.per_gpu_gb:.1f} GB per GPU ({est.breakdown()}) "
+            f"tensor-parallel over {where.per_worker} x {short_name(gpu.display_name)} ({gpu.memory_gb:g} GB); "
+            f"{within}. {hint}; or lower sequenceLength or batchSize"]
 
 
 def check_serve_replicas(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """Each replica takes a node of the pool (its CPU and memory are fitted to a whole node); `workers` is not
-    how a server scales."""
+    how a server scales: neither engine spans nodes in this stack (data/serving.yaml)."""
     problems = []
-    name = w.name
     s = w.serving
     if w.workers != 1:
-        problems.append(f"{at('workloads', name, 'workers')}: a serve workload runs one pod per replica; set "
-                        f"{at('workloads', name, 'serving', 'replicas')} instead of workers ({w.workers})")
+        problems.append(f"{at('workloads', w.name, 'workers')}: a serve workload runs one pod per replica on one node "
+                        f"({engine_of(w).display_name} spans no nodes here); set "
+                        f"{at('workloads', w.name, 'serving', 'replicas')} instead of workers ({w.workers})")
     if s.autoscaling.enabled and s.autoscaling.max_replicas < s.replicas:
-        problems.append(f"{at('workloads', name, 'serving', 'autoscaling', 'maxReplicas')}: "
+        problems.append(f"{at('workloads', w.name, 'serving', 'autoscaling', 'maxReplicas')}: "
                         f"{s.autoscaling.max_replicas} is fewer than serving.replicas {s.replicas}")
     pool, index = m.pool(w.pool or ""), _pool_index(m, w)
     if pool is not None and most_replicas(w) > pool.max_nodes:
         key = "autoscaling.maxReplicas" if s.autoscaling.enabled else "replicas"
-        problems.append(f"{at('workloads', name, 'serving')}.{key}: {most_replicas(w)} replica(s) need as many "
+        problems.append(f"{at('workloads', w.name, 'serving')}.{key}: {most_replicas(w)} replica(s) need as many "
                         f"nodes of pool {pool.name}, but {at('nodePools', index, 'maxNodes')} is "
                         f"{pool.max_nodes}; raise maxNodes or lower {key}")
     return problems
 
 
 def check_serve_ports(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
-    """The API ports may take neither each other's nor MII's own ports inside the pod."""
+    """The API ports may take neither each other's nor the engine's own ports inside the pod; MII's OpenAI server
+    is MII's (vLLM's API is OpenAI-compatible itself)."""
     problems = []
-    name = w.name
     s, where = w.serving, placement(m, w)
+    key = at("workloads", w.name, "serving")
+    if s.engine == VLLM:
+        if s.openai.enabled:
+            problems.append(f"{key}.openai.enabled: vLLM's API on serving.port ({served_port(w)}) is OpenAI-compatible "
+                            "itself; serving.openai is engine mii's second server, leave it disabled")
+        return problems
     reserved = mii_reserved_ports(where.per_worker if where else 1)
-    ports = [("port", s.port)] + ([("openai.port", s.openai.port)] if s.openai.enabled else [])
-    for key, port in ports:
+    ports = [("port", served_port(w))] + ([("openai.port", s.openai.port)] if s.openai.enabled else [])
+    for name, port in ports:
         if port in reserved:
-            problems.append(f"{at('workloads', name, 'serving')}.{key}: {port} is taken by {reserved[port]} "
-                            "inside the pod; pick another")
-    if s.openai.enabled and s.port == s.openai.port:
-        problems.append(f"{at('workloads', name, 'serving', 'openai', 'port')}: {s.port} is also "
-                        "serving.port; give the two APIs different ports")
+            problems.append(f"{key}.{name}: {port} is taken by {reserved[port]} inside the pod; pick another")
+    if s.openai.enabled and served_port(w) == s.openai.port:
+        problems.append(f"{key}.openai.port: {s.openai.port} is also serving.port; give the two APIs different ports")
     return problems
 
 
@@ -215,10 +374,42 @@ def check_serve_allow_from(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
                                       src.pod_labels)]
 
 
+# --- warnings: what deploys but deserves a reviewer's eye --------------------------------------------------------
+
+def warn_quantised_checkpoint(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """vLLM serves int8/int4 only from a checkpoint quantised that way; the stack cannot see which the id is."""
+    mb, e = w.model, engine_of(w)
+    if mb is None or mb.precision not in e.quantised or not w.serving.model:
+        return []
+    return [f"{at('workloads', w.name, 'model', 'precision')}: {mb.precision} is sized as {mb.precision} weights; "
+            f"vLLM reads the quantisation from {w.serving.model}'s quantization_config, so it must be a checkpoint "
+            "quantised that way (AWQ, GPTQ); a 16-bit checkpoint would load at 16 bits and not fit"]
+
+
+def warn_unlisted_model(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """An id data/models.yaml does not list cannot be compared with `model.name`."""
+    mb, s = w.model, w.serving
+    if mb is None or not s.model or _catalog_name(s.model) is not None or not (mb.name or mb.parameters):
+        return []
+    return [f"{at('workloads', w.name, 'serving', 'model')}: {s.model} is not in data/models.yaml, so the stack cannot "
+            f"confirm it has the shape of the sized model ({mb.name or f'{mb.parameters:g}B'}); add it to that entry's "
+            "aliases if it is"]
+
+
+def warn_unknown_heads(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    request, where = workload_request(w), placement(m, w)
+    if request is None or where is None or request.model.shape_known or where.per_worker <= 1:
+        return []
+    return [f"{at('workloads', w.name, 'model')}: {request.model.name}'s attention heads are unknown (not in "
+            f"data/models.yaml); {engine_of(w).display_name} refuses to start unless they divide by the node's "
+            f"{where.per_worker} GPUs"]
+
+
 def build(name: str, w: ServeWorkloadConfig, platform: Platform, opts: pulumi.ResourceOptions) -> Built:
     server = ModelServer(name, ModelServerArgs(
-        workload=w, placement=placement(platform.cfg, w), image_ref=platform.image, hf_token=platform.hf_token,
-        bucket=platform.bucket, protect=platform.protect), opts)
+        workload=w, placement=placement(platform.cfg, w), image_ref=platform.image,
+        source=model_source(platform.cfg, w), hf_token=platform.hf_token, bucket=platform.bucket,
+        protect=platform.protect), opts)
     endpoint = server.summary.apply(lambda s: {k: s[k] for k in ENDPOINT_KEYS if k in s})
     return Built(server, server.summary, endpoint=endpoint)
 
@@ -226,10 +417,11 @@ def build(name: str, w: ServeWorkloadConfig, platform: Platform, opts: pulumi.Re
 KIND: Kind[ServeWorkloadConfig] = Kind(
     name="serve",
     config=ServeWorkloadConfig,
-    rules=(check_serve_accelerator, check_serve_compute_capability, check_serve_model_block,
-           check_serve_model_source, check_serve_fits, check_serve_replicas, check_serve_ports,
-           check_serve_allow_from),
+    rules=(check_serve_accelerator, check_serve_engine_gpu, check_serve_model_block, check_serve_model_source,
+           check_serve_from_workload, check_serve_model_identity, check_serve_tensor_parallel, check_serve_fits,
+           check_serve_replicas, check_serve_ports, check_serve_allow_from),
     build=build,
+    warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads),
     sizes_its_model=True,
     checks_its_gpu=True,
 )
