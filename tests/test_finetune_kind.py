@@ -125,9 +125,10 @@ def test_output_folders_are_on_the_bucket_mount() -> None:
 
 
 def test_without_a_bucket_the_output_goes_to_the_claim() -> None:
+    # Without the bucket nothing can serve the result from another namespace: the stack's server goes too.
     run = _run(changes=((f"{W}.gcsFuse.enabled", False), (f"{W}.finetune.datasetPath", DELETE),
                         (f"{W}.finetune.dataset", "tatsu-lab/alpaca"), (f"{W}.finetune.promptField", "instruction"),
-                        (f"{W}.finetune.responseField", "output")))
+                        (f"{W}.finetune.responseField", "output"), ("workloads.chat", DELETE)))
     env = _env(run, "Worker")
     assert (env["CHECKPOINT_DIR"], env["MODEL_DIR"]) == ("/data/checkpoints/tune", "/data/models/tune")
     assert not [v for v in _pod(run, "Worker")["volumes"] if "csi" in v]
@@ -194,7 +195,7 @@ def test_the_token_is_a_file_on_every_pod_that_runs_a_rank() -> None:
         assert {"name": volume["name"], "mountPath": "/var/run/secrets/huggingface", "readOnly": True} in \
             pod["containers"][0]["volumeMounts"]
         assert not [e for e in pod["containers"][0]["env"] if e["name"] in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
-    assert run.one("kubernetes:core/v1:Secret").inputs["metadata"]["name"] == "tune-hf-token"
+    assert run.one("kubernetes:core/v1:Secret", "tune-hf-token").inputs["metadata"]["name"] == "tune-hf-token"
 
 
 def test_the_summary_says_where_the_result_goes() -> None:
@@ -258,10 +259,13 @@ def test_a_model_is_a_hub_id_or_a_bucket_folder() -> None:
 
 def test_a_gated_model_needs_the_token() -> None:
     # data/gated_models.yaml: Meta's Llama repos ask each account to accept their terms (401 without a token).
-    llama = {"finetune.model": "meta-llama/Llama-3.1-8B-Instruct"}
-    (found,) = _problems(llama)
+    # The stack's server of the result is then sized as Llama too (workloads/kinds/serve.py: the served model is
+    # the sized one), 4 sequences at once to fit its L4 (8 KV heads, not Qwen's 4).
+    llama = {f"{W}.finetune.model": "meta-llama/Llama-3.1-8B-Instruct", "workloads.chat.model.name": "Llama-3.1-8B",
+             "workloads.chat.model.batchSize": 4}
+    (found,) = problems("finetune", llama)
     assert found.startswith(f"{W}.finetune.model: meta-llama/Llama-3.1-8B-Instruct is gated on Hugging Face")
-    config = changed("finetune", {f"{W}.finetune.model": "meta-llama/Llama-3.1-8B-Instruct"})
+    config = changed("finetune", llama)
     config["deepspeed-stack:hfToken"] = TOKEN
     assert config_problems(config) == []
     # A folder of the bucket is no download: nothing to gate.
@@ -269,10 +273,10 @@ def test_a_gated_model_needs_the_token() -> None:
 
 
 def test_data_in_the_bucket_needs_the_bucket() -> None:
-    assert _problems({"gcsFuse.enabled": False}) == [
+    assert problems("finetune", {f"{W}.gcsFuse.enabled": False, "workloads.chat": DELETE}) == [
         f"{W}.finetune.datasetPath: data/train.jsonl is read from the stack's bucket through the pods' GCS FUSE "
         f"mount; set {W}.gcsFuse.enabled: true (and storage.enabled: true)"]
-    found = problems("finetune", {"storage.enabled": False})
+    found = problems("finetune", {"storage.enabled": False, "workloads.chat": DELETE})
     assert found == [f"{W}.gcsFuse.enabled: needs the stack's bucket; set storage.enabled: true"]
 
 

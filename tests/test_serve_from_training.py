@@ -1,0 +1,172 @@
+"""Serving the trained result (issue 18 item 3): Pulumi.finetune.yaml's server `chat` serves what the finetune
+workload `tune` writes (`serving.fromWorkload`). Its pods read MODEL_DIR through the bucket's FUSE mount and wait
+in an init container for the marker training writes last; `pulumi up` does not wait for them (pulumi-kubernetes'
+skipAwait on the Deployment and the Service), so one `pulumi up` deploys both and the server becomes Ready when
+the model exists. The rules refuse a server of a workload that trains nothing, or of none."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from conftest import DELETE, changed, config_model, problems, stack_run
+
+from preview.engine import RunResult
+from workloads.kinds.serve import check_serve_from_workload
+
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+SERVICE = "kubernetes:core/v1:Service"
+S = "workloads.chat"
+T = "workloads.tune"
+MARKER = "/gcs/models/tune/.complete"  # MODEL_DIR of tune (the fine-tuning contract) + its marker
+SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}  # pulumi-kubernetes provider/pkg/metadata/annotations.go
+
+
+@pytest.fixture(scope="module")
+def finetune() -> RunResult:
+    return stack_run("finetune")
+
+
+def _pod(run: RunResult) -> dict[str, Any]:
+    return run.one(DEPLOYMENT).inputs["spec"]["template"]["spec"]
+
+
+def test_the_server_loads_model_dir_under_the_trainers_name(finetune: RunResult) -> None:
+    (server,) = _pod(finetune)["containers"]
+    assert server["command"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert server["args"] == ["--model", "/gcs/models/tune", "--served-model-name", "tune", "--host", "0.0.0.0",
+                              "--port", "8000", "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.90",
+                              "--max-model-len", "4096", "--dtype", "bfloat16"]
+    # The same folder the trainer's ranks write (its MODEL_DIR), through the same bucket.
+    ranks = finetune.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs["spec"]["mpiReplicaSpecs"]["Worker"]
+    env = {e["name"]: e["value"] for e in ranks["template"]["spec"]["containers"][0]["env"]}
+    assert env["MODEL_DIR"] == "/gcs/models/tune"
+    assert finetune.outputs["servingEndpoints"]["chat"]["prompt"] == (
+        'python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model tune '
+        '"What is DeepSpeed?"')
+
+
+def test_the_pod_waits_for_the_marker_in_a_hardened_init_container(finetune: RunResult) -> None:
+    pod = _pod(finetune)
+    (server,) = pod["containers"]
+    (wait,) = pod["initContainers"]
+    assert wait["name"] == "wait-for-model"
+    assert wait["image"] == server["image"]  # already pulled for the server, pinned by digest
+    assert wait["command"][:2] == ["sh", "-c"]
+    assert wait["env"] == [{"name": "MARKER", "value": MARKER}]
+    # It reads the bucket through the pod's own FUSE mount, read-only, and nothing else.
+    (gcs,) = [v for v in pod["volumes"] if "csi" in v]
+    assert gcs["csi"]["readOnly"] is True
+    assert wait["volumeMounts"] == [{"name": gcs["name"], "mountPath": "/gcs", "readOnly": True}]
+    assert wait["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                       "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                                       "capabilities": {"drop": ["ALL"]}}
+    assert wait["resources"] == {"requests": {"cpu": "100m", "memory": "64Mi"},
+                                 "limits": {"cpu": "100m", "memory": "64Mi"}}
+    # The probes start after the init containers: startupMinutes counts the load, not the training.
+    assert server["startupProbe"]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTP"}
+    template = finetune.one(DEPLOYMENT).inputs["spec"]["template"]
+    # GKE injects the FUSE sidecar (a native sidecar, first of the init containers since 1.29) for this annotation.
+    assert template["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
+    doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chat"}, "spec": pod}
+    kubernetes_validate.validate(doc, "1.33.0", strict=True)
+
+
+def test_pulumi_up_does_not_wait_for_a_model_training_has_not_written(finetune: RunResult) -> None:
+    assert finetune.one(DEPLOYMENT).inputs["metadata"]["annotations"] == SKIP_AWAIT
+    # The Service would otherwise wait for ready endpoints (pulumi_kubernetes core/v1/Service's await logic).
+    assert finetune.one(SERVICE).inputs["metadata"]["annotations"] == SKIP_AWAIT
+    # Nor does the server wait for the training job's resources: they start side by side.
+    job = finetune.one("deepspeed-stack:workloads:TrainingJob")
+    server = finetune.one("deepspeed-stack:workloads:ModelServer")
+    assert job.urn not in server.dependencies
+    assert not any(d.startswith(job.urn) for d in finetune.one(DEPLOYMENT).dependencies)
+
+
+def _fake_sleep(bin_dir: Path, marker: Path) -> None:
+    """A `sleep` that writes the marker instead of sleeping: training finishes during the first wait."""
+    sleep = bin_dir / "sleep"
+    sleep.write_text(f"#!/bin/sh\necho sleep \"$1\" >> '{bin_dir}/slept'\necho '{{\"step\": 3}}' > '{marker}'\n")
+    sleep.chmod(sleep.stat().st_mode | stat.S_IEXEC)
+
+
+def test_the_wait_loop_ends_when_the_marker_appears(finetune: RunResult, tmp_path: Path) -> None:
+    (wait,) = _pod(finetune)["initContainers"]
+    marker = tmp_path / "models" / "tune" / ".complete"
+    marker.parent.mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_sleep(bin_dir, marker)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKER": str(marker)}
+    done = subprocess.run(wait["command"], env=env, capture_output=True, text=True, timeout=30, check=True)
+    assert f"waiting for {marker} (written last by the training workload tune)" in done.stdout
+    assert done.stdout.rstrip().endswith('{"step": 3}')
+    assert (bin_dir / "slept").read_text() == "sleep 30\n"  # one wait, then the marker was there
+
+
+# --- the rules ----------------------------------------------------------------------------------------------
+
+def test_the_stack_previews_with_and_without_a_token() -> None:
+    assert problems("finetune", {}) == []
+    assert problems("finetune", {"hfToken": "v1:planted"}, ("hfToken",)) == []
+
+
+def test_a_workload_that_is_not_there_is_refused() -> None:
+    assert problems("finetune", {f"{S}.serving.fromWorkload": "tuen"}) == [
+        f"{S}.serving.fromWorkload: no workload named 'tuen' in this stack; valid: the stack's workloads that train a "
+        "model: tune; did you mean `tune`?"]
+
+
+def test_itself_is_refused() -> None:
+    assert problems("finetune", {f"{S}.serving.fromWorkload": "chat"}) == [
+        f"{S}.serving.fromWorkload: chat is this server itself: nothing writes MODEL_DIR/.complete for it to serve; "
+        "valid: the stack's workloads that train a model: tune"]
+
+
+def test_a_workload_that_trains_nothing_is_refused() -> None:
+    # The dws stack's MPIJob `pretrain` runs a script of its own: no MODEL_DIR, no marker.
+    dws = config_model(changed("dws"))
+    chat = config_model(changed("finetune")).workloads["chat"]
+    chat = dataclasses.replace(chat, serving=dataclasses.replace(chat.serving, from_workload="pretrain"))
+    stack = dataclasses.replace(dws, workloads={**dws.workloads, "chat": chat})
+    assert check_serve_from_workload(stack, chat) == [
+        f"{S}.serving.fromWorkload: pretrain is kind mpijob, which trains no model: nothing writes "
+        "MODEL_DIR/.complete for it to serve; valid: a workload of kind finetune (the stack has none)"]
+
+
+def test_a_model_on_the_trainers_claim_is_refused() -> None:
+    # Without the bucket tune writes to its volume claim, which only its own namespace can mount.
+    no_bucket = {f"{T}.gcsFuse.enabled": False, f"{T}.finetune.datasetPath": DELETE,
+                 f"{T}.finetune.dataset": "tatsu-lab/alpaca"}
+    assert problems("finetune", no_bucket) == [
+        f"{S}.serving.fromWorkload: tune writes its model to its volume claim (finetune-shared, namespace finetune), "
+        f"which no other namespace can mount; set {T}.gcsFuse.enabled: true (storage.enabled) so that MODEL_DIR is in "
+        "the stack's bucket"]
+
+
+def test_the_server_reads_through_the_bucket() -> None:
+    assert problems("finetune", {f"{S}.gcsFuse.enabled": False}) == [
+        f"{S}.serving.fromWorkload: reads the stack's bucket through GCS FUSE; set {S}.gcsFuse.enabled: true (and "
+        "storage.enabled: true)"]
+
+
+def test_the_server_is_sized_as_what_training_trains() -> None:
+    assert problems("finetune", {f"{S}.model.name": "Mistral-7B"}) == [
+        f"{S}.model.name: Mistral-7B (32 heads, 8 KV heads, 32 layers), but {S}.serving.fromWorkload serves what "
+        f"tune trains, {T}.finetune.model = Qwen2.5-7B (28 heads, 4 KV heads, 28 layers); set {S}.model.name: "
+        "Qwen2.5-7B"]
+    assert problems("finetune", {f"{S}.model.name": DELETE}) == [
+        f"{S}.model.name: name the model the server is sized as (Qwen2.5-7B, what tune trains), or give "
+        "model.parameters"]
+
+
+def test_training_writes_16_bit_weights() -> None:
+    assert problems("finetune", {f"{S}.model.precision": "int4"}) == [
+        f"{S}.model.precision: int4 serves a checkpoint quantised that way, and training writes a 16-bit model; size "
+        "what the folder holds (fp16 or bf16)"]
