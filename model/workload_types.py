@@ -249,8 +249,14 @@ class WorkloadConfig:
     def model_folder(self) -> str | None:
         """Where the workload writes the model it trains, relative to its output root (the bucket's mount with
         `gcsFuse.enabled`, else its claim): `models/<name>` (MODEL_DIR of the fine-tuning contract); None for a
-        workload that trains no model a server can load. A `serve` workload's `serving.fromWorkload` needs one."""
+        workload that has no MODEL_DIR."""
         return None
+
+    @property
+    def writes_model(self) -> bool:
+        """Whether what it runs writes a model a server can load into MODEL_DIR, `.complete` last (the fine-tuning
+        contract's script): what a `serve` workload's `serving.fromWorkload` may name."""
+        return False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -350,6 +356,12 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig):
         """The default Gaudi path: the stack's Gaudi image (or an `image` built from it), hardened."""
         return self.on_gaudi and not self.gaudi.install_at_start
 
+    @property
+    def writes_model(self) -> bool:
+        # An NVIDIA MPIJob that runs the project's finetune.py as it comes (e.g. what `make gpus MODE=training`
+        # writes) keeps the contract; any other script or command is the user's, and may write nothing.
+        return self.on_nvidia and not self.launch.command and self.launch.script == "finetune.py"
+
 
 @dataclass(frozen=True, kw_only=True)
 class FinetuneWorkloadConfig(MpiJobBaseConfig):
@@ -358,6 +370,10 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig):
     or, without one, to the shared claim."""
 
     finetune: FinetuneConfig
+
+    @property
+    def writes_model(self) -> bool:
+        return True  # finetune.py, or a copy that keeps its contract (launch.script)
 
     def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
         """The Hugging Face model ids its pods download, with their keys (a gated one needs hfToken)."""

@@ -88,7 +88,7 @@ def test_the_launcher_waits_for_the_data_in_the_bucket() -> None:
     assert lines.index(wait) == len(lines) - 2  # just before the DeepSpeed line
     assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
     hub = _launcher_script(_run(changes=((f"{W}.gcsFuse.enabled", False), (f"{W}.finetune.datasetPath", DELETE),
-                                         (f"{W}.finetune.dataset", "tatsu-lab/alpaca"))))
+                                         (f"{W}.finetune.dataset", "tatsu-lab/alpaca"), ("workloads.chat", DELETE))))
     assert "for path in" not in hub  # a Hugging Face dataset: nothing to wait for
 
 

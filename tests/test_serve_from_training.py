@@ -136,8 +136,16 @@ def test_a_workload_that_trains_nothing_is_refused() -> None:
     chat = dataclasses.replace(chat, serving=dataclasses.replace(chat.serving, from_workload="pretrain"))
     stack = dataclasses.replace(dws, workloads={**dws.workloads, "chat": chat})
     assert check_serve_from_workload(stack, chat) == [
-        f"{S}.serving.fromWorkload: pretrain is kind mpijob, which trains no model: nothing writes "
+        f"{S}.serving.fromWorkload: pretrain is kind mpijob, which trains no model a server can load (only kind "
+        "finetune, or an NVIDIA mpijob running finetune.py, writes MODEL_DIR and its marker): nothing writes "
         "MODEL_DIR/.complete for it to serve; valid: a workload of kind finetune (the stack has none)"]
+    # The same MPIJob running the project's finetune.py keeps the contract: it may be served (from the bucket).
+    pretrain = stack.workloads["pretrain"]
+    trains = dataclasses.replace(pretrain, launch=dataclasses.replace(pretrain.launch, script="finetune.py"),
+                                 gcs_fuse=dataclasses.replace(pretrain.gcs_fuse, enabled=True))
+    assert trains.writes_model and not pretrain.writes_model
+    stack = dataclasses.replace(stack, workloads={**stack.workloads, "pretrain": trains})
+    assert check_serve_from_workload(stack, chat) == []
 
 
 def test_a_model_on_the_trainers_claim_is_refused() -> None:

@@ -75,7 +75,7 @@ def model_dir(m: StackConfig, w: ServeWorkloadConfig) -> str | None:
     """MODEL_DIR of the training workload `serving.fromWorkload` names, as the server's pods see it (under their
     own bucket mount), or None where it names none that trains (the kind's rules say why)."""
     trainer = m.workloads.get(w.serving.from_workload or "")
-    folder = trainer.model_folder if trainer is not None else None
+    folder = trainer.model_folder if trainer is not None and trainer.writes_model else None
     if folder is None:
         return None
     return f"{w.gcs_fuse.mount_path.rstrip('/')}/{folder}"

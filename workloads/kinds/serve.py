@@ -165,7 +165,7 @@ def check_serve_model_source(m: StackConfig, w: ServeWorkloadConfig) -> list[str
 
 
 def _trainers(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
-    return [n for n, t in m.workloads.items() if n != w.name and t.model_folder is not None]
+    return [n for n, t in m.workloads.items() if n != w.name and t.writes_model and t.model_folder is not None]
 
 
 def check_serve_from_workload(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
@@ -182,8 +182,10 @@ def check_serve_from_workload(m: StackConfig, w: ServeWorkloadConfig) -> list[st
     if target is None:
         known = sorted(n for n in m.workloads if n != w.name)
         return [f"{key}: no workload named {name!r} in this stack; valid: {valid}{did_you_mean(name, known)}"]
-    if name == w.name or target.model_folder is None:
-        what = "is this server itself" if name == w.name else f"is kind {target.kind}, which trains no model"
+    if name == w.name or not target.writes_model or target.model_folder is None:
+        what = "is this server itself" if name == w.name else (
+            f"is kind {target.kind}, which trains no model a server can load (only kind finetune, or an NVIDIA "
+            "mpijob running finetune.py, writes MODEL_DIR and its marker)")
         return [f"{key}: {name} {what}: nothing writes MODEL_DIR/.complete for it to serve; valid: {valid}"]
     if not target.gcs_fuse.enabled:
         claim = target.claim.claim_name if target.claim else "storage"
@@ -226,7 +228,7 @@ def check_serve_model_identity(m: StackConfig, w: ServeWorkloadConfig) -> list[s
                     f"{name_key} is {mb.name} ({_shape_text(sized)}): the planner sized another model. Set "
                     f"{name_key}: {served}, or leave it out (the shape then comes from {served_key})"]
     trainer = m.workloads.get(s.from_workload or "")
-    if trainer is not None and trainer.model_folder is not None:
+    if trainer is not None and trainer.writes_model and trainer.model_folder is not None:
         trained = _trained_model(trainer)
         if not mb.name and mb.parameters is None:
             hint = f" ({trained[1]}, what {s.from_workload} trains)" if trained else ""
