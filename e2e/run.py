@@ -16,6 +16,10 @@ Three hosts (e2e/hosts.py) run the stack's own files, rendered by the stack's ow
 - recovery: a run with checkpoints is preempted (a worker host gets SIGTERM, then SIGKILL after the
           grace period), relaunched and resumes from the saved step; then the same checkpoint resumes
           with one worker fewer through DeepSpeed's universal checkpoint.
+- finetune: the `finetune` kind's MPIJob (workloads/scripts/finetune.py, ZeRO-3, LoRA) on a tiny Llama in a
+          folder standing for the bucket at /gcs: preempted after its first checkpoint, relaunched, resumed,
+          exported to MODEL_DIR with its marker; then vLLM's CPU build serves MODEL_DIR and send_prompt.py's
+          greedy completion must be transformers' greedy tokens.
 
 Run as root after e2e/install.sh (the Makefile's `e2e` target does both); skips with a reason where
 network namespaces are not permitted. Every launch runs under a timeout; every process and namespace
@@ -91,11 +95,15 @@ RESULT = re.compile(r"SMOKE_TEST_RESULT (\{.*\})")
 KIND_WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
     "mpijob": (MPIJOB, {"namespace": MPIJOB_NAMESPACE, "storage": {"storageClass": "standard-rwx"}}),
     "helm": ("smoke", {"namespace": "deepspeed-e2e", "chart": {"version": "2.3.51"}}),
+    # The bucket (a local folder at gcsFuse.mountPath on every host) holds the data, the base model and the output.
+    "finetune": (MPIJOB, {"namespace": MPIJOB_NAMESPACE, "storage": {"storageClass": "standard-rwx"},
+                          "gcsFuse": {"enabled": True, "mountPath": "/gcs"}}),
 }
 
 
 def stack_workload(kind: str, workers: int = WORKERS, args: Sequence[str] = SMOKE_ARGS,
-                   script: str = "smoke_test.py", deepspeed: dict[str, Any] | None = None) -> tuple[Any, Any]:
+                   script: str = "smoke_test.py", deepspeed: dict[str, Any] | None = None,
+                   keys: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """A CPU-sized workload of the dev stack, loaded and checked by the stack's own code."""
     import yaml
 
@@ -109,7 +117,9 @@ def stack_workload(kind: str, workers: int = WORKERS, args: Sequence[str] = SMOK
     name, own_keys = KIND_WORKLOADS[kind]
     workload: dict[str, Any] = {"kind": kind, "pool": "t4", "workers": workers,
                                 "deepspeed": dict(deepspeed or DS_BLOCK),
-                                "launch": {"script": script, "args": list(args)}, **own_keys}
+                                "launch": {"script": script, "args": list(args)}, **own_keys, **(keys or {})}
+    if kind == "finetune":
+        config["deepspeed-stack:storage"] = {**config.get("deepspeed-stack:storage", {}), "enabled": True}
     if WORKLOAD_TYPES[kind].runs_as_mpijob:
         # The stack installs the operator (and its MPIJob CRD) on its own cluster.
         config["deepspeed-stack:mpiOperator"] = {**config.get("deepspeed-stack:mpiOperator", {}), "install": True}
@@ -322,15 +332,18 @@ def mpijob_hostfile(workers: int, slots: int) -> str:
 
 
 def start_mpijob(cluster: nshosts.Cluster, logs: Path, rendered: tuple[Any, Any] | None = None,
-                 rank_env: dict[str, str] | None = None) -> tuple[Any, dict[str, str], str]:
-    """Workers as the MPIJob renders them (of the dev stack's smoke test, or `rendered`: a workload and its
-    placement); the launcher's files. Returns (workload, the launcher's environment, its script)."""
-    from workloads import mpijob
+                 rank_env: dict[str, str] | None = None, launch: Any = None) -> tuple[Any, dict[str, str], str]:
+    """Workers as the NVIDIA MPIJob renders them (of the dev stack's smoke test, or `rendered`: a workload and its
+    placement, with a kind's own `launch`); the launcher's files. Returns (workload, the launcher's environment,
+    its script)."""
+    from workloads.mpijob import nvidia
+    from workloads.mpijob.shape import CONFIG_DIR, SSH_CLIENT_KEY
 
     w, where = rendered or stack_workload("mpijob")
+    launch = launch or nvidia.launch_of(w)
     launcher, workers = cluster.hosts[0], cluster.hosts[1:]
-    send_env = mpijob.forwarded_env(w, where, has_token=False)
-    files = mpijob.config_map_data(w, where, has_token=False)
+    send_env = nvidia.forwarded_env(w, where, False, launch)
+    files = nvidia.config_map_data(w, where, False, launch)
     image_etc(cluster, image_sshd_drop_in())
     # The operator's SSH Secret at sshAuthMountPath: root-owned, group-readable through fsGroup (hence
     # the worker script's StrictModes=no), an ECDSA key under the name id_rsa.
@@ -339,30 +352,31 @@ def start_mpijob(cluster: nshosts.Cluster, logs: Path, rendered: tuple[Any, Any]
     key, pub = keypair(keys, "id_rsa", "ecdsa")
     for host in cluster.hosts:
         for name, text in files.items():
-            if name != mpijob.SSH_CLIENT_KEY:
-                write(host.path(f"{mpijob.CONFIG_DIR}/{name}"), text, owner=0)
+            if name != SSH_CLIENT_KEY:
+                write(host.path(f"{CONFIG_DIR}/{name}"), text, owner=0)
         ssh = host.home / ".ssh"
         for name, text in (("id_rsa", key.read_text()), ("id_rsa.pub", pub), ("authorized_keys", pub)):
             write(ssh / name, text, 0o640, owner=0)
             os.chown(ssh / name, 0, nshosts.UID)
-    write(launcher.path("/etc/ssh/ssh_config.d/deepspeed.conf"), files[mpijob.SSH_CLIENT_KEY], owner=0)
+    write(launcher.path("/etc/ssh/ssh_config.d/deepspeed.conf"), files[SSH_CLIENT_KEY], owner=0)
     write(launcher.path(MPI_HOSTFILE), mpijob_hostfile(len(workers), where.per_worker), owner=0)
     deepspeed_env(launcher, rank_env)
-    worker_env = {**IMAGE_ENV, **mpijob.plain_env(w, where)}
+    plain = nvidia.plain_env(w, where, launch)
+    worker_env = {**IMAGE_ENV, **plain}
     for host in workers:
-        cluster.spawn(host, ["/bin/bash", "-c", mpijob.nvidia_worker_script(send_env)],
+        cluster.spawn(host, ["/bin/bash", "-c", nvidia.nvidia_worker_script(send_env)],
                       log=logs / f"mpijob-worker-{host.name}.log", env=worker_env)
     # launcherCreationPolicy WaitForWorkersReady: the launcher starts once every worker's readiness probe
     # (a TCP connect to the ssh port) passes.
     names = [f"{MPIJOB}-worker-{i}.{MPIJOB}.{MPIJOB_NAMESPACE}.svc" for i in range(len(workers))]
-    port = mpijob.NVIDIA_SSH_PORT
+    port = nvidia.NVIDIA_SSH_PORT
     probe = " && ".join(f"retry_while {shlex.quote(f'(echo > /dev/tcp/{n}/{port}) 2>/dev/null')} 40 0.25"
                         for n in names)
     ready = cluster.run(launcher, ["/bin/bash", "-c", f"source {shlex.quote(str(ENTRYPOINT))} && {probe}"],
                         env=IMAGE_ENV, timeout=30)
     fail_unless(ready.returncode == 0, "MPIJob workers never became ready (sshd on port 2222)")
-    env = {**mpijob.plain_env(w, where), "OMPI_MCA_orte_default_hostfile": MPI_HOSTFILE}
-    return w, env, mpijob.nvidia_launcher_script(w)
+    env = {**plain, "OMPI_MCA_orte_default_hostfile": MPI_HOSTFILE}
+    return w, env, nvidia.launcher_script(None, launch)
 
 
 def scenario_mpijob(cluster: nshosts.Cluster, logs: Path) -> str:
@@ -584,11 +598,19 @@ def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
 FINETUNE_SCRIPT = ROOT / "workloads" / "scripts" / "finetune.py"
 TINY_LLM = Path(__file__).resolve().parent / "tiny_llm.py"
 SEND_PROMPT = ROOT / "workloads" / "scripts" / "send_prompt.py"
-# ZeRO-3 in fp32 (DeepSpeed's CPU accelerator has no fp16); 2 ranks x 4 samples a step.
+# ZeRO-3 in fp32 (DeepSpeed's CPU accelerator has no fp16); 2 ranks x 4 samples a step. A LoRA adapter learns a
+# random model slowly: a high learning rate.
 FINETUNE_DS = {"zeroStage": 3, "precision": "fp32", "microBatchPerGpu": 4, "gradientAccumulation": 1,
-               "stepsPerPrint": 1000}
+               "stepsPerPrint": 1000, "learningRate": 0.01}
 FINETUNE_STEPS = 40
 FINETUNE_SAVE_STEPS = 5
+BUCKET_INPUTS = "e2e-finetune"  # the data and the base model, in the bucket
+# The kind's `finetune` keys: its defaults (LoRA on every linear layer, merged at export; gradient checkpointing)
+# but for the data, the model and the run's length.
+FINETUNE_KEYS = {"finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/data.jsonl",
+                              "promptField": "prompt", "responseField": "response", "sequenceLength": 64,
+                              "maxSteps": FINETUNE_STEPS, "saveSteps": FINETUNE_SAVE_STEPS}}
+FINETUNE_LAUNCH_ARGS = ["--logging-steps", "5"]
 FINETUNE_PROMPT = "What is two plus three?"
 FINETUNE_MAX_TOKENS = 12
 VLLM_PORT = 8000
@@ -605,16 +627,6 @@ def finetune_records() -> list[dict[str, str]]:
     """The scenario's data set: 64 prompt/response pairs a tiny model learns within a few dozen steps."""
     return [{"prompt": f"What is {a} plus {b}?", "response": f"{a} plus {b} is {i + j}."}
             for i, a in enumerate(NUMBERS) for j, b in enumerate(NUMBERS)]
-
-
-def finetune_args(mount: str, job: str) -> list[str]:
-    """finetune.py's arguments, with the contract's layout on the shared claim: <out>/checkpoints/<workload>,
-    <out>/models/<workload>."""
-    base = f"{mount}/e2e-finetune"
-    return ["--model", f"{base}/base", "--dataset", f"{base}/data.jsonl", "--prompt-field", "prompt",
-            "--response-field", "response", "--seq-len", "64", "--max-steps", str(FINETUNE_STEPS),
-            "--learning-rate", "3e-3", "--save-steps", str(FINETUNE_SAVE_STEPS), "--logging-steps", "5",
-            "--checkpoint-dir", f"{mount}/checkpoints/{job}", "--model-dir", f"{mount}/models/{job}"]
 
 
 def trainer_losses(output: str) -> list[float]:
@@ -681,13 +693,27 @@ def _venv_python(*args: str, timeout: float = 120) -> str:
     return result.stdout
 
 
-def finetune_assets(claim: Path) -> None:
-    """The data set and the base model (random weights, a tokenizer trained on the data), owned by the pods' user."""
-    base = claim / "e2e-finetune"
+def finetune_assets(bucket: Path) -> None:
+    """The data set and the base model (random weights, a tokenizer trained on the data) uploaded to the bucket."""
+    base = bucket / BUCKET_INPUTS
     base.mkdir(parents=True, exist_ok=True)
     write(base / "data.jsonl", "".join(json.dumps(r) + "\n" for r in finetune_records()))
     _venv_python(str(TINY_LLM), "make", str(base / "data.jsonl"), str(base / "base"))
-    _chown_dirs(claim)
+    _chown_dirs(bucket)
+
+
+def finetune_workload() -> tuple[Any, Any, Any]:
+    """The dev stack's `finetune` workload as the stack renders it: (workload, placement, its MPIJob launch)."""
+    from workloads import finetune
+
+    w, where = stack_workload("finetune", args=FINETUNE_LAUNCH_ARGS, script="finetune.py", deepspeed=FINETUNE_DS,
+                              keys=FINETUNE_KEYS)
+    return w, where, finetune.launch(w, has_token=False)
+
+
+def outside(path: str, mount: str, folder: Path) -> Path:
+    """Where a pod's path under `mount` lies on this machine, `folder` being what is mounted there."""
+    return folder / Path(path).relative_to(mount)
 
 
 def wait_for_vllm(cluster: nshosts.Cluster, host: nshosts.Host, server: subprocess.Popen[bytes], log: Path) -> None:
@@ -707,22 +733,23 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     phases = Phases("finetune")
     ft = _finetune_script()
     launcher, workers = cluster.hosts[0], cluster.hosts[1:]
-    w0, _ = stack_workload("mpijob", script="finetune.py", args=[], deepspeed=FINETUNE_DS)
-    mount = w0.storage.mount_path  # the MPIJob's shared claim, on every pod
-    rendered = stack_workload("mpijob", script="finetune.py", args=finetune_args(mount, MPIJOB),
-                              deepspeed=FINETUNE_DS)
-    claim = cluster.work / "claim"
-    finetune_assets(claim)
-    for host in cluster.hosts:
-        cluster.bind(host, claim, mount)
-    checkpoints, model_dir = claim / "checkpoints" / MPIJOB, claim / "models" / MPIJOB
+    w, where, job_launch = finetune_workload()
+    bucket, claim = cluster.work / "bucket", cluster.work / "claim"
+    finetune_assets(bucket)
+    claim.mkdir(exist_ok=True)
+    _chown_dirs(claim)
+    for host in cluster.hosts:  # the bucket's FUSE mount and the shared claim (HF_HOME), on every pod
+        cluster.bind(host, bucket, w.gcs_fuse.mount_path)
+        cluster.bind(host, claim, w.storage.mount_path)
+    checkpoints = outside(w.checkpoint_dir, w.gcs_fuse.mount_path, bucket)
+    model_dir = outside(w.model_dir, w.gcs_fuse.mount_path, bucket)
     phases.end("tiny Llama, tokenizer and data")
 
     # 1. Trained under ZeRO-3 on both workers; once a checkpoint is saved a worker is preempted (SIGTERM to every
     #    process on it, SIGKILL after the grace period).
     rank_env = {"HF_HUB_OFFLINE": "1"}  # nothing is downloaded: a hub lookup would only wait for a timeout
-    _w, env, script = start_mpijob(cluster, logs, rendered, rank_env)
-    fail_unless("finetune.py --deepspeed_config" in script, "the MPIJob's launcher does not run finetune.py")
+    _w, env, script = start_mpijob(cluster, logs, (w, where), rank_env, job_launch)
+    fail_unless("/etc/deepspeed/finetune.py --deepspeed" in script, "the MPIJob's launcher does not run finetune.py")
     log1 = logs / "finetune-1-preempted.log"
     process = cluster.spawn(launcher, ["/bin/bash", "-c", script], log=log1, env={**IMAGE_ENV, **RANK_ENV, **env})
     deadline = time.monotonic() + LAUNCH_TIMEOUT
@@ -742,24 +769,25 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     phases.end(f"train, preempted at step {saved_step}")
 
     # 2. The job's pods come back: the same launch resumes from the newest checkpoint and exports the model.
-    start_mpijob(cluster, logs, rendered, rank_env)
+    start_mpijob(cluster, logs, (w, where), rank_env, job_launch)
     status, second = launch(cluster, launcher, script, logs / "finetune-2-resumed.log", env=env)
     cluster.stop_services()
     fail_unless(status == 0, f"resumed run: exit {status} (log {logs / 'finetune-2-resumed.log'})")
-    fail_unless(resumed_from(second) == f"{mount}/checkpoints/{MPIJOB}/{saved.name}",
+    fail_unless(resumed_from(second) == f"{w.checkpoint_dir}/{saved.name}",
                 f"the relaunch resumed from {resumed_from(second)}, expected {saved.name}")
     marker = json.loads((model_dir / ".complete").read_text())
-    fail_unless(marker.get("step") == FINETUNE_STEPS and marker.get("world_size") == len(workers),
-                f"marker {marker}: expected step {FINETUNE_STEPS} on {len(workers)} ranks")
+    fail_unless(marker.get("step") == FINETUNE_STEPS and marker.get("world_size") == len(workers)
+                and marker.get("lora") is True, f"marker {marker}: expected step {FINETUNE_STEPS} on {len(workers)} "
+                "ranks, LoRA merged")
     missing = [n for n in ("model.safetensors", "config.json", "tokenizer.json") if not (model_dir / n).is_file()]
     fail_unless(not missing, f"MODEL_DIR lacks {missing}")
     losses = trainer_losses(first) + trainer_losses(second)
-    fail_unless(len(losses) >= 2 and losses[-1] < 0.8 * losses[0], f"losses {losses}: the model did not learn")
+    fail_unless(len(losses) >= 2 and losses[-1] < 0.95 * losses[0], f"losses {losses}: the model did not learn")
     phases.end(f"resume from step {saved_step}, train to {FINETUNE_STEPS}, export")
 
     # 3. vLLM's CPU build serves MODEL_DIR (a serve pod on the launcher's host); transformers' greedy tokens on the
     #    exported model are computed meanwhile, the reference vLLM's answer must equal.
-    served = f"{mount}/models/{MPIJOB}"
+    served = w.model_dir
     server_log = logs / "finetune-vllm.log"
     server = cluster.spawn(launcher, [str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
                                       "--model", served, "--dtype", "float32", "--max-model-len", "256",
@@ -784,9 +812,10 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     fail_unless(not problems, "; ".join(problems))
     phases.end("prompt answered")
     text = answer["choices"][0].get("text", "")
-    return (f"ZeRO-3 on {len(workers)} hosts, preempted at step {on_term.group(1) if on_term else saved_step} "
+    stopped = on_term.group(1) if on_term else saved_step
+    return (f"kind finetune: LoRA under ZeRO-3 on {len(workers)} hosts, preempted at step {stopped} "
             f"({termed} processes got SIGTERM, {killed} SIGKILL; saved {saved.name}), resumed to step "
-            f"{FINETUNE_STEPS} (loss {losses[0]:.2f} -> {losses[-1]:.2f}), exported; vLLM answered "
+            f"{FINETUNE_STEPS} (loss {losses[0]:.2f} -> {losses[-1]:.2f}), merged and exported; vLLM answered "
             f"{FINETUNE_PROMPT!r} with {text!r}, the same {FINETUNE_MAX_TOKENS} tokens as transformers. "
             f"Phases: {phases.summary()}")
 

@@ -100,17 +100,13 @@ def test_install_sh_installs_the_version_set() -> None:
     assert python["vllmCpu"] == python["vllm"]  # the CPU build of the release the image serves with
 
 
-def test_finetune_records_and_arguments(e2e: ModuleType) -> None:
+def test_finetune_records(e2e: ModuleType) -> None:
     records = e2e.finetune_records()
     assert len(records) == 64 and len({r["prompt"] for r in records}) == 64
     assert records[2 * 8 + 3] == {"prompt": "What is two plus three?", "response": "two plus three is 5."}
     assert e2e.FINETUNE_PROMPT in {r["prompt"] for r in records}
-    args = e2e.finetune_args("/storage", "ds-e2e")
-    # The contract's layout: <out>/checkpoints/<workload> and <out>/models/<workload> on the shared claim.
-    assert args[args.index("--checkpoint-dir") + 1] == "/storage/checkpoints/ds-e2e"
-    assert args[args.index("--model-dir") + 1] == "/storage/models/ds-e2e"
-    assert args[args.index("--max-steps") + 1] == str(e2e.FINETUNE_STEPS)
-    assert int(args[args.index("--save-steps") + 1]) < e2e.FINETUNE_STEPS  # a checkpoint before the preemption
+    assert e2e.FINETUNE_SAVE_STEPS < e2e.FINETUNE_STEPS  # a checkpoint before the preemption
+    assert e2e.outside("/gcs/models/ds-e2e", "/gcs", Path("/w/bucket")) == Path("/w/bucket/models/ds-e2e")
 
 
 def test_trainer_output_is_read(e2e: ModuleType) -> None:
@@ -148,16 +144,21 @@ def test_finetune_runs_in_make_e2e(e2e: ModuleType) -> None:
     assert tiny.HIDDEN >= 64 and tiny.HIDDEN // tiny.HEADS >= 32
 
 
-def test_the_finetune_workload_renders_the_trainers_launch(e2e: ModuleType) -> None:
-    w, where = e2e.stack_workload("mpijob", script="finetune.py", args=e2e.finetune_args("/storage", e2e.MPIJOB),
-                                  deepspeed=e2e.FINETUNE_DS)
-    script = mpijob.nvidia_launcher_script(w)
-    assert ("/etc/deepspeed/finetune.py --deepspeed_config /etc/deepspeed/ds_config.json --model "
-            "/storage/e2e-finetune/base") in script
-    files = mpijob.config_map_data(w, where, has_token=False)
+def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
+    from workloads.mpijob import nvidia
+
+    w, where, launch = e2e.finetune_workload()
+    assert w.kind == "finetune" and w.name == e2e.MPIJOB
+    script = nvidia.launcher_script(None, launch)
+    assert ("/etc/deepspeed/finetune.py --deepspeed /etc/deepspeed/ds_config.json --model /gcs/e2e-finetune/base "
+            "--dataset /gcs/e2e-finetune/data.jsonl") in script
+    assert "--lora" in script and "--max-steps 40" in script and script.endswith("--logging-steps 5")
+    # The contract's layout on the bucket's mount, in the environment every rank is sent.
+    assert launch.env == {"CHECKPOINT_DIR": "/gcs/checkpoints/ds-e2e", "MODEL_DIR": "/gcs/models/ds-e2e"}
+    assert {"CHECKPOINT_DIR", "MODEL_DIR"} <= set(nvidia.forwarded_env(w, where, False, launch))
+    files = nvidia.config_map_data(w, where, False, launch)
     ds = json.loads(files["ds_config.json"])
     zero = ds["zero_optimization"]
     assert zero["stage"] == 3 and zero["stage3_param_persistence_threshold"] == "auto"
     assert ds["train_batch_size"] == 8 and "fp16" not in ds and "bf16" not in ds
     assert files["finetune.py"] == (ROOT / "workloads" / "scripts" / "finetune.py").read_text()
-    assert w.storage.mount_path == "/storage"
