@@ -332,10 +332,11 @@ def mpijob_hostfile(workers: int, slots: int) -> str:
 
 
 def start_mpijob(cluster: nshosts.Cluster, logs: Path, rendered: tuple[Any, Any] | None = None,
-                 rank_env: dict[str, str] | None = None, launch: Any = None) -> tuple[Any, dict[str, str], str]:
+                 rank_env: dict[str, str] | None = None, launch: Any = None,
+                 claim: Path | None = None) -> tuple[Any, dict[str, str], str]:
     """Workers as the NVIDIA MPIJob renders them (of the dev stack's smoke test, or `rendered`: a workload and its
-    placement, with a kind's own `launch`); the launcher's files. Returns (workload, the launcher's environment,
-    its script)."""
+    placement, with a kind's own `launch`); the launcher's files; the job's claim (`claim`, else a new empty one:
+    another job's checkpoints would be resumed). Returns (workload, the launcher's environment, its script)."""
     from workloads.mpijob import nvidia
     from workloads.mpijob.shape import CONFIG_DIR, SSH_CLIENT_KEY
 
@@ -358,6 +359,13 @@ def start_mpijob(cluster: nshosts.Cluster, logs: Path, rendered: tuple[Any, Any]
         for name, text in (("id_rsa", key.read_text()), ("id_rsa.pub", pub), ("authorized_keys", pub)):
             write(ssh / name, text, 0o640, owner=0)
             os.chown(ssh / name, 0, nshosts.UID)
+    # The job's shared claim at storage.mountPath on every pod: CHECKPOINT_DIR, MODEL_DIR (without a bucket) and
+    # HF_HOME live there.
+    claim = claim or Path(tempfile.mkdtemp(prefix="claim-", dir=cluster.work))
+    claim.mkdir(exist_ok=True)
+    _chown_dirs(claim)
+    for host in cluster.hosts:
+        cluster.bind(host, claim, w.storage.mount_path)
     write(launcher.path("/etc/ssh/ssh_config.d/deepspeed.conf"), files[SSH_CLIENT_KEY], owner=0)
     write(launcher.path(MPI_HOSTFILE), mpijob_hostfile(len(workers), where.per_worker), owner=0)
     deepspeed_env(launcher, rank_env)
@@ -734,13 +742,10 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     ft = _finetune_script()
     launcher, workers = cluster.hosts[0], cluster.hosts[1:]
     w, where, job_launch = finetune_workload()
-    bucket, claim = cluster.work / "bucket", cluster.work / "claim"
+    bucket, claim = cluster.work / "bucket", cluster.work / "finetune-claim"  # the claim: the job's, both runs
     finetune_assets(bucket)
-    claim.mkdir(exist_ok=True)
-    _chown_dirs(claim)
-    for host in cluster.hosts:  # the bucket's FUSE mount and the shared claim (HF_HOME), on every pod
+    for host in cluster.hosts:  # the bucket's FUSE mount on every pod (start_mpijob mounts the claim)
         cluster.bind(host, bucket, w.gcs_fuse.mount_path)
-        cluster.bind(host, claim, w.storage.mount_path)
     checkpoints = outside(w.checkpoint_dir, w.gcs_fuse.mount_path, bucket)
     model_dir = outside(w.model_dir, w.gcs_fuse.mount_path, bucket)
     phases.end("tiny Llama, tokenizer and data")
@@ -748,7 +753,7 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     # 1. Trained under ZeRO-3 on both workers; once a checkpoint is saved a worker is preempted (SIGTERM to every
     #    process on it, SIGKILL after the grace period).
     rank_env = {"HF_HUB_OFFLINE": "1"}  # nothing is downloaded: a hub lookup would only wait for a timeout
-    _w, env, script = start_mpijob(cluster, logs, (w, where), rank_env, job_launch)
+    _w, env, script = start_mpijob(cluster, logs, (w, where), rank_env, job_launch, claim)
     fail_unless("/etc/deepspeed/finetune.py --deepspeed" in script, "the MPIJob's launcher does not run finetune.py")
     log1 = logs / "finetune-1-preempted.log"
     process = cluster.spawn(launcher, ["/bin/bash", "-c", script], log=log1, env={**IMAGE_ENV, **RANK_ENV, **env})
@@ -769,7 +774,7 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     phases.end(f"train, preempted at step {saved_step}")
 
     # 2. The job's pods come back: the same launch resumes from the newest checkpoint and exports the model.
-    start_mpijob(cluster, logs, (w, where), rank_env, job_launch)
+    start_mpijob(cluster, logs, (w, where), rank_env, job_launch, claim)
     status, second = launch(cluster, launcher, script, logs / "finetune-2-resumed.log", env=env)
     cluster.stop_services()
     fail_unless(status == 0, f"resumed run: exit {status} (log {logs / 'finetune-2-resumed.log'})")
