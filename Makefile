@@ -42,7 +42,7 @@ docs: $(STAMP)  ## regenerate the README's configuration reference from model/sc
 	$(BIN)/python -m model.docs --write README.md
 
 # WRITE=<stack>: write the cheapest plan the stack's checks accept (within BUDGET $/h) as Pulumi.<stack>.yaml.
-gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Llama-2-7B|7B MODE=inference|training [PRECISION=fp16] [REGION=...] [VOCAB=.. HIDDEN=..|LARGEST=..] [WRITE=<stack> [BUDGET=$/h]]
+gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Llama-2-7B|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [VOCAB=.. HIDDEN=..|LARGEST=..] [WRITE=<stack> [BUDGET=$/h]]
 	$(BIN)/python -m $(if $(WRITE),preview.write_stack --stack "$(WRITE)" $(if $(BUDGET),--budget $(BUDGET),),planner) \
 		$(if $(MODEL),--model "$(MODEL)",$(if $(PARAMETERS),--parameters $(PARAMETERS),)) \
 		$(if $(MODE),--mode $(MODE),) $(if $(PRECISION),--precision $(PRECISION),) \

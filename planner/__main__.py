@@ -23,7 +23,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     what.add_argument("--model", help="a known model (see --list) or a Hugging Face id listed in data/models.yaml")
     what.add_argument("--parameters", type=float, metavar="B", help="parameters in billions (unknown shape)")
     what.add_argument("--list", action="store_true", help="list the known models and exit")
-    parser.add_argument("--mode", choices=["inference", "training"], help="required with --model/--parameters")
+    parser.add_argument("--mode", choices=["inference", "training", "finetune"],
+                        help="required with --model/--parameters (finetune is sized as training: LoRA needs less)")
     parser.add_argument("--vocab", type=int, help="vocabulary size (with --hidden) of a model not in data/models.yaml")
     parser.add_argument("--hidden", type=int, help="hidden size (with --vocab) of a model not in data/models.yaml")
     parser.add_argument("--largest-layer", type=float, metavar="M",
@@ -36,7 +37,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-nodes", type=int, default=MAX_NODES, help=f"nodes per option (default {MAX_NODES})")
     args = parser.parse_args(argv)
     if not args.list and args.mode is None:
-        parser.error("--mode inference|training is required")
+        parser.error("--mode inference|training|finetune is required")
+    if args.mode == "finetune":
+        args.mode = "training"  # the plan full fine-tuning needs holds LoRA too (frozen weights, fewer states)
     if args.seq < 1 or args.batch < 1 or args.top < 1 or args.max_nodes < 1:
         parser.error("--seq, --batch, --top and --max-nodes must be at least 1")
     return args

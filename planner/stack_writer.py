@@ -4,11 +4,11 @@
 system pool, one GPU pool shaped like the option (one zone: NCCL across zones is slow and billed), and the workload
 of the mode: `training` an MPIJob running workloads/scripts/finetune.py (full-parameter, the Hugging Face Trainer)
 on the option's nodes with the ZeRO stage and offload the planner sized; `inference` a `serve` workload on one
-node. `render()` writes it with the plan, the ds_config choices and the reasons as YAML comments.
+node; `finetune` the finetune kind with LoRA on the `training` plan, its data and result in the stack's bucket.
+`render()` writes it with the plan, the ds_config choices and the reasons as YAML comments.
 
 Which candidate is written is decided above this layer (preview/write_stack.py): the cheapest whose config the
-stack's own checks accept, so what is written previews. A `finetune` mode (LoRA, the finetune kind) plugs in as one
-more entry of WORKLOADS once that kind exists.
+stack's own checks accept, so what is written previews.
 """
 
 from __future__ import annotations
@@ -189,8 +189,29 @@ def _inference(request: Request, strategy: Strategy, option: Option, model_id: s
 
 # (request, strategy, option, Hugging Face id) -> the stack config's workload keys and the reasons for them.
 WorkloadWriter = Callable[[Request, Strategy, Option, str], tuple[dict[str, Any], list[str]]]
-# The workload each mode writes; a `finetune` entry (the finetune kind, LoRA) joins here when that kind exists.
-WORKLOADS: dict[str, WorkloadWriter] = {TRAINING: _training, INFERENCE: _inference}
+FINETUNE = "finetune"
+BUCKET_DATASET = "data/train.jsonl"  # the finetune kind reads its data from the stack's bucket (datasetPath)
+
+
+def _finetune(request: Request, strategy: Strategy, option: Option, model_id: str) -> tuple[dict[str, Any], list[str]]:
+    """The finetune kind (LoRA on) on the plan sized for full fine-tuning, which LoRA never needs more than: the
+    same pool, workers and ds_config as `training`; data and the result in the stack's bucket."""
+    config, reasons = _training(request, strategy, option, model_id)
+    job = config["deepspeed-stack:workloads"]["train"]
+    job.pop("launch")  # the kind's own launch: finetune.py with the keys below as its arguments
+    job.update(kind=FINETUNE, gcsFuse={"enabled": True, "mountPath": "/gcs"},
+               finetune={"model": model_id, "datasetPath": BUCKET_DATASET, "sequenceLength": request.sequence_length,
+                         "epochs": 1, "lora": {"enabled": True}})
+    reasons = [r for r in reasons if not r.startswith("launch:")] + [
+        f"finetune: LoRA on {model_id}, sized as full fine-tuning (an upper bound: LoRA trains and keeps optimizer "
+        "states for the adapters only); set lora.enabled: false to train every parameter on the same nodes",
+        f"finetune.datasetPath: upload your JSONL to gs://<the bucket output>/{BUCKET_DATASET} after `pulumi up` "
+        "(the launcher waits for it); the model lands in models/train/ in the bucket"]
+    return {"deepspeed-stack:storage": {"enabled": True}, **config}, reasons
+
+
+# The workload each mode writes. `finetune` is sized as `training` (its Request's mode) and written as the kind.
+WORKLOADS: dict[str, WorkloadWriter] = {TRAINING: _training, INFERENCE: _inference, FINETUNE: _finetune}
 
 
 def _model_reasons(model_id: str) -> list[str]:
@@ -201,13 +222,13 @@ def _model_reasons(model_id: str) -> list[str]:
 
 
 def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catalog | None = None,
-               top: int = 50, model_id: str | None = None) -> list[Candidate]:
+               top: int = 50, model_id: str | None = None, writer: str | None = None) -> list[Candidate]:
     """Every option the planner recommends, as a stack config, cheapest first (on-demand, then spot $/h).
     Inference stays on one node: a `serve` workload runs one replica per node. `model_id`: the Hugging Face id
-    (default: from data/models.yaml)."""
+    (default: from data/models.yaml). `writer`: the WORKLOADS entry (default: the request's mode)."""
     cat = cat or gpu_catalog.load()
     model_id = model_id or hf_id(request.model.name) or MODEL_PLACEHOLDER
-    write = WORKLOADS[request.mode]
+    write = WORKLOADS[writer or request.mode]
     plans = recommend(request, region, cat, max_nodes=1 if request.mode == INFERENCE else MAX_NODES, top=top)
     ranked = sorted(((p.strategy, o) for p in plans for o in p.options), key=lambda so: so[1].sort_key())
     out = []
@@ -247,5 +268,5 @@ def summary_line(candidate: Candidate) -> str:
             f"(${o.spot:,.2f}/h spot)")
 
 
-__all__ = ["INFERENCE", "TRAINING", "WORKLOADS", "Candidate", "candidates", "hf_id", "pool_name", "render",
+__all__ = ["FINETUNE", "INFERENCE", "TRAINING", "WORKLOADS", "Candidate", "candidates", "hf_id", "pool_name", "render",
            "short_name", "summary_line"]

@@ -31,6 +31,7 @@ from preview.engine import PROJECT_DIR, SECRET, engine_config_from_yaml
 
 MAX_TRIES = 60  # candidates loaded through the checks before giving up (each load is a few tens of ms)
 ROLE = {stack_writer.TRAINING: TRAINING, stack_writer.INFERENCE: SERVING}
+SIZED_AS = {stack_writer.FINETUNE: stack_writer.TRAINING}  # a mode the planner sizes as another
 
 
 class NoPlanError(Exception):
@@ -53,18 +54,19 @@ def _problem_line(problem: str, limit: int = 220) -> str:
 def gated_model(candidate: stack_writer.Candidate) -> str | None:
     """The gated Hugging Face id (data/gated_models.yaml) a candidate's workload downloads, if any."""
     for w in (candidate.config.get("deepspeed-stack:workloads") or {}).values():
-        model_id = (w.get("serving") or {}).get("model")
+        model_id = (w.get("serving") or {}).get("model") or (w.get("finetune") or {}).get("model")
         if isinstance(model_id, str) and gated_family(model_id) is not None:
             return model_id
     return None
 
 
 def choose(request: Request, region: str, stack: str, budget: float | None = None,
-           cat: gpu_catalog.Catalog | None = None, model_id: str | None = None) -> Choice:
+           cat: gpu_catalog.Catalog | None = None, model_id: str | None = None, writer: str | None = None) -> Choice:
     """The cheapest candidate whose config the checks accept and whose $/h with the workload running is within
     `budget` (None: any)."""
     refused: list[tuple[stack_writer.Candidate, str]] = []
-    for candidate in stack_writer.candidates(request, region, stack, cat, model_id=model_id)[:MAX_TRIES]:
+    for candidate in stack_writer.candidates(request, region, stack, cat, model_id=model_id,
+                                                        writer=writer)[:MAX_TRIES]:
         config, secret_keys = engine_config_from_yaml(candidate.config)
         gated = gated_model(candidate)
         if gated:  # checked as it will run: after the user's `pulumi config set --secret hfToken` (header says so)
@@ -121,8 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", help="a known model (python -m planner --list), a Hugging Face id, or a size (7B)")
     what.add_argument("--parameters", type=float, metavar="B", help="parameters in billions (unknown shape)")
-    parser.add_argument("--mode", required=True, help="training or inference (finetune: once the finetune kind "
-                                                      "exists)")
+    parser.add_argument("--mode", required=True, help="training, finetune (LoRA, the finetune kind) or inference")
     parser.add_argument("--stack", required=True, help="the stack to write: Pulumi.<stack>.yaml")
     parser.add_argument("--precision", choices=list(BYTES_PER_PARAM), default="bf16")
     parser.add_argument("--region", default="us-central1")
@@ -150,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.mode not in stack_writer.WORKLOADS:
         hint = did_you_mean(args.mode, stack_writer.WORKLOADS)
-        later = (" (the finetune kind is not in this checkout yet: MODE=training writes a full-parameter fine-tune, "
-                 "an MPIJob of finetune.py)" if args.mode == "finetune" else "")
-        print(f"error: MODE={args.mode}: write knows {', '.join(stack_writer.WORKLOADS)}{later}{hint}", file=sys.stderr)
+        print(f"error: MODE={args.mode}: write knows {', '.join(stack_writer.WORKLOADS)}{hint}", file=sys.stderr)
         return 2
     path = args.dir / f"Pulumi.{args.stack}.yaml"
     if path.exists() and not args.force:
@@ -161,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     cat = gpu_catalog.load()
     try:
         model = given_shape(resolve(args.model, args.parameters), args.vocab, args.hidden, args.largest_layer)
-        request = Request(model, args.precision, args.mode, args.seq, args.batch)
+        request = Request(model, args.precision, SIZED_AS.get(args.mode, args.mode), args.seq, args.batch)
         # A Hugging Face id as MODEL is what the pods download; a name or a size takes data/models.yaml's id.
         model_id = args.model if args.model and "/" in args.model else None
-        choice = choose(request, args.region, args.stack, args.budget, cat, model_id)
+        choice = choose(request, args.region, args.stack, args.budget, cat, model_id, writer=args.mode)
     except (ValueError, NoPlanError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

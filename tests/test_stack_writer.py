@@ -124,8 +124,6 @@ def test_write_refuses_an_existing_stack_and_unknown_modes(tmp_path: Path, capsy
     (tmp_path / "Pulumi.dev.yaml").write_text("config: {}\n", encoding="utf-8")
     assert ws.main(["--model", "7B", "--mode", "inference", "--stack", "dev", "--dir", str(tmp_path)]) == 2
     assert "Pulumi.dev.yaml exists" in capsys.readouterr().err
-    assert ws.main(["--model", "7B", "--mode", "finetune", "--stack", "x", "--dir", str(tmp_path)]) == 2
-    assert "the finetune kind is not in this checkout yet" in capsys.readouterr().err
     assert ws.main(["--model", "7B", "--mode", "inferense", "--stack", "x", "--dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().endswith("did you mean `inference`?")
 
@@ -136,3 +134,34 @@ def test_the_written_config_is_what_the_engine_loads() -> None:
     engine_cfg, secret_keys = engine.engine_config_from_yaml(config)  # with the token: Llama 2 is gated
     pool = stack_writer.pool_name(choice.candidate.option.gpu_type)
     assert load(engine_cfg, set(secret_keys)).pool(pool).machine_type == choice.candidate.option.machine_type
+
+
+@pytest.mark.parametrize("model", GRID_MODELS)
+def test_finetune_grid_writes_the_finetune_kind_and_loads(model: str) -> None:
+    """MODE=finetune: the plan full fine-tuning needs (Request mode training), written as the finetune kind with
+    LoRA on, its data and result in the stack's bucket; it loads through every rule `make preview` runs."""
+    request = Request(resolve(model), "bf16", stack_writer.TRAINING, 2048, 1)
+    choice = ws.choose(request, REGION, "grid", writer=stack_writer.FINETUNE)
+    header = ws.header(choice, request, REGION, "grid", f"make gpus MODEL={model} MODE=finetune WRITE=grid",
+                       catalog.load())
+    text = stack_writer.render(choice.candidate, header)
+    config = yaml.safe_load(text)["config"]
+    if choice.gated_model:
+        config["deepspeed-stack:hfToken"] = TOKEN
+    assert config_problems(config) == [], text
+    (workload,) = config["deepspeed-stack:workloads"].values()
+    option, strategy = choice.candidate.option, choice.candidate.strategy
+    assert workload["kind"] == "finetune" and workload["workers"] == option.nodes
+    assert "launch" not in workload  # the kind's own finetune.py command line
+    assert workload["finetune"]["lora"] == {"enabled": True}
+    assert workload["finetune"]["datasetPath"] == "data/train.jsonl"
+    assert workload["finetune"]["sequenceLength"] == 2048
+    assert workload["gcsFuse"]["enabled"] is True and config["deepspeed-stack:storage"] == {"enabled": True}
+    assert workload["deepspeed"]["zeroStage"] == strategy.zero_stage
+    assert "#   finetune: LoRA on " in text
+
+
+def test_write_finetune_mode_writes_a_file(tmp_path: Path) -> None:
+    assert ws.main(["--model", "Llama-2-7B", "--mode", "finetune", "--stack", "ft", "--dir", str(tmp_path)]) == 0
+    config = yaml.safe_load((tmp_path / "Pulumi.ft.yaml").read_text())["config"]
+    assert [w["kind"] for w in config["deepspeed-stack:workloads"].values()] == ["finetune"]
