@@ -7,7 +7,7 @@ HEADROOM to spare is a warning (`warnings()`, logged by __main__.py), not an err
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from checks.common import Check, at
 from model import catalog as gpu_catalog
@@ -34,8 +34,7 @@ SUGGESTIONS = 3
 COUNT_HINT = "(or give the parameter count in billions)"  # planner/sizing.py's unknown-model message
 
 
-@dataclass(frozen=True)
-class Sized:
+class Sized(msgspec.Struct, frozen=True):
     """A workload's model sized on the accelerators it is placed on."""
 
     name: str

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import pulumi
 import pulumi_gcp as gcp
 
@@ -13,8 +12,7 @@ from model.types import RegistryConfig
 DELETE_AFTER = "2592000s"
 
 
-@dataclass(frozen=True)
-class ArtifactRegistryArgs:
+class ArtifactRegistryArgs(msgspec.Struct, frozen=True):
     project: str
     region: str
     config: RegistryConfig
@@ -23,11 +21,6 @@ class ArtifactRegistryArgs:
 
 
 class ArtifactRegistry(pulumi.ComponentResource):
-    repository: gcp.artifactregistry.Repository
-    reader: gcp.artifactregistry.RepositoryIamMember | None
-    host: str
-    url: pulumi.Output[str]
-
     def __init__(self, name: str, args: ArtifactRegistryArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:ArtifactRegistry", name, None, opts)
         self.repository = gcp.artifactregistry.Repository(
@@ -59,7 +52,7 @@ class ArtifactRegistry(pulumi.ComponentResource):
         )
         # The node account's read grant: workloads that pull the stack's image wait for it.
         self.reader = self._reader(name, args) if args.reader_service_account is not None else None
-        self.host = f"{args.region}-docker.pkg.dev"
+        self.host: str = f"{args.region}-docker.pkg.dev"
         self.url = self.repository.repository_id.apply(lambda repo: f"{self.host}/{args.project}/{repo}")
         self.register_outputs({"url": self.url})
 

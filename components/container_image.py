@@ -6,8 +6,7 @@ workload never runs a tag that moved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import msgspec
 import pulumi
 import pulumi_docker_build as docker_build
 import pulumi_gcp as gcp
@@ -18,12 +17,11 @@ from model.types import ImageConfig
 GCP_TOKEN_USER = "oauth2accesstoken"
 
 
-@dataclass(frozen=True)
-class ContainerImageArgs:
+class ContainerImageArgs(msgspec.Struct, frozen=True):
     config: ImageConfig
     registry_host: str
     repository_url: pulumi.Input[str]
-    build_args: dict[str, str] = field(default_factory=dict)  # Dockerfile ARGs (e.g. the pinned base image)
+    build_args: dict[str, str] = msgspec.field(default_factory=dict)  # Dockerfile ARGs (e.g. the pinned base image)
     # The push login: the deploying identity's Google OAuth token (Artifact Registry) unless a password is
     # given; with `username` None and no password, the build host's own docker login.
     username: str | None = GCP_TOKEN_USER
@@ -31,13 +29,11 @@ class ContainerImageArgs:
 
 
 class ContainerImage(pulumi.ComponentResource):
-    ref: pulumi.Output[str]
-
     def __init__(self, name: str, args: ContainerImageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:ContainerImage", name, None, opts)
         cfg = args.config
         if cfg.prebuilt:
-            self.ref = pulumi.Output.from_input(cfg.prebuilt)
+            self.ref: pulumi.Output[str] = pulumi.Output.from_input(cfg.prebuilt)
         else:
             # `repository@digest`: the image's `ref` output keeps the tag too (`repo:tag@sha256:...`); the
             # digest alone is what pins it, so that is what workloads get.

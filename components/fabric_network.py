@@ -8,24 +8,21 @@ all (GCE refuses them on a VPC with the RoCE network profile).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import pulumi
 import pulumi_gcp as gcp
 
 from model.fabric import FabricSet, PlannedVpc
 
 
-@dataclass(frozen=True)
-class FabricNetworkArgs:
+class FabricNetworkArgs(msgspec.Struct, frozen=True):
     project: str
     region: str
     fabric_set: FabricSet
     fabric_cidr: str  # source range of the gVNIC VPCs' allow-internal rule
 
 
-@dataclass(frozen=True)
-class NicNetwork:
+class NicNetwork(msgspec.Struct, frozen=True):
     """Where one extra NIC attaches: the VPC and subnet names the pool and GKENetworkParamSet name."""
 
     nic: str
@@ -43,12 +40,10 @@ def firewall_allow(protocols: tuple[str, ...] = ("tcp", "udp", "icmp")) -> list[
 
 
 class FabricNetwork(pulumi.ComponentResource):
-    nics: list[NicNetwork]
-    networks: list[gcp.compute.Network]
-
     def __init__(self, name: str, args: FabricNetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:FabricNetwork", name, None, opts)
-        self.nics, self.networks = [], []
+        self.nics: list[NicNetwork] = []
+        self.networks: list[gcp.compute.Network] = []
         for planned in args.fabric_set.vpcs:
             self._vpc(name, args, planned)
         self.register_outputs({

@@ -6,8 +6,7 @@ CKV2_GCP_18: a network without explicit firewall rules) and deny every other ing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import pulumi_gcp as gcp
 
 # GCE's implied deny-ingress sits at 65535; an explicit one just above it shows up in reviews and audits.
@@ -19,8 +18,7 @@ ALLOW_PRIORITY = 1000
 CONTROL_PLANE_PORTS = ["443", "10250", "9443"]
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(msgspec.Struct, frozen=True):
     suffix: str
     description: str
     direction: str

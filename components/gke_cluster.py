@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
+import msgspec
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
@@ -18,8 +18,7 @@ SYSTEM_POOL_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 CONNECT_GATEWAY_HOST = "connectgateway.googleapis.com"
 
 
-@dataclass(frozen=True)
-class GkeClusterArgs:
+class GkeClusterArgs(msgspec.Struct, frozen=True):
     project: str
     location: str
     config: ClusterConfig
@@ -129,14 +128,6 @@ def _addons(cfg: ClusterConfig) -> gcp.container.ClusterAddonsConfigArgs:
 
 
 class GkeCluster(pulumi.ComponentResource):
-    cluster: gcp.container.Cluster
-    name: pulumi.Output[str]
-    endpoint: pulumi.Output[str]
-    ca_certificate: pulumi.Output[str]
-    kubeconfig: pulumi.Output[str]
-    connect_gateway_kubeconfig: pulumi.Output[str] | None
-    provider: k8s.Provider
-
     def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:GkeCluster", name, None, opts)
         cfg = args.config
@@ -224,10 +215,10 @@ class GkeCluster(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["initialNodeCount"]),
         )
-        self.name = self.cluster.name
-        self.endpoint = self.cluster.endpoint
-        self.ca_certificate = self.cluster.master_auth.cluster_ca_certificate
-        self.kubeconfig = pulumi.Output.secret(
+        self.name: pulumi.Output[str] = self.cluster.name
+        self.endpoint: pulumi.Output[str] = self.cluster.endpoint
+        self.ca_certificate: pulumi.Output[str] = self.cluster.master_auth.cluster_ca_certificate
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
             pulumi.Output.all(self.cluster.name, self.endpoint, self.ca_certificate).apply(
                 lambda v: kubeconfig(v[0], v[1], v[2])
             )

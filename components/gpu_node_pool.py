@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import msgspec
 import pulumi
 import pulumi_gcp as gcp
 
@@ -17,8 +16,7 @@ GPU_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 POOL_LABEL = "deepspeed-stack/pool"
 
 
-@dataclass(frozen=True)
-class GpuNodePoolArgs:
+class GpuNodePoolArgs(msgspec.Struct, frozen=True):
     project: str
     location: str
     cluster_name: pulumi.Input[str]
@@ -27,7 +25,7 @@ class GpuNodePoolArgs:
     zones: list[str]
     # A3/A4 fabric: its contract, and the extra NICs' (network, subnetwork) in the contract's order.
     fabric: Fabric | None = None
-    additional_networks: list[tuple[pulumi.Input[str], pulumi.Input[str]]] = field(default_factory=list)
+    additional_networks: list[tuple[pulumi.Input[str], pulumi.Input[str]]] = msgspec.field(default_factory=list)
     # The GKE ComputeClass the pool joins (a workload's pool then fallbackPool, workloads/compute_class.py).
     compute_class: str | None = None
 
@@ -107,13 +105,10 @@ def _node_config(args: GpuNodePoolArgs) -> gcp.container.NodePoolNodeConfigArgs:
 
 
 class GpuNodePool(pulumi.ComponentResource):
-    node_pool: gcp.container.NodePool
-    config: NodePoolConfig
-
     def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:GpuNodePool", name, None, opts)
         cfg = args.config
-        self.config = cfg
+        self.config: NodePoolConfig = cfg
         # No `name`: Pulumi auto-names the pool `<pool name>-<7 random characters>`, so a change that forces
         # replacement creates the new pool beside the old one instead of failing on a name clash. The logical
         # name is the config's pool name alone, so that auto-name fits GKE's 40 characters (checks.POOL_NAME_MAX).

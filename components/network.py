@@ -3,8 +3,7 @@ rules, and NAT for private nodes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import pulumi
 import pulumi_gcp as gcp
 
@@ -15,8 +14,7 @@ PODS_RANGE = "pods"
 SERVICES_RANGE = "services"
 
 
-@dataclass(frozen=True)
-class NetworkArgs:
+class NetworkArgs(msgspec.Struct, frozen=True):
     name: str
     region: str
     config: NetworkConfig
@@ -36,9 +34,6 @@ def flow_log_config(cfg: FlowLogsConfig) -> gcp.compute.SubnetworkLogConfigArgs 
 
 
 class Network(pulumi.ComponentResource):
-    vpc: gcp.compute.Network
-    subnet: gcp.compute.Subnetwork
-
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)

@@ -7,8 +7,8 @@ is granted on the stack's repository only, by the ArtifactRegistry component.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import pulumi
 import pulumi_gcp as gcp
 
@@ -22,8 +22,7 @@ NODE_ROLES = (
 )
 
 
-@dataclass(frozen=True)
-class NodeIdentityArgs:
+class NodeIdentityArgs(msgspec.Struct, frozen=True):
     project: str
     cluster_name: str
 
@@ -37,9 +36,6 @@ def account_id(prefix: str, suffix: str) -> str:
 
 
 class NodeIdentity(pulumi.ComponentResource):
-    account: gcp.serviceaccount.Account
-    email: pulumi.Output[str]
-
     def __init__(self, name: str, args: NodeIdentityArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:NodeIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -51,7 +47,7 @@ class NodeIdentity(pulumi.ComponentResource):
             # accountId is a fixed name: a replacement must delete the old account before creating the new one.
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
         )
-        self.email = self.account.email
+        self.email: pulumi.Output[str] = self.account.email
         member = self.email.apply(lambda email: f"serviceAccount:{email}")
         for role in NODE_ROLES:
             gcp.projects.IAMMember(

@@ -11,8 +11,7 @@ changes, protects or deletes a bucket it did not create.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import msgspec
 import pulumi
 import pulumi_gcp as gcp
 
@@ -24,8 +23,7 @@ OBJECT_ROLE = "roles/storage.objectUser"
 DAY_SECONDS = 86400
 
 
-@dataclass(frozen=True)
-class StorageArgs:
+class StorageArgs(msgspec.Struct, frozen=True):
     project: str
     location: str
     config: StorageConfig
@@ -35,7 +33,7 @@ class StorageArgs:
     protect: bool
     # The PROJECT.svc.id.goog identity pool exists only once a cluster with Workload Identity does:
     # the bindings wait for it (the bucket itself does not).
-    identity_pool_ready: list[pulumi.Resource] = field(default_factory=list)
+    identity_pool_ready: list[pulumi.Resource] = msgspec.field(default_factory=list)
     # Service account ids are per project: the stack name keeps two stacks in one project apart.
     stack: str = "dev"
 
@@ -58,22 +56,17 @@ def lifecycle_rules(cfg: StorageConfig) -> list[gcp.storage.BucketLifecycleRuleA
 
 
 class Storage(pulumi.ComponentResource):
-    bucket: gcp.storage.Bucket | None  # None: `existingBucket`, which the stack does not manage
-    account: gcp.serviceaccount.Account
-    bucket_name: pulumi.Output[str]
-    email: pulumi.Output[str]
-
     def __init__(self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:Storage", name, None, opts)
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
-        self.bucket = self._bucket(name, args) if cfg.existing_bucket is None else None
-        self.bucket_name = self.bucket.name if self.bucket is not None \
+        self.bucket: gcp.storage.Bucket | None = self._bucket(name, args) if cfg.existing_bucket is None else None
+        self.bucket_name: pulumi.Output[str] = self.bucket.name if self.bucket is not None \
             else pulumi.Output.from_input(cfg.existing_bucket)
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa", project=args.project, account_id=account_id("ds-data", args.stack),
             display_name="DeepSpeed data access (deepspeed-stack)",
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))  # accountId is fixed
-        self.email = self.account.email
+        self.email: pulumi.Output[str] = self.account.email
         # Additive (BucketIAMMember, not BucketIAMBinding/Policy): the bucket's other members stay as they are.
         gcp.storage.BucketIAMMember(
             f"{name}-objects", bucket=self.bucket_name, role=OBJECT_ROLE,

@@ -6,9 +6,7 @@ the rendered spec as an output (see workloads/vertex_job.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
+import msgspec
 import pulumi
 import pulumi_gcp as gcp
 
@@ -22,8 +20,7 @@ TRAINING_ROLES = (
 )
 
 
-@dataclass(frozen=True)
-class VertexTrainingArgs:
+class VertexTrainingArgs(msgspec.Struct, frozen=True):
     project: str
     region: str
     config: VertexConfig
@@ -34,9 +31,6 @@ class VertexTrainingArgs:
 
 
 class VertexTraining(pulumi.ComponentResource):
-    account: gcp.serviceaccount.Account
-    spec: pulumi.Output[dict[str, Any]]
-
     def __init__(self, name: str, args: VertexTrainingArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:VertexTraining", name, None, opts)
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)

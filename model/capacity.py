@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 from model.yamlio import load_yaml
@@ -26,8 +27,7 @@ TITLES = {RESERVATION: "reservation", DWS: "DWS", ON_DEMAND: "on-demand", SPOT: 
 _GKE_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:-gke\.(\d+))?$")
 
 
-@dataclass(frozen=True)
-class KueueInstall:
+class KueueInstall(msgspec.Struct, frozen=True):
     """How the stack installs Kueue: its Helm chart and the manager's Configuration (data/capacity.yaml kueue)."""
     chart_repository: str
     chart_version: str
@@ -56,8 +56,7 @@ def _kueue_install(kq: dict[str, Any]) -> KueueInstall:
         falls_through_on_stockout=bool(kq["fallsThroughOnStockout"]))
 
 
-@dataclass(frozen=True)
-class ComputeClassFacts:
+class ComputeClassFacts(msgspec.Struct, frozen=True):
     """GKE's custom ComputeClass as the stack uses it for `pool` then `fallbackPool` (data/capacity.yaml)."""
     api_version: str
     kind: str
@@ -77,8 +76,7 @@ def _compute_class(raw: dict[str, Any]) -> ComputeClassFacts:
         name_prefix=str(raw["namePrefix"]))
 
 
-@dataclass(frozen=True)
-class Facts:
+class Facts(msgspec.Struct, frozen=True):
     flex_start_min_gke: str
     flex_start_max_run_seconds: int
     flex_start_label: str
@@ -171,8 +169,7 @@ def seconds(duration: str) -> int:
 
 # --- A workload's pool then fallbackPool: one GKE ComputeClass (workloads/compute_class.py) ----------
 
-@dataclass(frozen=True)
-class Chain:
+class Chain(msgspec.Struct, frozen=True):
     """One ComputeClass: the pools GKE tries, first choice first."""
     name: str
     pools: tuple[NodePoolConfig, ...]

@@ -6,16 +6,16 @@ Config validation, the planner and the docs all read this one file, so a fact is
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from model.yamlio import load_yaml
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "data" / "gpu_catalog.yaml"
 
 
-@dataclass(frozen=True)
-class Price:
+class Price(msgspec.Struct, frozen=True):
     on_demand: float
     spot: float
 
@@ -23,8 +23,7 @@ class Price:
         return self.spot if spot else self.on_demand
 
 
-@dataclass(frozen=True)
-class Shape:
+class Shape(msgspec.Struct, frozen=True):
     """One machine type with a fixed number of one GPU type, priced per machine-hour (GPUs included)."""
 
     machine_type: str
@@ -35,8 +34,7 @@ class Shape:
     price: Price
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(msgspec.Struct, frozen=True):
     name: str
     display_name: str
     memory_gb: float
@@ -47,15 +45,14 @@ class Gpu:
     price_per_gpu: Price
     compute_capability: tuple[int, int] = (0, 0)  # CUDA (major, minor); (0, 0) where the catalog gives none
     # Zones one view of the zone source lists and another does not: accepted with a warning, never a default.
-    unconfirmed_zones: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    unconfirmed_zones: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
 
     @property
     def compute_capability_text(self) -> str:
         return "{}.{}".format(*self.compute_capability)
 
 
-@dataclass(frozen=True)
-class Machine:
+class Machine(msgspec.Struct, frozen=True):
     """A machine type without GPUs (e.g. the system pool's e2-standard-4), priced per machine-hour."""
 
     machine_type: str
@@ -64,8 +61,7 @@ class Machine:
     price: Price
 
 
-@dataclass(frozen=True)
-class FilestoreTier:
+class FilestoreTier(msgspec.Struct, frozen=True):
     """A Filestore service tier: the least it provisions (and bills) and its price; None where not in the catalog."""
 
     name: str
@@ -73,12 +69,11 @@ class FilestoreTier:
     per_gib_hour: float | None
 
 
-@dataclass(frozen=True)
-class Filestore:
+class Filestore(msgspec.Struct, frozen=True):
     """GKE's Filestore CSI StorageClasses, the tier each provisions, and the tiers' prices."""
 
-    classes: dict[str, str] = field(default_factory=dict)  # StorageClass -> tier name
-    tiers: dict[str, FilestoreTier] = field(default_factory=dict)
+    classes: dict[str, str] = msgspec.field(default_factory=dict)  # StorageClass -> tier name
+    tiers: dict[str, FilestoreTier] = msgspec.field(default_factory=dict)
     source: str = ""
     date: str = ""
 
@@ -87,8 +82,7 @@ class Filestore:
         return self.tiers.get(name) if name else None
 
 
-@dataclass(frozen=True)
-class VertexPricing:
+class VertexPricing(msgspec.Struct, frozen=True):
     """Vertex AI custom training: the Compute Engine price of machine + GPUs times `markup`."""
 
     markup: float = 1.0
@@ -97,18 +91,17 @@ class VertexPricing:
     date: str = ""
 
 
-@dataclass(frozen=True)
-class Catalog:
+class Catalog(msgspec.Struct, frozen=True):
     source: str
     date: str
     regions: dict[str, tuple[str, ...]]
     gpus: dict[str, Gpu]
     gaudi: dict[str, dict]
-    general_machines: dict[str, Machine] = field(default_factory=dict)
+    general_machines: dict[str, Machine] = msgspec.field(default_factory=dict)
     gke_cluster_fee_per_hour: float = 0.0
     currency: str = "USD"
-    filestore: Filestore = field(default_factory=Filestore)
-    vertex: VertexPricing = field(default_factory=VertexPricing)
+    filestore: Filestore = msgspec.field(default_factory=Filestore)
+    vertex: VertexPricing = msgspec.field(default_factory=VertexPricing)
 
     def gpu_hour(self, gpu_type: str, spot: bool = False) -> float:
         """Estimated price of one GPU-hour (attached GPUs: the GPU alone; bundled: the cheapest shape per GPU)."""

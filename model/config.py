@@ -15,10 +15,10 @@ import importlib.util
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import pulumi
 from pulumi.runtime import config as runtime_config
 
@@ -253,8 +253,7 @@ def gcp_settings(cfg: dict[str, Any], problems: list[str], required: bool = True
     return project or "", region or ""
 
 
-@dataclass(frozen=True)
-class Parsed:
+class Parsed(msgspec.Struct, frozen=True):
     """The typed model and the problems found on the way. `model` is built from the config with every value
     the schema rejected dropped (model/repair.py), so the rules can still check the rest; None when too
     much was rejected for that (a whole top-level key). `reported`: keys whose problems the rules must not

@@ -12,8 +12,9 @@ import functools
 import ipaddress
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from model import catalog as gpu_catalog
 from model.types import NodePoolConfig, StackConfig
@@ -23,8 +24,7 @@ FABRIC_PATH = Path(__file__).resolve().parent.parent / "data" / "gpu_fabric.yaml
 SUBNET_PREFIX = 24  # CT multivpc: one /24 per GPU subnet
 
 
-@dataclass(frozen=True)
-class Vpc:
+class Vpc(msgspec.Struct, frozen=True):
     name: str
     device_mode: str  # NetDevice | RDMA (GKENetworkParamSet.spec.deviceMode)
     nics: tuple[str, ...]  # Kubernetes Network names, one subnet each, in additionalNodeNetworkConfigs order
@@ -35,8 +35,7 @@ class Vpc:
         return self.device_mode == "RDMA"
 
 
-@dataclass(frozen=True)
-class HostVolume:
+class HostVolume(msgspec.Struct, frozen=True):
     name: str
     host_path: str
     mount_path: str
@@ -46,8 +45,7 @@ class HostVolume:
     raw_mount_path: str | None = None  # the pinned manifest's mount path where the stack deviates (and says why)
 
 
-@dataclass(frozen=True)
-class Daemon:
+class Daemon(msgspec.Struct, frozen=True):
     name: str
     image: str
     command: tuple[str, ...]
@@ -57,22 +55,19 @@ class Daemon:
     startup_probe: dict | None = None  # the probe Google recommends on that file
 
 
-@dataclass(frozen=True)
-class Installer:
+class Installer(msgspec.Struct, frozen=True):
     manifest: str  # path in container-engine-accelerators
     daemon_set: str
     image: str
 
 
-@dataclass(frozen=True)
-class NcclTestSpec:
+class NcclTestSpec(msgspec.Struct, frozen=True):
     image: str
     binaries: str
     reference_bus_bandwidth: str
 
 
-@dataclass(frozen=True)
-class Fabric:
+class Fabric(msgspec.Struct, frozen=True):
     name: str  # tcpx | tcpxo | rdma
     display_name: str
     family: str
@@ -107,8 +102,7 @@ class Fabric:
         return any(v.network_profile for v in self.vpcs)
 
 
-@dataclass(frozen=True)
-class FabricCatalog:
+class FabricCatalog(msgspec.Struct, frozen=True):
     source: str
     date: str
     manifest_base: str
@@ -230,21 +224,18 @@ def pool_zones(m: StackConfig, pool: NodePoolConfig) -> list[str]:
     return list(pool.zones or gpu_catalog.load().zones(pool.gpu.type, m.region))
 
 
-@dataclass(frozen=True)
-class Subnet:
+class Subnet(msgspec.Struct, frozen=True):
     nic: str  # the Kubernetes Network name (vpc1, rdma-0, ...)
     cidr: str
 
 
-@dataclass(frozen=True)
-class PlannedVpc:
+class PlannedVpc(msgspec.Struct, frozen=True):
     vpc: Vpc
     subnets: tuple[Subnet, ...]
     network_profile: str | None  # resolved: us-central1-b-vpc-roce
 
 
-@dataclass(frozen=True)
-class FabricSet:
+class FabricSet(msgspec.Struct, frozen=True):
     """One set of extra VPCs, shared by every pool of the same fabric (and zone, for a zonal fabric)."""
 
     key: str  # resource-name part: tcpxo, rdma-us-central1-b

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from model.yamlio import load_yaml
 
 DATA_PATH = Path(__file__).resolve().parent.parent / "data" / "gated_models.yaml"
 
 
-@dataclass(frozen=True)
-class GatedFamily:
+class GatedFamily(msgspec.Struct, frozen=True):
     pattern: str
     family: str
     confirmed: bool

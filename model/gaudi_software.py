@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from model.types import GaudiConfig
 from model.yamlio import load_yaml
@@ -14,8 +15,7 @@ DATA_PATH = Path(__file__).resolve().parent.parent / "data" / "gaudi_software.ya
 DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
 
 
-@dataclass(frozen=True)
-class BaseImage:
+class BaseImage(msgspec.Struct, frozen=True):
     software_version: str
     os: str
     pytorch: str

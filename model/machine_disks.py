@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from model.catalog import CATALOG_PATH
 from model.yamlio import load_yaml
 
 
-@dataclass(frozen=True)
-class MachineDisks:
+class MachineDisks(msgspec.Struct, frozen=True):
     machine_type: str
     local_ssds: tuple[int, ...]  # the counts besides 0 a pool may ask for; () when the shape takes none
     bundled: bool  # the shape always comes with its one count

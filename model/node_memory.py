@@ -15,9 +15,10 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from model.fabric import Fabric
 from model.fabric import load as load_fabrics
@@ -31,8 +32,7 @@ GB_BYTES = 1e9
 DEFAULT_SHM = "8Gi"
 
 
-@dataclass(frozen=True)
-class Resources:
+class Resources(msgspec.Struct, frozen=True):
     cpu: float = 0.0
     memory_gib: float = 0.0
 
@@ -40,8 +40,7 @@ class Resources:
         return Resources(self.cpu + other.cpu, self.memory_gib + other.memory_gib)
 
 
-@dataclass(frozen=True)
-class NodeMemoryFacts:
+class NodeMemoryFacts(msgspec.Struct, frozen=True):
     kernel: dict[str, Any]
     kube_reserved: dict[str, Any]
     eviction_mib: float
@@ -99,8 +98,7 @@ def kube_reserved_cpu(vcpus: float) -> float:
     return _tiered(vcpus, facts().kube_reserved["cpuTiers"])
 
 
-@dataclass(frozen=True)
-class NodeAllocatable:
+class NodeAllocatable(msgspec.Struct, frozen=True):
     """One node's allocatable CPU and memory, with the parts that make it up (for messages and tests)."""
 
     vcpus: float
@@ -140,8 +138,7 @@ def pod_sidecars(gcs_fuse: bool) -> Resources:
     return facts().pod_sidecars["gcsFuse"] if gcs_fuse else Resources()
 
 
-@dataclass(frozen=True)
-class PodFit:
+class PodFit(msgspec.Struct, frozen=True):
     """What the main container of the one workload pod on a node may request (= limit), whole units."""
 
     node: NodeAllocatable

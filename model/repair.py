@@ -17,8 +17,9 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 if TYPE_CHECKING:
     import jsonschema
@@ -28,10 +29,9 @@ from model.types import key_path
 MAX_ROUNDS = 8  # each round drops at least one value; real configs settle in one or two
 
 
-@dataclass
-class Repaired:
+class Repaired(msgspec.Struct):
     config: dict[str, Any] | None  # schema-valid with the rejected values dropped; None: the rules must not run
-    dropped: list[str] = field(default_factory=list)  # key paths of the dropped values
+    dropped: list[str] = msgspec.field(default_factory=list)  # key paths of the dropped values
 
 
 def _drop_path(error: jsonschema.ValidationError) -> list[list[Any]]:

@@ -9,9 +9,10 @@ in the data file.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from model.yamlio import load_yaml
 
@@ -29,8 +30,7 @@ def capability_text(capability: tuple[int, int]) -> str:
     return "{}.{}".format(*capability)
 
 
-@dataclass(frozen=True)
-class Engine:
+class Engine(msgspec.Struct, frozen=True):
     name: str  # the `serving.engine` value
     display_name: str
     min_compute_capability: tuple[int, int]
@@ -83,8 +83,7 @@ class Engine:
         return [t for t in range(1, up_to + 1) if self.tensor_parallel_problem(heads, kv_heads, t) is None]
 
 
-@dataclass(frozen=True)
-class MiiFacts:
+class MiiFacts(msgspec.Struct, frozen=True):
     """What the pinned DeepSpeed-MII needs and uses inside its pod (each fact with its source in the data file)."""
 
     version: str
@@ -96,8 +95,7 @@ class MiiFacts:
     fastgen_max_context: int
 
 
-@dataclass(frozen=True)
-class VllmFacts:
+class VllmFacts(msgspec.Struct, frozen=True):
     entrypoint: tuple[str, ...]
     dtypes: dict[str, str]  # `model.precision` -> `--dtype`
     health_path: str

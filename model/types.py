@@ -6,14 +6,13 @@ into raw dicts and a renamed key fails here, not at `pulumi up`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 import types
 import typing
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pulumi
 
 from model.workload_types import (
@@ -54,28 +53,24 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class AuthorizedNetwork:
+class AuthorizedNetwork(msgspec.Struct, frozen=True):
     cidr: str
     name: str
 
 
-@dataclass(frozen=True)
-class SystemPool:
+class SystemPool(msgspec.Struct, frozen=True):
     machine_type: str
     min_nodes: int
     max_nodes: int
     zones: list[str]
 
 
-@dataclass(frozen=True)
-class FleetConfig:
+class FleetConfig(msgspec.Struct, frozen=True):
     enabled: bool
     project: str | None = None  # the fleet host project; None means gcp:project
 
 
-@dataclass(frozen=True)
-class ClusterConfig:
+class ClusterConfig(msgspec.Struct, frozen=True):
     name: str
     release_channel: str
     private_nodes: bool
@@ -91,15 +86,13 @@ class ClusterConfig:
     min_master_version: str | None = None
 
 
-@dataclass(frozen=True)
-class FlowLogsConfig:
+class FlowLogsConfig(msgspec.Struct, frozen=True):
     enabled: bool
     sampling: float
     aggregation_interval: str
 
 
-@dataclass(frozen=True)
-class NetworkConfig:
+class NetworkConfig(msgspec.Struct, frozen=True):
     subnet_cidr: str
     pods_cidr: str
     services_cidr: str
@@ -107,22 +100,19 @@ class NetworkConfig:
     flow_logs: FlowLogsConfig
 
 
-@dataclass(frozen=True)
-class GpuConfig:
+class GpuConfig(msgspec.Struct, frozen=True):
     type: str
     count: int
     driver_version: str
 
 
-@dataclass(frozen=True)
-class PoolFabricConfig:
+class PoolFabricConfig(msgspec.Struct, frozen=True):
     enabled: bool
     installer: bool
     additional_networks: int | None = None
 
 
-@dataclass(frozen=True)
-class NodePoolConfig:
+class NodePoolConfig(msgspec.Struct, frozen=True):
     name: str
     machine_type: str
     gpu: GpuConfig
@@ -143,14 +133,12 @@ class NodePoolConfig:
     max_run_duration: str | None = None
 
 
-@dataclass(frozen=True)
-class RegistryConfig:
+class RegistryConfig(msgspec.Struct, frozen=True):
     name: str
     keep_versions: int
 
 
-@dataclass(frozen=True)
-class ImageConfig:
+class ImageConfig(msgspec.Struct, frozen=True):
     name: str
     context: str
     tag: str
@@ -158,32 +146,27 @@ class ImageConfig:
     prebuilt: str | None = None
 
 
-@dataclass(frozen=True)
-class GaudiImageConfig(ImageConfig):
+class GaudiImageConfig(ImageConfig, frozen=True):
     registry: str | None = None  # the push target when the stack has no gcp:project
     username: str | None = None
 
 
-@dataclass(frozen=True)
-class KubernetesConfig:
+class KubernetesConfig(msgspec.Struct, frozen=True):
     context: str | None = None
 
 
-@dataclass(frozen=True)
-class MpiOperatorConfig:
+class MpiOperatorConfig(msgspec.Struct, frozen=True):
     install: bool
     version: str
 
 
-@dataclass(frozen=True)
-class KueueConfig:
+class KueueConfig(msgspec.Struct, frozen=True):
     install: bool
     version: str
     queue_name: str
 
 
-@dataclass(frozen=True)
-class NfsProvisionerConfig:
+class NfsProvisionerConfig(msgspec.Struct, frozen=True):
     install: bool
     path: str
     storage_class: str
@@ -191,8 +174,7 @@ class NfsProvisionerConfig:
     server: str | None = None
 
 
-@dataclass(frozen=True)
-class StorageConfig:
+class StorageConfig(msgspec.Struct, frozen=True):
     enabled: bool
     versioning: bool
     soft_delete_days: int
@@ -203,20 +185,17 @@ class StorageConfig:
     location: str | None = None
 
 
-@dataclass(frozen=True)
-class VertexGpuConfig:
+class VertexGpuConfig(msgspec.Struct, frozen=True):
     type: str
     count: int
 
 
-@dataclass(frozen=True)
-class VertexLaunchConfig:
+class VertexLaunchConfig(msgspec.Struct, frozen=True):
     script: str
     args: list[str]
 
 
-@dataclass(frozen=True)
-class VertexConfig:
+class VertexConfig(msgspec.Struct, frozen=True):
     enabled: bool
     display_name: str
     machine_type: str
@@ -229,8 +208,7 @@ class VertexConfig:
     launch: VertexLaunchConfig
 
 
-@dataclass(frozen=True)
-class NcclTestConfig:
+class NcclTestConfig(msgspec.Struct, frozen=True):
     """One entry of `ncclTests`; `name` is its key in the map."""
 
     name: str
@@ -242,8 +220,7 @@ class NcclTestConfig:
     max_bytes: str
 
 
-@dataclass(frozen=True)
-class StackConfig:
+class StackConfig(msgspec.Struct, frozen=True):
     """Everything the program needs, validated. `project`/`region` come from the `gcp:` namespace."""
 
     project: str
@@ -262,9 +239,9 @@ class StackConfig:
     kueue: KueueConfig
     nccl_tests: dict[str, NcclTestConfig]
     cluster: ClusterConfig | None = None
-    hf_token: pulumi.Output[str] | None = field(default=None, compare=False)
-    registry_password: pulumi.Output[str] | None = field(default=None, compare=False)
-    kubeconfig: pulumi.Output[str] | None = field(default=None, compare=False)
+    hf_token: pulumi.Output[str] | None = None
+    registry_password: pulumi.Output[str] | None = None
+    kubeconfig: pulumi.Output[str] | None = None
 
     @property
     def cluster_location(self) -> str:
@@ -311,11 +288,11 @@ def _convert(hint: Any, value: Any) -> Any:
         return [_convert(item, v) for v in value]
     if origin is dict:
         _, item = typing.get_args(hint)
-        if dataclasses.is_dataclass(item) and "name" in {f.name for f in dataclasses.fields(item)}:
+        if _is_struct(item) and "name" in {f.name for f in msgspec.structs.fields(item)}:
             # A named map: the key is the name; a workload is built as its kind's class.
             return {k: build(_concrete(item, v), v, name=k) for k, v in value.items()}
         return {k: _convert(item, v) for k, v in value.items()}
-    if dataclasses.is_dataclass(hint):
+    if _is_struct(hint):
         return build(hint, value)
     if hint is int and isinstance(value, float):
         return int(value)  # JSON Schema counts 2.0 as an integer; the model (and ds_config.json) should not
@@ -334,7 +311,7 @@ def _type_hints(cls: type) -> dict[str, Any]:
 
 
 def build(cls: type, data: dict[str, Any], **extra: Any) -> Any:
-    """Build dataclass `cls` from a camelCase dict (already schema-valid, defaults filled). A key with no field
+    """Build struct `cls` from a camelCase dict (already schema-valid, defaults filled). A key with no field
     is a bug (the schema and the classes disagree), never silently dropped."""
     hints = _type_hints(cls)
     kwargs = dict(extra)
@@ -351,5 +328,9 @@ def build(cls: type, data: dict[str, Any], **extra: Any) -> Any:
 
 @functools.cache
 def _field_keys(cls: type) -> dict[str, str]:
-    """Each field of `cls` and the schema key it is read from (camelCase, or its `key` metadata)."""
-    return {f.name: f.metadata.get("key", camel(f.name)) for f in dataclasses.fields(cls)}
+    """Each field of `cls` and the schema key it is read from (camelCase, or the name its `msgspec.field` gives)."""
+    return {f.name: f.encode_name if f.encode_name != f.name else camel(f.name) for f in msgspec.structs.fields(cls)}
+
+
+def _is_struct(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, msgspec.Struct)

@@ -9,8 +9,9 @@ pool the image cannot run on.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from model.yamlio import load_yaml
 
@@ -36,8 +37,7 @@ def _capability(text: str) -> tuple[int, int]:
     return int(major), int(minor or 0)
 
 
-@dataclass(frozen=True)
-class VersionSet:
+class VersionSet(msgspec.Struct, frozen=True):
     python: dict[str, str]
     base_image: str
     cuda: str

@@ -9,49 +9,44 @@ accelerator, whether it runs as an MPIJob, what it mounts), as properties, so no
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import ClassVar
 
+import msgspec
 
-@dataclass(frozen=True)
-class AcceleratorConfig:
+
+class AcceleratorConfig(msgspec.Struct, frozen=True):
     kind: str
     type: str
     count: int | None = None
 
 
-@dataclass(frozen=True)
-class GaudiConfig:
+class GaudiConfig(msgspec.Struct, frozen=True):
     software_version: str
     pytorch_version: str
     os: str
     install_at_start: bool
 
 
-@dataclass(frozen=True)
-class ChartConfig:
+class ChartConfig(msgspec.Struct, frozen=True):
     version: str
     repository: str
     client_gpu: bool  # the client on the workers' GPU pool (else on the system pool, CPU and memory only)
 
 
-@dataclass(frozen=True)
-class ResourcesConfig:
+class ResourcesConfig(msgspec.Struct, frozen=True):
     shm_size: str
     cpu: str | None = None
     memory: str | None = None
     hugepages2_mi: str | None = None
 
 
-@dataclass(frozen=True)
-class LaunchConfig:
+class LaunchConfig(msgspec.Struct, frozen=True):
     script: str
     args: list[str]
     command: str | None = None
 
 
-@dataclass(frozen=True)
-class LoraConfig:
+class LoraConfig(msgspec.Struct, frozen=True):
     enabled: bool
     rank: int
     alpha: float
@@ -59,8 +54,7 @@ class LoraConfig:
     target_modules: list[str]
 
 
-@dataclass(frozen=True)
-class TrainingConfig:
+class TrainingConfig(msgspec.Struct, frozen=True):
     model: str
     dataset: str
     epochs: int
@@ -70,8 +64,7 @@ class TrainingConfig:
     lora: LoraConfig
 
 
-@dataclass(frozen=True)
-class StorageClaimConfig:
+class StorageClaimConfig(msgspec.Struct, frozen=True):
     claim_name: str
     storage_class: str
     size: str
@@ -79,15 +72,13 @@ class StorageClaimConfig:
     mount_path: str
 
 
-@dataclass(frozen=True)
-class ProxyConfig:
+class ProxyConfig(msgspec.Struct, frozen=True):
     http: str
     https: str
     no_proxy: str
 
 
-@dataclass(frozen=True)
-class DeepSpeedConfig:
+class DeepSpeedConfig(msgspec.Struct, frozen=True):
     zero_stage: int
     offload_optimizer: str
     offload_params: str
@@ -103,8 +94,7 @@ class DeepSpeedConfig:
     train_batch_size: int | None = None
 
 
-@dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(msgspec.Struct, frozen=True):
     precision: str
     mode: str
     sequence_length: int
@@ -116,34 +106,29 @@ class ModelConfig:
     largest_layer: float | None = None  # millions
 
 
-@dataclass(frozen=True)
-class GcsFuseConfig:
+class GcsFuseConfig(msgspec.Struct, frozen=True):
     enabled: bool
     mount_path: str
 
 
-@dataclass(frozen=True)
-class AutoscalingConfig:
+class AutoscalingConfig(msgspec.Struct, frozen=True):
     enabled: bool
     max_replicas: int
     cpu_utilization: int
 
 
-@dataclass(frozen=True)
-class OpenAiConfig:
+class OpenAiConfig(msgspec.Struct, frozen=True):
     enabled: bool
     port: int
 
 
-@dataclass(frozen=True)
-class AllowedSource:
+class AllowedSource(msgspec.Struct, frozen=True):
     namespace: str | None = None
     pod_labels: dict[str, str] | None = None
     cidr: str | None = None
 
 
-@dataclass(frozen=True)
-class ServingConfig:
+class ServingConfig(msgspec.Struct, frozen=True):
     """`serving` of a `serve` workload (vLLM or DeepSpeed-MII)."""
 
     engine: str
@@ -160,8 +145,7 @@ class ServingConfig:
     from_workload: str | None = None  # a training workload of the stack whose MODEL_DIR it serves
 
 
-@dataclass(frozen=True)
-class FinetuneConfig:
+class FinetuneConfig(msgspec.Struct, frozen=True):
     """`finetune` of a `finetune` workload: what workloads/scripts/finetune.py trains on what (the fine-tuning
     contract's arguments, from typed keys)."""
 
@@ -185,8 +169,7 @@ class FinetuneConfig:
 # kw_only: a kind's class adds its keys to the base's, in any order, and the loader passes every key by name.
 
 
-@dataclass(frozen=True, kw_only=True)
-class WorkloadConfig:
+class WorkloadConfig(msgspec.Struct, frozen=True, kw_only=True):
     """One entry of `workloads`, with the keys every kind has; `name` is its key in the map. The class of the
     entry's kind (WORKLOAD_TYPES) adds its own."""
 
@@ -259,8 +242,7 @@ class WorkloadConfig:
         return False
 
 
-@dataclass(frozen=True, kw_only=True)
-class DeepSpeedWorkloadConfig(WorkloadConfig):
+class DeepSpeedWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):
     """A workload that trains with DeepSpeed: a launch command and a generated ds_config.json."""
 
     launch: LaunchConfig
@@ -271,8 +253,7 @@ class DeepSpeedWorkloadConfig(WorkloadConfig):
         return (self.deepspeed.nvme_path,)
 
 
-@dataclass(frozen=True, kw_only=True)
-class HelmWorkloadConfig(DeepSpeedWorkloadConfig):
+class HelmWorkloadConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
     """kind helm: the Bitnami DeepSpeed chart (a client and SSH workers) on a GKE pool."""
 
     chart: ChartConfig
@@ -283,8 +264,7 @@ class HelmWorkloadConfig(DeepSpeedWorkloadConfig):
         return self.workers, f"{self.workers} worker(s)"  # the chart's client runs on the system pool
 
 
-@dataclass(frozen=True, kw_only=True)
-class MpiJobBaseConfig(DeepSpeedWorkloadConfig):
+class MpiJobBaseConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
     """A workload that runs as a Kubeflow MPIJob (workloads/mpijob/shape.py): a launcher and workers on a shared
     volume claim (`storage`, with HF_HOME on it), behind a proxy where the cluster has one. A kind built on the
     MPIJob subclasses this with its own keys (and merges these keys into its branch of model/schema.yaml)."""
@@ -329,13 +309,12 @@ class MpiJobBaseConfig(DeepSpeedWorkloadConfig):
         return f"{self.output_root.rstrip('/')}/{self.model_folder}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class MpiJobWorkloadConfig(MpiJobBaseConfig):
+class MpiJobWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
     """kind mpijob: a Kubeflow v2beta1 MPIJob, on NVIDIA GPUs of a GKE pool (`launch`) or on Gaudi nodes of an
     existing cluster (`gaudi`, `training`: optimum-habana's fine-tuning run)."""
 
     gaudi: GaudiConfig
-    host_ipc: bool = field(metadata={"key": "hostIPC"})
+    host_ipc: bool = msgspec.field(name="hostIPC")
     training: TrainingConfig
 
     @property
@@ -363,8 +342,7 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig):
         return self.on_nvidia and not self.launch.command and self.launch.script == "finetune.py"
 
 
-@dataclass(frozen=True, kw_only=True)
-class FinetuneWorkloadConfig(MpiJobBaseConfig):
+class FinetuneWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
     """kind finetune: an NVIDIA MPIJob whose ranks run workloads/scripts/finetune.py (the Hugging Face Trainer under
     DeepSpeed) with the `finetune` keys; checkpoints and the finished model go to the bucket (its GCS FUSE mount)
     or, without one, to the shared claim."""
@@ -380,8 +358,7 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig):
         return ((("finetune", "model"), self.finetune.model),) if self.finetune.model else ()
 
 
-@dataclass(frozen=True, kw_only=True)
-class ServeWorkloadConfig(WorkloadConfig):
+class ServeWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):
     """kind serve: a model server Deployment (vLLM, or DeepSpeed-MII) on a GKE pool."""
 
     serving: ServingConfig

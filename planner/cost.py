@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from model import capacity
 from model import catalog as gpu_catalog
@@ -28,8 +29,7 @@ SPOT_NOTE = "spot prices move daily and the VMs can be reclaimed"
 SOFT_PRICES = (capacity.SPOT, capacity.DWS)  # capacity whose $/h is an estimate, not a list price
 
 
-@dataclass(frozen=True)
-class PoolCost:
+class PoolCost(msgspec.Struct, frozen=True):
     """One pool's $/h per node, on-demand and spot; `spot` says which of the two the pool pays."""
 
     name: str

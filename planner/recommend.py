@@ -13,7 +13,7 @@ a precision the engine serves on it (no bf16 below compute capability 8.0: T4 se
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from model import catalog as gpu_catalog
 from model import versions
@@ -23,8 +23,7 @@ from planner.sizing import HEADROOM, Estimate, Request, Strategy, estimate
 MAX_NODES = 32
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(msgspec.Struct, frozen=True):
     gpu_type: str
     gpu_name: str
     machine_type: str
@@ -54,8 +53,7 @@ class Option:
         return f"{self.gpus} x {short_name(self.gpu_name)} ({machines}, {self.per_gpu_gb:.1f} GB each)"
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(msgspec.Struct, frozen=True):
     strategy: Strategy
     options: list[Option]
 

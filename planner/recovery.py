@@ -12,8 +12,9 @@ a `model` block, which the preview's "Preemption recovery" section renders (prev
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from model.types import DeepSpeedWorkloadConfig, StackConfig
 from planner.sizing import resolve
@@ -36,8 +37,7 @@ MEAN_HOURS_BETWEEN_INTERRUPTIONS = {True: 6.0, False: 168.0}
 MIN_INTERVAL_MINUTES = 1.0
 
 
-@dataclass(frozen=True)
-class RecoveryPlan:
+class RecoveryPlan(msgspec.Struct, frozen=True):
     checkpoint_gb: float
     save_seconds: float
     fits_spot_notice: bool

@@ -23,13 +23,13 @@ Then activations, DeepSpeed's communication buckets and the CUDA context are add
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from model import serving_engines
 from model.suggest import did_you_mean
@@ -72,8 +72,7 @@ class UnknownModelError(ValueError):
     """A model name that data/models.yaml does not know, with no parameter count given instead."""
 
 
-@dataclass(frozen=True)
-class ModelShape:
+class ModelShape(msgspec.Struct, frozen=True):
     layers: int
     hidden: int
     heads: int
@@ -94,8 +93,7 @@ class ModelShape:
         return min(largest, self.cap) if self.cap is not None else largest
 
 
-@dataclass(frozen=True)
-class Model:
+class Model(msgspec.Struct, frozen=True):
     name: str
     parameters: float  # a count, not billions
     shape: ModelShape
@@ -106,8 +104,7 @@ class Model:
         return self.parameters / 1e9
 
 
-@dataclass(frozen=True)
-class Strategy:
+class Strategy(msgspec.Struct, frozen=True):
     """How the model is spread: inference (tensor parallel), or a ZeRO stage with optional CPU/NVMe offload."""
 
     zero_stage: int | None = None
@@ -142,8 +139,7 @@ TRAINING_STRATEGIES = (
 )
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(msgspec.Struct, frozen=True):
     """What to size: the workload's `model` block, resolved."""
 
     model: Model
@@ -172,8 +168,7 @@ class Request:
         return 1 - e.gpu_memory_utilization if e.gpu_memory_utilization is not None else 0.0
 
 
-@dataclass(frozen=True)
-class Estimate:
+class Estimate(msgspec.Struct, frozen=True):
     """Memory of one accelerator (`parts`, bytes) and, with offload, of one node's CPU (DeepSpeed's estimate)."""
 
     request: Request
@@ -267,8 +262,8 @@ def given_shape(model: Model, vocabulary: int | None = None, hidden: int | None 
         shape = ModelShape(layers=layers, hidden=hidden, heads=heads, kv_heads=heads, head_dim=hidden // heads,
                            vocab=vocabulary, intermediate=math.ceil(8 * hidden / 3))
     if largest_layer_m is not None:
-        shape = dataclasses.replace(shape, largest_override=int(largest_layer_m * 1e6), cap=None)
-    return dataclasses.replace(model, shape=shape)
+        shape = msgspec.structs.replace(shape, largest_override=int(largest_layer_m * 1e6), cap=None)
+    return msgspec.structs.replace(model, shape=shape)
 
 
 def resolve(name: str | None = None, parameters_b: float | None = None) -> Model:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import yaml
 
 from model import catalog as gpu_catalog
@@ -38,15 +38,14 @@ CHECKPOINT_BYTES_PER_PARAM = 16
 COMMENT_WIDTH = 112
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(msgspec.Struct, frozen=True):
     """One option as a stack: its config (the stack file's `config:` map) and the comments that explain it."""
 
     mode: str
     strategy: Strategy
     option: Option
     config: dict[str, Any]
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str] = msgspec.field(default_factory=list)
 
     @property
     def label(self) -> str:

@@ -14,8 +14,9 @@ import argparse
 import json
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from model.config import ConfigError
 from model.suggest import did_you_mean
@@ -32,8 +33,7 @@ SECTIONS = (fabric.section, cost.section, capacity.section, recovery.section, ve
 FILES = (vertex.files, pods.files)
 
 
-@dataclass(frozen=True)
-class Written:
+class Written(msgspec.Struct, frozen=True):
     directory: Path
     files: list[Path]
 

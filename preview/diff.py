@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 
-@dataclass(frozen=True)
-class Change:
+
+class Change(msgspec.Struct, frozen=True):
     urn: str
     type: str
     name: str
     keys: list[str]  # dotted paths of the inputs that differ, e.g. nodeConfig.machineType, args[2]
 
 
-@dataclass
-class PlanDiff:
-    added: list[dict[str, Any]] = field(default_factory=list)
-    removed: list[dict[str, Any]] = field(default_factory=list)
-    changed: list[Change] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)  # stack output keys that were added, removed or changed
+class PlanDiff(msgspec.Struct):
+    added: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    removed: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    changed: list[Change] = msgspec.field(default_factory=list)
+    outputs: list[str] = msgspec.field(default_factory=list)  # stack output keys that were added, removed or changed
 
     @property
     def empty(self) -> bool:

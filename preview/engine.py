@@ -15,10 +15,10 @@ import os
 import runpy
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pulumi
 import pulumi.resource as pulumi_resource
 from pulumi._types import is_input_type
@@ -38,8 +38,7 @@ SECRET = "[secret]"
 _RESOURCE_SIG = "5cf8f73096256a8f31e491e813e4eb8e"
 
 
-@dataclass
-class Registration:
+class Registration(msgspec.Struct):
     """One RegisterResource request, as the engine would receive it."""
 
     urn: str
@@ -52,8 +51,8 @@ class Registration:
     dependencies: list[str]
     property_dependencies: dict[str, list[str]]
     protect: bool
-    secret_paths: list[str] = field(default_factory=list)
-    ignore_changes: list[str] = field(default_factory=list)
+    secret_paths: list[str] = msgspec.field(default_factory=list)
+    ignore_changes: list[str] = msgspec.field(default_factory=list)
     # Resource options the engine acts on at replace and destroy time (not part of plan.json).
     delete_before_replace: bool = False
     retain_on_delete: bool = False
@@ -67,14 +66,13 @@ class Registration:
                 "dependencies": self.dependencies}
 
 
-@dataclass
-class RunResult:
+class RunResult(msgspec.Struct, dict=True):  # dict: index() keeps its lookup table as an attribute
     stack: str
     resources: list[Registration]
     outputs: dict[str, Any]
     # What the program logged with pulumi.log.warn (e.g. the planner's tight fits), in order: the preview
     # labels them in the terminal and lists them in summary.md and plan.json.
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = msgspec.field(default_factory=list)
 
     def by_type(self, type_: str) -> list[Registration]:
         return [r for r in self.resources if r.type == type_]

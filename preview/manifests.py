@@ -13,9 +13,9 @@ so the object stays valid.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import yaml
 
 from preview.engine import SECRET, Registration, RunResult
@@ -27,8 +27,7 @@ HEAD_KEYS = ("apiVersion", "kind", "metadata")
 SECRET_FIELDS = ("data", "stringData")
 
 
-@dataclass(frozen=True)
-class HelmChart:
+class HelmChart(msgspec.Struct, frozen=True):
     release: str
     namespace: str
     chart: str

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from pulumi_policy import (
     EnforcementLevel,
     PolicyCustomTimeouts,
@@ -23,8 +23,7 @@ from preview.engine import Registration, RunResult
 PACK_LEVEL = EnforcementLevel.MANDATORY  # policy/__main__.py's pack default
 
 
-@dataclass(frozen=True)
-class Violation:
+class Violation(msgspec.Struct, frozen=True):
     policy: str
     level: str  # mandatory | advisory
     urn: str

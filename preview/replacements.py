@@ -9,9 +9,10 @@ is simply gone; a protected one blocks `pulumi up` until `protect` is lifted.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from model.yamlio import load_yaml
 from preview.diff import PlanDiff
@@ -20,8 +21,7 @@ from preview.engine import RunResult
 DATA = Path(__file__).resolve().parent.parent / "data" / "replacements.yaml"
 
 
-@dataclass(frozen=True)
-class Replacement:
+class Replacement(msgspec.Struct, frozen=True):
     type: str
     name: str
     keys: list[str]  # the changed inputs that force it

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from planner.cost import headline as cost_headline
 from preview import replacements
@@ -30,8 +31,7 @@ GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
 ACCELERATORS = ("nvidia.com/gpu", "habana.ai/gaudi")
 
 
-@dataclass(frozen=True)
-class Table:
+class Table(msgspec.Struct, frozen=True):
     title: str
     headers: list[str]
     rows: list[list[str]]
@@ -39,8 +39,7 @@ class Table:
     empty: str = "none"
 
 
-@dataclass(frozen=True)
-class GpuPool:
+class GpuPool(msgspec.Struct, frozen=True):
     pool: str
     machine_type: str
     gpu_type: str
@@ -48,12 +47,11 @@ class GpuPool:
     min_nodes: int | None
     max_nodes: int | None
     spot: bool
-    zones: list[str] = field(default_factory=list)
+    zones: list[str] = msgspec.field(default_factory=list)
     capacity: str = ""  # reservation NAME | DWS queued | DWS flex-start | spot | on-demand
 
 
-@dataclass(frozen=True)
-class Workload:
+class Workload(msgspec.Struct, frozen=True):
     name: str
     kind: str
     namespace: str

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+import msgspec
 
 from preview.engine import PROJECT, Registration, RunResult
 
@@ -13,8 +14,7 @@ STACK_TYPE = "pulumi:pulumi:Stack"
 MARKS = {"create": "+", "update": "~", "delete": "-", "same": " "}
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(msgspec.Struct, frozen=True):
     mark: str
     type: str
     name: str

@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from checks import load
 from model import catalog as gpu_catalog
@@ -38,8 +39,7 @@ class NoPlanError(Exception):
     """No candidate that the checks accept (within the budget); the message says why the cheapest were refused."""
 
 
-@dataclass(frozen=True)
-class Choice:
+class Choice(msgspec.Struct, frozen=True):
     candidate: stack_writer.Candidate
     running_per_hour: float
     floor_per_hour: float

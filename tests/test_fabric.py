@@ -419,14 +419,14 @@ def test_tcpxo_daemon_gets_googles_startup_probe(runs: dict[str, RunResult]) -> 
 
 
 def _rank_script(tmp_path: Any, devices: list[str]) -> subprocess.CompletedProcess[str]:
-    import dataclasses
+    import msgspec
 
     from workloads import fabric as pod_fabric
 
     (tmp_path / "infiniband").mkdir()
     for name in devices:
         (tmp_path / "infiniband" / name).write_text("")
-    rdma = dataclasses.replace(fabric.load().fabrics["rdma"], rank_devices=str(tmp_path / "infiniband"),
+    rdma = msgspec.structs.replace(fabric.load().fabrics["rdma"], rank_devices=str(tmp_path / "infiniband"),
                                nccl_profile="")
     script = tmp_path / "nccl_env.sh"
     script.write_text(pod_fabric.env_script(rdma), encoding="utf-8")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import msgspec
 from conftest import DELETE, stack_run, stack_yaml
 
 from model.yamlio import load_yaml
@@ -299,7 +300,7 @@ def _with(reg: Registration, path: str, value: object, stack: str | None = None)
     else:
         node[last] = value
     urn = reg.urn if stack is None else re.sub(r"^urn:pulumi:[^:]+::", f"urn:pulumi:{stack}::", reg.urn)
-    return Registration(**{**reg.__dict__, "inputs": inputs, "urn": urn})
+    return msgspec.structs.replace(reg, inputs=inputs, urn=urn)
 
 
 def _violations(policy: str, reg: Registration) -> list[str]:

@@ -7,8 +7,7 @@ Facts (sources in data/versions.yaml and data/gpu_fabric.yaml): torch 2.13.0's w
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 import pytest
 from conftest import model, problems
 
@@ -53,7 +52,7 @@ def test_the_example_stacks_gpus_all_run_the_image() -> None:
 
 
 def _with_nccl(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
-    older = dataclasses.replace(versions.load(), python={**versions.load().python, "nvidiaNcclCu13": version})
+    older = msgspec.structs.replace(versions.load(), python={**versions.load().python, "nvidiaNcclCu13": version})
     monkeypatch.setattr(versions, "load", lambda: older)
 
 

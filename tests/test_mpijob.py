@@ -4,13 +4,13 @@ worker commands, the config checks of mpijob workloads, and an MPIJob on an NVID
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import json
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import msgspec
 import pytest
 import yaml
 from conftest import DELETE, PROJECT_DIR, model, problems, reference, stack_yaml
@@ -392,7 +392,7 @@ def test_a_kinds_own_launch_on_the_nvidia_path(nvidia_model: StackConfig) -> Non
     assert ("SendEnv HF_HOME no_proxy NO_PROXY CHECKPOINT_DIR MODEL_DIR PATH LD_LIBRARY_PATH HF_TOKEN "
             "HUGGING_FACE_HUB_TOKEN") in data["ssh_client.conf"].splitlines()
     # ZeRO-3 under the Hugging Face Trainer: the Trainer sizes the prefetch bucket from the model ("auto").
-    stage3 = dataclasses.replace(w, deepspeed=dataclasses.replace(w.deepspeed, zero_stage=3))
+    stage3 = msgspec.structs.replace(w, deepspeed=msgspec.structs.replace(w.deepspeed, zero_stage=3))
     zero = json.loads(mpijob.config_map_data(stage3, where, False, launch)["ds_config.json"])["zero_optimization"]
     assert zero["stage3_prefetch_bucket_size"] == "auto"
 

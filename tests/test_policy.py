@@ -10,6 +10,7 @@ import copy
 import re
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 from conftest import PROJECT_DIR, stack_run
@@ -43,7 +44,7 @@ def changed(reg: Registration, path: str, value: Any, stack: str | None = None) 
     else:
         node[parts[-1]] = value
     urn = reg.urn if stack is None else re.sub(r"^urn:pulumi:[^:]+::", f"urn:pulumi:{stack}::", reg.urn)
-    return Registration(**{**reg.__dict__, "inputs": inputs, "urn": urn})
+    return msgspec.structs.replace(reg, inputs=inputs, urn=urn)
 
 
 DELETE = object()

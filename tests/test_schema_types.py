@@ -4,12 +4,12 @@ field a schema key, and no default is written twice (the schema's fills every va
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 from model.config import kind_branches, schema
@@ -19,8 +19,12 @@ from model.types import WORKLOAD_TYPES, StackConfig, WorkloadConfig, build, came
 NOT_FROM_THE_SCHEMA = {(StackConfig, "project"), (StackConfig, "region")}
 
 
-def _key(f: dataclasses.Field) -> str:
-    return f.metadata.get("key", camel(f.name))
+def _key(f: msgspec.structs.FieldInfo) -> str:
+    return f.encode_name if f.encode_name != f.name else camel(f.name)
+
+
+def _is_struct(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, msgspec.Struct)
 
 
 def _inner(hint: Any) -> Any:
@@ -34,17 +38,17 @@ def _pairs(node: dict[str, Any], cls: type, path: str = "") -> Iterator[tuple[st
     """Each object of the schema with the class it is built as (a workload: each kind's branch and class)."""
     yield path or "(root)", node, cls
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in msgspec.structs.fields(cls):
         sub = node.get("properties", {}).get(_key(f))
         if sub is None:
             continue
         hint, where = _inner(hints[f.name]), f"{path}.{_key(f)}".lstrip(".")
         origin = typing.get_origin(hint)
-        if dataclasses.is_dataclass(hint):
+        if _is_struct(hint):
             yield from _pairs(sub, hint, where)
-        elif origin is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+        elif origin is list and _is_struct(typing.get_args(hint)[0]):
             yield from _pairs(sub["items"], typing.get_args(hint)[0], f"{where}[i]")
-        elif origin is dict and dataclasses.is_dataclass(typing.get_args(hint)[1]):
+        elif origin is dict and _is_struct(typing.get_args(hint)[1]):
             item, entry = typing.get_args(hint)[1], sub["additionalProperties"]
             if item is WorkloadConfig:
                 for kind, branch in kind_branches(entry).items():
@@ -65,7 +69,7 @@ def test_the_walk_reaches_every_object_class() -> None:
 @pytest.mark.parametrize(("path", "node", "cls"), PAIRS, ids=[p for p, _, _ in PAIRS])
 def test_every_schema_key_has_a_field_and_every_field_a_key(path: str, node: dict[str, Any], cls: type) -> None:
     keys = set(node.get("properties", {}))
-    fields = {_key(f) for f in dataclasses.fields(cls)
+    fields = {_key(f) for f in msgspec.structs.fields(cls)
               if (cls, f.name) not in NOT_FROM_THE_SCHEMA and not (f.name == "name" and "name" not in keys)}
     assert sorted(keys - fields) == [], f"{path}: schema keys with no field of {cls.__name__}"
     assert sorted(fields - keys) == [], f"{path}: fields of {cls.__name__} with no schema key"
@@ -74,8 +78,8 @@ def test_every_schema_key_has_a_field_and_every_field_a_key(path: str, node: dic
 @pytest.mark.parametrize(("path", "node", "cls"), PAIRS, ids=[p for p, _, _ in PAIRS])
 def test_no_default_is_written_twice(path: str, node: dict[str, Any], cls: type) -> None:
     props = node.get("properties", {})
-    twice = [f.name for f in dataclasses.fields(cls) if "default" in props.get(_key(f), {})
-             and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)]
+    twice = [f.name for f in msgspec.structs.fields(cls) if "default" in props.get(_key(f), {})
+             and (f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT)]
     assert twice == [], f"{path}: {cls.__name__} repeats the schema's default of {twice}"
 
 

@@ -6,7 +6,6 @@ the model exists. The rules refuse a server of a workload that trains nothing, o
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import msgspec
 import pytest
 from conftest import DELETE, changed, config_model, problems, stack_run
 
@@ -133,18 +133,18 @@ def test_a_workload_that_trains_nothing_is_refused() -> None:
     # The dws stack's MPIJob `pretrain` runs a script of its own: no MODEL_DIR, no marker.
     dws = config_model(changed("dws"))
     chat = config_model(changed("finetune")).workloads["chat"]
-    chat = dataclasses.replace(chat, serving=dataclasses.replace(chat.serving, from_workload="pretrain"))
-    stack = dataclasses.replace(dws, workloads={**dws.workloads, "chat": chat})
+    chat = msgspec.structs.replace(chat, serving=msgspec.structs.replace(chat.serving, from_workload="pretrain"))
+    stack = msgspec.structs.replace(dws, workloads={**dws.workloads, "chat": chat})
     assert check_serve_from_workload(stack, chat) == [
         f"{S}.serving.fromWorkload: pretrain is kind mpijob, which trains no model a server can load (only kind "
         "finetune, or an NVIDIA mpijob running finetune.py, writes MODEL_DIR and its marker): nothing writes "
         "MODEL_DIR/.complete for it to serve; valid: a workload of kind finetune (the stack has none)"]
     # The same MPIJob running the project's finetune.py keeps the contract: it may be served (from the bucket).
     pretrain = stack.workloads["pretrain"]
-    trains = dataclasses.replace(pretrain, launch=dataclasses.replace(pretrain.launch, script="finetune.py"),
-                                 gcs_fuse=dataclasses.replace(pretrain.gcs_fuse, enabled=True))
+    trains = msgspec.structs.replace(pretrain, launch=msgspec.structs.replace(pretrain.launch, script="finetune.py"),
+                                 gcs_fuse=msgspec.structs.replace(pretrain.gcs_fuse, enabled=True))
     assert trains.writes_model and not pretrain.writes_model
-    stack = dataclasses.replace(stack, workloads={**stack.workloads, "pretrain": trains})
+    stack = msgspec.structs.replace(stack, workloads={**stack.workloads, "pretrain": trains})
     assert check_serve_from_workload(stack, chat) == []
 
 

@@ -14,9 +14,9 @@ and pools form a class: model/capacity.py (`workload_chain`); facts and their so
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -45,8 +45,7 @@ def compute_class(chain: Chain) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class ComputeClassesArgs:
+class ComputeClassesArgs(msgspec.Struct, frozen=True):
     chains: list[Chain]
     # Pool name -> its GKE node pool name (auto-named by Pulumi: `<pool>-<7 characters>`), which the
     # ComputeClass must name; an output, so each class also waits for its pools.
@@ -54,11 +53,9 @@ class ComputeClassesArgs:
 
 
 class ComputeClasses(pulumi.ComponentResource):
-    classes: dict[str, k8s.apiextensions.CustomResource]
-
     def __init__(self, name: str, args: ComputeClassesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:ComputeClasses", name, None, opts)
-        self.classes = {}
+        self.classes: dict[str, k8s.apiextensions.CustomResource] = {}
         for chain in args.chains:
             obj = compute_class(chain)
             priorities = [{"nodepools": [args.node_pool_names.get(p.name, p.name)]} for p in chain.pools]

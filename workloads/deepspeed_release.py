@@ -12,10 +12,10 @@ from __future__ import annotations
 import copy
 import json
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -49,8 +49,7 @@ RELEASE_TIMEOUT_SECONDS = 1800
 MAX_HISTORY = 5
 
 
-@dataclass(frozen=True)
-class DeepSpeedReleaseArgs:
+class DeepSpeedReleaseArgs(msgspec.Struct, frozen=True):
     workload: HelmWorkloadConfig
     placement: Placement
     image_ref: pulumi.Input[str]  # HOST/PROJECT/REPO/NAME@sha256:... (the stack's image output)
@@ -248,16 +247,6 @@ def _status(status: Any) -> str:
 class DeepSpeedRelease(pulumi.ComponentResource):
     """Pass the cluster's Kubernetes provider and `depends_on=[<the pool's GpuNodePool>]` in `opts`."""
 
-    namespace: k8s.core.v1.Namespace
-    source: k8s.core.v1.ConfigMap
-    token: k8s.core.v1.Secret | None
-    service_account: k8s.core.v1.ServiceAccount | None
-    release: k8s.helm.v3.Release
-    release_name: pulumi.Output[str]
-    namespace_name: pulumi.Output[str]
-    status: pulumi.Output[str]
-    summary: pulumi.Output[dict[str, Any]]
-
     def __init__(self, name: str, args: DeepSpeedReleaseArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:DeepSpeedRelease", name, None, opts)
         w, where = args.workload, args.placement
@@ -272,7 +261,7 @@ class DeepSpeedRelease(pulumi.ComponentResource):
             data=source_files(w, where.per_worker, with_token=args.hf_token is not None, where=where),
             opts=child,
         )
-        self.token = self._token_secret(name, w, ns, labels, args.hf_token)
+        self.token: k8s.core.v1.Secret | None = self._token_secret(name, w, ns, labels, args.hf_token)
         image = pulumi.Output.from_input(w.image or args.image_ref)  # workloads.<name>.image overrides
         access = args.bucket if w.gcs_fuse.enabled else None
         self.service_account = gcs_fuse.service_account(f"{name}-ksa", ns, access, child) if access else None
@@ -303,10 +292,10 @@ class DeepSpeedRelease(pulumi.ComponentResource):
                 *_depends_on(opts), self.source,
                 *(r for r in (self.token, self.service_account) if r is not None)]),
         )
-        self.release_name = self.release.name
-        self.namespace_name = ns
-        self.status = self.release.status.apply(_status)
-        self.summary = pulumi.Output.from_input({
+        self.release_name: pulumi.Output[str] = self.release.name
+        self.namespace_name: pulumi.Output[str] = ns
+        self.status: pulumi.Output[str] = self.release.status.apply(_status)
+        self.summary: pulumi.Output[dict[str, Any]] = pulumi.Output.from_input({
             "kind": "helm", "release": self.release_name, "namespace": self.namespace_name, "status": self.status,
             "chart": f"{CHART} {w.chart.version}", "pool": w.pool, "workers": w.workers,
             "gpusPerWorker": where.per_worker,

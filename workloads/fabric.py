@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from model.fabric import Fabric, pool_fabric
 from model.types import NodePoolConfig
@@ -39,14 +40,13 @@ LIBRARY_PATH = "/usr/local/nvidia/lib64"
 ENV_SCRIPT = "nccl_env.sh"
 
 
-@dataclass(frozen=True)
-class PodContract:
+class PodContract(msgspec.Struct, frozen=True):
     fabric: str
     annotations: dict[str, str]
     env: list[dict[str, Any]]  # the training container's (and the launcher's: DeepSpeed exports NCCL_* to ranks)
     volumes: list[dict[str, Any]]
     mounts: list[dict[str, Any]]  # the training container's
-    sidecars: list[dict[str, Any]] = field(default_factory=list)  # native sidecars: initContainers
+    sidecars: list[dict[str, Any]] = msgspec.field(default_factory=list)  # native sidecars: initContainers
     shm_size: str = ""  # the memory-backed /dev/shm for 8 GPUs; "" keeps the workload's own
     env_script: str = ""  # nccl_env.sh: every rank runs its command through it
 

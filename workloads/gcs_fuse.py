@@ -8,10 +8,10 @@ inject the FUSE sidecar, and mounts an ephemeral CSI volume of the bucket.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -45,8 +45,7 @@ def mount_options(profile: str = "default") -> str:
 MOUNT_OPTIONS = mount_options("default")
 
 
-@dataclass(frozen=True)
-class BucketAccess:
+class BucketAccess(msgspec.Struct, frozen=True):
     """What a workload component needs to mount the bucket (Pulumi values)."""
 
     bucket: pulumi.Input[str]
@@ -54,8 +53,7 @@ class BucketAccess:
     kubernetes_service_account: str
 
 
-@dataclass(frozen=True)
-class GcsMount:
+class GcsMount(msgspec.Struct, frozen=True):
     """The resolved values the pod spec is rendered from."""
 
     bucket: str

@@ -11,9 +11,9 @@ Workloads on a fabric pool depend on this component, so their NICs and libraries
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -34,8 +34,7 @@ class Nic(Protocol):
     subnetwork: pulumi.Input[str]
 
 
-@dataclass(frozen=True)
-class GpuFabricArgs:
+class GpuFabricArgs(msgspec.Struct, frozen=True):
     fabric_set: FabricSet
     nics: list[Nic]
     install: bool  # apply the installer (and NRI injector); a config check refuses a fabric pool without it
@@ -60,13 +59,11 @@ def manifest_urls(fabric_set: FabricSet) -> dict[str, str]:
 
 
 class GpuFabric(pulumi.ComponentResource):
-    objects: list[k8s.apiextensions.CustomResource]
-    manifests: list[k8s.yaml.v2.ConfigFile]
-
     def __init__(self, name: str, args: GpuFabricArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:GpuFabric", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.objects, self.manifests = [], []
+        self.objects: list[k8s.apiextensions.CustomResource] = []
+        self.manifests: list[k8s.yaml.v2.ConfigFile] = []
         for nic in args.nics:
             labels = {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/fabric": args.fabric_set.fabric.name}
             param_set = k8s.apiextensions.CustomResource(

@@ -22,9 +22,9 @@ The objects are plain dicts from pure functions, validated in tests against Kueu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 import yaml
@@ -136,12 +136,11 @@ def cluster_objects(config: KueueConfig, pools: list[NodePoolConfig]) -> list[di
     return [*objects, cluster_queue(config.queue_name, pools)]
 
 
-@dataclass(frozen=True)
-class KueueArgs:
+class KueueArgs(msgspec.Struct, frozen=True):
     config: KueueConfig
     pools: list[NodePoolConfig]  # the GPU flavors' pools in the ClusterQueue's order (flavor_pools)
     # Workload namespace -> its name as an output of the Namespace that creates it (so the LocalQueue waits).
-    namespaces: dict[str, pulumi.Input[str]] = field(default_factory=dict)
+    namespaces: dict[str, pulumi.Input[str]] = msgspec.field(default_factory=dict)
 
 
 def manager_config() -> dict[str, Any]:
@@ -184,10 +183,6 @@ def chart_values(config: KueueConfig) -> dict[str, Any]:
 
 
 class Kueue(pulumi.ComponentResource):
-    release: k8s.helm.v3.Release
-    objects: list[k8s.apiextensions.CustomResource]
-    local_queues: list[k8s.apiextensions.CustomResource]
-
     def __init__(self, name: str, args: KueueArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:Kueue", name, None, opts)
         install = capacity.load().kueue_install
@@ -206,7 +201,7 @@ class Kueue(pulumi.ComponentResource):
         )
         # Kueue's webhooks validate these objects: they wait for the release (its CRDs and Deployment).
         after_install = pulumi.ResourceOptions(parent=self, depends_on=[self.release])
-        self.objects = []
+        self.objects: list[k8s.apiextensions.CustomResource] = []
         for obj in cluster_objects(args.config, args.pools):
             # A ClusterQueue names its flavors and admission check, an AdmissionCheck its config: created after
             # them, deleted before them (Kueue keeps an object in use from going).

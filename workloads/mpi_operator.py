@@ -7,8 +7,7 @@ register only the ConfigFile). Workloads depend on this component so the MPIJob 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -22,14 +21,11 @@ def manifest_url(version: str) -> str:
     return MANIFEST_URL.format(version=version)
 
 
-@dataclass(frozen=True)
-class MpiOperatorArgs:
+class MpiOperatorArgs(msgspec.Struct, frozen=True):
     config: MpiOperatorConfig
 
 
 class MpiOperator(pulumi.ComponentResource):
-    manifest: k8s.yaml.v2.ConfigFile
-
     def __init__(self, name: str, args: MpiOperatorArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:MpiOperator", name, None, opts)
         url = manifest_url(args.config.version)

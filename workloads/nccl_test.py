@@ -14,10 +14,10 @@ Rendered as plain dicts by pure functions, validated with kubernetes-validate in
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -38,8 +38,7 @@ POOL_LABEL = "deepspeed-stack/pool"
 ACTIVE_DEADLINE_SECONDS = 3600  # like Google's JobSet example: a stuck rendezvous does not hold 16 GPUs for ever
 
 
-@dataclass(frozen=True)
-class NcclTestInputs:
+class NcclTestInputs(msgspec.Struct, frozen=True):
     test: NcclTestConfig
     pools: list[NodePoolConfig]
     image: str

@@ -6,8 +6,7 @@ claim needs: the launcher and the workers on different nodes mount it at the sam
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -18,8 +17,7 @@ REPOSITORY = "https://kubernetes-sigs.github.io/nfs-subdir-external-provisioner/
 NAMESPACE = "nfs-provisioner"
 
 
-@dataclass(frozen=True)
-class NfsProvisionerArgs:
+class NfsProvisionerArgs(msgspec.Struct, frozen=True):
     config: NfsProvisionerConfig
 
 
@@ -34,13 +32,10 @@ def values(cfg: NfsProvisionerConfig) -> dict:
 
 
 class NfsProvisioner(pulumi.ComponentResource):
-    release: k8s.helm.v3.Release
-    storage_class: str
-
     def __init__(self, name: str, args: NfsProvisionerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:NfsProvisioner", name, None, opts)
         cfg = args.config
-        self.storage_class = cfg.storage_class
+        self.storage_class: str = cfg.storage_class
         self.release = k8s.helm.v3.Release(
             f"{name}-release",
             name=CHART,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from model import capacity, node_memory
 from model import catalog as gpu_catalog
@@ -29,8 +30,7 @@ GAUDI_MEMORY = "250Gi"
 GAUDI_HUGEPAGES = "312600Mi"
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(msgspec.Struct, frozen=True):
     resource: str  # nvidia.com/gpu | habana.ai/gaudi
     per_worker: int
     node_selector: dict[str, str]

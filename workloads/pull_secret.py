@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
 
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
 DOCKER_CONFIG_KEY = ".dockerconfigjson"
 
 
-@dataclass(frozen=True)
-class RegistryLogin:
+class RegistryLogin(msgspec.Struct, frozen=True):
     host: str  # the registry's host[:port], as docker keys its credentials
     username: str
     password: pulumi.Output[str]

@@ -24,10 +24,10 @@ pulumi-kubernetes' skipAwait annotation, so `pulumi up` does not wait for a mode
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -57,8 +57,7 @@ NODE_PROVISIONING_MINUTES = 20
 WAIT_RESOURCES = {"cpu": "100m", "memory": "64Mi"}
 
 
-@dataclass(frozen=True)
-class ModelSource:
+class ModelSource(msgspec.Struct, frozen=True):
     """What the server loads and how clients name it."""
 
     ref: str  # a Hugging Face id, or a folder in the pod (the bucket's mount)
@@ -112,8 +111,7 @@ def mii_reserved_ports(tensor_parallel: int) -> dict[int, str]:
     return ports
 
 
-@dataclass(frozen=True)
-class ServerInputs:
+class ServerInputs(msgspec.Struct, frozen=True):
     """What the pod template is rendered from (resolved values, no Outputs)."""
 
     workload: ServeWorkloadConfig
@@ -381,8 +379,7 @@ def await_annotations(source: ModelSource) -> dict[str, str] | None:
     return {serving_engines.skip_await_annotation(): "true"} if skips_await(source) else None
 
 
-@dataclass(frozen=True)
-class ModelServerArgs:
+class ModelServerArgs(msgspec.Struct, frozen=True):
     workload: ServeWorkloadConfig
     placement: Placement
     image_ref: pulumi.Input[str]  # the stack's image (workloads.<name>.image overrides)
@@ -403,17 +400,6 @@ def _depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
 class ModelServer(pulumi.ComponentResource):
     """Pass the cluster's Kubernetes provider and `depends_on=[<the pool's GpuNodePool>]` in `opts`."""
 
-    namespace: k8s.core.v1.Namespace
-    config_map: k8s.core.v1.ConfigMap | None
-    token: k8s.core.v1.Secret | None
-    service_account: k8s.core.v1.ServiceAccount | None
-    deployment: k8s.apps.v1.Deployment
-    service: k8s.core.v1.Service
-    disruption_budget: k8s.policy.v1.PodDisruptionBudget
-    network_policy: k8s.networking.v1.NetworkPolicy
-    autoscaler: k8s.autoscaling.v2.HorizontalPodAutoscaler | None
-    summary: pulumi.Output[dict[str, Any]]
-
     def __init__(self, name: str, args: ModelServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:ModelServer", name, None, opts)
         w = args.workload
@@ -422,15 +408,15 @@ class ModelServer(pulumi.ComponentResource):
             f"{name}-ns", metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels=labels(w)), opts=child)
         ns = self.namespace.metadata.name
         files = script_files(w)
-        self.config_map = k8s.core.v1.ConfigMap(
+        self.config_map: k8s.core.v1.ConfigMap | None = k8s.core.v1.ConfigMap(
             f"{name}-server",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{w.name}-server", namespace=ns, labels=labels(w)),
             data=files, opts=child) if files else None
-        self.token = self._token(name, w, ns, args.hf_token)
+        self.token: k8s.core.v1.Secret | None = self._token(name, w, ns, args.hf_token)
         access = args.bucket if w.gcs_fuse.enabled else None
         self.service_account = gcs_fuse.service_account(f"{name}-ksa", ns, access, child) if access else None
-        self.deployment = self._deployment(name, args, ns, access, opts)
-        self.service = self._service(name, w, ns, args.protect, await_annotations(args.source))
+        self.deployment: k8s.apps.v1.Deployment = self._deployment(name, args, ns, access, opts)
+        self.service: k8s.core.v1.Service = self._service(name, w, ns, args.protect, await_annotations(args.source))
         self.disruption_budget = k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
@@ -438,11 +424,11 @@ class ModelServer(pulumi.ComponentResource):
             spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
                 max_unavailable=1, selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector(w))),
             opts=child)
-        self.network_policy = self._network_policy(name, w, ns)
+        self.network_policy: k8s.networking.v1.NetworkPolicy = self._network_policy(name, w, ns)
         self.autoscaler = self._autoscaler(name, w, ns) if w.serving.autoscaling.enabled else None
         lb_ip = self.service.status.apply(_ingress_ip) if w.serving.service == "InternalLoadBalancer" else None
         src = args.source
-        self.summary = pulumi.Output.from_input({
+        self.summary: pulumi.Output[dict[str, Any]] = pulumi.Output.from_input({
             "kind": "serve", "deployment": w.name, "namespace": ns, "pool": w.pool, "engine": w.serving.engine,
             "model": src.ref, "servedModel": src.served_name,
             "gpusPerReplica": args.placement.per_worker, "replicas": w.serving.replicas,

@@ -7,16 +7,14 @@ back to whatever `KUBECONFIG` points at on the deploying machine, so a config ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import StackConfig
 
 
-@dataclass(frozen=True)
-class ExistingClusterArgs:
+class ExistingClusterArgs(msgspec.Struct, frozen=True):
     kubeconfig: pulumi.Input[str] | None = None
     context: str | None = None
 
@@ -29,8 +27,6 @@ def needs_kubernetes(cfg: StackConfig) -> bool:
 
 
 class ExistingCluster(pulumi.ComponentResource):
-    provider: k8s.Provider
-
     def __init__(self, name: str, args: ExistingClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:k8s:ExistingCluster", name, None, opts)
         kubeconfig = pulumi.Output.secret(args.kubeconfig) if args.kubeconfig is not None else None

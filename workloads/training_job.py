@@ -10,9 +10,9 @@ Core objects use pulumi_kubernetes' typed Args; the MPIJob is a CustomResource w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -21,15 +21,14 @@ from workloads import gcs_fuse, kueue, mpijob, network_policy, pull_secret
 from workloads.placement import Placement, labels
 
 
-@dataclass(frozen=True)
-class TrainingJobArgs:
+class TrainingJobArgs(msgspec.Struct, frozen=True):
     config: MpiJobBaseConfig
     placement: Placement
     # The stack's built image (nvidia); Gaudi jobs use Habana's image unless `image` overrides.
     stack_image: pulumi.Input[str] | None = None
     hf_token: pulumi.Output[str] | None = None
     # What the claim waits for: the NFS provisioner (its storage class) when the stack installs it.
-    claim_depends_on: list[pulumi.Resource] = field(default_factory=list)
+    claim_depends_on: list[pulumi.Resource] = msgspec.field(default_factory=list)
     bucket: gcs_fuse.BucketAccess | None = None  # the stack's bucket, mounted when gcsFuse.enabled
     operator_version: str = "v0.8.0"  # mpiOperator.version: the fields the cluster's operator knows
     gaudi_image: pulumi.Input[str] | None = None  # the stack's Gaudi image, pinned by digest
@@ -45,16 +44,6 @@ class TrainingJobArgs:
 
 
 class TrainingJob(pulumi.ComponentResource):
-    namespace: k8s.core.v1.Namespace
-    claim: k8s.core.v1.PersistentVolumeClaim
-    hf_token: k8s.core.v1.Secret | None
-    service_account: k8s.core.v1.ServiceAccount | None
-    config_map: k8s.core.v1.ConfigMap
-    pull_secret: k8s.core.v1.Secret | None
-    network_policies: list[k8s.networking.v1.NetworkPolicy]
-    job: k8s.apiextensions.CustomResource
-    summary: pulumi.Output[dict[str, Any]]
-
     def __init__(self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:TrainingJob", name, None, opts)
         w, where = args.config, args.placement
@@ -75,19 +64,19 @@ class TrainingJob(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         access = args.bucket if w.gcs_fuse.enabled else None
-        self.service_account = gcs_fuse.service_account(
+        self.service_account: k8s.core.v1.ServiceAccount | None = gcs_fuse.service_account(
             f"{name}-ksa", ns, access, pulumi.ResourceOptions(parent=self)) if access else None
-        self.pull_secret = pull_secret.secret(
+        self.pull_secret: k8s.core.v1.Secret | None = pull_secret.secret(
             f"{name}-pull-secret", pull_secret.name(w.name), ns, labels(w), args.registry,
             pulumi.ResourceOptions(parent=self)) if args.registry is not None else None
-        self.network_policies = [k8s.networking.v1.NetworkPolicy(
+        self.network_policies: list[k8s.networking.v1.NetworkPolicy] = [k8s.networking.v1.NetworkPolicy(
             f"{name}-{role}-policy",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=network_policy.names(w)[role], namespace=ns, labels=labels(w)),
             spec=spec,
             opts=pulumi.ResourceOptions(parent=self),
         ) for role, spec in network_policy.specs(w).items()]
-        self.job = self._job(name, args, ns)
-        self.summary = pulumi.Output.from_input({
+        self.job: k8s.apiextensions.CustomResource = self._job(name, args, ns)
+        self.summary: pulumi.Output[dict[str, Any]] = pulumi.Output.from_input({
             "kind": w.kind, "job": w.name, "namespace": ns, "claim": w.storage.claim_name,
             "accelerator": where.resource, "acceleratorsPerWorker": where.per_worker, "workers": w.workers,
             "pool": w.pool,

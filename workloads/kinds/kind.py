@@ -7,9 +7,9 @@ registry (workloads/kinds/__init__.py). `__main__.py` and checks/ ask the regist
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import msgspec
 import pulumi
 
 from model.types import StackConfig, WorkloadConfig
@@ -24,8 +24,7 @@ W = TypeVar("W", bound=WorkloadConfig)
 Rule = Callable[[StackConfig, W], list[str]]
 
 
-@dataclass(frozen=True)
-class Platform:
+class Platform(msgspec.Struct, frozen=True):
     """What the stack built that a workload's builder may use; None where the stack has none."""
 
     cfg: StackConfig
@@ -34,7 +33,7 @@ class Platform:
     bucket: BucketAccess | None = None  # the stack's bucket and the accounts that reach it
     gaudi_image: pulumi.Output[str] | None = None  # the stack's Gaudi image (pinned by digest)
     gaudi_login: RegistryLogin | None = None  # the login the Gaudi image is pulled with, when its registry wants one
-    claim_depends_on: list[pulumi.Resource] = field(default_factory=list)  # e.g. the NFS provisioner
+    claim_depends_on: list[pulumi.Resource] = msgspec.field(default_factory=list)  # e.g. the NFS provisioner
     own_cluster: bool = True  # the stack's own GKE cluster; False: an existing cluster (nothing adopted is deleted)
 
     @property
@@ -43,8 +42,7 @@ class Platform:
         return bool(self.cfg.cluster and self.cfg.cluster.deletion_protection)
 
 
-@dataclass(frozen=True)
-class Built:
+class Built(msgspec.Struct, frozen=True):
     """What the builder made: the component, the `workloads.<name>` output, and the extras a kind may export."""
 
     resource: pulumi.ComponentResource
@@ -57,8 +55,7 @@ class Built:
 Builder = Callable[[str, W, Platform, pulumi.ResourceOptions], Built]
 
 
-@dataclass(frozen=True)
-class Kind(Generic[W]):
+class Kind(msgspec.Struct, Generic[W], frozen=True):
     name: str  # the `kind` value in the config
     config: type[W]  # its typed class (model/workload_types.py), built from its schema branch
     rules: tuple[Rule[W], ...]  # its own rules (rules across kinds stay in checks/)

@@ -8,9 +8,9 @@ around the MPIJob that workloads/mpijob renders. Summary: the job, its namespace
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
+import msgspec
 import pulumi
 
 from model.config import kind_branches, schema, with_defaults
@@ -104,7 +104,7 @@ def check_training_on_nvidia(m: StackConfig, w: MpiJobWorkloadConfig) -> list[st
     if not w.on_nvidia:
         return []
     defaults, problems = _training_defaults(), []
-    for f in dataclasses.fields(TrainingConfig):
+    for f in msgspec.structs.fields(TrainingConfig):
         if getattr(w.training, f.name) != getattr(defaults, f.name):
             key = at("workloads", w.name, "training", camel(f.name))
             problems.append(f"{key}: `training` is the Gaudi fine-tuning run's (optimum-habana); an NVIDIA MPIJob "

@@ -22,8 +22,9 @@ from the same pair when given `launch` (TrainingJobArgs.launch).
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from model.types import MpiJobBaseConfig
 from workloads import fabric
@@ -58,26 +59,26 @@ NVIDIA_HOME = "/home/deepspeed"
 NVIDIA_SSH_PORT = SSH_PORT
 
 
-@dataclass(frozen=True)
-class NvidiaLaunch:
+class NvidiaLaunch(msgspec.Struct, frozen=True):
     """What the job runs on every rank, and what it needs besides the shape."""
 
     rank_command: list[str]  # the script and its arguments, as `deepspeed --hostfile ...` runs them on every rank
-    env: dict[str, str] = field(default_factory=dict)  # on launcher and workers, and sent to every rank over ssh
-    volumes: list[dict[str, Any]] = field(default_factory=list)  # extra pod volumes (launcher and workers)
-    mounts: list[dict[str, Any]] = field(default_factory=list)  # their mounts (launcher and workers)
-    files: dict[str, str] = field(default_factory=dict)  # extra files of the job's ConfigMap, under CONFIG_DIR
+    # on launcher and workers, and sent to every rank over ssh
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    volumes: list[dict[str, Any]] = msgspec.field(default_factory=list)  # extra pod volumes (launcher and workers)
+    mounts: list[dict[str, Any]] = msgspec.field(default_factory=list)  # their mounts (launcher and workers)
+    files: dict[str, str] = msgspec.field(default_factory=dict)  # extra files of the job's ConfigMap, under CONFIG_DIR
     hf_trainer: bool = False  # the ranks run the Hugging Face Trainer: ds_config.json leaves it its own values
     # `launch.command`: the launcher runs it instead of the DeepSpeed command line, after the same set-up.
     command: str | None = None
-    worker_volumes: list[dict[str, Any]] = field(default_factory=list)  # extra pod volumes of the workers only
-    worker_mounts: list[dict[str, Any]] = field(default_factory=list)  # their mounts
+    worker_volumes: list[dict[str, Any]] = msgspec.field(default_factory=list)  # extra pod volumes of the workers only
+    worker_mounts: list[dict[str, Any]] = msgspec.field(default_factory=list)  # their mounts
     # Never: a worker whose sshd died stays failed (the launcher's restarts cannot reach it). OnFailure: it restarts
     # in place under the same host name, and the launcher's next attempt finds it.
     worker_restart_policy: str = "Never"
     # Paths (e.g. the data in the bucket) the launcher waits for before it starts the ranks: one `pulumi up` creates
     # the bucket and the job, and the data is uploaded after.
-    wait_for: list[str] = field(default_factory=list)
+    wait_for: list[str] = msgspec.field(default_factory=list)
 
 
 def launch_of(w: MpiJobBaseConfig) -> NvidiaLaunch:

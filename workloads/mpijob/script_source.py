@@ -14,8 +14,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from model.types import MpiJobBaseConfig, StackConfig
 from model.validators import at, is_file
@@ -29,8 +30,7 @@ GS_PREFIX = "gs://"
 CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
 
-@dataclass(frozen=True)
-class ScriptSource:
+class ScriptSource(msgspec.Struct, frozen=True):
     path: str  # what every rank runs
     files: dict[str, str]  # what the job's ConfigMap ships for it (key -> text)
 

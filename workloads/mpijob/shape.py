@@ -18,8 +18,9 @@ import json
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from model.types import MpiJobBaseConfig
 from workloads import fabric, gcs_fuse, kueue, recovery
@@ -62,8 +63,7 @@ ROLE_LABEL = "deepspeed-stack/role"
 Secure = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-@dataclass(frozen=True)
-class MpiJobInputs:
+class MpiJobInputs(msgspec.Struct, frozen=True):
     """Everything the MPIJob needs besides the workload config: where it runs, what it runs, and the
     names of the objects created beside it."""
 
