@@ -22,10 +22,11 @@ preview: $(STAMP)  ## offline preview of STACK (default dev): no cloud account n
 bench: $(STAMP)  ## time the offline preview against the bare Pulumi SDK (each stack; 25/100 generated GPU pools)
 	$(BIN)/python -m preview.bench
 
-# 2 workers (pytest-xdist); loadscope keeps a module's tests, and so its module-scoped stack runs, on one worker.
+# 2 workers (pytest-xdist), tests handed out one by one (--dist load): a module's fixtures may then run on both
+# workers, but loadscope's whole-module batches left one worker idle for the last ~8 s (docs/measurements.md).
 # Bytecode is written even where the environment sets PYTHONDONTWRITEBYTECODE: later runs skip recompiling.
 test: $(STAMP)  ## the whole test suite under Pulumi mocks (2 workers, pytest-xdist), plus ruff and the import contracts
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 --dist loadscope
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 --dist load
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache --no-logo
 

@@ -288,7 +288,8 @@ def _convert(hint: Any, value: Any) -> Any:
         return [_convert(item, v) for v in value]
     if origin is dict:
         _, item = typing.get_args(hint)
-        if _is_struct(item) and "name" in {f.name for f in msgspec.structs.fields(item)}:
+        # __struct_fields__: the names only (msgspec.structs.fields resolves every annotation, on each call).
+        if _is_struct(item) and "name" in item.__struct_fields__:
             # A named map: the key is the name; a workload is built as its kind's class.
             return {k: build(_concrete(item, v), v, name=k) for k, v in value.items()}
         return {k: _convert(item, v) for k, v in value.items()}

@@ -1,4 +1,8 @@
-"""Shared fixtures: stack runs under mocks (cached), ../shared references."""
+"""Shared fixtures: stack runs under mocks (cached), ../shared references.
+
+The project's modules, jsonschema and kubernetes-validate are imported where first used, not here: with
+`pytest -n 2` the xdist controller imports this file too, before it starts the workers, and runs no test
+(0.35 s of the suite's wall time)."""
 
 from __future__ import annotations
 
@@ -10,24 +14,28 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-import kubernetes_validate.utils
 import pytest
 
-from checks import ConfigError, load
-from model.types import StackConfig
-from preview import engine
+if TYPE_CHECKING:
+    from model.types import StackConfig
+    from preview.engine import RunResult
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 SHARED = PROJECT_DIR.parent / "shared" / "reference"
 
-_RUNS: dict[str, engine.RunResult] = {}
+_RUNS: dict[str, RunResult] = {}
 
-# kubernetes-validate re-reads its 1.4 MB definitions file (and the kind's schema) from disk on every call:
-# 20 ms a call, ~10x the validation itself. The files are the package's own, read-only data: read each once.
-kubernetes_validate.utils.schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
+
+@pytest.fixture(scope="session", autouse=True)
+def _kubernetes_validate_reads_its_files_once() -> None:
+    # kubernetes-validate re-reads its 1.4 MB definitions file (and the kind's schema) from disk on every call:
+    # 20 ms a call, ~10x the validation itself. The files are the package's own, read-only data: read each once.
+    import kubernetes_validate.utils
+
+    if not hasattr(kubernetes_validate.utils.schema_contents, "cache_info"):
+        kubernetes_validate.utils.schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
 
 
 # The cyclic garbage collector walks every tracked object on each full collection; the provider SDKs, imported
@@ -57,6 +65,8 @@ def validate_json(instance: Any, schema: dict[str, Any]) -> None:
     """`jsonschema.validate`, same checks and same error (best_match), but each schema is checked against its
     metaschema once per session: that check was nearly all of its cost (0.2 s for the chart's values schema,
     which several tests use)."""
+    import jsonschema
+
     validator = _checked_validator(json.dumps(schema, sort_keys=True))
     error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
     if error is not None:
@@ -65,6 +75,8 @@ def validate_json(instance: Any, schema: dict[str, Any]) -> None:
 
 @functools.cache
 def _checked_validator(schema_json: str) -> Any:
+    import jsonschema
+
     schema = json.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
@@ -87,25 +99,27 @@ def reference(*parts: str) -> Path:
     return path
 
 
-def stack_run(stack: str) -> engine.RunResult:
+def stack_run(stack: str) -> RunResult:
     """The repo's stack file run under mocks; cached, since a run is read-only for the tests."""
+    from preview import engine
+
     if stack not in _RUNS:
         _RUNS[stack] = engine.run_stack(stack)
     return _RUNS[stack]
 
 
 @pytest.fixture(scope="session")
-def dev() -> engine.RunResult:
+def dev() -> RunResult:
     return stack_run("dev")
 
 
 @pytest.fixture(scope="session")
-def prod() -> engine.RunResult:
+def prod() -> RunResult:
     return stack_run("prod")
 
 
 @pytest.fixture(scope="module")
-def gaudi() -> engine.RunResult:
+def gaudi() -> RunResult:
     return stack_run("gaudi")
 
 
@@ -120,10 +134,10 @@ def omnia() -> dict[str, Any]:
 @functools.cache
 def _stack_file_config(stack: str) -> dict[str, Any]:
     """Parsed once per session (a few hundred tests change one key of the same few files); callers get copies."""
-    import yaml
+    from preview import engine
 
     with open(engine.stack_file(stack), encoding="utf-8") as fh:
-        return yaml.safe_load(fh)["config"]
+        return yaml_load(fh)["config"]
 
 
 def stack_yaml(stack: str) -> dict[str, Any]:
@@ -162,12 +176,17 @@ def changed(stack: str, changes: dict[str, Any] | None = None) -> dict[str, Any]
 
 def config_model(config: dict[str, Any], secure: tuple[str, ...] = ()) -> StackConfig:
     """Load a YAML-form config through the real path; `secure` names extra keys set with --secret."""
+    from checks import load
+    from preview import engine
+
     engine_cfg, secret_keys = engine.engine_config_from_yaml(config)
     return load(engine_cfg, set(secret_keys) | {f"deepspeed-stack:{k}" for k in secure})
 
 
 def config_problems(config: dict[str, Any], secure: tuple[str, ...] = ()) -> list[str]:
     """The ConfigError's problems for a YAML-form config ([] when it loads)."""
+    from checks import ConfigError
+
     try:
         config_model(config, secure)
     except ConfigError as err:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import engine, stack_yaml
+from conftest import stack_yaml
 
 from model import cache as model_cache
 from model import config, yamlio
+from preview import engine
 
 
 @pytest.fixture

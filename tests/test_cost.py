@@ -9,7 +9,7 @@ import copy
 from typing import Any
 
 import pytest
-from conftest import PROJECT_DIR, changed, config_model, stack_yaml, yaml_load
+from conftest import PROJECT_DIR, changed, config_model, stack_run, stack_yaml, yaml_load
 
 from planner import cost
 from preview import engine, summary
@@ -137,7 +137,7 @@ def test_vertex_job_is_priced_machine_plus_gpus_times_replicas(raw: dict[str, An
 
 
 def test_vertex_stack_exports_costs_and_the_summary_headline_shows_it() -> None:
-    run = engine.run_stack("vertex")
+    run = stack_run("vertex")
     assert "vertex" in run.outputs["costs"]
     md = summary.markdown(run, [], 0)
     title, line = md.splitlines()[0], md.splitlines()[2]

@@ -10,7 +10,6 @@ from typing import Any
 
 import pulumi
 import pytest
-import yaml
 from conftest import PROJECT_DIR, changed, config_model, config_problems, set_path, stack_yaml, yaml_load
 
 from checks import planner as checks_planner
@@ -61,7 +60,7 @@ def test_models_resolve_by_name_alias_and_count() -> None:
 
 def test_every_model_entry_is_complete_and_consistent() -> None:
     with open(PROJECT_DIR / "data" / "models.yaml", encoding="utf-8") as fh:
-        doc = yaml.safe_load(fh)
+        doc = yaml_load(fh)
     assert doc["source"] and doc["date"]
     for name, m in doc["models"].items():
         assert {"parameters", "layers", "hidden", "heads", "kvHeads", "vocab", "intermediate"} <= set(m), name

@@ -144,7 +144,10 @@ def test_mpijob_manifest_matches_the_operator_crd(gaudi: RunResult) -> None:
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v2beta1")
     job = docs_by_kind(manifests.render(gaudi))["MPIJob"]
     spec_schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    jsonschema.validate(job["spec"], spec_schema)
+    # The CRD's schema is OpenAPI v3, checked as JSON Schema draft 7 (as tests/test_mpijob.py does). Not checked
+    # against a metaschema first (what jsonschema.validate does): its validity is the operator's, and that check
+    # of a 9,000-line schema was 0.5 s of the suite.
+    assert [e.message for e in jsonschema.Draft7Validator(spec_schema).iter_errors(job["spec"])] == []
     assert job["apiVersion"] == "kubeflow.org/v2beta1"
 
 

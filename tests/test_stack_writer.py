@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import config_problems
+from conftest import config_problems, yaml_load
 
 from checks import load
 from model import catalog
@@ -35,7 +35,7 @@ def _written(model: str, mode: str, stack: str = "grid") -> tuple[ws.Choice, dic
     header = ws.header(choice, request, REGION, stack, f"make gpus MODEL={model} MODE={mode} WRITE={stack}",
                        catalog.load())
     text = stack_writer.render(choice.candidate, header)
-    config = yaml.safe_load(text)["config"]
+    config = yaml_load(text)["config"]
     if choice.gated_model:
         assert "`pulumi config set --secret hfToken hf_... -s grid`" in text
         config["deepspeed-stack:hfToken"] = TOKEN
@@ -92,7 +92,7 @@ def test_a_written_stack_previews(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "`pulumi config set --secret hfToken hf_... -s llama8b`" in text
     argv = ["--stack", "llama8b", "--stack-file", str(path), "--out", str(tmp_path / "build")]
     assert preview_main(argv) == 2 and "is gated on Hugging Face" in capsys.readouterr().err
-    written = yaml.safe_load(text)
+    written = yaml_load(text)
     written["config"]["deepspeed-stack:hfToken"] = TOKEN
     path.write_text(yaml.safe_dump(written), encoding="utf-8")
     assert preview_main(argv) == 0
@@ -145,7 +145,7 @@ def test_finetune_grid_writes_the_finetune_kind_and_loads(model: str) -> None:
     header = ws.header(choice, request, REGION, "grid", f"make gpus MODEL={model} MODE=finetune WRITE=grid",
                        catalog.load())
     text = stack_writer.render(choice.candidate, header)
-    config = yaml.safe_load(text)["config"]
+    config = yaml_load(text)["config"]
     if choice.gated_model:
         config["deepspeed-stack:hfToken"] = TOKEN
     assert config_problems(config) == [], text
@@ -163,5 +163,5 @@ def test_finetune_grid_writes_the_finetune_kind_and_loads(model: str) -> None:
 
 def test_write_finetune_mode_writes_a_file(tmp_path: Path) -> None:
     assert ws.main(["--model", "Llama-2-7B", "--mode", "finetune", "--stack", "ft", "--dir", str(tmp_path)]) == 0
-    config = yaml.safe_load((tmp_path / "Pulumi.ft.yaml").read_text())["config"]
+    config = yaml_load((tmp_path / "Pulumi.ft.yaml").read_text())["config"]
     assert [w["kind"] for w in config["deepspeed-stack:workloads"].values()] == ["finetune"]

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from conftest import PROJECT_DIR
+from conftest import PROJECT_DIR, yaml_load
 
 WORKFLOWS = sorted((PROJECT_DIR / ".github" / "workflows").glob("*.yml"))
 BIN = PROJECT_DIR / ".venv" / "bin"
@@ -20,7 +19,7 @@ PINNED = re.compile(r"^[\w.-]+/[\w.-]+@(v\d+\.\d+\.\d+|[0-9a-f]{40})$")
 
 
 def load(name: str) -> dict[str, Any]:
-    doc = yaml.safe_load((PROJECT_DIR / ".github" / "workflows" / name).read_text(encoding="utf-8"))
+    doc = yaml_load((PROJECT_DIR / ".github" / "workflows" / name).read_text(encoding="utf-8"))
     doc["on"] = doc.pop(True, doc.get("on"))  # YAML 1.1 reads the key `on` as true
     return doc
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 
-import msgspec
 import pulumi
 
 from model.config import kind_branches, schema, with_defaults
@@ -104,9 +103,9 @@ def check_training_on_nvidia(m: StackConfig, w: MpiJobWorkloadConfig) -> list[st
     if not w.on_nvidia:
         return []
     defaults, problems = _training_defaults(), []
-    for f in msgspec.structs.fields(TrainingConfig):
-        if getattr(w.training, f.name) != getattr(defaults, f.name):
-            key = at("workloads", w.name, "training", camel(f.name))
+    for field in TrainingConfig.__struct_fields__:
+        if getattr(w.training, field) != getattr(defaults, field):
+            key = at("workloads", w.name, "training", camel(field))
             problems.append(f"{key}: `training` is the Gaudi fine-tuning run's (optimum-habana); an NVIDIA MPIJob "
                             "runs launch.script and would ignore it. Fine-tune on NVIDIA with kind finetune "
                             "(finetune.model, finetune.dataset or datasetPath, finetune.epochs, finetune.lora), or "
