@@ -99,13 +99,15 @@ def reference(*parts: str) -> Path:
     return path
 
 
-def stack_run(stack: str) -> RunResult:
-    """The repo's stack file run under mocks; cached, since a run is read-only for the tests."""
+def stack_run(stack: str, overrides: dict[str, Any] | None = None) -> RunResult:
+    """The repo's stack file run under mocks, with `overrides` as engine.run_stack takes them; cached by both,
+    since a run is read-only for the tests (several modules run the same stack with the same token)."""
     from preview import engine
 
-    if stack not in _RUNS:
-        _RUNS[stack] = engine.run_stack(stack)
-    return _RUNS[stack]
+    key = stack if not overrides else f"{stack} {json.dumps(overrides, sort_keys=True)}"
+    if key not in _RUNS:
+        _RUNS[key] = engine.run_stack(stack, overrides)
+    return _RUNS[key]
 
 
 @pytest.fixture(scope="session")

@@ -35,8 +35,8 @@ CHECKPOINTING_MOUNT_OPTIONS = ",".join([
 
 @functools.cache
 def _run(token: bool = False, changes: tuple[tuple[str, Any], ...] = ()) -> RunResult:
-    if not token and not changes:
-        return stack_run("finetune")
+    if not changes:
+        return stack_run("finetune", {"hfToken": TOKEN} if token else None)  # shared with test_hf_token
     config = changed("finetune", dict(changes))
     if token:
         config["deepspeed-stack:hfToken"] = TOKEN
