@@ -357,5 +357,30 @@ def test_bench_generates_a_valid_100_pool_stack() -> None:
     assert {w.pool for w in model.workloads.values()} <= {p.name for p in model.node_pools}
 
 
+
+def test_bench_declares_each_resource_through_its_sdk_class() -> None:
+    # The bare arm must pay what the SDK's classes cost, a provider's own components included: the MPI operator's
+    # kubernetes:yaml/v2:ConfigFile (h100 installs it) as a plain ComponentResource skipped pulumi_kubernetes.yaml
+    # and requests.
+    import pulumi_kubernetes as k8s
+    from conftest import stack_run
+
+    assert bench.provider_class("kubernetes:yaml/v2:ConfigFile") is k8s.yaml.v2.ConfigFile
+    assert bench.provider_class("kubernetes:core/v1:Namespace") is k8s.core.v1.Namespace
+    made = {}
+
+    def record(cls: type, r: dict[str, Any], opts: Any) -> None:
+        made[r["name"]] = cls
+
+    wanted = ("kubernetes:yaml/v2:ConfigFile", "kubernetes:core/v1:Namespace")
+    resources = [r.to_plan() for r in stack_run("h100").resources if r.type in wanted]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench, "_typed", record)  # records the class instead of registering
+        bench.register_bare(resources)
+    config_files = [r["name"] for r in resources if r["type"] == wanted[0]]
+    assert config_files and all(made[n] is k8s.yaml.v2.ConfigFile for n in config_files)
+    assert made.keys() == {r["name"] for r in resources}
+
+
 def test_cli_module_runs_as_python_dash_m() -> None:
     assert sys.modules["preview.__main__"].main is main
