@@ -92,12 +92,13 @@ RESULT = re.compile(r"SMOKE_TEST_RESULT (\{.*\})")
 # --- the stack's own rendering -----------------------------------------------------------------------
 
 # Each kind's e2e workload: its name and the keys of its own it sets.
-KIND_WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
-    "mpijob": (MPIJOB, {"namespace": MPIJOB_NAMESPACE, "storage": {"storageClass": "standard-rwx"}}),
-    "helm": ("smoke", {"namespace": "deepspeed-e2e", "chart": {"version": "2.3.51"}}),
+# Per kind: the workload's name, its own keys, and the stack's top-level keys it needs (merged into the dev stack's).
+KIND_WORKLOADS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "mpijob": (MPIJOB, {"namespace": MPIJOB_NAMESPACE, "storage": {"storageClass": "standard-rwx"}}, {}),
+    "helm": ("smoke", {"namespace": "deepspeed-e2e", "chart": {"version": "2.3.51"}}, {}),
     # The bucket (a local folder at gcsFuse.mountPath on every host) holds the data, the base model and the output.
     "finetune": (MPIJOB, {"namespace": MPIJOB_NAMESPACE, "storage": {"storageClass": "standard-rwx"},
-                          "gcsFuse": {"enabled": True, "mountPath": "/gcs"}}),
+                          "gcsFuse": {"enabled": True, "mountPath": "/gcs"}}, {"storage": {"enabled": True}}),
 }
 
 
@@ -114,12 +115,12 @@ def stack_workload(kind: str, workers: int = WORKERS, args: Sequence[str] = SMOK
 
     with open(stack_file("dev"), encoding="utf-8") as handle:
         config = copy.deepcopy(yaml.safe_load(handle)["config"])
-    name, own_keys = KIND_WORKLOADS[kind]
+    name, own_keys, stack_keys = KIND_WORKLOADS[kind]
     workload: dict[str, Any] = {"kind": kind, "pool": "t4", "workers": workers,
                                 "deepspeed": dict(deepspeed or DS_BLOCK),
                                 "launch": {"script": script, "args": list(args)}, **own_keys, **(keys or {})}
-    if kind == "finetune":
-        config["deepspeed-stack:storage"] = {**config.get("deepspeed-stack:storage", {}), "enabled": True}
+    for key, values in stack_keys.items():
+        config[f"deepspeed-stack:{key}"] = {**config.get(f"deepspeed-stack:{key}", {}), **values}
     if WORKLOAD_TYPES[kind].runs_as_mpijob:
         # The stack installs the operator (and its MPIJob CRD) on its own cluster.
         config["deepspeed-stack:mpiOperator"] = {**config.get("deepspeed-stack:mpiOperator", {}), "install": True}
