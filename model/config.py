@@ -218,10 +218,11 @@ def _verdict_key(raw: dict[str, Any]) -> str | None:
     return cache.key(_validator_identity(), json.dumps(shown, sort_keys=True).encode())
 
 
-def schema_problems(raw: dict[str, Any]) -> list[str]:
-    """Every problem the schema finds in `raw` (defaults filled). A config the same schema and validator passed
-    before passes again: that verdict is cached (model/cache.py), and then jsonschema is not even imported.
-    Problems are always computed afresh."""
+def schema_errors(raw: dict[str, Any]) -> list[jsonschema.ValidationError]:
+    """Every error the schema finds in `raw` (defaults filled), in key order. A config the same schema and
+    validator passed before passes again: that verdict is cached (model/cache.py), and then jsonschema is not even
+    imported. Errors are always computed afresh, once: the repair and the stand-in defaults read these same ones
+    (each pass over a stack's config is ~2 ms)."""
     name = _verdict_key(raw)
     if name is not None and cache.get("schema-valid", name) is True:
         return []
@@ -229,12 +230,20 @@ def schema_problems(raw: dict[str, Any]) -> list[str]:
 
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(raw), key=lambda e: [str(p) for p in e.absolute_path])
+    if not errors and name is not None:
+        cache.put("schema-valid", name, True)
+    return errors
+
+
+def describe_all(errors: list[jsonschema.ValidationError]) -> list[str]:
     # dict.fromkeys: one line per problem, in order; a value checked through a `$ref` and its own keywords
     # (e.g. `zones: us-west1-b`, not a list) fails the same way twice.
-    problems = list(dict.fromkeys(line for e in errors for line in _describe(e).split("\n")))
-    if not problems and name is not None:
-        cache.put("schema-valid", name, True)
-    return problems
+    return list(dict.fromkeys(line for e in errors for line in _describe(e).split("\n")))
+
+
+def schema_problems(raw: dict[str, Any]) -> list[str]:
+    """Every problem the schema finds in `raw` (defaults filled), one line each."""
+    return describe_all(schema_errors(raw))
 
 
 def gcp_settings(cfg: dict[str, Any], problems: list[str], required: bool = True) -> tuple[str, str]:
@@ -287,21 +296,21 @@ def parse_all(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = 
     raw = read_raw(cfg, secret_keys, problems)
     project, region = gcp_settings(cfg, problems, required="cluster" in raw)
     filled = with_defaults(schema(), raw)
-    found = schema_problems(filled)
-    problems += found
+    errors = schema_errors(filled)
+    problems += describe_all(errors)
     valid: dict[str, Any] | None = filled
     dropped: list[str] = []
     if problems:
         import jsonschema
 
         fixed = repair.repair(filled, jsonschema.Draft202012Validator(schema()),
-                              lambda c: with_defaults(schema(), c))
+                              lambda c: with_defaults(schema(), c), errors)
         valid, dropped = fixed.config, fixed.dropped
     reported = list(dict.fromkeys([*(p.split(": ", 1)[0] for p in problems), *dropped]))
     if valid is None:
         return Parsed(None, problems, reported)
     # A schema-valid config has no unknown keys, so no default stands in for one.
-    unknown = defaults.objects_with_unknown_keys(schema(), filled) if found else {}
+    unknown = defaults.objects_with_unknown_keys(errors)
     variant = defaults.other_defaults(schema(), raw, valid, unknown)
     secrets = {snake(k): pulumi.Output.secret(valid.pop(k)) for k, p in schema()["properties"].items()
                if p.get("x-secret") and k in valid}

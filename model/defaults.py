@@ -26,13 +26,11 @@ def _errors(error: jsonschema.ValidationError) -> Iterator[jsonschema.Validation
         yield from _errors(sub)
 
 
-def objects_with_unknown_keys(schema: dict[str, Any], config: dict[str, Any]) -> dict[Path, set[str]]:
-    """The objects in which the schema rejected keys it does not know, and those keys."""
-    import jsonschema  # here: a valid config never needs it (model/config.py)
-
-    validator = jsonschema.Draft202012Validator(schema)
+def objects_with_unknown_keys(errors: list[jsonschema.ValidationError]) -> dict[Path, set[str]]:
+    """The objects in which the schema rejected keys it does not know (in its `errors` on a config), and those
+    keys."""
     found: dict[Path, set[str]] = {}
-    for top in validator.iter_errors(config):
+    for top in errors:
         for e in _errors(top):
             if e.validator == "additionalProperties" and isinstance(e.instance, dict):
                 known = set(e.schema.get("properties", {}))

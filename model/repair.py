@@ -63,11 +63,13 @@ def _delete(config: dict[str, Any], path: list[Any]) -> bool:
 
 
 def repair(config: dict[str, Any], validator: jsonschema.protocols.Validator,
-           fill: Callable[[dict[str, Any]], dict[str, Any]]) -> Repaired:
-    """`config` minus what `validator` rejects, re-filled with `fill` (the schema's defaults) after each round."""
+           fill: Callable[[dict[str, Any]], dict[str, Any]],
+           errors: list[jsonschema.ValidationError] | None = None) -> Repaired:
+    """`config` minus what `validator` rejects, re-filled with `fill` (the schema's defaults) after each round.
+    `errors`: what `validator` already found in `config`, where the caller has them (the first round reads those)."""
     current, dropped = copy.deepcopy(config), []
     for _ in range(MAX_ROUNDS):
-        errors = list(validator.iter_errors(current))
+        errors = list(validator.iter_errors(current)) if errors is None else errors
         if not errors:
             return Repaired(current, dropped)
         paths = [_without_list_items(p) for e in errors for p in _drop_path(e)]
@@ -80,7 +82,7 @@ def repair(config: dict[str, Any], validator: jsonschema.protocols.Validator,
                 progress = True
         if not progress:
             return Repaired(None, dropped)
-        current = fill(current)
+        current, errors = fill(current), None
     return Repaired(None, dropped)
 
 
