@@ -33,6 +33,13 @@ CHECKPOINTING_MOUNT_OPTIONS = ",".join([
     "file-cache:enable-parallel-downloads:true", "read_ahead_kb=1024", "write:enable-streaming-writes:true"])
 
 
+# No bucket: the data is a Hugging Face dataset (alpaca's field names). Without the bucket nothing can serve the
+# result from another namespace, so the stack's server goes too.
+NO_BUCKET = ((f"{W}.gcsFuse.enabled", False), (f"{W}.finetune.datasetPath", DELETE),
+             (f"{W}.finetune.dataset", "tatsu-lab/alpaca"), (f"{W}.finetune.promptField", "instruction"),
+             (f"{W}.finetune.responseField", "output"), ("workloads.chat", DELETE))
+
+
 @functools.cache
 def _run(token: bool = False, changes: tuple[tuple[str, Any], ...] = ()) -> RunResult:
     if not changes:
@@ -87,9 +94,7 @@ def test_the_launcher_waits_for_the_data_in_the_bucket() -> None:
     assert wait.startswith("for path in /gcs/data/train.jsonl; do tries=180; until [ -e \"$path\" ]")
     assert lines.index(wait) == len(lines) - 2  # just before the DeepSpeed line
     assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
-    hub = _launcher_script(_run(changes=((f"{W}.gcsFuse.enabled", False), (f"{W}.finetune.datasetPath", DELETE),
-                                         (f"{W}.finetune.dataset", "tatsu-lab/alpaca"), ("workloads.chat", DELETE))))
-    assert "for path in" not in hub  # a Hugging Face dataset: nothing to wait for
+    assert "for path in" not in _launcher_script(_run(changes=NO_BUCKET))  # a Hub dataset: nothing to wait for
 
 
 def test_the_script_accepts_what_the_stack_passes() -> None:
@@ -125,10 +130,7 @@ def test_output_folders_are_on_the_bucket_mount() -> None:
 
 
 def test_without_a_bucket_the_output_goes_to_the_claim() -> None:
-    # Without the bucket nothing can serve the result from another namespace: the stack's server goes too.
-    run = _run(changes=((f"{W}.gcsFuse.enabled", False), (f"{W}.finetune.datasetPath", DELETE),
-                        (f"{W}.finetune.dataset", "tatsu-lab/alpaca"), (f"{W}.finetune.promptField", "instruction"),
-                        (f"{W}.finetune.responseField", "output"), ("workloads.chat", DELETE)))
+    run = _run(changes=NO_BUCKET)
     env = _env(run, "Worker")
     assert (env["CHECKPOINT_DIR"], env["MODEL_DIR"]) == ("/data/checkpoints/tune", "/data/models/tune")
     assert not [v for v in _pod(run, "Worker")["volumes"] if "csi" in v]

@@ -8,9 +8,8 @@ import math
 import re
 from typing import Any
 
-import pulumi
 import pytest
-from conftest import PROJECT_DIR, changed, config_model, config_problems, set_path, stack_yaml, yaml_load
+from conftest import PROJECT_DIR, changed, config_model, config_problems, set_path, stack_run, stack_yaml, yaml_load
 
 from checks import planner as checks_planner
 from model import catalog, node_memory
@@ -359,12 +358,12 @@ def test_offload_beyond_the_pod_memory_is_an_error() -> None:
                               "memory per node for Llama-2-7B's offloaded states at ZeRO-2 + optimizer offload")
 
 
-def test_stack_logs_the_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    logged: list[str] = []
-    monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: logged.append(msg))
-    workloads = tight_inference()["deepspeed-stack:workloads"]
-    run = engine.run_stack("prod", {"workloads": workloads})
-    assert any(m.startswith(f"{WORKLOAD}.model: Llama-2-7B") and "headroom (under 10%)" in m for m in logged), logged
+def test_stack_logs_the_warnings() -> None:
+    # run.warnings: what the program sent the engine's log as warnings (preview/engine.py's RecordingLogger), which
+    # `pulumi up` prints. The run is shared with test_user_path (same overrides).
+    run = stack_run("prod", {"workloads": tight_inference()["deepspeed-stack:workloads"]})
+    assert any(m.startswith(f"{WORKLOAD}.model: Llama-2-7B") and "headroom (under 10%)" in m
+               for m in run.warnings), run.warnings
     assert run.outputs["costs"]["pools"]["l4"]["machineType"] == "g2-standard-8"
 
 

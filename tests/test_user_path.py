@@ -11,13 +11,13 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import changed, config_model, problems, yaml_load
+from conftest import changed, config_model, problems, stack_run, yaml_load
 
 import checks
 from planner import cost
 from preview import plan, stackfile, summary, tree
 from preview.__main__ import main
-from preview.engine import RunResult, engine_config_from_yaml, run_program
+from preview.engine import RunResult
 
 WORKLOAD = "workloads.zero3-smoke"
 
@@ -31,7 +31,7 @@ def tight_training() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def tight() -> RunResult:
-    return run_program(*engine_config_from_yaml(tight_training()), stack="prod")
+    return stack_run("prod", {"workloads": tight_training()["deepspeed-stack:workloads"]})  # shared with test_planner
 
 
 def write_stack(tmp_path: Path, name: str, doc: Any) -> Path:
@@ -169,14 +169,12 @@ def test_every_manifest_file_is_a_valid_kubernetes_object(dev: RunResult, tmp_pa
     """Every file of manifests/, for every stack file and for dev with an hfToken (so its Secret is there): an
     object with apiVersion, kind and a name; standard kinds pass kubernetes-validate (custom resources are
     checked against their CRDs by their own tests). Helm's files go to helm/."""
-    from conftest import stack_run
-
     from preview import manifests
     from preview.__main__ import write_build
     from preview.engine import stacks
 
-    with_token = changed("dev", {"hfToken": {"secure": "v1:planted"}})
-    runs = [*(stack_run(s) for s in stacks()), run_program(*engine_config_from_yaml(with_token), stack="dev")]
+    # The token as test_hf_token sets it: that run is shared.
+    runs = [*(stack_run(s) for s in stacks()), stack_run("dev", {"hfToken": {"secure": "v1:planted-ciphertext"}})]
     assert any(r.type == "kubernetes:core/v1:Secret" for r in runs[-1].resources)
     checked = 0
     for run in runs:
