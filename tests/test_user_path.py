@@ -13,6 +13,10 @@ import pytest
 import yaml
 from conftest import changed, config_model, problems, stack_run, yaml_load
 
+# prod's L4s serving Llama-2-7B in fp16, 24 sequences of 2048 at once: it fits, with under 10 % of the 24 GB free
+# (test_planner pins the arithmetic: 22.1 GB). One definition, so the run below is the one test_planner shares.
+from test_planner import tight_inference
+
 import checks
 from planner import cost
 from preview import plan, stackfile, summary, tree
@@ -22,16 +26,9 @@ from preview.engine import RunResult
 WORKLOAD = "workloads.zero3-smoke"
 
 
-def tight_training() -> dict[str, Any]:
-    # prod's L4s serving Llama-2-7B in fp16, 24 sequences of 2048 at once: it fits, with under 10 % of the
-    # 24 GB free (test_planner pins the arithmetic: 22.1 GB).
-    return changed("prod", {f"{WORKLOAD}.model": {"name": "Llama-2-7B", "mode": "inference", "precision": "fp16",
-                                                  "batchSize": 24}})
-
-
 @pytest.fixture(scope="module")
 def tight() -> RunResult:
-    return stack_run("prod", {"workloads": tight_training()["deepspeed-stack:workloads"]})  # shared with test_planner
+    return stack_run("prod", {"workloads": tight_inference()["deepspeed-stack:workloads"]})  # shared with test_planner
 
 
 def write_stack(tmp_path: Path, name: str, doc: Any) -> Path:
@@ -45,7 +42,7 @@ def write_stack(tmp_path: Path, name: str, doc: Any) -> Path:
 def test_the_run_records_the_programs_warnings(tight: RunResult) -> None:
     (warning,) = tight.warnings
     assert warning.startswith(f"{WORKLOAD}.model: Llama-2-7B (6.74B parameters") and "headroom (under 10%)" in warning
-    assert tight.warnings == checks.warnings(config_model(tight_training()))
+    assert tight.warnings == checks.warnings(config_model(tight_inference()))
 
 
 def test_warnings_top_the_summary_and_are_listed_in_plan_json(tight: RunResult) -> None:
@@ -67,7 +64,7 @@ def test_a_stack_without_warnings_has_no_warnings_section(prod: RunResult) -> No
 
 
 def test_the_terminal_labels_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write_stack(tmp_path, "prod", {"config": tight_training()})
+    path = write_stack(tmp_path, "prod", {"config": tight_inference()})
     assert main(["--stack", "prod", "--stack-file", str(path), "--out", str(tmp_path / "build")]) == 0
     err = capsys.readouterr().err.splitlines()
     (line,) = [e for e in err if "headroom" in e]
