@@ -630,14 +630,20 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
     resume = newest_checkpoint(args.checkpoint_dir)
     say(f"rank {training.process_index}/{training.world_size}: {len(data)} samples, ZeRO-{zero_stage(ds)}, "
         f"{precision}{', LoRA' if args.lora else ''}; " + (f"resuming from {resume}" if resume else "from the start"))
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    step = trainer.state.global_step
-    if callback.stopped_at is not None:
-        say(f"rank {training.process_index}: stopped at step {step} on SIGTERM, checkpoint saved")
-        return EXIT_PREEMPTED
-    _export(trainer, args, tokenizer, token, precision, step)
-    say(f"rank {training.process_index}: done at step {step}")
-    return 0
+    try:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        step = trainer.state.global_step
+        if callback.stopped_at is not None:
+            say(f"rank {training.process_index}: stopped at step {step} on SIGTERM, checkpoint saved")
+            return EXIT_PREEMPTED
+        _export(trainer, args, tokenizer, token, precision, step)
+        say(f"rank {training.process_index}: done at step {step}")
+        return 0
+    finally:
+        # The Trainer leaves the process group it started; PyTorch's shutdown rule is to destroy it before exit
+        # (left to interpreter teardown, gloo's threads can abort a finished rank: pytorch/pytorch#190489).
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -407,6 +407,15 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
     dist.init_process_group(backend, store=dist.PrefixStore("smoke/train", store), rank=rank,
                             world_size=world_size)
     deepspeed.init_distributed(dist_backend=backend)  # adopts the group above
+
+    def finish(code: int) -> int:
+        # PyTorch's shutdown rule (torch.distributed docs, "Shutdown"): destroy the groups before the process exits.
+        # Left to interpreter teardown, gloo's worker threads can abort the rank after its work is done
+        # ("terminate called without an active exception", pytorch/pytorch#190489): seen once in `make e2e`'s
+        # chart scenario on 2026-11-25, exit -6 on a rank whose training had succeeded.
+        dist.destroy_process_group()
+        return code
+
     if not cpu:
         accelerator.set_device(local_rank)
 
@@ -454,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
         loaded, client_state = engine.load_checkpoint(directory, tag=load_tag)
         if loaded is None:
             say(f"[smoke] FAILED: cannot load checkpoint {load_tag} from {directory}", err=True)
-            return EXIT_USAGE
+            return finish(EXIT_USAGE)
         start_step = int((client_state or {}).get("smoke_step", state["step"]))
         say(f"[smoke] rank {rank}: resumed from {directory}/{load_tag} at step {start_step} "
             f"(saved at world size {state['world_size']}, now {world_size}, last loss {state.get('loss')})")
@@ -510,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
         if flags[1].item() > 0:
             save(number, loss_value, "SIGTERM: preempted")
             say(f"[smoke] rank {rank} on {host}: stopped at step {number} on SIGTERM")
-            return EXIT_PREEMPTED
+            return finish(EXIT_PREEMPTED)
         if due_for_checkpoint(number, args.checkpoint_every) and number < total_steps:
             save(number, loss_value, f"every {args.checkpoint_every} steps")
     accelerator.synchronize()
@@ -556,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
         }
         say("SMOKE_TEST_RESULT " + json.dumps(report, sort_keys=True))
     dist.barrier()
-    return EXIT_LOSS_NOT_FINITE if failed else 0
+    return finish(EXIT_LOSS_NOT_FINITE if failed else 0)
 
 
 if __name__ == "__main__":
