@@ -1,0 +1,591 @@
+"""finetune.py's run path under stand-ins for torch, torch.distributed, transformers, peft, datasets and accelerate
+(none of them is installed here; `make e2e` runs the real ones on CPUs): the ranks' stop agreement, the export
+(every rank saves, rank 0 merges a LoRA adapter, writes the tokenizer, then MODEL_DIR/.complete last) and main()'s
+order. Ranks are threads; their collectives meet at a barrier, so a rank that skips one breaks the barrier and the
+test fails instead of hanging."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "workloads" / "scripts" / "finetune.py"
+MARKER = ".complete"
+STALE_MARKER = "an older model's marker"
+BARRIER_TIMEOUT_S = 5.0  # only a broken test waits this long: a healthy collective meets in microseconds
+# What the stand-in dtypes are called (torch.bfloat16 and so on).
+DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+
+
+@pytest.fixture(scope="module")
+def ft() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("finetune_run_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the simulated ranks and what they write -------------------------------------------------------------------
+
+class World:
+    """`size` ranks, one thread each (or the test's own thread for one rank). A collective is a barrier every rank
+    must reach; `calls` lists who reached which."""
+
+    def __init__(self, size: int, *, initialized: bool = True) -> None:
+        self.size = size
+        self.initialized = initialized
+        self.calls: list[tuple[int, str]] = []
+        self._barrier = threading.Barrier(size, timeout=BARRIER_TIMEOUT_S)
+        self._slots: list[list[float]] = [[] for _ in range(size)]
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    @property
+    def rank(self) -> int:
+        return int(getattr(self._local, "rank", 0))
+
+    def meet(self, name: str) -> None:
+        with self._lock:
+            self.calls.append((self.rank, name))
+        self._barrier.wait()
+
+    def all_reduce(self, values: list[float], combine: Callable[[tuple[float, ...]], float]) -> list[float]:
+        self._slots[self.rank] = list(values)
+        self.meet("all_reduce")
+        combined = [combine(column) for column in zip(*self._slots, strict=True)]
+        self._barrier.wait()  # all have read the others' values before any rank's next all_reduce overwrites its own
+        return combined
+
+    def run(self, body: Callable[[int], Any]) -> list[Any]:
+        results: list[Any] = [None] * self.size
+        errors: list[BaseException] = []
+
+        def rank_main(rank: int) -> None:
+            self._local.rank = rank
+            try:
+                results[rank] = body(rank)
+            except BaseException as error:  # re-raised in the test's thread below (an assert, a broken barrier)
+                errors.append(error)
+                self._barrier.abort()
+
+        threads = [threading.Thread(target=rank_main, args=(rank,), daemon=True) for rank in range(self.size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=BARRIER_TIMEOUT_S * 4)
+        if errors:
+            raise errors[0]
+        assert not any(thread.is_alive() for thread in threads), "a rank never finished"
+        return results
+
+
+class Disk:
+    """The files the stand-ins write, in the order written, each with whether a marker was in MODEL_DIR then. The
+    script writes the marker itself: it is entered where first seen, which is before any later write."""
+
+    def __init__(self, root: Path, model_dir: Path) -> None:
+        self.root = root
+        self.model_dir = model_dir
+        self.log: list[tuple[str, bool]] = []
+        self._marker_seen = False
+        self._lock = threading.Lock()
+
+    def _marker_present(self) -> bool:
+        return (self.model_dir / MARKER).exists()
+
+    def look(self) -> None:
+        with self._lock:
+            marker = self.model_dir / MARKER
+            if not self._marker_seen and marker.is_file() and marker.read_text() != STALE_MARKER:
+                self._marker_seen = True
+                self.log.append((str(marker.relative_to(self.root)), True))
+
+    def write(self, path: Path, text: str) -> None:
+        self.look()
+        with self._lock:
+            self.log.append((str(path.relative_to(self.root)), self._marker_present()))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+
+    def order(self) -> list[str]:
+        self.look()
+        return [name for name, _ in self.log]
+
+
+# --- the stand-ins ------------------------------------------------------------------------------------------------
+
+class FakeTensor:
+    def __init__(self, values: Any, device: Any = None) -> None:
+        self.values = list(values)
+        self.device = device
+
+    def item(self) -> Any:
+        (value,) = self.values
+        return value
+
+
+class FakeModel:
+    """A whole model: its weights are a sentence saying where they came from."""
+
+    def __init__(self, fakes: Fakes, weights: str, dtype: Any = None) -> None:
+        self.fakes, self.weights, self.dtype = fakes, weights, dtype
+
+    def enable_input_require_grads(self) -> None:
+        self.fakes.events.append(("enable_input_require_grads",))
+
+    def save_pretrained(self, path: str, safe_serialization: bool = True) -> None:
+        self.fakes.events.append(("save_pretrained", self.weights, path, safe_serialization))
+        self.fakes.disk.write(Path(path) / "model.safetensors", self.weights)
+        self.fakes.disk.write(Path(path) / "config.json", "{}")
+
+
+class FakePeftModel:
+    """A base model with a LoRA adapter: saved, it is the adapter alone (peft's save_pretrained)."""
+
+    def __init__(self, fakes: Fakes, base: FakeModel, adapter: str) -> None:
+        self.fakes, self.base, self.adapter = fakes, base, adapter
+
+    def save_pretrained(self, path: str, safe_serialization: bool = True) -> None:
+        self.fakes.events.append(("save_pretrained", f"adapter {self.adapter}", path, safe_serialization))
+        self.fakes.disk.write(Path(path) / "adapter_model.safetensors", self.adapter)
+        self.fakes.disk.write(Path(path) / "adapter_config.json", "{}")
+
+    def merge_and_unload(self) -> FakeModel:
+        self.fakes.events.append(("merge_and_unload", self.adapter))
+        return FakeModel(self.fakes, f"{self.base.weights} merged with adapter {self.adapter}", self.base.dtype)
+
+
+class FakeTokenizer:
+    eos_token = "</s>"
+    eos_token_id = 2
+
+    def __init__(self, fakes: Fakes) -> None:
+        self.fakes = fakes
+        self.pad_token: str | None = None
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self.eos_token_id if self.pad_token == self.eos_token else None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [1] * add_special_tokens + [3 + ord(c) % 100 for c in text]}
+
+    def save_pretrained(self, path: str) -> None:
+        self.fakes.disk.write(Path(path) / "tokenizer.json", "{}")
+        self.fakes.disk.write(Path(path) / "tokenizer_config.json", "{}")
+
+
+class FakeDataset:
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self.records[0]) if self.records else []
+
+    def map(self, fn: Callable[[dict[str, Any]], dict[str, Any]], remove_columns: list[str], desc: str) -> Any:
+        return FakeDataset([fn(record) for record in self.records])
+
+    def filter(self, keep: Callable[[dict[str, Any]], bool]) -> FakeDataset:
+        return FakeDataset([record for record in self.records if keep(record)])
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.records)
+
+
+class FakeTrainer:
+    """The Hugging Face Trainer as finetune.py uses it. save_model is collective (ZeRO-3 gathers the weights on
+    every rank); the process of rank 0 writes the files, as the Trainer's should_save does."""
+
+    def __init__(self, fakes: Fakes, model: Any, args: Any, train_dataset: Any = None, data_collator: Any = None,
+                 processing_class: Any = None, callbacks: list[Any] | None = None) -> None:
+        self.fakes, self.model, self.args = fakes, model, args
+        self.train_dataset, self.data_collator, self.callbacks = train_dataset, data_collator, callbacks or []
+        self.rank = fakes.world.rank
+        self.state = SimpleNamespace(global_step=0)
+        self.accelerator = SimpleNamespace(wait_for_everyone=lambda: fakes.world.meet("wait_for_everyone"))
+        self.batches: list[dict[str, Any]] = []
+        fakes.trainers.append(self)
+        fakes.events.append(("Trainer", len(self.callbacks)))
+
+    def is_world_process_zero(self) -> bool:
+        return self.rank == 0
+
+    def save_model(self, output_dir: str) -> None:
+        self.fakes.world.meet("save_model")
+        if self.rank == 0:
+            self.model.save_pretrained(output_dir)
+
+    def train(self, resume_from_checkpoint: str | None = None) -> None:
+        """Steps to max_steps; SIGTERM arrives in step `fakes.sigterm_at_step`; after each step the callbacks
+        decide, and a checkpoint is saved every save_steps or when they ask."""
+        self.fakes.events.append(("train", resume_from_checkpoint))
+        if resume_from_checkpoint:
+            self.state.global_step = int(Path(resume_from_checkpoint).name.removeprefix("checkpoint-"))
+        while self.state.global_step < self.args.max_steps:
+            self.batches.append(self.data_collator(list(self.train_dataset)[:2]))
+            self.state.global_step += 1
+            if self.state.global_step == self.fakes.sigterm_at_step:
+                self.fakes.handlers[signal.SIGTERM](signal.SIGTERM, None)
+            control = SimpleNamespace(should_save=False, should_training_stop=False)
+            for callback in self.callbacks:
+                control = callback.on_step_end(self.args, self.state, control)
+            if control.should_save or self.state.global_step % self.args.save_steps == 0:
+                folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+                self.fakes.disk.write(folder / "trainer_state.json", json.dumps({"step": self.state.global_step}))
+            if control.should_training_stop:
+                break
+
+
+class Fakes:
+    """The modules finetune.py imports inside its functions, put in sys.modules; every call that matters is an
+    event, in order."""
+
+    def __init__(self, world: World, disk: Disk) -> None:
+        self.world, self.disk = world, disk
+        self.events: list[tuple[Any, ...]] = []
+        self.trainers: list[FakeTrainer] = []
+        self.handlers: dict[int, Any] = {}
+        self.sigterm_at_step: int | None = None
+        self.hub: dict[str, list[dict[str, Any]]] = {}  # Hugging Face dataset id: its records
+
+    def event_names(self) -> list[str]:
+        return [event[0] for event in self.events]
+
+    def modules(self) -> dict[str, ModuleType]:
+        fakes = self
+        reducers = {"MAX": max, "MIN": min, "SUM": sum}
+
+        def all_reduce(tensor: FakeTensor, op: str = "SUM") -> None:
+            tensor.values = fakes.world.all_reduce(tensor.values, reducers[op])
+
+        def destroy_process_group() -> None:
+            fakes.events.append(("destroy_process_group",))
+            fakes.world.initialized = False
+
+        dist = module("torch.distributed", all_reduce=all_reduce, destroy_process_group=destroy_process_group,
+                      ReduceOp=SimpleNamespace(MAX="MAX", MIN="MIN", SUM="SUM", PRODUCT="PRODUCT", AVG="AVG"),
+                      is_available=lambda: True, is_initialized=lambda: fakes.world.initialized,
+                      barrier=lambda: fakes.world.meet("barrier"))
+        torch = module("torch", distributed=dist, tensor=lambda data, device=None: FakeTensor(data, device),
+                       **{dtype.removeprefix("torch."): dtype for dtype in DTYPES.values()})
+
+        class TrainingArguments:
+            def __init__(self, **kwargs: Any) -> None:
+                fakes.events.append(("TrainingArguments", kwargs))
+                self.__dict__.update(kwargs)
+                self.world_size, self.process_index, self.device = fakes.world.size, fakes.world.rank, "cpu"
+
+        def tokenizer_from_pretrained(name: str, token: str | None = None) -> FakeTokenizer:
+            fakes.events.append(("AutoTokenizer.from_pretrained", name, token))
+            return FakeTokenizer(fakes)
+
+        def model_from_pretrained(name: str, dtype: Any = None, token: str | None = None) -> FakeModel:
+            fakes.events.append(("AutoModelForCausalLM.from_pretrained", name, dtype, token))
+            return FakeModel(fakes, f"base {name}", dtype)
+
+        hf_deepspeed = module("transformers.integrations.deepspeed",
+                              unset_hf_deepspeed_config=lambda: fakes.events.append(("unset_hf_deepspeed_config",)))
+        integrations = module("transformers.integrations", deepspeed=hf_deepspeed)
+        transformers = module("transformers", integrations=integrations, TrainingArguments=TrainingArguments,
+                              TrainerCallback=type("TrainerCallback", (), {}),
+                              AutoTokenizer=SimpleNamespace(from_pretrained=tokenizer_from_pretrained),
+                              AutoModelForCausalLM=SimpleNamespace(from_pretrained=model_from_pretrained),
+                              Trainer=lambda **kwargs: FakeTrainer(fakes, **kwargs))
+
+        def peft_from_pretrained(base: FakeModel, path: str) -> FakePeftModel:
+            fakes.events.append(("PeftModel.from_pretrained", base.weights, path,
+                                 (Path(path) / "adapter_config.json").is_file()))
+            return FakePeftModel(fakes, base, path)
+
+        def get_peft_model(model: FakeModel, config: Any) -> FakePeftModel:
+            fakes.events.append(("get_peft_model", config))
+            return FakePeftModel(fakes, model, "trained in memory")
+
+        peft = module("peft", PeftModel=SimpleNamespace(from_pretrained=peft_from_pretrained),
+                      LoraConfig=lambda **kwargs: SimpleNamespace(**kwargs), get_peft_model=get_peft_model)
+
+        def load_dataset(loader: str, data_files: list[str] | None = None, split: str | None = None,
+                         cache_dir: str | None = None, token: str | None = None) -> FakeDataset:
+            fakes.events.append(("load_dataset", loader, split, token))
+            if loader in fakes.hub:
+                return FakeDataset(fakes.hub[loader])
+            assert loader == "json", "these tests feed JSON lines or a hub dataset"
+            lines = [line for f in data_files or [] for line in Path(f).read_text().splitlines() if line.strip()]
+            return FakeDataset([json.loads(line) for line in lines])
+
+        def partial_state(backend: str | None = None) -> None:
+            fakes.events.append(("PartialState", backend, os.environ.get("ACCELERATE_USE_DEEPSPEED")))
+
+        return {"torch": torch, "torch.distributed": dist, "transformers": transformers,
+                "transformers.integrations": integrations, "transformers.integrations.deepspeed": hf_deepspeed,
+                "peft": peft, "datasets": module("datasets", load_dataset=load_dataset),
+                "accelerate": module("accelerate", PartialState=partial_state)}
+
+
+def module(name: str, **attributes: Any) -> ModuleType:
+    made = ModuleType(name)
+    for attribute, value in attributes.items():
+        setattr(made, attribute, value)
+    return made
+
+
+def install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, size: int = 1, *,
+            initialized: bool = True) -> Fakes:
+    fakes = Fakes(World(size, initialized=initialized), Disk(tmp_path, tmp_path / "model"))
+    for name, module in fakes.modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return fakes
+
+
+# --- the stop agreement ---------------------------------------------------------------------------------------
+
+def run_steps(ft: ModuleType, fakes: Fakes, steps: int, sigterm: dict[int, int]) -> list[tuple[int | None, list]]:
+    """Each rank's callback after `steps` steps; rank r gets SIGTERM in step sigterm[r]. Per rank: the step it
+    stopped at and the steps after which it was told to save and stop."""
+
+    def rank_main(rank: int) -> tuple[int | None, list[int]]:
+        stop = ft.StopRequest()
+        callback = ft._stop_callback(stop)
+        state, told = SimpleNamespace(global_step=0), []
+        for step in range(1, steps + 1):
+            state.global_step = step
+            if sigterm.get(rank) == step:
+                stop(signal.SIGTERM, None)
+            control = SimpleNamespace(should_save=False, should_training_stop=False)
+            control = callback.on_step_end(SimpleNamespace(device="cpu"), state, control)
+            if control.should_save and control.should_training_stop:
+                told.append(step)
+                break
+        return callback.stopped_at, told
+
+    return fakes.world.run(rank_main)
+
+
+def test_one_ranks_sigterm_stops_every_rank_at_the_same_step(ft: ModuleType, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Kubernetes signals one pod's ranks; the others learn of it through the all-reduce, or they would wait in
+    # the next collective while rank 2 saves and leaves.
+    fakes = install(monkeypatch, tmp_path, size=3)
+    assert run_steps(ft, fakes, steps=6, sigterm={2: 3}) == [(3, [3]), (3, [3]), (3, [3])]
+    # One all-reduce per step on every rank, also in the steps without a signal.
+    assert sorted(fakes.world.calls) == sorted((rank, "all_reduce") for rank in range(3) for _ in range(3))
+
+
+def test_no_signal_no_stop_and_every_signal_one_stop(ft: ModuleType, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = install(monkeypatch, tmp_path, size=2)
+    assert run_steps(ft, fakes, steps=4, sigterm={}) == [(None, []), (None, [])]
+    fakes = install(monkeypatch, tmp_path, size=2)
+    assert run_steps(ft, fakes, steps=4, sigterm={0: 2, 1: 2}) == [(2, [2]), (2, [2])]
+
+
+def test_without_a_process_group_the_local_signal_decides(ft: ModuleType, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = install(monkeypatch, tmp_path, size=1, initialized=False)
+    assert run_steps(ft, fakes, steps=5, sigterm={0: 4}) == [(4, [4])]
+    assert fakes.world.calls == []
+
+
+# --- the export -------------------------------------------------------------------------------------------------
+
+def export_args(ft: ModuleType, tmp_path: Path, *extra: str) -> Any:
+    return ft.parse_args(["--model", "org/base", "--dataset", "org/data", "--checkpoint-dir",
+                          str(tmp_path / "checkpoints"), "--model-dir", str(tmp_path / "model"), *extra], {})
+
+
+def export_on_every_rank(ft: ModuleType, fakes: Fakes, args: Any, model: Any, precision: str = "bf16") -> list:
+    """_export on each rank, as main calls it after training; per rank whether the marker was in MODEL_DIR when
+    its export returned."""
+
+    def rank_main(rank: int) -> bool:
+        trainer = FakeTrainer(fakes, model=model, args=SimpleNamespace(world_size=fakes.world.size))
+        trainer.state.global_step = 40
+        ft._export(trainer, args, FakeTokenizer(fakes), "hf_token", precision, 40)
+        return (Path(args.model_dir) / MARKER).is_file()
+
+    return fakes.world.run(rank_main)
+
+
+def stale_model(tmp_path: Path) -> None:
+    """An older run's model in MODEL_DIR, with its marker."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / MARKER).write_text(STALE_MARKER)
+
+
+def test_a_full_model_is_exported_with_its_tokenizer_then_the_marker_last(ft: ModuleType, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = install(monkeypatch, tmp_path, size=2)
+    stale_model(tmp_path)
+    returned_after_marker = export_on_every_rank(ft, fakes, export_args(ft, tmp_path),
+                                                 FakeModel(fakes, "trained org/base"))
+    # A server waits for the marker, then loads: the weights and the tokenizer must all be there before it.
+    assert fakes.disk.order() == ["model/model.safetensors", "model/config.json", "model/tokenizer.json",
+                                  "model/tokenizer_config.json", "model/.complete"]
+    # The older model's marker went before the first file of this one was written.
+    assert [name for name, marker_there in fakes.disk.log if marker_there] == ["model/.complete"]
+    assert json.loads((tmp_path / "model" / MARKER).read_text())["step"] == 40
+    assert (tmp_path / "model" / "model.safetensors").read_text() == "trained org/base"
+    # Every rank took part in the save (ZeRO-3's gather) and returned only once rank 0 had written the marker.
+    assert sorted(name for rank, name in fakes.world.calls if rank == 1) == ["save_model", "wait_for_everyone",
+                                                                             "wait_for_everyone"]
+    assert returned_after_marker == [True, True]
+    assert "merge_and_unload" not in fakes.event_names()
+
+
+def test_a_lora_adapter_is_merged_into_the_base_model_at_export(ft: ModuleType, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = install(monkeypatch, tmp_path, size=2)
+    args = export_args(ft, tmp_path, "--lora")
+    adapter = tmp_path / "checkpoints" / "adapter-export"
+    trained = FakePeftModel(fakes, FakeModel(fakes, "base org/base"), "trained")
+    assert export_on_every_rank(ft, fakes, args, trained) == [True, True]
+    # vLLM serves MODEL_DIR as a whole model: the merged weights, no adapter files.
+    assert fakes.disk.order() == [
+        "checkpoints/adapter-export/adapter_model.safetensors", "checkpoints/adapter-export/adapter_config.json",
+        "model/model.safetensors", "model/config.json", "model/tokenizer.json", "model/tokenizer_config.json",
+        "model/.complete"]
+    assert (tmp_path / "model" / "model.safetensors").read_text() == (
+        f"base org/base merged with adapter {adapter}")
+    assert not adapter.exists()  # the adapter's temporary copy is gone
+    merge = [e for e in fakes.events if e[0] in ("unset_hf_deepspeed_config", "AutoModelForCausalLM.from_pretrained",
+                                                  "PeftModel.from_pretrained", "merge_and_unload", "save_pretrained")]
+    assert merge == [
+        ("save_pretrained", "adapter trained", str(adapter), True),
+        # outside ZeRO-3's partitioning: the base model whole, in the training's precision, with the token
+        ("unset_hf_deepspeed_config",),
+        ("AutoModelForCausalLM.from_pretrained", "org/base", "torch.bfloat16", "hf_token"),
+        ("PeftModel.from_pretrained", "base org/base", str(adapter), True),
+        ("merge_and_unload", str(adapter)),
+        ("save_pretrained", f"base org/base merged with adapter {adapter}", str(tmp_path / "model"), True)]
+    assert json.loads((tmp_path / "model" / MARKER).read_text())["lora"] is True
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_the_base_model_is_loaded_in_the_trainings_precision(ft: ModuleType, tmp_path: Path, precision: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = install(monkeypatch, tmp_path)
+    ft._merge_adapter(export_args(ft, tmp_path, "--lora"), tmp_path / "adapter", None, precision)
+    assert ("AutoModelForCausalLM.from_pretrained", "org/base", DTYPES[precision], None) in fakes.events
+
+
+# --- main -------------------------------------------------------------------------------------------------------
+
+DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+             "zero_optimization": {"stage": 3}}
+
+
+def run_main(ft: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str,
+             sigterm_at_step: int | None = None) -> tuple[int, Fakes]:
+    """main() on one CPU rank under DeepSpeed (DS_ACCELERATOR=cpu, ZeRO-3, bf16), 4 steps of prompt/response
+    records, SIGTERM in `sigterm_at_step`."""
+    fakes = install(monkeypatch, tmp_path)
+    fakes.sigterm_at_step = sigterm_at_step
+
+    def install_handler(signum: int, handler: Any) -> None:  # not the pytest worker's own handler
+        fakes.handlers[signum] = handler
+        fakes.events.append(("signal.signal", signum))
+
+    monkeypatch.setattr(signal, "signal", install_handler)
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # main wraps both; put back afterwards
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the datasets cache folder main makes
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"q": f"question {i}", "a": f"answer {i}"}) + "\n" for i in range(6)))
+    (tmp_path / "ds_config.json").write_text(json.dumps(DS_CONFIG))
+    code = ft.main(["--model", "org/base", "--dataset", str(data), "--prompt-field", "q", "--response-field", "a",
+                    "--max-steps", "4", "--save-steps", "100", "--deepspeed", str(tmp_path / "ds_config.json"),
+                    "--checkpoint-dir", str(tmp_path / "checkpoints"), "--model-dir", str(tmp_path / "model"),
+                    *extra])
+    return code, fakes
+
+
+def test_a_finished_run_exports_and_exits_0(ft: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, fakes = run_main(ft, tmp_path, monkeypatch)
+    assert code == 0
+    names = fakes.event_names()
+    # DeepSpeed's CPU state before the Trainer's arguments; the arguments before the model (under ZeRO-3 they make
+    # from_pretrained load it partitioned); the SIGTERM handler before the training.
+    assert names.index("PartialState") < names.index("TrainingArguments")
+    assert names.index("TrainingArguments") < names.index("AutoModelForCausalLM.from_pretrained")
+    assert names.index("signal.signal") < names.index("train")
+    assert fakes.events[names.index("PartialState")] == ("PartialState", "gloo", "true")
+    assert fakes.events[names.index("signal.signal")] == ("signal.signal", signal.SIGTERM)
+    assert fakes.events[names.index("train")] == ("train", None)
+    assert ("AutoModelForCausalLM.from_pretrained", "org/base", "torch.bfloat16", None) in fakes.events
+    (trainer,) = fakes.trainers
+    assert trainer.state.global_step == 4 and len(trainer.batches) == 4
+    # The prompt's labels are masked in what the collator hands the model.
+    assert trainer.batches[0]["labels"].values[0][:10] == [-100] * 10
+    assert fakes.disk.order() == ["model/model.safetensors", "model/config.json", "model/tokenizer.json",
+                                  "model/tokenizer_config.json", "model/.complete"]
+    assert json.loads((tmp_path / "model" / MARKER).read_text())["step"] == 4
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143_without_export(ft: ModuleType, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    code, fakes = run_main(ft, tmp_path, monkeypatch, sigterm_at_step=2)
+    assert code == ft.EXIT_PREEMPTED == 143
+    assert fakes.disk.order() == ["checkpoints/checkpoint-2/trainer_state.json"]
+    assert not (tmp_path / "model" / MARKER).exists()
+
+
+def test_a_restarted_run_resumes_from_its_newest_checkpoint(ft: ModuleType, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoints" / "checkpoint-3").mkdir()  # cut off while saving: no trainer_state.json
+    code, fakes = run_main(ft, tmp_path, monkeypatch)
+    assert code == 0
+    assert ("train", str(tmp_path / "checkpoints" / "checkpoint-2")) in fakes.events
+    assert len(fakes.trainers[0].batches) == 2  # steps 3 and 4
+
+
+def test_a_lora_run_trains_an_adapter_and_exports_the_merged_model(ft: ModuleType, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    code, fakes = run_main(ft, tmp_path, monkeypatch, "--lora", "--lora-rank", "8", "--gradient-checkpointing")
+    assert code == 0
+    (config,) = [e[1] for e in fakes.events if e[0] == "get_peft_model"]
+    assert (config.r, config.target_modules, config.task_type) == (8, "all-linear", "CAUSAL_LM")
+    assert "enable_input_require_grads" in fakes.event_names()
+    adapter = tmp_path / "checkpoints" / "adapter-export"
+    assert (tmp_path / "model" / "model.safetensors").read_text() == f"base org/base merged with adapter {adapter}"
+    assert not (tmp_path / "model" / "adapter_config.json").exists()
+
+
+def test_a_hub_dataset_is_read_with_the_token(ft: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = install(monkeypatch, tmp_path)
+    fakes.hub["org/data"] = [{"body": "hello"}, {"body": ""}]
+    args = export_args(ft, tmp_path, "--text-field", "body", "--seq-len", "8")
+    data = ft._tokenized(args, FakeTokenizer(fakes), "hf_token")
+    assert ("load_dataset", "org/data", "train", "hf_token") in fakes.events
+    # "hello": BOS, 5 tokens, EOS, cut at 8; the empty record (BOS, EOS) has something to learn too: the EOS.
+    assert [len(record["input_ids"]) for record in data] == [7, 2]
+
+
+def test_records_without_the_fields_stop_main_with_exit_2(ft: ModuleType, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code, fakes = run_main(ft, tmp_path, monkeypatch, "--prompt-field", "question")
+    assert code == ft.EXIT_USAGE
+    assert "FAILED: the records have no field 'question'" in capsys.readouterr().out
+    assert "train" not in fakes.event_names()
