@@ -1,7 +1,7 @@
 """workloads/scripts/finetune.py's plain-Python parts (torch, transformers, peft, datasets and deepspeed are only
-imported inside its run functions, which `make e2e` runs): arguments and environment, the ds_config.json it reads,
-data-format detection, prompt/response samples, the newest checkpoint, the completion marker, and the
-LoRA/ZeRO/precision combinations it refuses."""
+imported inside its run functions, which `make e2e` runs and tests/test_finetune_run.py runs under stand-ins):
+arguments and environment, the ds_config.json it reads, data-format detection, prompt/response samples, the newest
+checkpoint, the completion marker, and the LoRA/ZeRO/precision combinations it refuses."""
 
 from __future__ import annotations
 

@@ -24,8 +24,10 @@ Run on every rank by the DeepSpeed launcher, as the stack's MPIJob and Helm rele
   into --model-dir (MODEL_DIR), then MODEL_DIR/.complete, last: {"step": N, "model": ..., ...}.
 
 `DS_ACCELERATOR=cpu` runs the same path on CPUs with gloo: that is how `make e2e` runs it across
-network-namespace hosts. torch, transformers, peft, datasets and deepspeed are imported inside functions;
-everything above `main` is plain Python, unit-tested without them (tests/test_finetune_script.py).
+network-namespace hosts. torch, transformers, peft, datasets and deepspeed are imported inside functions:
+everything above `_configure_cpu_deepspeed` is plain Python, unit-tested without them
+(tests/test_finetune_script.py); the run functions and `main` are unit-tested under stand-ins for those modules,
+each rank a thread (tests/test_finetune_run.py).
 """
 
 from __future__ import annotations
@@ -435,7 +437,7 @@ class StopRequest:
 
 # --- the run (torch, transformers, peft, datasets, deepspeed) -----------------------------------------------
 
-def _configure_cpu_deepspeed() -> None:  # pragma: no cover - run by make e2e
+def _configure_cpu_deepspeed() -> None:
     """DeepSpeed on CPUs: accelerate's state set up for DeepSpeed over gloo before the Trainer's arguments. Left
     to the Trainer, accelerate finds no GPU backend, inits DeepSpeed's comm without one and counts one process
     (DeepSpeed's train_batch_size assertion follows); TrainingArguments then takes this state as it is
@@ -449,7 +451,7 @@ def _configure_cpu_deepspeed() -> None:  # pragma: no cover - run by make e2e
         del os.environ["ACCELERATE_USE_DEEPSPEED"]
 
 
-def _stop_callback(stop: StopRequest) -> Any:  # pragma: no cover - run by make e2e
+def _stop_callback(stop: StopRequest) -> Any:
     import torch
     import torch.distributed as dist
     from transformers import TrainerCallback
@@ -472,7 +474,7 @@ def _stop_callback(stop: StopRequest) -> Any:  # pragma: no cover - run by make 
     return StopOnSignal()
 
 
-def _tokenized(args: argparse.Namespace, tokenizer: Any, token: str | None) -> Any:  # pragma: no cover
+def _tokenized(args: argparse.Namespace, tokenizer: Any, token: str | None) -> Any:
     import datasets
 
     source = data_source(args.dataset, args.format)
@@ -503,7 +505,7 @@ def _tokenized(args: argparse.Namespace, tokenizer: Any, token: str | None) -> A
     return kept
 
 
-def _collator(pad_id: int) -> Any:  # pragma: no cover
+def _collator(pad_id: int) -> Any:
     import torch
 
     def collate(examples: list[dict[str, list[int]]]) -> dict[str, Any]:
@@ -513,7 +515,7 @@ def _collator(pad_id: int) -> Any:  # pragma: no cover
 
 
 def _export(trainer: Any, args: argparse.Namespace, tokenizer: Any, token: str | None, precision: str,
-            step: int) -> None:  # pragma: no cover - run by make e2e and on GPUs
+            step: int) -> None:
     """Every rank takes part in saving (ZeRO-3 gathers the weights); rank 0 writes MODEL_DIR and the marker."""
     import shutil
 
@@ -538,7 +540,7 @@ def _export(trainer: Any, args: argparse.Namespace, tokenizer: Any, token: str |
 
 
 def _merge_adapter(args: argparse.Namespace, adapter: Path, token: str | None,
-                   precision: str) -> None:  # pragma: no cover
+                   precision: str) -> None:
     """The base model, whole on this host's CPU (outside ZeRO-3's partitioning), with the adapter merged in."""
     import torch
     from peft import PeftModel
@@ -552,7 +554,7 @@ def _merge_adapter(args: argparse.Namespace, adapter: Path, token: str | None,
     merged.save_pretrained(args.model_dir, safe_serialization=True)
 
 
-def _lora(model: Any, args: argparse.Namespace) -> Any:  # pragma: no cover
+def _lora(model: Any, args: argparse.Namespace) -> Any:
     from peft import LoraConfig, get_peft_model
 
     targets: Any = args.lora_target_modules
@@ -565,7 +567,7 @@ def _lora(model: Any, args: argparse.Namespace) -> Any:  # pragma: no cover
     return get_peft_model(model, config)
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by make e2e and on GPUs
+def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv, os.environ)
         token = hf_token(os.environ)
