@@ -75,6 +75,36 @@ def test_the_fuse_sidecar_counts_against_the_node() -> None:
     assert fuse.container_room_gib == pytest.approx(plain.container_room_gib - 128 / 1024)
 
 
+def test_the_pod_fit_check_keeps_room_for_the_fuse_sidecar() -> None:
+    """checks/node_fit.py compares `resources.memory` with what the container may have beside the sidecar GKE
+    injects for a bucket mount (issue 32 item 9): a value that fits the node only without the sidecar is refused.
+
+    finetune's `chat` mounts the bucket on pool l4, a g2-standard-8 (8 vCPUs, 32 GiB), by hand:
+      kernel        32 / 64 + 16 MiB + 64 MiB (swiotlb) + 0.00175 x 32       = 0.634125 GiB
+      kube-reserved 4 x 0.25 + 4 x 0.20 + 8 x 0.10 + 16 x 0.06               = 3.56 GiB
+      eviction      100 MiB                                                   = 0.09765625 GiB
+      allocatable   32 - 0.634125 - 3.56 - 0.09765625                         = 27.70821875 GiB
+      pod room      less GKE's DaemonSets (1.5 GiB)                           = 26.20821875 GiB
+      container     less the FUSE sidecar's 128 MiB                           = 26.08321875 GiB
+    26780Mi (26.152 GiB) fits the pod room but not the container beside the sidecar; 26705Mi (26.079 GiB) fits."""
+    (msg,) = config_problems(changed("finetune", {"workloads.chat.resources.memory": "26780Mi"}))
+    assert msg.startswith("workloads.chat.resources.memory: 26780Mi is more than what one g2-standard-8 node of "
+                          "pool l4 (32 GiB) gives pods: 27.7 GiB allocatable")
+    assert "less 1.5 GiB for its DaemonSets, 0.12 GiB for the GCS FUSE sidecar: at most 26Gi" in msg
+    assert config_problems(changed("finetune", {"workloads.chat.resources.memory": "26705Mi"})) == []
+
+
+def test_the_fitted_memory_leaves_the_fuse_sidecar_its_room() -> None:
+    """Unset, `resources.memory` is fitted beside the sidecar. dev's smoke on an n1-standard-16 (16 vCPUs, 60 GiB):
+      kernel 60 / 64 + 80 MiB + 0.00175 x 60 = 1.120625; kube-reserved 1 + 0.8 + 0.8 + 44 x 0.06 = 5.24;
+      allocatable 60 - 1.120625 - 5.24 - 100 MiB = 53.5417; less 1.5 GiB of DaemonSets = 52.0417 GiB: 52Gi;
+      less the sidecar's 128 MiB = 51.9167 GiB: 51Gi with the bucket mounted."""
+    keys = {"nodePools[0].machineType": "n1-standard-16", "storage.enabled": True}
+    for mounted, memory in ((False, "52Gi"), (True, "51Gi")):
+        m = model("dev", {**keys, "workloads.smoke.gcsFuse.enabled": mounted})
+        assert placement(m, m.workloads["smoke"]).memory == memory, mounted
+
+
 def _gpu_resources(value: Any) -> list[dict[str, Any]]:
     """Every `resources` block that asks for GPUs, anywhere in a resource's inputs (pod specs, Helm values)."""
     found = []
