@@ -109,6 +109,21 @@ def test_budget_skips_what_costs_more_and_says_when_nothing_fits() -> None:
     assert ws.choose(request, REGION, "b", budget=free.running_per_hour).candidate == free.candidate
 
 
+def test_budget_is_compared_with_the_running_cost_not_the_floor() -> None:
+    """BUDGET is the most $/h with the workload running, all its nodes up (issue 32 item 9), by hand from
+    data/gpu_catalog.yaml: Llama-3.1-8B inference's cheapest plan is one g2-standard-4 (1 x L4, $0.71/h on-demand)
+    beside the system pool's one e2-standard-4 ($0.134/h) and the GKE cluster fee ($0.10/h):
+    running 0.71 + 0.134 + 0.10 = $0.944/h; at rest (the GPU pool at 0 nodes) 0.134 + 0.10 = $0.234/h.
+    A budget between the two holds the floor but not the run: nothing is written."""
+    request = Request(resolve("Llama-3.1-8B"), "bf16", "inference", 2048, 1)
+    within = ws.choose(request, REGION, "b", budget=0.95)
+    assert within.candidate.option.machine_type == "g2-standard-4" and within.refused == []
+    assert within.running_per_hour == pytest.approx(0.944)
+    assert within.floor_per_hour == pytest.approx(0.234)
+    with pytest.raises(ws.NoPlanError, match=r"\$0\.94/h with the workload running, over the budget \$0\.90/h"):
+        ws.choose(request, REGION, "b", budget=0.90)
+
+
 def test_hugging_face_ids_and_placeholders() -> None:
     # Llama 2's bare repositories hold Meta's format; the `-hf` ones are what transformers and the servers load.
     assert stack_writer.hf_id("Llama-2-7B") == "meta-llama/Llama-2-7b-hf"
