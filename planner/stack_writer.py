@@ -22,6 +22,7 @@ import msgspec
 import yaml
 
 from model import catalog as gpu_catalog
+from model import machine_disks
 from model.suggest import closest
 from planner.recommend import MAX_NODES, Option, recommend, short_name
 from planner.sizing import BYTES_PER_PARAM, GB, HEADROOM, Estimate, Request, Strategy, known_models
@@ -36,6 +37,7 @@ SCRIPT = "finetune.py"  # workloads/scripts: the Hugging Face Trainer under Deep
 CHECKPOINTS_KEPT = 2
 CHECKPOINT_BYTES_PER_PARAM = 16
 COMMENT_WIDTH = 112
+DEFAULT_BOOT_DISK = "pd-balanced"  # model/schema.yaml nodePools[].diskType's default
 
 
 class Candidate(msgspec.Struct, frozen=True):
@@ -78,6 +80,15 @@ def _gib(size_bytes: float, floor: int) -> str:
     return f"{max(floor, math.ceil(size_bytes / 2**30))}Gi"
 
 
+def boot_disk(machine_type: str) -> dict[str, str]:
+    """`diskType` where the shape does not boot from the schema's default (A3 Ultra and A4 boot only from Hyperdisk
+    Balanced: data/gpu_catalog.yaml `machineDisks`); nothing where the default boots."""
+    facts = machine_disks.for_machine(machine_type)
+    if facts is None or DEFAULT_BOOT_DISK in facts.boot_disks:
+        return {}
+    return {"diskType": facts.boot_disks[0]}
+
+
 def _platform(stack: str, region: str, option: Option, nodes: int) -> dict[str, Any]:
     zone = option.zones[0]
     return {
@@ -102,6 +113,7 @@ def _platform(stack: str, region: str, option: Option, nodes: int) -> dict[str, 
             "maxNodes": nodes,
             "zones": [zone],
             "diskSizeGb": 200,
+            **boot_disk(option.machine_type),
         }],
         "deepspeed-stack:registry": {"name": "deepspeed", "keepVersions": 10},
         "deepspeed-stack:image": {"name": "deepspeed", "context": "workloads/images/deepspeed", "tag": "0.1.0"},
@@ -220,6 +232,12 @@ def _model_reasons(model_id: str) -> list[str]:
             "hfToken hf_...`; the pods read it from a mounted file"]
 
 
+def _writes(writer: str | None, strategy: Strategy) -> bool:
+    """The finetune kind trains LoRA, which finetune.py refuses with ZeRO-3 parameter offload (its
+    combination_problems): the writer never writes that plan for it."""
+    return not (writer == FINETUNE and strategy.offload_params)
+
+
 def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catalog | None = None,
                top: int = 50, model_id: str | None = None, writer: str | None = None) -> list[Candidate]:
     """Every option the planner recommends, as a stack config, cheapest first (on-demand, then spot $/h).
@@ -229,7 +247,8 @@ def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catal
     model_id = model_id or hf_id(request.model.name) or MODEL_PLACEHOLDER
     write = WORKLOADS[writer or request.mode]
     plans = recommend(request, region, cat, max_nodes=1 if request.mode == INFERENCE else MAX_NODES, top=top)
-    ranked = sorted(((p.strategy, o) for p in plans for o in p.options), key=lambda so: so[1].sort_key())
+    ranked = sorted(((p.strategy, o) for p in plans for o in p.options if _writes(writer, p.strategy)),
+                    key=lambda so: so[1].sort_key())
     out = []
     for strategy, option in ranked:
         config = _platform(stack, region, option, option.nodes)

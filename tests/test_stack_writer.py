@@ -79,6 +79,30 @@ def test_grid_round_trips_through_write_and_load(model: str, mode: str) -> None:
         assert w.get("workers", 1) == c.option.nodes if mode == stack_writer.TRAINING else c.option.nodes == 1
 
 
+@pytest.mark.parametrize("writer", [stack_writer.TRAINING, stack_writer.FINETUNE])
+@pytest.mark.parametrize("model", GRID_MODELS)
+def test_every_multi_node_plan_the_writer_makes_passes_the_stacks_checks(model: str, writer: str) -> None:
+    """Not only the one written: every candidate the writer makes (issue 32 item 9), the multi-node ones included,
+    loads through the stack's own checks, so the cheapest plan is never passed over for a fault of the writer
+    (A3 Ultra and A4 once got the default pd-balanced boot disk they cannot boot from; LoRA once got ZeRO-3
+    parameter offload, which finetune.py refuses)."""
+    request = Request(resolve(model), "bf16", stack_writer.TRAINING, 2048, 1)
+    ranked = stack_writer.candidates(request, REGION, "grid", writer=writer)
+    multi = [c for c in ranked if c.option.nodes > 1]
+    assert len(multi) >= 10, [c.label for c in ranked]  # 7B-70B: 11-17 multi-node plans each
+    refused = {}
+    for c in ranked:
+        config = dict(c.config)
+        if ws.gated_model(c):
+            config["deepspeed-stack:hfToken"] = TOKEN
+        (pool,) = config["deepspeed-stack:nodePools"]
+        (workload,) = config["deepspeed-stack:workloads"].values()
+        assert (pool["maxNodes"], workload["workers"]) == (c.option.nodes, c.option.nodes), c.label
+        if found := config_problems(config):
+            refused[c.label] = found[0]
+    assert refused == {}
+
+
 def test_a_written_stack_previews(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`make gpus ... WRITE=llama8b` then `make preview STACK=llama8b`: the file, then the whole offline preview.
     Llama is gated: the preview refuses the file until the token the header names is set."""
