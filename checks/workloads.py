@@ -13,6 +13,7 @@ from model.validators import (
     DNS1123_SUBDOMAIN,
     DNS1123_SUBDOMAIN_MAX,
     RESERVED_NAMESPACES,
+    bucket_path_problem,
 )
 from workloads.ds_config import batch_problems, nvme_offload_path
 from workloads.kinds import kind_of
@@ -94,6 +95,20 @@ def check_gpu_pool_placement(m: StackConfig) -> list[str]:
             problems.append(f"{at('workloads', name, 'workers')}: {who} need {needed} nodes of pool {pool.name}, "
                             f"but {at('nodePools', m.node_pools.index(pool), 'maxNodes')} is {pool.max_nodes}; "
                             "raise maxNodes or lower workers")
+    return problems
+
+
+def check_bucket_paths(m: StackConfig) -> list[str]:
+    """Every path a workload reads from the stack's bucket stays in it: the pods see the bucket as a folder under
+    `gcsFuse.mountPath`, so `../x` names a file of the pod's own file system, which the launcher would wait hours
+    for (workloads/mpijob/nvidia.py's wait for the inputs) and nobody can upload."""
+    problems = []
+    for name, w in m.workloads.items():
+        for key, path in w.bucket_paths():
+            problem = bucket_path_problem(path)
+            if problem is not None:
+                problems.append(f"{at('workloads', name, *key)}: the bucket path {path!r} {problem} (the pods see "
+                                f"the bucket at {w.gcs_fuse.mount_path}, and nothing outside it is uploaded)")
     return problems
 
 
@@ -194,6 +209,7 @@ CHECKS: list[Check] = [
     check_workload_names,
     check_workload_namespaces,
     check_gpu_pool_placement,
+    check_bucket_paths,
     check_batch_size,
     check_zero_offload,
     check_bf16_support,

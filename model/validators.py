@@ -41,6 +41,25 @@ def bucket_name_problem(name: str) -> str | None:
     return None
 
 
+def bucket_path_problem(path: str) -> str | None:
+    """Why a path that should name something in the stack's bucket (relative to its root, as the pods see it under
+    the bucket's mount) would name something else, or None. GCS FUSE shows the bucket as a folder: `..` climbs out
+    of it, `.` and an empty part (`//`) name no object, and an absolute path is not under it at all. A trailing `/`
+    names a folder, and an empty path is the bucket itself: each key's own rule says whether that will do."""
+    if path.startswith("/"):
+        return "is absolute; a path in the bucket starts at its root (e.g. data/train.jsonl)"
+    parts = path.split("/")
+    if parts[-1] == "":
+        parts.pop()  # a folder
+    if "" in parts:
+        return "has an empty part (//), which no object of the bucket has"
+    for part in (".", ".."):
+        if part in parts:
+            where = "climbs out of the bucket" if part == ".." else "names no object of the bucket"
+            return f"has a {part!r} part, which {where}; write the path from the bucket's root"
+    return None
+
+
 def at(*parts: object) -> str:
     """The key where a problem is, as `pulumi config set --path` spells it: `at("nodePools", 0, "zones", 1)` ->
     `nodePools[0].zones[1]`."""

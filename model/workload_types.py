@@ -13,6 +13,8 @@ from typing import ClassVar
 
 import msgspec
 
+GS_SCHEME = "gs://"  # a Cloud Storage URI: gs://BUCKET/PATH
+
 
 class AcceleratorConfig(msgspec.Struct, frozen=True):
     kind: str
@@ -223,6 +225,12 @@ class WorkloadConfig(msgspec.Struct, frozen=True, kw_only=True):
         names it: a gated one needs the stack's hfToken (checks/gated.py)."""
         return ()
 
+    def bucket_paths(self) -> tuple[tuple[tuple[str, ...], str], ...]:
+        """The paths in the stack's bucket its pods read (each relative to the bucket's root, as the key gives it),
+        each with the key (under the workload) that names it: one that leaves the bucket is refused
+        (checks/workloads.py)."""
+        return ()
+
     @property
     def sized_model_name(self) -> str | None:
         """The name the planner sizes: `model.name` (a kind may know it from elsewhere)."""
@@ -287,6 +295,16 @@ class MpiJobBaseConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
     def shares_host_ipc(self) -> bool:
         """Whether the workers share the host's IPC namespace (a kind with a `hostIPC` key says)."""
         return False
+
+    def bucket_paths(self) -> tuple[tuple[tuple[str, ...], str], ...]:
+        # `launch.script` in the bucket: `gs://BUCKET/PATH.py`, or a path under the bucket's mount
+        # (workloads/mpijob/script_source.py).
+        script, mount = self.launch.script, self.gcs_fuse.mount_path.rstrip("/") + "/"
+        if script.startswith(GS_SCHEME):
+            return ((("launch", "script"), script[len(GS_SCHEME):].partition("/")[2]),)
+        if script.startswith(mount):
+            return ((("launch", "script"), script[len(mount):]),)
+        return ()
 
     # The fine-tuning contract's layout: CHECKPOINT_DIR=<out>/checkpoints/<workload>, MODEL_DIR=<out>/models/<workload>.
     @property
@@ -357,6 +375,11 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
         """The Hugging Face model ids its pods download, with their keys (a gated one needs hfToken)."""
         return ((("finetune", "model"), self.finetune.model),) if self.finetune.model else ()
 
+    def bucket_paths(self) -> tuple[tuple[tuple[str, ...], str], ...]:
+        f = self.finetune
+        given = ((("finetune", "modelPath"), f.model_path), (("finetune", "datasetPath"), f.dataset_path))
+        return (*super().bucket_paths(), *((key, path) for key, path in given if path is not None))
+
 
 class ServeWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):
     """kind serve: a model server Deployment (vLLM, or DeepSpeed-MII) on a GKE pool."""
@@ -365,6 +388,10 @@ class ServeWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):
 
     def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
         return ((("serving", "model"), self.serving.model),) if self.serving.model else ()  # not modelPath
+
+    def bucket_paths(self) -> tuple[tuple[tuple[str, ...], str], ...]:
+        path = self.serving.model_path
+        return ((("serving", "modelPath"), path),) if path is not None else ()
 
     @property
     def sized_model_name(self) -> str | None:

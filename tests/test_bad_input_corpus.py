@@ -214,6 +214,13 @@ CORPUS: list[tuple[str, dict[str, Any], str]] = [
      "workloads.chat.serving.allowFrom[0].podLabels.app"),
     ("serve", {"workloads.chat.serving.allowFrom": [{"cidr": "bad"}]}, "workloads.chat.serving.allowFrom[0].cidr"),
     ("serve", {"workloads.chat.serving.modelPath": "/abs/path"}, "workloads.chat.serving.modelPath"),
+    # finetune: paths that leave the bucket
+    ("finetune", {"workloads.tune.finetune.datasetPath": "../x.jsonl"}, "workloads.tune.finetune.datasetPath"),
+    ("finetune", {"workloads.tune.finetune.datasetPath": "data/../../x.jsonl"},
+     "workloads.tune.finetune.datasetPath"),
+    ("finetune", {"workloads.tune.finetune.model": DELETE, "workloads.tune.finetune.modelPath": ".."},
+     "workloads.tune.finetune.modelPath"),
+    ("finetune", {"workloads.tune.launch.script": "/gcs/../x.py"}, "workloads.tune.launch.script"),
 ]
 
 
