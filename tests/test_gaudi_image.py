@@ -178,7 +178,8 @@ def test_both_pods_are_hardened(job: dict[str, Any]) -> None:
     for role, spec in pods(job).items():
         assert spec["automountServiceAccountToken"] is False, role
         assert spec["securityContext"] == {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
-                                           "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+                                           "fsGroupChangePolicy": "OnRootMismatch", "runAsNonRoot": True,
+                                           "seccompProfile": {"type": "RuntimeDefault"}}
         (c,) = spec["containers"]
         assert c["securityContext"] == {
             "runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True, "allowPrivilegeEscalation": False,

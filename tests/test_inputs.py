@@ -115,3 +115,31 @@ def test_an_absolute_or_empty_part_path_is_the_schemas() -> None:
     for value in ("/etc/passwd", "data//train.jsonl"):
         (found,) = problems("finetune", {f"{TUNE}.finetune.datasetPath": value})
         assert found.startswith(f"{TUNE}.finetune.datasetPath: ") and "a file or folder of the bucket" in found
+
+
+# --- a shared claim is not re-owned at every pod start -------------------------------------------------------------
+
+def _pod_specs(node: Any) -> list[dict[str, Any]]:
+    """Every pod spec in a resource's inputs (a dict with containers), however deep (MPIJob, Deployment, ...)."""
+    if isinstance(node, list):
+        return [spec for item in node for spec in _pod_specs(item)]
+    if not isinstance(node, dict):
+        return []
+    own = [node] if "containers" in node else []
+    return own + [spec for value in node.values() for spec in _pod_specs(value)]
+
+
+@pytest.mark.parametrize("stack", ["h100", "finetune", "gaudi", "dws"])
+def test_pods_mounting_a_claim_skip_the_recursive_chown(stack: str) -> None:
+    """Kubernetes' default with fsGroup (Always) re-owns every file of the claim at each mount; OnRootMismatch only
+    when its root lacks the group (kubernetes.io, "Configure volume permission and ownership change policy for
+    Pods")."""
+    from conftest import stack_run
+
+    specs = [spec for r in stack_run(stack).resources for spec in _pod_specs(r.inputs)
+             if any("persistentVolumeClaim" in v for v in spec.get("volumes", []))]
+    assert specs, f"{stack}: no pod mounts a claim"
+    for spec in specs:
+        context = spec["securityContext"]
+        assert "fsGroup" in context
+        assert context["fsGroupChangePolicy"] == "OnRootMismatch"

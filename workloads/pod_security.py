@@ -60,10 +60,18 @@ def waiver_annotations(role: str, host_ipc: bool) -> dict[str, str]:
     return {CHECKOV_SKIP.format(n=i): f"{check}={why}" for i, (check, why) in enumerate(sorted(waived.items()), 1)}
 
 
+# With fsGroup, the kubelet changes the group (and mode) of every file of a volume that supports ownership management
+# at each mount, recursively, by default ("Always"): on a shared claim (Filestore, NFS) holding a model cache and
+# checkpoints that is a walk over millions of files at every pod start. OnRootMismatch skips it when the volume's
+# root already has the group (Kubernetes: "Configure volume permission and ownership change policy for Pods",
+# https://kubernetes.io/docs/tasks/configure-pod-container/security-context/; GA since 1.23).
+FS_GROUP_CHANGE_POLICY = "OnRootMismatch"
+
+
 def pod_security_context(user: int) -> dict[str, Any]:
     # fsGroup makes the operator's SSH key Secret and the token Secret readable by the image's user.
-    return {"runAsUser": user, "runAsGroup": user, "fsGroup": user, "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"}}
+    return {"runAsUser": user, "runAsGroup": user, "fsGroup": user, "fsGroupChangePolicy": FS_GROUP_CHANGE_POLICY,
+            "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def container_security_context(user: int) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from workloads.mpijob.shape import (
 )
 from workloads.mpijob.shape import render_spec as shape_spec
 from workloads.placement import Placement
+from workloads.pod_security import FS_GROUP_CHANGE_POLICY
 
 # The stack's image (workloads/images/deepspeed) runs as 1001 with sshd on 2222 (a port it may bind);
 # the operator mounts the job's SSH key pair where that user's ssh looks for it.
@@ -177,7 +178,7 @@ def nvidia_worker_script(send_env: list[str]) -> str:
 def secure(spec: dict[str, Any]) -> dict[str, Any]:
     # fsGroup makes the operator's SSH key Secret readable by the image's user.
     spec["securityContext"] = {"runAsUser": NVIDIA_USER, "runAsGroup": NVIDIA_USER, "fsGroup": NVIDIA_USER,
-                               "runAsNonRoot": True}
+                               "fsGroupChangePolicy": FS_GROUP_CHANGE_POLICY, "runAsNonRoot": True}
     return spec
 
 
