@@ -41,9 +41,16 @@ class VersionSet(msgspec.Struct, frozen=True):
     python: dict[str, str]
     base_image: str
     cuda: str
+    min_driver: str  # the oldest NVIDIA driver the image's CUDA runs on (580.65.06 for CUDA 13.0)
     python_version: str  # the image's interpreter (python3.12 on Ubuntu 24.04)
     torch_cuda_archs: tuple[tuple[int, int], ...]  # compute capabilities with kernels in the image's torch
     deepspeed_op_archs: str  # TORCH_CUDA_ARCH_LIST for DeepSpeed's ahead-of-time ops
+
+    @property
+    def min_driver_branch(self) -> int:
+        """The driver branch (R580 for 580.65.06): GKE names its drivers by branch, and every driver of the
+        branch runs the branch's CUDA major (NVIDIA's minor version compatibility)."""
+        return int(self.min_driver.split(".")[0])
 
     @property
     def nccl(self) -> str:
@@ -70,6 +77,7 @@ def parse(raw: dict) -> VersionSet:
         python={k: str(v) for k, v in raw["python"].items()},
         base_image=str(image["base"]),
         cuda=str(image["cuda"]),
+        min_driver=str(image["minDriver"]),
         python_version=str(image["python"]),
         torch_cuda_archs=tuple(_capability(a) for a in image["torchCudaArchs"]),
         deepspeed_op_archs=str(image["deepspeedOpArchs"]),
