@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from checks.common import Check
 from checks.platform import machine_problems
+from components.storage import CHECKPOINT_PREFIX
 from model import catalog as gpu_catalog
 from model.config import schema
 from model.suggest import did_you_mean
@@ -97,6 +99,35 @@ def check_existing_bucket_settings(m: StackConfig) -> list[str]:
                             f"names {m.storage.existing_bucket!r}, whose settings the stack never changes; remove "
                             f"{key} (or set it on the bucket yourself)")
     return problems
+
+
+def _own_bucket_default(key: str) -> int:
+    return schema()["properties"]["storage"]["properties"][key]["default"]
+
+
+def warn_existing_bucket_lifecycle(m: StackConfig) -> list[str]:
+    """A bucket the stack did not create gets none of its own bucket's housekeeping (components/storage.py): no
+    rule deletes old checkpoints, and soft delete stays as the bucket has it. Nothing fails, but checkpoints of
+    every run pile up and are billed; the warning says what the stack would have set and the gcloud command that
+    sets it (the stack never changes a bucket it does not own)."""
+    bucket = m.storage.existing_bucket
+    if not (m.storage.enabled and bucket):
+        return []
+    days, soft = _own_bucket_default("checkpointRetentionDays"), _own_bucket_default("softDeleteDays")
+    rule = json.dumps({"rule": [{"action": {"type": "Delete"},
+                                 "condition": {"age": days, "matchesPrefix": [CHECKPOINT_PREFIX]}}]},
+                      separators=(",", ":"))
+    return [f"storage.existingBucket: the stack applies no retention or lifecycle setting to {bucket!r}, a bucket it "
+            f"did not create: no rule deletes objects under {CHECKPOINT_PREFIX} (its own bucket deletes them after "
+            f"storage.checkpointRetentionDays, {days} days), and soft delete and versioning stay as the bucket has "
+            f"them (its own: {soft} days, off). To set the same yourself: `echo '{rule}' "
+            f"> lifecycle.json && gcloud storage buckets update gs://{bucket} --lifecycle-file=lifecycle.json "
+            f"--soft-delete-duration={soft}d` (--lifecycle-file replaces the bucket's rules: add those it has, from "
+            f"`gcloud storage buckets describe gs://{bucket} --format='default(lifecycle_config)'`)"]
+
+
+def warnings(m: StackConfig) -> list[str]:
+    return warn_existing_bucket_lifecycle(m)
 
 
 def check_soft_delete_days(m: StackConfig) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import reference, stack_yaml, yaml_load
+from conftest import reference, stack_run, stack_yaml, yaml_load
 from test_deepspeed_release import _unknown_paths
 from test_mpijob import crd_problems, pod_problems
 from test_platform import waits_for
@@ -255,6 +255,29 @@ def test_pods_and_vertex_use_the_existing_bucket() -> None:
     (gcs,) = [v for v in volumes if v["name"] == "gcs"]
     assert gcs["csi"]["volumeAttributes"]["bucketName"] == EXISTING
     assert EXISTING in json.dumps(run.outputs["vertexCustomJob"])
+
+
+def test_an_existing_bucket_gets_a_warning_that_it_has_no_retention_rule() -> None:
+    """The stack never changes a bucket it did not create, so its checkpoints/ rule (30 days, the schema's default)
+    and 7-day soft delete are not there: a labelled warning in the preview and the PR summary says so and how to set
+    them (gcloud storage buckets update's --lifecycle-file and --soft-delete-duration; the rule in Cloud Storage's
+    lifecycle JSON)."""
+    from preview import summary
+
+    expected = (
+        f"storage.existingBucket: the stack applies no retention or lifecycle setting to '{EXISTING}', a bucket it "
+        "did not create: no rule deletes objects under checkpoints/ (its own bucket deletes them after "
+        "storage.checkpointRetentionDays, 30 days), and soft delete and versioning stay as the bucket has them (its "
+        "own: 7 days, off). To set the same yourself: `echo '{\"rule\":[{\"action\":{\"type\":\"Delete\"},"
+        "\"condition\":{\"age\":30,\"matchesPrefix\":[\"checkpoints/\"]}}]}' > lifecycle.json && gcloud storage "
+        f"buckets update gs://{EXISTING} --lifecycle-file=lifecycle.json --soft-delete-duration=7d` (--lifecycle-file "
+        f"replaces the bucket's rules: add those it has, from `gcloud storage buckets describe gs://{EXISTING} "
+        "--format='default(lifecycle_config)'`)")
+    run = _existing_run()
+    assert expected in run.warnings
+    assert f"- :warning: {expected}" in summary.markdown(run, [], 0)
+    own = stack_run("finetune")  # the stack's own bucket, with its rules
+    assert own.outputs["bucket"] and not [w for w in own.warnings if w.startswith("storage.existingBucket")]
 
 
 def test_settings_of_the_stacks_own_bucket_are_refused_with_an_existing_one() -> None:
