@@ -1,4 +1,5 @@
-"""ZeRO offload must fit in the memory a worker pod may use: one named rule.
+"""ZeRO offload must fit in the memory a worker pod may use, and NVMe offload needs the image's async_io op: one
+named rule each.
 
 DeepSpeed's estimators give the CPU memory per node that offloaded optimizer states (and parameters) take
 (planner/sizing.py, `deepspeed_cpu_bytes`). On GKE a worker pod is fitted to its node (model/node_memory.py:
@@ -13,9 +14,12 @@ from __future__ import annotations
 from checks.common import Check, at
 from checks.planner import Sized, _describe, alternatives, sized_workloads
 from model import catalog as gpu_catalog
-from model import node_memory
-from model.types import StackConfig
+from model import node_memory, versions
+from model.types import DeepSpeedWorkloadConfig, StackConfig
+from workloads.ds_config import nvme_offload_path
 from workloads.placement import effective_shm, quantity_bytes
+
+NVME_OP = "async_io"  # DeepSpeed's op that ZeRO-Infinity's NVMe offload (swap_tensor) reads and writes with
 
 MACHINE_SUGGESTIONS = 3
 
@@ -93,4 +97,26 @@ def check_offload_fits_pod_memory(m: StackConfig) -> list[str]:
     return problems
 
 
-CHECKS: list[Check] = [check_offload_fits_pod_memory]
+def check_nvme_offload_has_async_io(m: StackConfig) -> list[str]:
+    """NVMe offload runs DeepSpeed's async_io op, which needs libaio: on an image that has not built it (data/
+    versions.yaml image.deepspeedOps, what the Dockerfile builds), DeepSpeed would try to compile it on every rank at
+    start-up and stop without libaio. The stack's own image only: one of the user's (`image`, image.prebuilt) may
+    have it, which nothing here can see."""
+    if m.image.prebuilt or versions.load().has_op(NVME_OP):
+        return []
+    problems = []
+    for name, w in m.workloads.items():
+        if not isinstance(w, DeepSpeedWorkloadConfig) or not w.on_nvidia or w.image:
+            continue
+        ds = w.deepspeed
+        if nvme_offload_path(ds) is None:
+            continue
+        key = "offloadOptimizer" if ds.offload_optimizer == "nvme" else "offloadParams"
+        problems.append(f"{at('workloads', name, 'deepspeed', key)}: nvme offload runs DeepSpeed's {NVME_OP} op, "
+                        f"which the stack's image does not build (data/versions.yaml image.deepspeedOps; it needs "
+                        "libaio-dev in workloads/images/deepspeed/Dockerfile and DS_BUILD_AIO=1); offload to cpu, or "
+                        "run an image with it (the workload's `image`, or image.prebuilt)")
+    return problems
+
+
+CHECKS: list[Check] = [check_offload_fits_pod_memory, check_nvme_offload_has_async_io]

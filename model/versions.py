@@ -45,6 +45,8 @@ class VersionSet(msgspec.Struct, frozen=True):
     python_version: str  # the image's interpreter (python3.12 on Ubuntu 24.04)
     torch_cuda_archs: tuple[tuple[int, int], ...]  # compute capabilities with kernels in the image's torch
     deepspeed_op_archs: str  # TORCH_CUDA_ARCH_LIST for DeepSpeed's ahead-of-time ops
+    # DeepSpeed ops built into the image (installed_ops name -> the DS_BUILD_* variable the Dockerfile sets)
+    deepspeed_ops: dict[str, str] = msgspec.field(default_factory=dict)
 
     @property
     def min_driver_branch(self) -> int:
@@ -67,6 +69,10 @@ class VersionSet(msgspec.Struct, frozen=True):
         binary compatibility; the wheel carries no PTX, so nothing is compiled for a newer GPU at run time)."""
         return any(major == capability[0] and minor <= capability[1] for major, minor in self.torch_cuda_archs)
 
+    def has_op(self, op: str) -> bool:
+        """Whether the image has this DeepSpeed op built in (`installed_ops`' name, e.g. async_io)."""
+        return op in self.deepspeed_ops
+
     def torch_archs_text(self) -> str:
         return ", ".join(f"{major}.{minor}" for major, minor in self.torch_cuda_archs)
 
@@ -81,6 +87,7 @@ def parse(raw: dict) -> VersionSet:
         python_version=str(image["python"]),
         torch_cuda_archs=tuple(_capability(a) for a in image["torchCudaArchs"]),
         deepspeed_op_archs=str(image["deepspeedOpArchs"]),
+        deepspeed_ops={str(op): str(var) for op, var in (image.get("deepspeedOps") or {}).items()},
     )
 
 

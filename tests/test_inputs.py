@@ -143,3 +143,30 @@ def test_pods_mounting_a_claim_skip_the_recursive_chown(stack: str) -> None:
         context = spec["securityContext"]
         assert "fsGroup" in context
         assert context["fsGroupChangePolicy"] == "OnRootMismatch"
+
+
+# --- NVMe offload needs the image's async_io op ------------------------------------------------------------------
+
+NVME = {"workloads.smoke.deepspeed.zeroStage": 3, "workloads.smoke.deepspeed.offloadParams": "nvme"}
+
+
+def test_nvme_offload_previews_on_the_image_that_builds_async_io() -> None:
+    assert problems("dev", NVME) == []  # data/versions.yaml: the image builds async_io (and libaio is in it)
+
+
+def test_nvme_offload_is_refused_on_an_image_without_async_io(monkeypatch: pytest.MonkeyPatch) -> None:
+    import msgspec
+
+    from model import versions
+
+    shipped = versions.load()
+    without = msgspec.structs.replace(shipped, deepspeed_ops={"fused_adam": "DS_BUILD_FUSED_ADAM"})
+    monkeypatch.setattr(versions, "load", lambda *_: without)
+    assert problems("dev", NVME) == [
+        "workloads.smoke.deepspeed.offloadParams: nvme offload runs DeepSpeed's async_io op, which the stack's image "
+        "does not build (data/versions.yaml image.deepspeedOps; it needs libaio-dev in "
+        "workloads/images/deepspeed/Dockerfile and DS_BUILD_AIO=1); offload to cpu, or run an image with it (the "
+        "workload's `image`, or image.prebuilt)"]
+    assert problems("dev", {**NVME, "workloads.smoke.deepspeed.offloadParams": "cpu"}) == []
+    # An image of the user's may have it: nothing here can see inside.
+    assert problems("dev", {**NVME, "image.prebuilt": "registry.example.com/ml/deepspeed:1"}) == []

@@ -157,3 +157,34 @@ def test_make_e2e_reads_the_set_and_pins_none_of_it_itself() -> None:
            and E2E_PINNED.search(line) and any(p in line.lower() for p in (*PACKAGES, "torch", "vllm"))
            and "MPI4PY" not in line]  # mpi4py: an e2e-only package, not in the image
     assert not own, f"e2e/install.sh pins versions of the set itself: {own}"
+
+
+# --- DeepSpeed's ops built into the image (NVMe offload needs async_io) ------------------------------------------
+
+def _ds_build_step() -> str:
+    text = DOCKERFILE.read_text()
+    return text[text.index("RUN export DS_ACCELERATOR=cuda"):].split("\n\n", 1)[0]
+
+
+def test_the_image_builds_the_ops_the_data_file_lists(vs: versions.VersionSet) -> None:
+    """data/versions.yaml image.deepspeedOps is what the Dockerfile asks setup.py for (DS_BUILD_<X>=1 over
+    DS_BUILD_OPS=0) and what its build asserts in installed_ops; NVMe offload needs async_io (DeepSpeed's
+    op_builder/async_io.py: BUILD_VAR DS_BUILD_AIO; it loads pin_memory, DS_BUILD_PIN_MEMORY, first)."""
+    assert vs.deepspeed_ops == {"fused_adam": "DS_BUILD_FUSED_ADAM", "async_io": "DS_BUILD_AIO",
+                                "pin_memory": "DS_BUILD_PIN_MEMORY"}
+    step = _ds_build_step()
+    built = set(re.findall(r"\b(DS_BUILD_\w+)=1\b", step))
+    assert built == set(vs.deepspeed_ops.values())
+    assert "DS_BUILD_OPS=0" in step  # nothing else ahead of time
+    for op in vs.deepspeed_ops:
+        assert f"assert v.installed_ops.get('{op}')" in step, f"the build does not fail without {op}"
+
+
+def test_the_image_has_libaio_for_async_io() -> None:
+    """async_io links -laio (libaio.h and libaio.so: Ubuntu 24.04's libaio-dev, runtime libaio1t64): the apt step
+    installs it, unpinned like the rest (DL3008 is waived in the Dockerfile with its reason)."""
+    text = DOCKERFILE.read_text()
+    apt = text[text.index("RUN apt-get update"):].split("\n\n", 1)[0]
+    packages = re.findall(r"^\s+([a-z0-9][a-z0-9.+-]+) \\$", apt, re.M)
+    assert "libaio-dev" in packages and packages == sorted(packages)
+    assert "hadolint ignore=DL3008" in text[:text.index("RUN apt-get update")]
