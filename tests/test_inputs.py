@@ -5,6 +5,10 @@ under test."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,3 +174,144 @@ def test_nvme_offload_is_refused_on_an_image_without_async_io(monkeypatch: pytes
     assert problems("dev", {**NVME, "workloads.smoke.deepspeed.offloadParams": "cpu"}) == []
     # An image of the user's may have it: nothing here can see inside.
     assert problems("dev", {**NVME, "image.prebuilt": "registry.example.com/ml/deepspeed:1"}) == []
+
+
+# --- launch.args: flags the script's own parser has ------------------------------------------------------------------
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "workloads" / "scripts"
+UNRECOGNIZED = "(every rank would stop with \"unrecognized arguments\"); its flags, closest first: "
+
+
+def _script_module(name: str) -> Any:
+    """A project script as a module (above `main` it imports the standard library only)."""
+    spec = importlib.util.spec_from_file_location(f"deepspeed_stack_test_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _accepts(parse: Callable[[list[str]], Any], argv: list[str]) -> bool:
+    try:
+        parse(argv)
+    except SystemExit as stop:
+        return stop.code == 0
+    return True
+
+
+@pytest.mark.parametrize("script", ["finetune", "smoke_test"])
+def test_the_flags_read_from_the_source_are_the_parsers(script: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The reader never runs the script; its answer must be what the script's argparse does with each flag."""
+    from workloads import script_flags
+
+    module = _script_module(script)
+    base = ["--deepspeed_config", "ds.json"]
+    parse = module.build_parser().parse_args if script == "finetune" else module.parse_args
+    flags = script_flags.read(SCRIPTS / f"{script}.py")
+    assert flags is not None
+    values = {"--format": "auto", "--precision": "bf16", "--lora-target-modules": "q_proj"}
+    for flag in flags.flags:
+        if flag in ("-h", "--help"):
+            continue
+        value = [] if flag in ("--lora", "--gradient-checkpointing") else [values.get(flag, "1")]
+        assert _accepts(parse, [*base, flag, *value]), flag
+    assert not _accepts(parse, [*base, "--no-such-flag", "1"])
+    prefix = "--logging-step" if script == "finetune" else "--hidd"  # a unique prefix of one flag
+    assert flags.abbrev == _accepts(parse, [*base, prefix, "1"]) == (script == "smoke_test")
+    capsys.readouterr()
+
+
+def test_an_unknown_flag_of_the_smoke_test_is_refused() -> None:
+    key = "workloads.smoke.launch.args[2]"
+    (found,) = problems("h100", {"workloads.smoke.launch.args": ["--expected-gpus-per-node", "8", "--stepz", "50"]})
+    assert found.startswith(f"{key}: smoke_test.py has no flag --stepz {UNRECOGNIZED}--steps, ")
+    # Its flags only, without help and what the stack passes (--deepspeed_config, --local_rank).
+    listed = set(found.split("closest first: ")[1].split(", "))
+    assert listed == {"--steps", "--warmup-steps", "--hidden-size", "--layers", "--expected-gpus-per-node", "--seed",
+                      "--lr", "--checkpoint-dir", "--checkpoint-every", "--deepspeed-config", "--local-rank"}
+
+
+def test_an_unknown_flag_of_finetune_py_is_refused() -> None:
+    (found,) = problems("finetune", {f"{TUNE}.launch.args": ["--logging-step", "50"]})
+    assert found.startswith(f"{TUNE}.launch.args[0]: finetune.py has no flag --logging-step {UNRECOGNIZED}"
+                            "--logging-steps, ")  # finetune.py takes no abbreviation (allow_abbrev=False)
+    assert problems("finetune", {f"{TUNE}.launch.args": ["--logging-steps", "50", "--save-total-limit=3"]}) == []
+
+
+def test_abbreviations_as_argparse_takes_them() -> None:
+    """smoke_test.py's parser allows abbreviations: a unique prefix is its flag, a shared one is an error."""
+    args = "workloads.smoke.launch.args"
+    assert problems("h100", {args: ["--hidden", "64"]}) == []
+    assert problems("h100", {args: ["--check", "5"]}) == [
+        f"{args}[0]: --check is ambiguous for smoke_test.py's parser, which would stop every rank with \"ambiguous "
+        "option: --check could match --checkpoint-dir, --checkpoint-every\"; write the whole flag"]
+
+
+def test_a_flag_the_stack_passes_is_not_repeated() -> None:
+    found = problems("dev", {"workloads.smoke.launch.args": ["--deepspeed-config", "mine.json", "--local_rank=0"]})
+    assert found == [
+        "workloads.smoke.launch.args[0]: --deepspeed-config (smoke_test.py's --deepspeed_config) is passed to every "
+        "rank already, by the stack (the generated ds_config.json, from workloads.smoke.deepspeed); change it there "
+        "instead",
+        "workloads.smoke.launch.args[2]: --local_rank is passed to every rank already, by DeepSpeed's launcher "
+        "(--local_rank=N); remove it"]
+
+
+def test_with_launch_command_the_args_are_not_judged() -> None:
+    assert problems("h100", {"workloads.smoke.launch.args": ["--stepz", "5"],
+                             "workloads.smoke.launch.command": "bash -c true"}) == []
+
+
+USER_SCRIPT = '''import argparse
+
+import torch  # never imported by the stack: the file is read, not run
+
+
+def build_parser():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--deepspeed_config")
+    parser.add_argument("--local_rank", type=int)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--data-dir")
+    return parser
+'''
+
+
+def _user_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    from workloads.mpijob import script_source
+
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "train.py").write_text(text)
+    monkeypatch.setattr(script_source, "SCRIPTS_DIR", tmp_path)
+
+
+def test_a_user_scripts_flags_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _user_script(tmp_path, monkeypatch, USER_SCRIPT)
+    user = {"workloads.smoke.launch.script": "user/train.py"}
+    assert problems("h100", {**user, "workloads.smoke.launch.args": ["--epochs", "2", "--data-dir", "/data"]}) == []
+    assert problems("h100", {**user, "workloads.smoke.launch.args": ["--epoch", "2"]}) == []  # a unique prefix
+    assert problems("h100", {**user, "workloads.smoke.launch.args": ["--epoks", "2"]}) == [
+        f"workloads.smoke.launch.args[0]: user/train.py has no flag --epoks {UNRECOGNIZED}--epochs, --data-dir"]
+
+
+def test_a_user_parser_without_what_the_stack_passes_is_refused(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    _user_script(tmp_path, monkeypatch, USER_SCRIPT.replace('    parser.add_argument("--deepspeed_config")\n', ""))
+    assert problems("h100", {"workloads.smoke.launch.script": "user/train.py", "workloads.smoke.launch.args": []}) == [
+        "workloads.smoke.launch.script: user/train.py's parser has no --deepspeed_config, which the stack (the "
+        "generated ds_config.json, from workloads.smoke.deepspeed) passes to every rank: every rank would stop with "
+        "\"unrecognized arguments: --deepspeed_config\"; add it to the parser"]
+
+
+@pytest.mark.parametrize("change", [
+    ("return parser", "deepspeed.add_config_arguments(parser)\n    return parser"),  # flags added out of sight
+    ("return parser", "parser.parse_known_args()\n    return parser"),  # unknown flags tolerated
+    ('parser.add_argument("--epochs"', 'parser.add_argument(FLAG'),  # computed option strings
+    ("argparse.ArgumentParser()", "argparse.ArgumentParser(parents=[base])"),
+    ("def build_parser", "OTHER = argparse.ArgumentParser()\n\n\ndef build_parser"),  # two parsers
+])
+def test_a_parser_that_cannot_be_read_is_not_judged(change: tuple[str, str], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _user_script(tmp_path, monkeypatch, USER_SCRIPT.replace(*change))
+    assert problems("h100", {"workloads.smoke.launch.script": "user/train.py",
+                             "workloads.smoke.launch.args": ["--anything", "1"]}) == []

@@ -13,7 +13,7 @@ from model.types import HelmWorkloadConfig, StackConfig
 from model.validators import at
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs, client_label
 from workloads.kinds.kind import Built, Kind, Platform
-from workloads.kinds.shared import launch_script_problems
+from workloads.kinds.shared import deepspeed_config_flag, launch_script_problems, script_flag_problems
 from workloads.placement import placement
 
 # Helm refuses longer release names (they end up in object names with suffixes such as "-worker-0").
@@ -32,6 +32,12 @@ def check_helm_accelerator(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
 def check_launch_script(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
     """The client runs `launch.script` from workloads/scripts, shipped in the source ConfigMap."""
     return launch_script_problems(w)
+
+
+def check_launch_args(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
+    """The client's command line is the script with --deepspeed_config and `launch.args` (workloads/
+    deepspeed_release.py): flags the script's parser has, else every rank stops at start-up."""
+    return script_flag_problems(w, deepspeed_config_flag(w))
 
 
 def check_client_label(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
@@ -57,7 +63,7 @@ def build(name: str, w: HelmWorkloadConfig, platform: Platform, opts: pulumi.Res
 KIND: Kind[HelmWorkloadConfig] = Kind(
     name="helm",
     config=HelmWorkloadConfig,
-    rules=(check_helm_accelerator, check_launch_script, check_client_label),
+    rules=(check_helm_accelerator, check_launch_script, check_launch_args, check_client_label),
     build=build,
     max_name=HELM_RELEASE_MAX,
 )

@@ -18,6 +18,7 @@ from model.types import build as build_config
 from model.validators import DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX, at
 from workloads import mpijob
 from workloads.kinds.kind import Built, Kind, Platform
+from workloads.kinds.shared import deepspeed_config_flag, script_flag_problems
 from workloads.kueue import queue_name
 from workloads.mpijob import script_source
 from workloads.placement import placement
@@ -43,6 +44,12 @@ def check_launch_script(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     job's ConfigMap, or a file of the bucket or the image (a Gaudi job runs optimum-habana's `training.script` from
     its image)."""
     return script_source.problems(m, w) if w.on_nvidia else []
+
+
+def check_launch_args(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """An NVIDIA MPIJob's `launch.args` are flags its script's parser has, and the parser takes what the stack
+    passes (--deepspeed_config, DeepSpeed's --local_rank): else every rank stops at start-up."""
+    return script_flag_problems(w, deepspeed_config_flag(w)) if w.on_nvidia else []
 
 
 def check_mpijob_name(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
@@ -136,8 +143,8 @@ def build(name: str, w: MpiJobWorkloadConfig, platform: Platform, opts: pulumi.R
 KIND: Kind[MpiJobWorkloadConfig] = Kind(
     name="mpijob",
     config=MpiJobWorkloadConfig,
-    rules=(check_gaudi_placement, check_launch_script, check_mpijob_name, check_mpijob_storage, check_training_args,
-           check_training_on_nvidia),
+    rules=(check_gaudi_placement, check_launch_script, check_launch_args, check_mpijob_name, check_mpijob_storage,
+           check_training_args, check_training_on_nvidia),
     build=build,
     warnings=(warn_install_at_start,),
 )

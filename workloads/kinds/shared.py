@@ -6,8 +6,15 @@ from pathlib import Path
 
 from model.types import DeepSpeedWorkloadConfig
 from model.validators import at, is_file
+from workloads import script_flags
+from workloads.mpijob import script_source
 
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
+# DeepSpeed's launcher (deepspeed/launcher/launch.py) appends --local_rank=N to every rank's command line unless it
+# is given --no_local_rank, which the stack never passes: every script it runs must accept the flag.
+LOCAL_RANK = "--local_rank"
+LAUNCHER_FLAGS = {LOCAL_RANK: "DeepSpeed's launcher (--local_rank=N)"}
+SHOWN_FLAGS = 12  # the closest flags an unknown one's message lists
 
 
 def launch_script_problems(w: DeepSpeedWorkloadConfig) -> list[str]:
@@ -18,3 +25,46 @@ def launch_script_problems(w: DeepSpeedWorkloadConfig) -> list[str]:
     known = sorted(p.name for p in SCRIPTS_DIR.glob("*.py"))
     return [f"{at('workloads', w.name, 'launch', 'script')}: no file {script!r} in workloads/scripts "
             f"(there: {', '.join(known) or 'nothing'}); add it there or set launch.command"]
+
+
+def deepspeed_config_flag(w: DeepSpeedWorkloadConfig) -> dict[str, str]:
+    """What the `launch` keys' command line passes besides `launch.args` (workloads/mpijob/nvidia.py launch_of,
+    workloads/deepspeed_release.py): the generated ds_config.json, and DeepSpeed's --local_rank."""
+    source = at("workloads", w.name, "deepspeed")
+    return {"--deepspeed_config": f"the stack (the generated ds_config.json, from {source})", **LAUNCHER_FLAGS}
+
+
+def script_flag_problems(w: DeepSpeedWorkloadConfig, passed: dict[str, str],
+                         reported: frozenset[str] = frozenset()) -> list[str]:
+    """The arguments `launch.script`'s own argparse parser (workloads/script_flags.py, read without running it)
+    refuses at start-up, on every rank: a flag the stack or DeepSpeed passes (`passed`: flag -> who) that it does not
+    define, and in `launch.args` a flag it does not have, an abbreviation several flags share, or one that repeats a
+    passed flag (`reported`: flags a kind's own rule already names). Nothing when the parser cannot be read, or
+    `launch.command` replaces the command line."""
+    path = script_source.local_file(w.launch.script)
+    flags = script_flags.read(path) if path is not None and not w.launch.command else None
+    if flags is None:
+        return []
+    script, problems = w.launch.script, []
+    for flag, who in passed.items():
+        if not isinstance(flags.action_of(flag), tuple):
+            problems.append(f"{at('workloads', w.name, 'launch', 'script')}: {script}'s parser has no {flag}, which "
+                            f"{who} passes to every rank: every rank would stop with \"unrecognized arguments: "
+                            f"{flag}\"; add it to the parser")
+    for j, token in script_flags.option_tokens(w.launch.args):
+        name, key = token.split("=", 1)[0], at("workloads", w.name, "launch", "args", j)
+        if name in reported:
+            continue
+        action = flags.action_of(token)
+        if isinstance(action, str):
+            problems.append(f"{key}: {name} is ambiguous for {script}'s parser, which would stop every rank with "
+                            f"\"ambiguous option: {name} could match {action}\"; write the whole flag")
+        elif action is None:
+            closest = flags.closest(token, frozenset(passed))[:SHOWN_FLAGS]
+            problems.append(f"{key}: {script} has no flag {name} (every rank would stop with \"unrecognized "
+                            f"arguments\"); its flags, closest first: {', '.join(closest) or 'none'}")
+        elif given := next((f for f in passed if f in action), None):
+            what = name if name == given else f"{name} ({script}'s {given})"
+            problems.append(f"{key}: {what} is passed to every rank already, by {passed[given]}; "
+                            + ("remove it" if given in LAUNCHER_FLAGS else "change it there instead"))
+    return problems

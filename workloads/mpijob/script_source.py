@@ -55,6 +55,16 @@ def source(w: MpiJobBaseConfig) -> ScriptSource:
     return ScriptSource(f"{CONFIG_DIR}/{script}", {} if w.launch.command else {script: text})
 
 
+def local_file(script: str) -> Path | None:
+    """The project's file a `launch.script` of the shipped forms (`NAME.py`, `user/NAME.py`) is read from; None for
+    a file of the bucket or the image, which nothing here can read."""
+    if script.startswith(("/", GS_PREFIX)) or script.count("/") > 1:
+        return None
+    if "/" in script and not script.startswith(f"{USER_FOLDER}/"):
+        return None
+    return SCRIPTS_DIR / script
+
+
 def _known(folder: Path) -> str:
     return ", ".join(sorted(p.name for p in folder.glob("*.py"))) or "nothing"
 
