@@ -87,6 +87,7 @@ class Fabric(msgspec.Struct, frozen=True):
     nccl_profile: str
     min_gke_versions: tuple[str, ...]
     nccl_test: NcclTestSpec
+    nccl_network: str = ""  # the network the plugin registers: NCCL's "Using network" line names it
     rank_devices: str = ""  # RDMA: the device directory every rank must open read-write (/dev/infiniband)
     nccl_minimum: str | None = None  # the oldest NCCL core the fabric's plugin works with ([U] where so marked)
     nccl_qualified: str | None = None  # the NCCL Google qualifies the plugin with
@@ -112,6 +113,7 @@ class FabricCatalog(msgspec.Struct, frozen=True):
     fabrics: dict[str, Fabric]
     monitoring_component: str
     gpu_taint: dict[str, str]
+    nccl_log_env: dict[str, str]  # NCCL_DEBUG / NCCL_DEBUG_SUBSYS that show which network NCCL used
 
     def for_machine(self, machine_type: str) -> Fabric | None:
         return next((f for f in self.fabrics.values() if machine_type in f.machine_types), None)
@@ -147,6 +149,7 @@ def _fabric(name: str, raw: dict) -> Fabric:
         nccl_profile=str(raw.get("ncclProfile") or ""),
         min_gke_versions=tuple(raw["minGkeVersions"]),
         nccl_test=NcclTestSpec(test["image"], test["binaries"], test["referenceBusBandwidth"]),
+        nccl_network=str(raw["ncclNetwork"]),
         rank_devices=str((raw.get("rankNeeds") or {}).get("devices") or ""),
         nccl_minimum=_version_text(raw["nccl"].get("minimum")),
         nccl_qualified=_version_text(raw["nccl"].get("qualified")),
@@ -173,6 +176,7 @@ def parse(raw: dict) -> FabricCatalog:
         fabrics={name: _fabric(name, f) for name, f in raw["fabrics"].items()},
         monitoring_component=raw["cluster"]["monitoringComponent"],
         gpu_taint=dict(raw["cluster"]["gpuTaint"]),
+        nccl_log_env={k: str(v) for k, v in raw["ncclLog"]["env"].items()},
     )
 
 
