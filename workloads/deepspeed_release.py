@@ -97,7 +97,7 @@ def source_files(w: HelmWorkloadConfig, per_worker: int, with_token: bool = Fals
         files[DEEPSPEED_ENV_FILE] = f"HF_TOKEN_PATH={HF_TOKEN_FILE}\n"
     contract = fabric.pod_contract(where)
     if contract is not None:
-        files[fabric.ENV_SCRIPT] = contract.env_script
+        files.update(contract.files())
     script = SCRIPTS_DIR / w.launch.script
     if script.is_file():  # a config check requires it unless launch.command is set
         files[w.launch.script] = script.read_text(encoding="utf-8")

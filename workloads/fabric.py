@@ -12,6 +12,9 @@ accelerators `*/nccl-test-latest.yaml`, `gpudirect-rdma/nccl-test.yaml`) and the
 - the host's NCCL plugin and driver libraries (and gIB for RDMA) as hostPath volumes, LD_LIBRARY_PATH;
 - the NCCL environment, and the fabric's profile script (TCPXO `nccl-env-profile.sh`, gIB `set_nccl_env.sh`)
   sourced by every rank through `nccl_env.sh` (ranks start over ssh and see no pod environment);
+- NCCL's INIT lines at INFO (after the profile, which may set WARN) and the network the fabric's plugin registers
+  (FABRIC_NCCL_NETWORK), with `nccl_network.py` beside the job's script: the NCCL test and the smoke test read
+  NCCL's "Using network" line and fail when NCCL fell back to TCP (issue 32.5);
 - a memory-backed /dev/shm sized for 8 GPUs.
 
 Security waivers (each from the pinned manifests): the daemon runs as root with NET_ADMIN (TCPXO also
@@ -25,11 +28,13 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from model.fabric import Fabric, pool_fabric
+from model.fabric import load as load_fabrics
 from model.types import NodePoolConfig
 from workloads.placement import Placement
 
@@ -38,6 +43,12 @@ DEFAULT_INTERFACE_ANNOTATION = "networking.gke.io/default-interface"
 DEVICES_ANNOTATION = "devices.gke.io/container.{name}"
 LIBRARY_PATH = "/usr/local/nvidia/lib64"
 ENV_SCRIPT = "nccl_env.sh"
+# What reads NCCL's init lines in a rank (workloads/scripts/nccl_network.py), shipped beside the job's script, and the
+# variables it reads (the same names as there: tests/test_fabric_in_use.py).
+CHECK_SCRIPT = "nccl_network.py"
+CHECK_SOURCE = Path(__file__).resolve().parent / "scripts" / CHECK_SCRIPT
+NETWORK_ENV = "FABRIC_NCCL_NETWORK"
+FABRIC_ENV = "FABRIC_NAME"
 
 
 class PodContract(msgspec.Struct, frozen=True):
@@ -53,6 +64,11 @@ class PodContract(msgspec.Struct, frozen=True):
     def env_dict(self) -> dict[str, str]:
         return {e["name"]: e["value"] for e in self.env}
 
+    def files(self) -> dict[str, str]:
+        """What a job's ConfigMap ships beside its script on a fabric pool: the env script every rank runs through,
+        and the module that reads NCCL's init lines."""
+        return {ENV_SCRIPT: self.env_script, CHECK_SCRIPT: CHECK_SOURCE.read_text(encoding="utf-8")}
+
 
 def interfaces(f: Fabric) -> list[dict[str, str]]:
     return [{"interfaceName": "eth0", "network": "default"},
@@ -66,8 +82,14 @@ def annotations(f: Fabric) -> dict[str, str]:
     return out
 
 
+def log_environment() -> dict[str, str]:
+    """NCCL_DEBUG=INFO with INIT: the lines that name the network NCCL chose (data/gpu_fabric.yaml ncclLog)."""
+    return dict(load_fabrics().nccl_log_env)
+
+
 def environment(f: Fabric) -> dict[str, str]:
-    return {"LD_LIBRARY_PATH": LIBRARY_PATH, **f.nccl_env}
+    return {"LD_LIBRARY_PATH": LIBRARY_PATH, **f.nccl_env, **log_environment(),
+            NETWORK_ENV: f.nccl_network, FABRIC_ENV: f.display_name}
 
 
 def env_script(f: Fabric) -> str:
@@ -86,6 +108,8 @@ def env_script(f: Fabric) -> str:
                   "  exit 1",
                   "fi",
                   f". {profile}"]
+        # After the profile: TCPXO's sets NCCL_DEBUG=WARN, which hides the lines that show the plugin in use.
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in log_environment().items()]
     lines.append('exec "$@"')
     return "\n".join(lines) + "\n"
 

@@ -76,7 +76,7 @@ def config_map_data(inputs: NcclTestInputs) -> dict[str, str]:
     data = {BENCH_SCRIPT: SCRIPT.read_text(encoding="utf-8"),
             RUN_SCRIPT: run_script(inputs.test, inputs.pools[0].gpu.count, nccl_args(inputs))}
     if contract is not None:
-        data[fabric.ENV_SCRIPT] = contract.env_script
+        data.update(contract.files())
     return data
 
 

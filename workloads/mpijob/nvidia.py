@@ -128,7 +128,7 @@ def config_map_data(w: MpiJobBaseConfig, where: Placement, has_token: bool,
             SSH_CLIENT_KEY: ssh_client_config(forwarded_env(w, where, has_token, launch))}
     contract = fabric.pod_contract(where)
     if contract is not None:
-        data[fabric.ENV_SCRIPT] = contract.env_script
+        data.update(contract.files())
     return {**data, **launch.files}
 
 

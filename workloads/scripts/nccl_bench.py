@@ -10,6 +10,11 @@ Before any benchmark every rank checks the NCCL torch loaded (`torch.cuda.nccl.v
 (--expect-nccl; another one means a different libnccl.so.2 was preloaded) and at least the fabric plugin's minimum
 (--min-nccl), else it exits 3 and the Job fails; rank 0 prints the version and whether Google qualified it
 (--qualified-nccl). The stack passes all three from data/versions.yaml and data/gpu_fabric.yaml.
+
+Then, on a fabric pool, every rank reads NCCL's own init lines (nccl_network.py, shipped beside this script): a
+communicator on NCCL's Socket or IB transport instead of the fabric plugin's network means the plugin did not load,
+and the bandwidth measured would be TCP's over eth0. Every rank then exits 4 (rank 0 says how many failed), so
+the Job fails loudly instead of reporting a low figure.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 BENCHMARKS = ("all_gather", "all_reduce", "reduce_scatter")
 ELEMENT_BYTES = 4  # float32, as nccl-tests' default
+EXIT_WRONG_NCCL = 3
+EXIT_NOT_ON_FABRIC = 4
 
 
 def parse_size(text: str) -> int:
@@ -129,8 +136,20 @@ def _time(torch, dist, benchmark: str, size: int, world: int, iters: int, warmup
     return start.elapsed_time(end) / 1000 / iters
 
 
+def fabric_network():
+    """nccl_network.py, shipped beside this script on a fabric pool (workloads/fabric.py); None elsewhere."""
+    try:
+        import nccl_network
+    except ImportError:
+        return None
+    return nccl_network
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    net = fabric_network()
+    want = net.expected(os.environ) if net else ()
+    log = net.divert(os.environ) if net else None  # before NCCL's first call: its init lines into a file we read
     import torch
     import torch.distributed as dist
 
@@ -138,11 +157,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                                args.qualified_nccl)
     if not ok:  # every rank, before the rendezvous: the Job fails with the reason in each pod's log
         print(f"# nccl_bench: wrong NCCL: {nccl_line}", file=sys.stderr, flush=True)
-        return 3
+        return EXIT_WRONG_NCCL
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl")
+    try:
+        return _run(args, torch, dist, net, want, log, nccl_line)
+    finally:
+        if net and log:  # NCCL's warnings went to the file: into the pod's log with them
+            for line in net.warnings(net.read(log)):
+                print(line, file=sys.stderr, flush=True)
+
+
+def _run(args: argparse.Namespace, torch, dist, net, want: Sequence[str], log: str | None,
+         nccl_line: str) -> int:
     world, rank = dist.get_world_size(), dist.get_rank()
     nodes = int(os.environ.get("NODES", "1"))
+    if net and log and want:
+        fabric = os.environ.get(net.FABRIC_ENV) or "the fabric"
+        failed, ok, line = net.check(torch, dist, log, want, fabric)
+        if not ok:
+            print(f"# nccl_bench: rank {rank}: {line}", file=sys.stderr, flush=True)
+        if failed:
+            if rank == 0:
+                print(f"# nccl_bench: {failed} of {world} rank(s) did not use {fabric}'s network: the bandwidth "
+                      "would be measured on TCP over eth0. Failing the test.", file=sys.stderr, flush=True)
+            dist.destroy_process_group()
+            return EXIT_NOT_ON_FABRIC
+        if rank == 0:
+            print(f"# nccl_bench: {line}", flush=True)
     if rank == 0:
         print(f"# nccl_bench: {world} ranks on {nodes} node(s), {nccl_line}", flush=True)
     for benchmark in args.benchmarks:

@@ -13,8 +13,11 @@ reports its throughput (samples/s) and peak GPU memory. Rank 0 prints a summary
 of all ranks and a ``SMOKE_TEST_RESULT {json}`` line. Exit status: 0 on
 success, 2 on bad arguments or launcher variables, 3 when a rank does not see
 enough GPUs (agreed over gloo before NCCL starts, so every rank stops with this
-status and rank 0 names the failing ranks), 4 when the loss is not finite, 143
-when stopped by SIGTERM after saving a checkpoint.
+status and rank 0 names the failing ranks), 4 when the loss is not finite, 5 when
+NCCL did not use the GPU fabric's network plugin (on a fabric pool: NCCL's own
+init lines, read by nccl_network.py, which the stack ships beside this script
+there; agreed over the training group, so every rank stops), 143 when stopped by
+SIGTERM after saving a checkpoint.
 
 Preemption recovery (the contract for a user's training script as well): with a
 checkpoint directory (``--checkpoint-dir``, else ``AIP_CHECKPOINT_DIR`` on
@@ -50,6 +53,7 @@ DEFAULT_WARMUP_STEPS = 3
 DEFAULT_MICRO_BATCH = 8
 EXIT_GPU_CHECK_FAILED = 3
 EXIT_LOSS_NOT_FINITE = 4
+EXIT_NOT_ON_FABRIC = 5
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports it: stopped on notice, after saving a checkpoint
 
@@ -339,8 +343,20 @@ class StopRequest:
         self.signal = signum
 
 
+def fabric_network() -> Any:
+    """nccl_network.py, shipped beside this script on a GPU fabric pool (workloads/fabric.py); None elsewhere."""
+    try:
+        import nccl_network
+    except ImportError:
+        return None
+    return nccl_network
+
+
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by the e2e (make e2e) and on GPUs
     args = parse_args(argv)
+    net = fabric_network()
+    want = net.expected(os.environ) if net else ()
+    nccl_log = net.divert(os.environ) if net else None  # before NCCL starts: its init lines into a file we read
     config = load_config(args.deepspeed_config)
     if os.environ.get("OMPI_COMM_WORLD_RANK") and not os.environ.get("MASTER_ADDR"):
         # DeepSpeed's openmpi launcher exports no MASTER_ADDR: rank 0 shares its address over MPI (mpi4py).
@@ -414,10 +430,23 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
         # ("terminate called without an active exception", pytorch/pytorch#190489): seen once in `make e2e`'s
         # chart scenario on 2026-11-25, exit -6 on a rank whose training had succeeded.
         dist.destroy_process_group()
+        if net and nccl_log:  # NCCL's warnings went to the file with its init lines: into the pod's log too
+            for line in net.warnings(net.read(nccl_log)):
+                say(line, err=True)
         return code
 
     if not cpu:
         accelerator.set_device(local_rank)
+    if net and nccl_log and want and backend == "nccl":
+        # The first collective proves the fabric: a plugin that did not load leaves NCCL on TCP over eth0.
+        fabric = os.environ.get(net.FABRIC_ENV) or "the fabric"
+        failed, on_fabric, line = net.check(torch, dist, nccl_log, want, fabric)
+        if not on_fabric or rank == 0:
+            say(f"[smoke] rank {rank}: {line}", err=not on_fabric)
+        if failed:
+            if rank == 0:
+                say(f"[smoke] FAILED: {failed} of {world_size} rank(s) did not use {fabric}'s network", err=True)
+            return finish(EXIT_NOT_ON_FABRIC)
 
     directory = checkpoint_dir(args.checkpoint_dir, os.environ)
     state = read_resume_state(directory)
