@@ -53,6 +53,7 @@ class Daemon(msgspec.Struct, frozen=True):
     devices: tuple[str, ...]
     health_check_file: str = ""  # HEALTH_CHECK_LOG_FILE: the daemon writes it once initialized (TCPXO)
     startup_probe: dict | None = None  # the probe Google recommends on that file
+    manifest: str = ""  # the pinned pod manifest (container-engine-accelerators path) its settings come from
 
 
 class Installer(msgspec.Struct, frozen=True):
@@ -140,7 +141,7 @@ def _fabric(name: str, raw: dict) -> Fabric:
         nri=bool(raw["nri"]),
         daemon=Daemon(daemon["name"], daemon["image"], tuple(daemon["command"]), tuple(daemon["capabilities"]),
                       tuple(daemon["devices"]), str(daemon.get("healthCheckFile") or ""),
-                      daemon.get("startupProbe")) if daemon else None,
+                      daemon.get("startupProbe"), str(daemon.get("manifest") or "")) if daemon else None,
         host_volumes=tuple(HostVolume(v["name"], v["hostPath"], v["mountPath"], bool(v["daemon"]), bool(v["app"]),
                                       v.get("daemonMountPath"), v.get("referenceMountPath"))
                            for v in raw["hostVolumes"]),

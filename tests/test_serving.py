@@ -140,7 +140,7 @@ def test_deployment_placement_and_resources(serve: RunResult) -> None:
     assert container(serve)["resources"] == {"requests": expected, "limits": expected}
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
     # A server whose model already exists is awaited by `pulumi up` (no skipAwait).
-    assert "annotations" not in serve.one(DEPLOYMENT).inputs["metadata"]
+    assert "pulumi.com/skipAwait" not in serve.one(DEPLOYMENT).inputs["metadata"]["annotations"]
     assert "annotations" not in serve.one(SERVICE).inputs["metadata"]
 
 

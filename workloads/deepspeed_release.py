@@ -20,7 +20,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import HelmWorkloadConfig
-from workloads import fabric, gcs_fuse, recovery
+from workloads import fabric, gcs_fuse, pod_security, recovery
 from workloads.ds_config import build_ds_config, nvme_volume, runs_hf_trainer
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 from workloads.placement import labels as workload_labels
@@ -146,6 +146,7 @@ def _pod_values(w: HelmWorkloadConfig, where: Placement, token_secret: str | Non
         # A new script or ds_config.json rolls the client and workers (the chart hashes only its own ConfigMap).
         "podAnnotations": {CONFIG_DIGEST_ANNOTATION: config_digest(files)},
         **_placement_values(w, where, worker),
+        **security_values(),
     }
     if token_secret:
         volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": token_secret, "defaultMode": 0o440,
@@ -164,15 +165,26 @@ def _pod_values(w: HelmWorkloadConfig, where: Placement, token_secret: str | Non
     return pod
 
 
+def security_values() -> dict[str, Any]:
+    """The chart's hardening of the client and the workers, set here rather than left to its defaults (the same
+    values in chart 2.3.x, bitnami/deepspeed values.yaml): a chart whose defaults loosen cannot loosen the release.
+    The chart gives the read-only root filesystem its writable emptyDirs itself."""
+    return {"automountServiceAccountToken": False,
+            "containerSecurityContext": {"enabled": True,
+                                         **pod_security.container_security_context(pod_security.NVIDIA_USER)}}
+
+
 def _apply_fabric(pod: dict[str, Any], contract: fabric.PodContract | None, worker: bool) -> None:
     """The GPU fabric's pod contract: the client only needs the NCCL environment (DeepSpeed passes NCCL_* on
-    to every rank); workers, where the ranks run, get the NICs, the daemon, the libraries and /dev/shm."""
+    to every rank); workers, where the ranks run, get the NICs, the daemon, the libraries and /dev/shm, and the
+    daemon's waivers as checkov's skip annotations (for a scan of the running pods)."""
     if contract is None:
         return
     pod["extraEnvVars"] = [*pod.get("extraEnvVars", []), *contract.env]
     if not worker:
         return
     pod["podAnnotations"].update(contract.annotations)
+    pod["podAnnotations"].update(pod_security.skip_annotations(contract.waivers))
     pod["extraVolumes"] += contract.volumes
     pod["extraVolumeMounts"] += contract.mounts
     if contract.sidecars:

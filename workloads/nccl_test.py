@@ -23,7 +23,7 @@ import pulumi_kubernetes as k8s
 
 from model.fabric import pool_fabric
 from model.types import NcclTestConfig, NodePoolConfig
-from workloads import fabric
+from workloads import fabric, pod_security
 from workloads.placement import GKE_ACCELERATOR_LABEL, NVIDIA_RESOURCE, fitted_cpu_memory
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "nccl_bench.py"
@@ -33,7 +33,7 @@ BENCH_SCRIPT = "nccl_bench.py"
 SHM_VOLUME = "dshm"
 CONFIG_VOLUME = "nccl-test"
 MASTER_PORT = 29500
-IMAGE_USER = 1001  # the stack's image (workloads/images/deepspeed)
+IMAGE_USER = pod_security.NVIDIA_USER  # the stack's image (workloads/images/deepspeed)
 POOL_LABEL = "deepspeed-stack/pool"
 ACTIVE_DEADLINE_SECONDS = 3600  # like Google's JobSet example: a stuck rendezvous does not hold 16 GPUs for ever
 
@@ -95,17 +95,20 @@ def pod_spec(inputs: NcclTestInputs, service: str, job: str) -> dict[str, Any]:
     env = [{"name": "NODES", "value": str(test.nodes)},
            {"name": "MASTER_ADDR", "value": f"{job}-0.{service}"},
            *(contract.env if contract else [])]
+    # A read-only root filesystem: torchrun's and torch's temporary files go to /tmp.
+    tmp, tmp_mount = pod_security.tmp_volume()
     mounts = [{"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
-              {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *(contract.mounts if contract else [])]
+              {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, tmp_mount, *(contract.mounts if contract else [])]
     volumes = [{"name": CONFIG_VOLUME, "configMap": {"name": job}},
                {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
                                                  "sizeLimit": (contract.shm_size if contract else "") or "8Gi"}},
-               *(contract.volumes if contract else [])]
+               tmp, *(contract.volumes if contract else [])]
     spec: dict[str, Any] = {
         "subdomain": service,  # <job>-<index>.<service>: the rendezvous address
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
-        "securityContext": {"runAsUser": IMAGE_USER, "runAsGroup": IMAGE_USER, "runAsNonRoot": True},
+        "securityContext": {"runAsUser": IMAGE_USER, "runAsGroup": IMAGE_USER, "runAsNonRoot": True,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [p.name for p in inputs.pools]},
                                   {"key": GKE_ACCELERATOR_LABEL, "operator": "In",
@@ -121,8 +124,7 @@ def pod_spec(inputs: NcclTestInputs, service: str, job: str) -> dict[str, Any]:
             "command": command,
             "env": env,
             "resources": {"requests": dict(limits), "limits": dict(limits)},
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "securityContext": pod_security.container_security_context(IMAGE_USER),
             "volumeMounts": mounts,
         }],
         "volumes": volumes,
@@ -132,6 +134,12 @@ def pod_spec(inputs: NcclTestInputs, service: str, job: str) -> dict[str, Any]:
     return spec
 
 
+def waiver_annotations(contract: fabric.PodContract | None) -> dict[str, str]:
+    """checkov's skip annotations: the image's user, and the fabric daemon's waivers."""
+    return pod_security.skip_annotations(pod_security.merge_waivers(
+        pod_security.NVIDIA_IMAGE_UID_WAIVER, contract.waivers if contract else {}))
+
+
 def job_manifest(inputs: NcclTestInputs, namespace: str, service: str) -> dict[str, Any]:
     test = inputs.test
     contract = fabric.pod_contract_for_pool(inputs.pools[0])
@@ -139,8 +147,9 @@ def job_manifest(inputs: NcclTestInputs, namespace: str, service: str) -> dict[s
         "apiVersion": "batch/v1",
         "kind": "Job",
         # `pulumi up` does not wait for the test to finish (nodes may first have to scale up): read its log.
+        # The waivers on the Job (what a scan of the manifests reads) and on its pods (what a cluster's scan reads).
         "metadata": {"name": test.name, "namespace": namespace, "labels": labels(test),
-                     "annotations": {"pulumi.com/skipAwait": "true"}},
+                     "annotations": {"pulumi.com/skipAwait": "true", **waiver_annotations(contract)}},
         "spec": {
             "completionMode": "Indexed",
             "completions": test.nodes,
@@ -148,7 +157,8 @@ def job_manifest(inputs: NcclTestInputs, namespace: str, service: str) -> dict[s
             "backoffLimit": 0,  # a failed rank fails the test: its log says why
             "activeDeadlineSeconds": ACTIVE_DEADLINE_SECONDS,
             "template": {
-                "metadata": {"labels": labels(test), "annotations": dict(contract.annotations) if contract else {}},
+                "metadata": {"labels": labels(test), "annotations": {
+                    **(contract.annotations if contract else {}), **waiver_annotations(contract)}},
                 "spec": pod_spec(inputs, service, test.name),
             },
         },

@@ -34,7 +34,7 @@ import pulumi_kubernetes as k8s
 from model import serving_engines
 from model.serving_engines import MII, VLLM, mii_facts, vllm_facts
 from model.types import AllowedSource, ServeWorkloadConfig, StackConfig
-from workloads import gcs_fuse
+from workloads import gcs_fuse, pod_security
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
@@ -44,7 +44,7 @@ COMPLETION_MARKER = ".complete"  # written last into MODEL_DIR by training (the 
 MARKER_POLL_SECONDS = 30
 # The image's user (workloads/images/deepspeed/Dockerfile) and its home, where HF_HOME, Triton's and torch's
 # extension caches live: a scratch volume, because the root filesystem is read-only.
-USER_ID = 1001
+USER_ID = pod_security.NVIDIA_USER
 HOME = "/home/deepspeed"
 HF_TOKEN_DIR = "/etc/huggingface"
 TOKEN_KEY = "token"
@@ -469,8 +469,11 @@ class ModelServer(pulumi.ComponentResource):
         surge = rollout(w, where)
         return k8s.apps.v1.Deployment(
             f"{name}-deployment",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w),
-                                                annotations=await_annotations(args.source)),
+            # The waiver of the image's user on the Deployment, where a scan of the manifests reads it (not on the
+            # pod template: a changed reason would roll the servers).
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w), annotations={
+                **(await_annotations(args.source) or {}),
+                **pod_security.skip_annotations(pod_security.NVIDIA_IMAGE_UID_WAIVER)}),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 # With an autoscaler the HPA owns the count; Pulumi setting it too would undo every scaling.
                 replicas=None if w.serving.autoscaling.enabled else w.serving.replicas,

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from model.types import MpiJobBaseConfig
-from workloads import fabric
+from workloads import fabric, pod_security
 from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob import script_source
 from workloads.mpijob.shape import (
@@ -51,12 +51,11 @@ from workloads.mpijob.shape import (
 )
 from workloads.mpijob.shape import render_spec as shape_spec
 from workloads.placement import Placement
-from workloads.pod_security import FS_GROUP_CHANGE_POLICY
 
 # The stack's image (workloads/images/deepspeed) runs as 1001 with sshd on 2222 (a port it may bind);
 # the operator mounts the job's SSH key pair where that user's ssh looks for it.
-NVIDIA_USER = 1001
-NVIDIA_HOME = "/home/deepspeed"
+NVIDIA_USER = pod_security.NVIDIA_USER
+NVIDIA_HOME = pod_security.NVIDIA_HOME
 NVIDIA_SSH_PORT = SSH_PORT
 
 
@@ -176,10 +175,17 @@ def nvidia_worker_script(send_env: list[str]) -> str:
 
 
 def secure(spec: dict[str, Any]) -> dict[str, Any]:
-    # fsGroup makes the operator's SSH key Secret readable by the image's user.
-    spec["securityContext"] = {"runAsUser": NVIDIA_USER, "runAsGroup": NVIDIA_USER, "fsGroup": NVIDIA_USER,
-                               "fsGroupChangePolicy": FS_GROUP_CHANGE_POLICY, "runAsNonRoot": True}
-    return spec
+    """Hardened as the Gaudi pods (workloads/pod_security.py), as the image's user, with a writable /tmp (the
+    workers' host key, sshd's pid file) and home (the launcher's ~/.deepspeed_env, the ranks' JIT and Triton caches).
+    fsGroup makes the operator's SSH key Secret readable by the image's user."""
+    return pod_security.harden(spec, NVIDIA_USER, NVIDIA_HOME)
+
+
+def waivers(role: str, where: Placement | None) -> dict[str, str]:
+    """checkov's skip annotations of a pod: the image's, and on the workers the fabric daemon's."""
+    contract = fabric.pod_contract(where) if role == "worker" else None
+    return pod_security.skip_annotations(pod_security.merge_waivers(
+        pod_security.NVIDIA_WAIVERS[role], contract.waivers if contract else {}))
 
 
 def render_spec(inputs: MpiJobInputs, launch: NvidiaLaunch | None = None) -> dict[str, Any]:
@@ -189,10 +195,12 @@ def render_spec(inputs: MpiJobInputs, launch: NvidiaLaunch | None = None) -> dic
     files = config_map_data(w, where, inputs.has_token, launch)
     env = plain_env(w, where, launch)
     launcher = launcher_template(inputs, script=launcher_script(where, launch), env=env, files=files, secure=secure,
-                                 ssh_client=True, volumes=launch.volumes, mounts=launch.mounts)
+                                 ssh_client=True, resources=pod_security.NVIDIA_LAUNCHER_RESOURCES,
+                                 annotations=waivers("launcher", where), volumes=launch.volumes, mounts=launch.mounts)
     worker = worker_template(
         inputs, script=nvidia_worker_script(forwarded_env(w, where, inputs.has_token, launch)), env=env,
-        files=files, secure=secure, probes={"readinessProbe": SSH_READINESS},
+        files=files, secure=secure, annotations=waivers("worker", where),
+        probes={"readinessProbe": SSH_READINESS, "livenessProbe": pod_security.SSH_LIVENESS},
         volumes=[*launch.volumes, *launch.worker_volumes], mounts=[*launch.mounts, *launch.worker_mounts])
     spec = shape_spec(inputs, launcher, worker, f"{NVIDIA_HOME}/.ssh")
     spec["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = launch.worker_restart_policy
