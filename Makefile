@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
 
-.PHONY: preview test e2e lint docs gpus bench checkov clean
+.PHONY: preview test e2e lint docs gpus bench checkov checkov-workloads checkov-all clean
 
 # uv (from PyPI, pinned) installs requirements.txt in a few seconds where pip took two minutes (README: Speed).
 UV_VERSION := 0.13.9
@@ -53,16 +53,31 @@ gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Llama-2-7B|7
 # checkov lives in a venv of its own (it pins many packages of its own); not part of requirements.txt.
 CHECKOV_VENV ?= /tmp/checkov-venv
 CHECKOV_VERSION := 3.3.30
-checkov: preview  ## checkov's Kubernetes checks on STACK's manifests, and its GCP checks on STACK's resources (waivers skipped)
-	test -x $(CHECKOV_VENV)/bin/checkov || { $(PYTHON) -m venv $(CHECKOV_VENV) && \
-		$(CHECKOV_VENV)/bin/pip install --quiet checkov==$(CHECKOV_VERSION); }
-	BC_SKIP_MAPPING=TRUE $(CHECKOV_VENV)/bin/checkov -d build/$(STACK) --framework kubernetes --compact --quiet
+CHECKOV := $(CHECKOV_VENV)/bin/checkov
+$(CHECKOV):
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet checkov==$(CHECKOV_VERSION)
+
+checkov-workloads: preview $(CHECKOV)  ## checkov's Kubernetes checks on STACK's manifests and the MPIJobs' pods (waivers skipped)
+	BC_SKIP_MAPPING=TRUE $(CHECKOV) -d build/$(STACK) --framework kubernetes --compact --quiet
+
+checkov: checkov-workloads  ## checkov-workloads, and checkov's GCP checks on STACK's resources (waivers skipped)
 	$(BIN)/python -m preview.tfplan --stack $(STACK)
 	BC_SKIP_MAPPING=TRUE $(CHECKOV_VENV)/bin/checkov -f build/$(STACK)/tfplan.json --framework terraform_plan \
 		--compact --quiet --skip-check $(GCP_WAIVED)
 
 # checkov's GCP checks waived, each for the reason in README (Policy pack, checkov's GCP checks).
 GCP_WAIVED := CKV_GCP_12,CKV_GCP_65,CKV_GCP_66,CKV_GCP_84
+
+# Every stack's workloads (each Pulumi.*.yaml; all of them are checked, then it fails if one did), and the GCP
+# checks on prod, the stack they are held to (README, Policy pack).
+checkov-all: $(STAMP) $(CHECKOV)  ## checkov-workloads on every Pulumi.*.yaml, and checkov on prod (CI runs it)
+	@failed=""; for file in Pulumi.*.yaml; do stack=$${file#Pulumi.}; stack=$${stack%.yaml}; \
+		echo "== checkov-workloads STACK=$$stack"; \
+		$(MAKE) --no-print-directory checkov-workloads STACK="$$stack" || failed="$$failed $$stack"; \
+	done; \
+	echo "== checkov STACK=prod"; $(MAKE) --no-print-directory checkov STACK=prod || failed="$$failed prod(GCP)"; \
+	if [ -n "$$failed" ]; then echo "checkov failed on:$$failed" >&2; exit 1; fi
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

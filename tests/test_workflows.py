@@ -114,3 +114,17 @@ def test_deploy_dev_then_prod_behind_the_production_environment() -> None:
         assert pulumi["with"]["command"] == "up"
         assert pulumi["with"]["policyPacks"] == "policy"
         assert pulumi["with"]["stack-name"].endswith(f"'{stack}' }}}}")
+
+
+def test_ci_runs_checkov_on_every_stacks_workloads() -> None:
+    """`make checkov-all`: the Kubernetes checks on every Pulumi.*.yaml (not only gaudi and prod), in CI after the
+    tests."""
+    ci = (PROJECT_DIR / ".ci" / "run").read_text(encoding="utf-8")
+    assert [line for line in ci.splitlines() if line.startswith("make ")] == ["make test", "make checkov-all",
+                                                                               "make e2e"]
+    makefile = (PROJECT_DIR / "Makefile").read_text(encoding="utf-8")
+    recipe = makefile.split("\ncheckov-all:", 1)[1].split("\n\n", 1)[0]
+    assert "for file in Pulumi.*.yaml" in recipe
+    assert 'checkov-workloads STACK="$$stack"' in recipe
+    workloads = makefile.split("\ncheckov-workloads:", 1)[1].split("\n\n", 1)[0]
+    assert "--framework kubernetes" in workloads

@@ -1,5 +1,5 @@
 """Each MPIJob's pod templates written as Pods under pods/, for scanners that do not know the MPIJob kind
-(`make checkov STACK=gaudi`: checkov's Kubernetes checks on them and the NetworkPolicies in manifests/)."""
+(`make checkov-workloads STACK=<stack>`: checkov's Kubernetes checks on them and the NetworkPolicies in manifests/)."""
 
 from __future__ import annotations
 
