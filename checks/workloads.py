@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from checks.common import Check, at
 from model import catalog as gpu_catalog
-from model.types import DeepSpeedWorkloadConfig, NodePoolConfig, StackConfig, WorkloadConfig
+from model.config import workload_default
+from model.types import DeepSpeedWorkloadConfig, NodePoolConfig, StackConfig, WorkloadConfig, snake
 from model.validators import (
     DNS1123_LABEL,
     DNS1123_MAX,
@@ -161,6 +162,62 @@ def check_bf16_support(m: StackConfig) -> list[str]:
     return problems
 
 
+def check_launch_args_with_command(m: StackConfig) -> list[str]:
+    """`launch.command` replaces the command line `launch.args` would be appended to (the chart's client command,
+    the MPIJob launcher's DeepSpeed line, a Gaudi job's run): the arguments would be silently dropped."""
+    return [f"{at('workloads', name, 'launch', 'args')}: not used: {at('workloads', name, 'launch', 'command')} "
+            "replaces the command line they are passed on; put them in the command" for name, w in _trainers(m)
+            if w.launch.command and w.launch.args]
+
+
+# --- keys the chosen mode ignores: warnings (each key's default cannot be told from unset, so only others warn) --
+
+
+def _set(w: WorkloadConfig, *key: str) -> bool:
+    """Whether the workload's key holds a value other than its kind's default (one the user set)."""
+    value: object = w
+    for part in key:
+        value = getattr(value, snake(part))
+    return value != workload_default(w.kind, *key)
+
+
+def warn_nvme_path_unused(m: StackConfig) -> list[str]:
+    return [f"{at('workloads', name, 'deepspeed', 'nvmePath')}: not used: neither offloadOptimizer nor offloadParams "
+            "is nvme" for name, w in _trainers(m)
+            if nvme_offload_path(w.deepspeed) is None and _set(w, "deepspeed", "nvmePath")]
+
+
+def warn_bucket_sizes_unused(m: StackConfig) -> list[str]:
+    """ds_config.json has reduce_bucket_size from ZeRO stage 1 on and allgather_bucket_size at stages 1-2 only
+    (workloads/ds_config.py, as DeepSpeed reads them)."""
+    out = []
+    for name, w in _trainers(m):
+        stage = w.deepspeed.zero_stage
+        if stage == 0 and _set(w, "deepspeed", "reduceBucketSize"):
+            out.append(f"{at('workloads', name, 'deepspeed', 'reduceBucketSize')}: not used at zeroStage 0")
+        if stage in (0, 3) and _set(w, "deepspeed", "allgatherBucketSize"):
+            out.append(f"{at('workloads', name, 'deepspeed', 'allgatherBucketSize')}: not used at zeroStage "
+                       f"{stage} (stages 1-2 only; stage 3 gathers by stage3_prefetch_bucket_size)")
+    return out
+
+
+def warn_gcs_mount_path_unused(m: StackConfig) -> list[str]:
+    return [f"{at('workloads', name, 'gcsFuse', 'mountPath')}: not used: {at('workloads', name, 'gcsFuse', 'enabled')}"
+            " is false (the pods mount no bucket)" for name, w in m.workloads.items()
+            if not w.gcs_fuse.enabled and _set(w, "gcsFuse", "mountPath")]
+
+
+def warn_accelerator_type_on_nvidia(m: StackConfig) -> list[str]:
+    return [f"{at('workloads', name, 'accelerator', 'type')}: not used: {w.accelerator.type} is a Gaudi generation, "
+            "and an NVIDIA workload's GPU is its pool's (nodePools[].gpu.type)" for name, w in m.workloads.items()
+            if w.on_nvidia and _set(w, "accelerator", "type")]
+
+
+def warnings(m: StackConfig) -> list[str]:
+    return [*warn_nvme_path_unused(m), *warn_bucket_sizes_unused(m), *warn_gcs_mount_path_unused(m),
+            *warn_accelerator_type_on_nvidia(m)]
+
+
 # --- the cluster target, the MPI operator and the NFS provisioner ----------------------------------------
 
 
@@ -214,6 +271,7 @@ CHECKS: list[Check] = [
     check_zero_offload,
     check_bf16_support,
     check_nvme_offload_has_local_ssd,
+    check_launch_args_with_command,
     check_kubernetes_target,
     check_mpi_operator_install,
     check_nfs_provisioner,

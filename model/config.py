@@ -111,6 +111,16 @@ def kind_branches(node: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {b["then"]["x-kind"]: b["then"] for b in node.get("allOf", []) if "x-kind" in b.get("then", {})}
 
 
+def workload_default(kind: str, *path: str) -> Any:
+    """What the schema fills in for a key of a workload of this kind (`workload_default("finetune", "lora")`: the
+    block with its defaults; None where the key has no default). Rules that say a key is unused compare with it:
+    a value equal to its default cannot be told from one never set, so it is never called unused."""
+    node = kind_branches(schema()["properties"]["workloads"]["additionalProperties"])[kind]
+    for part in path:
+        node = node["properties"][part]
+    return with_defaults(node, {}) if node.get("type") == "object" else copy.deepcopy(node.get("default"))
+
+
 def kind_branch(node: dict[str, Any], value: dict[str, Any]) -> dict[str, Any]:
     """The branch of `value`'s kind, or `node` itself (no dispatch, or an unknown kind: the schema says so)."""
     branches = kind_branches(node)

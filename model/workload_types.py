@@ -152,9 +152,7 @@ class FinetuneConfig(msgspec.Struct, frozen=True):
     contract's arguments, from typed keys)."""
 
     format: str
-    text_field: str
     sequence_length: int
-    epochs: float
     save_steps: int
     gradient_checkpointing: bool
     lora: LoraConfig
@@ -162,8 +160,10 @@ class FinetuneConfig(msgspec.Struct, frozen=True):
     model_path: str | None = None  # or a folder of the stack's bucket
     dataset: str | None = None  # a Hugging Face dataset id
     dataset_path: str | None = None  # or a file or folder of the stack's bucket
+    text_field: str | None = None  # None: finetune.py's default, `text`
     prompt_field: str | None = None
     response_field: str | None = None
+    epochs: float | None = None  # None with max_steps None: finetune.py's default, one pass
     max_steps: int | None = None
 
 

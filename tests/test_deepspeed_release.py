@@ -155,6 +155,7 @@ def test_launch_command_override() -> None:
 
     config = stack_yaml("dev")
     set_path(config, "workloads.smoke.launch.command", "deepspeed --hostfile /job/hostfile my.py")
+    set_path(config, "workloads.smoke.launch.args", [])  # the command replaces the line they would be passed on
     set_path(config, "workloads.smoke.launch.script", "absent.py")  # not needed once command is set
     engine_cfg, secret_keys = engine_config_from_yaml(config)
     m = load(engine_cfg, set(secret_keys))
@@ -320,7 +321,7 @@ def test_launch_script_must_exist_unless_command_is_set() -> None:
     assert len(found) == 1, found
     assert found[0].startswith("workloads.smoke.launch.script: no file 'absent.py' in workloads/scripts")
     assert "smoke_test.py" in found[0]
-    assert problems("dev", {"workloads.smoke.launch.script": "absent.py",
+    assert problems("dev", {"workloads.smoke.launch.script": "absent.py", "workloads.smoke.launch.args": [],
                             "workloads.smoke.launch.command": "deepspeed --hostfile /job/hostfile x.py"}) == []
 
 

@@ -112,10 +112,13 @@ def test_the_script_accepts_what_the_stack_passes() -> None:
     assert parsed.checkpoint_dir == "/gcs/checkpoints/tune" and parsed.precision is None  # ds_config.json's bf16
 
 
-def test_max_steps_replaces_epochs() -> None:
-    run = _run(changes=((f"{W}.finetune.maxSteps", 500),))
+def test_max_steps_instead_of_epochs() -> None:
+    run = _run(changes=((f"{W}.finetune.maxSteps", 500), (f"{W}.finetune.epochs", DELETE)))
     last = _launcher_script(run).splitlines()[-1]
     assert "--max-steps 500" in last and "--epochs" not in last
+    # Neither: finetune.py's own default (one pass over the data), nothing passed.
+    last = _launcher_script(_run(changes=((f"{W}.finetune.epochs", DELETE),))).splitlines()[-1]
+    assert "--epochs" not in last and "--max-steps" not in last
 
 
 def test_output_folders_are_on_the_bucket_mount() -> None:

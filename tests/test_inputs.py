@@ -257,9 +257,11 @@ def test_a_flag_the_stack_passes_is_not_repeated() -> None:
         "(--local_rank=N); remove it"]
 
 
-def test_with_launch_command_the_args_are_not_judged() -> None:
-    assert problems("h100", {"workloads.smoke.launch.args": ["--stepz", "5"],
-                             "workloads.smoke.launch.command": "bash -c true"}) == []
+def test_with_launch_command_the_args_are_not_judged_by_the_script() -> None:
+    # Not passed at all: the one problem is that (test_launch_args_beside_launch_command_are_refused).
+    found = problems("h100", {"workloads.smoke.launch.args": ["--stepz", "5"],
+                              "workloads.smoke.launch.command": "bash -c true"})
+    assert [p.split(":")[0] for p in found] == ["workloads.smoke.launch.args"] and "--stepz" not in found[0]
 
 
 USER_SCRIPT = '''import argparse
@@ -315,3 +317,151 @@ def test_a_parser_that_cannot_be_read_is_not_judged(change: tuple[str, str], tmp
     _user_script(tmp_path, monkeypatch, USER_SCRIPT.replace(*change))
     assert problems("h100", {"workloads.smoke.launch.script": "user/train.py",
                              "workloads.smoke.launch.args": ["--anything", "1"]}) == []
+
+
+# --- keys the chosen mode ignores, and pairs of keys that must agree -------------------------------------------------
+
+def _warnings(stack: str, changes: dict[str, Any]) -> list[str]:
+    from conftest import model
+
+    import checks
+
+    return checks.warnings(model(stack, changes))
+
+
+def test_epochs_with_max_steps_is_refused() -> None:
+    """finetune.py refuses both ("give --epochs or --max-steps, not both"); the stack used to drop epochs."""
+    assert problems("finetune", {f"{TUNE}.finetune.maxSteps": 500}) == [
+        f"{TUNE}.finetune.epochs: 3 epochs and {TUNE}.finetune.maxSteps 500: the run stops at one or the other, not "
+        "both (finetune.py: \"give --epochs or --max-steps, not both\"); remove one"]
+    assert problems("finetune", {f"{TUNE}.finetune.maxSteps": 500, f"{TUNE}.finetune.epochs": DELETE}) == []
+
+
+def test_a_text_field_beside_prompt_fields_is_refused() -> None:
+    assert problems("finetune", {f"{TUNE}.finetune.textField": "body"}) == [
+        f"{TUNE}.finetune.textField: 'body' is not used with {TUNE}.finetune.promptField: the records' prompt and "
+        "response are what the run learns; remove textField, or the prompt and response fields"]
+    # Without the prompt fields it is what the run learns, passed as --text-field.
+    no_prompt = {f"{TUNE}.finetune.promptField": DELETE, f"{TUNE}.finetune.responseField": DELETE}
+    assert problems("finetune", {**no_prompt, f"{TUNE}.finetune.textField": "body"}) == []
+
+
+def test_a_model_block_at_another_sequence_length_is_refused() -> None:
+    block = {"name": "Qwen2.5-7B", "mode": "training", "precision": "bf16"}
+    key = f"{TUNE}.model.sequenceLength"
+
+    def on_key(found: list[str]) -> list[str]:  # the memory fit of the block is the planner's own rule
+        return [p for p in found if p.startswith(f"{key}:")]
+
+    assert on_key(problems("finetune", {f"{TUNE}.model": {**block, "sequenceLength": 4096}})) == [
+        f"{key}: 4096, but the run trains at {TUNE}.finetune.sequenceLength 2048 tokens (--seq-len); set both the "
+        "same"]
+    assert on_key(problems("finetune", {f"{TUNE}.model": {**block, "sequenceLength": 2048}})) == []
+    assert on_key(problems("finetune", {f"{TUNE}.model": block, f"{TUNE}.finetune.sequenceLength": 4096})) == []
+
+
+def test_launch_args_beside_launch_command_are_refused() -> None:
+    assert problems("h100", {"workloads.smoke.launch.command": "deepspeed --hostfile $HOSTSFILE x.py"}) == [
+        "workloads.smoke.launch.args: not used: workloads.smoke.launch.command replaces the command line they are "
+        "passed on; put them in the command"]
+    assert problems("h100", {"workloads.smoke.launch.command": "x", "workloads.smoke.launch.args": []}) == []
+
+
+def test_launch_keys_of_a_gaudi_job_are_refused() -> None:
+    job = "workloads.gaudi-llm-ds-ft"
+    assert problems("gaudi", {f"{job}.launch.args": ["--steps", "5"], f"{job}.launch.script": "train.py"}) == [
+        f"{job}.launch.args: not used: a Gaudi MPIJob runs training.script (run_lora_clm.py) with {job}.training.args; "
+        "put them there, or run your own command with launch.command",
+        f"{job}.launch.script: not used: a Gaudi MPIJob runs optimum-habana's {job}.training.script "
+        "(run_lora_clm.py); set that, or run your script with launch.command"]
+
+
+def test_lora_settings_with_lora_off_warn() -> None:
+    off = {f"{TUNE}.finetune.lora.enabled": False}
+    assert _warnings("finetune", off) == []  # Pulumi.finetune.yaml's LoRA values are the defaults: nothing set
+    found = _warnings("finetune", {**off, f"{TUNE}.finetune.lora.rank": 8, f"{TUNE}.finetune.lora.dropout": 0.1})
+    assert found == [f"{TUNE}.finetune.lora.{key}: not used: {TUNE}.finetune.lora.enabled is false, so every "
+                     "parameter trains and no adapter is made" for key in ("rank", "dropout")]
+    assert _warnings("finetune", {f"{TUNE}.finetune.lora.rank": 8}) == []  # LoRA on: used
+
+
+def test_launch_command_of_a_finetune_run_warns() -> None:
+    assert _warnings("finetune", {f"{TUNE}.launch.command": "deepspeed --hostfile $HOSTSFILE mine.py"}) == [
+        f"{TUNE}.launch.command: replaces the DeepSpeed command line that passes the `finetune` keys (model, data, "
+        "fields, sequenceLength, epochs or maxSteps, saveSteps, LoRA) to finetune.py: your command must pass them "
+        "itself; CHECKPOINT_DIR, MODEL_DIR, the token file and the wait for the bucket's inputs stay"]
+
+
+def test_gaudi_keys_on_an_nvidia_job_warn() -> None:
+    found = _warnings("h100", {"workloads.smoke.gaudi.softwareVersion": "1.20.0"})
+    assert [w for w in found if w.startswith("workloads.")] == [
+        "workloads.smoke.gaudi.softwareVersion: not used: `gaudi` picks a Gaudi job's software, and this MPIJob runs "
+        "on NVIDIA GPUs with the stack's image"]
+
+
+def test_training_keys_under_a_gaudi_command_warn() -> None:
+    job = "workloads.gaudi-llm-ds-ft"
+    found = _warnings("gaudi", {f"{job}.launch.command": "python3 mine.py", f"{job}.training.epochs": 2})
+    assert f"{job}.training.epochs: not used: launch.command replaces optimum-habana's run that `training` " \
+           "configures; pass it in your command" in found
+
+
+def test_a_learning_rate_no_optimizer_reads_warns() -> None:
+    """smoke_test.py builds its own optimizer (--lr) unless the optimizer is offloaded: then ds_config.json names
+    DeepSpeed's AdamW with deepspeed.learningRate (workloads/ds_config.py)."""
+    lr = {"workloads.smoke.deepspeed.learningRate": 0.001}
+    assert _warnings("dev", lr) == [
+        "workloads.smoke.deepspeed.learningRate: 0.001 is not used: ds_config.json names an optimizer only with "
+        "deepspeed.offloadOptimizer, and without one the script builds its own (smoke_test.py: --lr); pass the rate "
+        "in launch.args"]
+    assert _warnings("dev", {**lr, "workloads.smoke.deepspeed.offloadOptimizer": "cpu"}) == []
+    assert [w for w in _warnings("h100", lr) if "learningRate" in w]  # the mpijob kind too
+
+
+def test_autoscaling_bounds_without_autoscaling_warn() -> None:
+    assert _warnings("serve", {"workloads.chat.serving.autoscaling.maxReplicas": 4}) == [
+        "workloads.chat.serving.autoscaling.maxReplicas: not used: workloads.chat.serving.autoscaling.enabled is "
+        "false, so no HorizontalPodAutoscaler is made and serving.replicas (1) pods run"]
+
+
+def test_an_openai_port_without_the_openai_server_warns() -> None:
+    assert _warnings("serve", {"workloads.chat.serving.openai.port": 9000}) == [
+        "workloads.chat.serving.openai.port: not used: workloads.chat.serving.openai.enabled is false (engine mii's "
+        "OpenAI-compatible server; vLLM's own API is OpenAI-compatible on serving.port)"]
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"workloads.smoke.deepspeed.nvmePath": "/ssd"},
+     "workloads.smoke.deepspeed.nvmePath: not used: neither offloadOptimizer nor offloadParams is nvme"),
+    ({"workloads.smoke.deepspeed.zeroStage": 3, "workloads.smoke.deepspeed.allgatherBucketSize": 100},
+     "workloads.smoke.deepspeed.allgatherBucketSize: not used at zeroStage 3 (stages 1-2 only; stage 3 gathers by "
+     "stage3_prefetch_bucket_size)"),
+    ({"workloads.smoke.deepspeed.zeroStage": 0, "workloads.smoke.deepspeed.reduceBucketSize": 100},
+     "workloads.smoke.deepspeed.reduceBucketSize: not used at zeroStage 0"),
+    ({"workloads.smoke.gcsFuse.mountPath": "/bucket"},
+     "workloads.smoke.gcsFuse.mountPath: not used: workloads.smoke.gcsFuse.enabled is false (the pods mount no "
+     "bucket)"),
+    ({"workloads.smoke.accelerator.type": "gaudi3"},
+     "workloads.smoke.accelerator.type: not used: gaudi3 is a Gaudi generation, and an NVIDIA workload's GPU is its "
+     "pool's (nodePools[].gpu.type)"),
+])
+def test_a_key_the_workload_never_reads_warns(changes: dict[str, Any], expected: str) -> None:
+    assert _warnings("dev", changes) == [expected]
+
+
+def test_every_example_stack_previews_without_these_warnings() -> None:
+    """The stack files set nothing their mode ignores (the planner's, image's and Gaudi's own warnings aside)."""
+    for stack in ("dev", "h100", "prod", "finetune", "gaudi", "serve", "dws", "vertex"):
+        assert [w for w in _warnings(stack, {}) if "not used" in w] == [], stack
+
+
+def test_the_warnings_reach_the_pr_summary() -> None:
+    from conftest import changed
+
+    from preview import summary
+    from preview.engine import run_stack
+
+    run = run_stack("dev", changed("dev", {"workloads.smoke.deepspeed.nvmePath": "/ssd"}))
+    expected = "workloads.smoke.deepspeed.nvmePath: not used: neither offloadOptimizer nor offloadParams is nvme"
+    assert expected in run.warnings
+    assert f"- :warning: {expected}" in summary.markdown(run, [], 0)

@@ -84,10 +84,14 @@ def script_args(w: FinetuneWorkloadConfig) -> list[str]:
             "--format", f.format]
     if f.prompt_field:
         args += ["--prompt-field", f.prompt_field, "--response-field", f.response_field or ""]
-    else:
+    elif f.text_field is not None:
         args += ["--text-field", f.text_field]
     args += ["--seq-len", str(f.sequence_length)]
-    args += ["--max-steps", str(f.max_steps)] if f.max_steps is not None else ["--epochs", _number(f.epochs)]
+    # One or the other (the rules refuse both); neither: the script's own default, one pass over the data.
+    if f.max_steps is not None:
+        args += ["--max-steps", str(f.max_steps)]
+    elif f.epochs is not None:
+        args += ["--epochs", _number(f.epochs)]
     args += ["--learning-rate", _number(w.deepspeed.learning_rate), "--save-steps", str(f.save_steps)]
     if f.gradient_checkpointing:
         args.append("--gradient-checkpointing")

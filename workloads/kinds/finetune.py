@@ -21,12 +21,13 @@ from pathlib import PurePosixPath
 
 import pulumi
 
+from model.config import workload_default
 from model.types import FinetuneWorkloadConfig, StackConfig
 from model.validators import at
 from workloads import finetune, gcs_fuse
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.mpijob import check_mpijob_name, check_mpijob_storage
-from workloads.kinds.shared import LAUNCHER_FLAGS, script_flag_problems
+from workloads.kinds.shared import LAUNCHER_FLAGS, changed_keys, script_flag_problems
 from workloads.kueue import queue_name
 from workloads.mpijob import script_source
 from workloads.placement import placement
@@ -107,10 +108,64 @@ def check_data_format(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
         if f.prompt_field:
             problems.append(f"{_key(w, 'finetune', 'promptField')}: a text file's records have one field, `text` "
                             "(a line each); use JSON lines or Parquet for prompt/response pairs")
-        elif f.text_field != "text":
+        elif f.text_field not in (None, "text"):
             problems.append(f"{_key(w, 'finetune', 'textField')}: a text file's records have one field, `text`, "
                             f"not {f.text_field!r}")
     return problems
+
+
+def check_epochs_or_max_steps(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """finetune.py trains for --epochs or --max-steps and refuses both ("give --epochs or --max-steps, not both");
+    the stack passed --max-steps and dropped `epochs` without a word."""
+    f = w.finetune
+    if f.epochs is None or f.max_steps is None:
+        return []
+    return [f"{_key(w, 'finetune', 'epochs')}: {f.epochs:g} epochs and {_key(w, 'finetune', 'maxSteps')} "
+            f"{f.max_steps}: the run stops at one or the other, not both (finetune.py: \"give --epochs or "
+            "--max-steps, not both\"); remove one"]
+
+
+def check_text_field_or_prompt(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """`textField` names what is learned, unless `promptField`/`responseField` do (the prompt masked, the response
+    learned): with both, the stack passes only the prompt fields and the text field is silently ignored."""
+    f = w.finetune
+    if f.text_field is None or not (f.prompt_field or f.response_field):
+        return []
+    pair = _key(w, "finetune", "promptField" if f.prompt_field else "responseField")
+    return [f"{_key(w, 'finetune', 'textField')}: {f.text_field!r} is not used with {pair}: the records' prompt and "
+            "response are what the run learns; remove textField, or the prompt and response fields"]
+
+
+def check_model_sequence_length(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """The run trains at `finetune.sequenceLength` (--seq-len); a `model` block set to another length sizes a run
+    that never happens. The block's default (never set) is left alone."""
+    if w.model is None:
+        return []
+    given, trained = w.model.sequence_length, w.finetune.sequence_length
+    if given in (trained, workload_default(w.kind, "model", "sequenceLength")):
+        return []
+    return [f"{_key(w, 'model', 'sequenceLength')}: {given}, but the run trains at "
+            f"{_key(w, 'finetune', 'sequenceLength')} {trained} tokens (--seq-len); set both the same"]
+
+
+def warn_lora_unused(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """LoRA's settings when LoRA is off: every parameter trains and no adapter is made, so they go nowhere."""
+    lora = w.finetune.lora
+    if lora.enabled:
+        return []
+    defaults = workload_default(w.kind, "finetune", "lora")
+    return [f"{_key(w, 'finetune', 'lora', key)}: not used: {_key(w, 'finetune', 'lora', 'enabled')} is false, so "
+            "every parameter trains and no adapter is made" for key in changed_keys(lora, defaults, ("enabled",))]
+
+
+def warn_command_replaces_finetune_keys(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """`launch.command` replaces the DeepSpeed command line, the one that passes the `finetune` keys."""
+    if not w.launch.command:
+        return []
+    return [f"{_key(w, 'launch', 'command')}: replaces the DeepSpeed command line that passes the `finetune` keys "
+            f"(model, data, fields, sequenceLength, epochs or maxSteps, saveSteps, LoRA) to {w.launch.script}: your "
+            "command must pass them itself; CHECKPOINT_DIR, MODEL_DIR, the token file and the wait for the bucket's "
+            "inputs stay"]
 
 
 def check_lora_combination(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
@@ -166,7 +221,9 @@ def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi
 KIND: Kind[FinetuneWorkloadConfig] = Kind(
     name="finetune",
     config=FinetuneWorkloadConfig,
-    rules=(check_on_nvidia, check_model_and_data, check_data_format, check_lora_combination, check_launch,
+    rules=(check_on_nvidia, check_model_and_data, check_data_format, check_epochs_or_max_steps,
+           check_text_field_or_prompt, check_model_sequence_length, check_lora_combination, check_launch,
            check_mpijob_name, check_mpijob_storage),
     build=build,
+    warnings=(warn_lora_unused, warn_command_replaces_finetune_keys),
 )

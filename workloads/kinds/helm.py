@@ -13,7 +13,12 @@ from model.types import HelmWorkloadConfig, StackConfig
 from model.validators import at
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs, client_label
 from workloads.kinds.kind import Built, Kind, Platform
-from workloads.kinds.shared import deepspeed_config_flag, launch_script_problems, script_flag_problems
+from workloads.kinds.shared import (
+    deepspeed_config_flag,
+    launch_script_problems,
+    script_flag_problems,
+    warn_learning_rate_unused,
+)
 from workloads.placement import placement
 
 # Helm refuses longer release names (they end up in object names with suffixes such as "-worker-0").
@@ -38,6 +43,10 @@ def check_launch_args(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
     """The client's command line is the script with --deepspeed_config and `launch.args` (workloads/
     deepspeed_release.py): flags the script's parser has, else every rank stops at start-up."""
     return script_flag_problems(w, deepspeed_config_flag(w))
+
+
+def warn_helm_learning_rate(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
+    return warn_learning_rate_unused(w)
 
 
 def check_client_label(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
@@ -65,5 +74,6 @@ KIND: Kind[HelmWorkloadConfig] = Kind(
     config=HelmWorkloadConfig,
     rules=(check_helm_accelerator, check_launch_script, check_launch_args, check_client_label),
     build=build,
+    warnings=(warn_helm_learning_rate,),
     max_name=HELM_RELEASE_MAX,
 )

@@ -12,13 +12,18 @@ import functools
 
 import pulumi
 
-from model.config import kind_branches, schema, with_defaults
+from model.config import kind_branches, schema, with_defaults, workload_default
 from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig, StackConfig, TrainingConfig, camel
 from model.types import build as build_config
 from model.validators import DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX, at
 from workloads import mpijob
 from workloads.kinds.kind import Built, Kind, Platform
-from workloads.kinds.shared import deepspeed_config_flag, script_flag_problems
+from workloads.kinds.shared import (
+    changed_keys,
+    deepspeed_config_flag,
+    script_flag_problems,
+    warn_learning_rate_unused,
+)
 from workloads.kueue import queue_name
 from workloads.mpijob import script_source
 from workloads.placement import placement
@@ -120,6 +125,46 @@ def check_training_on_nvidia(m: StackConfig, w: MpiJobWorkloadConfig) -> list[st
     return problems
 
 
+def check_gaudi_launch_unused(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """A Gaudi MPIJob without `launch.command` runs optimum-habana's `training.script` with `training.args`
+    (workloads/mpijob/gaudi.py): `launch.script` and `launch.args` would be silently ignored."""
+    if not w.on_gaudi or w.launch.command:
+        return []
+    problems = []
+    if w.launch.args:
+        problems.append(f"{at('workloads', w.name, 'launch', 'args')}: not used: a Gaudi MPIJob runs training.script "
+                        f"({w.training.script}) with {at('workloads', w.name, 'training', 'args')}; put them there, "
+                        "or run your own command with launch.command")
+    if w.launch.script != workload_default(w.kind, "launch", "script"):
+        problems.append(f"{at('workloads', w.name, 'launch', 'script')}: not used: a Gaudi MPIJob runs "
+                        f"optimum-habana's {at('workloads', w.name, 'training', 'script')} ({w.training.script}); "
+                        "set that, or run your script with launch.command")
+    return problems
+
+
+def warn_gaudi_keys_on_nvidia(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """`gaudi` picks the Gaudi image's software; an NVIDIA MPIJob runs the stack's image and never reads it."""
+    if not w.on_nvidia:
+        return []
+    return [f"{at('workloads', w.name, 'gaudi', key)}: not used: `gaudi` picks a Gaudi job's software, and this "
+            "MPIJob runs on NVIDIA GPUs with the stack's image" for key in
+            changed_keys(w.gaudi, workload_default(w.kind, "gaudi"))]
+
+
+def warn_training_under_command(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """On Gaudi, `launch.command` replaces optimum-habana's run, the one `training` configures."""
+    if not (w.on_gaudi and w.launch.command):
+        return []
+    defaults = workload_default(w.kind, "training")
+    return [f"{at('workloads', w.name, 'training', key)}: not used: launch.command replaces optimum-habana's run "
+            "that `training` configures; pass it in your command" for key in changed_keys(w.training, defaults)]
+
+
+def warn_nvidia_learning_rate(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    # A Gaudi job passes deepspeed.learningRate as --learning_rate (workloads/mpijob/gaudi.py).
+    return warn_learning_rate_unused(w) if w.on_nvidia else []
+
+
 def warn_install_at_start(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     if not w.installs_at_start:
         return []
@@ -144,7 +189,7 @@ KIND: Kind[MpiJobWorkloadConfig] = Kind(
     name="mpijob",
     config=MpiJobWorkloadConfig,
     rules=(check_gaudi_placement, check_launch_script, check_launch_args, check_mpijob_name, check_mpijob_storage,
-           check_training_args, check_training_on_nvidia),
+           check_training_args, check_training_on_nvidia, check_gaudi_launch_unused),
     build=build,
-    warnings=(warn_install_at_start,),
+    warnings=(warn_install_at_start, warn_gaudi_keys_on_nvidia, warn_training_under_command, warn_nvidia_learning_rate),
 )

@@ -19,6 +19,7 @@ import pulumi
 
 from model import catalog as gpu_catalog
 from model import serving_engines, versions
+from model.config import workload_default
 from model.serving_engines import MII, VLLM, Engine, capability_text
 from model.suggest import did_you_mean
 from model.types import ServeWorkloadConfig, StackConfig, WorkloadConfig
@@ -27,6 +28,7 @@ from planner.recommend import Option, cheapest_for_gpu, serving_problem, short_n
 from planner.requests import workload_request
 from planner.sizing import INFERENCE, estimate, known_models
 from workloads.kinds.kind import Built, Kind, Platform
+from workloads.kinds.shared import changed_keys
 from workloads.placement import placement
 from workloads.serving import (
     ModelServer,
@@ -407,6 +409,28 @@ def warn_unknown_heads(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
             f"{where.per_worker} GPUs"]
 
 
+def warn_autoscaling_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """The autoscaler's bounds when there is no autoscaler: `replicas` pods, always."""
+    scaling = w.serving.autoscaling
+    if scaling.enabled:
+        return []
+    defaults = workload_default(w.kind, "serving", "autoscaling")
+    return [f"{at('workloads', w.name, 'serving', 'autoscaling', key)}: not used: "
+            f"{at('workloads', w.name, 'serving', 'autoscaling', 'enabled')} is false, so no HorizontalPodAutoscaler "
+            f"is made and serving.replicas ({w.serving.replicas}) pods run" for key in
+            changed_keys(scaling, defaults, ("enabled",))]
+
+
+def warn_openai_port_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """MII's second (OpenAI-compatible) server's port when that server is off."""
+    openai = w.serving.openai
+    if openai.enabled or openai.port == workload_default(w.kind, "serving", "openai", "port"):
+        return []
+    return [f"{at('workloads', w.name, 'serving', 'openai', 'port')}: not used: "
+            f"{at('workloads', w.name, 'serving', 'openai', 'enabled')} is false (engine mii's OpenAI-compatible "
+            "server; vLLM's own API is OpenAI-compatible on serving.port)"]
+
+
 def build(name: str, w: ServeWorkloadConfig, platform: Platform, opts: pulumi.ResourceOptions) -> Built:
     server = ModelServer(name, ModelServerArgs(
         workload=w, placement=placement(platform.cfg, w), image_ref=platform.image,
@@ -423,7 +447,8 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
            check_serve_from_workload, check_serve_model_identity, check_serve_tensor_parallel, check_serve_fits,
            check_serve_replicas, check_serve_ports, check_serve_allow_from),
     build=build,
-    warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads),
+    warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_autoscaling_unused,
+              warn_openai_port_unused),
     sizes_its_model=True,
     checks_its_gpu=True,
 )

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from model.types import DeepSpeedWorkloadConfig
+import msgspec
+
+from model.config import workload_default
+from model.types import DeepSpeedWorkloadConfig, camel
 from model.validators import at, is_file
 from workloads import script_flags
+from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob import script_source
 
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
@@ -68,3 +73,27 @@ def script_flag_problems(w: DeepSpeedWorkloadConfig, passed: dict[str, str],
             problems.append(f"{key}: {what} is passed to every rank already, by {passed[given]}; "
                             + ("remove it" if given in LAUNCHER_FLAGS else "change it there instead"))
     return problems
+
+
+def changed_keys(value: msgspec.Struct, defaults: dict[str, Any], leave_out: tuple[str, ...] = ()) -> list[str]:
+    """The keys of a block (camelCase, as the config spells them) whose value is not the schema's default: the ones
+    a user set. A value equal to its default cannot be told from one never set."""
+    return [camel(field) for field in value.__struct_fields__
+            if camel(field) not in leave_out and getattr(value, field) != defaults.get(camel(field))]
+
+
+def warn_learning_rate_unused(w: DeepSpeedWorkloadConfig) -> list[str]:
+    """`deepspeed.learningRate` reaches a script only as the DeepSpeed-built optimizer's lr, which exists with
+    optimizer offload (workloads/ds_config.py `optimizer`) and is "auto" under the Hugging Face Trainer (its own
+    --learning-rate wins). Elsewhere a value of its own goes nowhere: the script's own flag sets the rate."""
+    ds = w.deepspeed
+    if ds.learning_rate == workload_default(w.kind, "deepspeed", "learningRate"):
+        return []
+    if ds.offload_optimizer != "none" and not runs_hf_trainer(w.launch.script):
+        return []
+    why = ("ds_config.json leaves the optimizer's lr to the Hugging Face Trainer (\"auto\"), which takes its own "
+           "--learning-rate" if runs_hf_trainer(w.launch.script) else
+           "ds_config.json names an optimizer only with deepspeed.offloadOptimizer, and without one the script builds "
+           "its own (smoke_test.py: --lr)")
+    return [f"{at('workloads', w.name, 'deepspeed', 'learningRate')}: {ds.learning_rate:g} is not used: {why}; "
+            "pass the rate in launch.args"]
