@@ -402,8 +402,8 @@ def scenario_mpirun(cluster: nshosts.Cluster, logs: Path) -> str:
     workers = cluster.hosts[1:]
     # The same launcher with DeepSpeed's OpenMPI runner: mpirun starts orted over the same ssh, the ranks
     # find each other through mpi4py (rank 0's address), gloo on eth0.
-    fail_unless("exec deepspeed --force_multi " in script, "the MPIJob launcher script no longer runs deepspeed")
-    script = script.replace("exec deepspeed --force_multi ", "exec deepspeed --launcher openmpi --force_multi ", 1)
+    fail_unless("run_ranks deepspeed --force_multi " in script, "the MPIJob launcher script no longer runs deepspeed")
+    script = script.replace("deepspeed --force_multi ", "deepspeed --launcher openmpi --force_multi ", 1)
     status, output = launch(cluster, cluster.hosts[0], script, logs / "mpirun-launcher.log", env=env)
     problems = check_run(output, len(workers), [h.name for h in workers])
     fail_unless("mpirun -n" in output, "DeepSpeed did not run mpirun")

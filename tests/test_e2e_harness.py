@@ -78,7 +78,7 @@ def test_mpijob_launcher_hands_path_to_the_ranks() -> None:
     env_line = next(i for i, line in enumerate(lines) if ".deepspeed_env" in line)
     assert lines[env_line] == ('printf "PATH=%s\\nLD_LIBRARY_PATH=%s\\n" "$PATH" "${LD_LIBRARY_PATH:-}" '
                                '>> "$HOME/.deepspeed_env"')
-    assert env_line < next(i for i, line in enumerate(lines) if line.startswith("exec deepspeed"))
+    assert env_line < next(i for i, line in enumerate(lines) if line.startswith("run_ranks deepspeed"))
     assert placement(m, m.workloads["ds-t4"]) is not None
 
 

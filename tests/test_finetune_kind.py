@@ -69,7 +69,7 @@ def _launcher_script(run: RunResult) -> str:
 def test_the_launcher_runs_finetune_py_with_the_keys_as_arguments() -> None:
     script = _launcher_script(_run())
     last = script.splitlines()[-1]
-    assert last.startswith('exec deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" ')
+    assert last.startswith('run_ranks deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" ')
     args = shlex.split(last.split('"$MASTER_ADDR" ', 1)[1])
     # Pulumi.finetune.yaml's keys, as the contract spells the script's arguments.
     assert args == [

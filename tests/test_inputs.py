@@ -6,7 +6,11 @@ under test."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -465,3 +469,106 @@ def test_the_warnings_reach_the_pr_summary() -> None:
     expected = "workloads.smoke.deepspeed.nvmePath: not used: neither offloadOptimizer nor offloadParams is nvme"
     assert expected in run.warnings
     assert f"- :warning: {expected}" in summary.markdown(run, [], 0)
+
+
+# --- final errors (bad arguments or data) are not retried -------------------------------------------------------------
+
+MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
+
+
+def test_the_scripts_exit_2_on_bad_arguments_or_data() -> None:
+    """The status the launcher treats as final: both scripts' EXIT_USAGE, and argparse's own on a bad flag."""
+    assert _script_module("finetune").EXIT_USAGE == 2 and _script_module("smoke_test").EXIT_USAGE == 2
+
+
+def test_the_mpijob_crd_has_no_pod_failure_policy() -> None:
+    """Why the launcher remembers a final status itself: MPIJob v2beta1 has no podFailurePolicy (a Job's way to fail
+    at once on an exit code), and its runPolicy has only these (mpi-operator v0.8.0's CRD)."""
+    import yaml
+    from conftest import reference
+
+    crd = yaml.safe_load(reference("mpi-operator", "kubeflow.org_mpijobs.v0.8.0.yaml").read_text())
+    (v2,) = [v for v in crd["spec"]["versions"] if v["name"] == "v2beta1"]
+    spec = v2["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert "podFailurePolicy" not in spec and "podFailurePolicy" not in spec["runPolicy"]["properties"]
+    assert set(spec["runPolicy"]["properties"]) == {"activeDeadlineSeconds", "backoffLimit", "cleanPodPolicy",
+                                                    "managedBy", "schedulingPolicy", "suspend",
+                                                    "ttlSecondsAfterFinished"}
+
+
+@pytest.mark.parametrize("stack", ["finetune", "h100"])
+def test_the_launcher_keeps_its_state_in_an_empty_dir(stack: str) -> None:
+    """An emptyDir outlives a container's restart in place (restartPolicy OnFailure), not the pod."""
+    from conftest import stack_run
+
+    spec = stack_run(stack).one(MPIJOB).inputs["spec"]
+    launcher = spec["mpiReplicaSpecs"]["Launcher"]
+    assert launcher["restartPolicy"] == "OnFailure" and spec["runPolicy"]["backoffLimit"] == 6
+    pod = launcher["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "launcher-state"]
+    assert volume == {"name": "launcher-state", "emptyDir": {"sizeLimit": "1Mi"}}
+    assert {"name": "launcher-state", "mountPath": "/run/deepspeed-stack"} in pod["containers"][0]["volumeMounts"]
+    script = pod["containers"][0]["args"][0]
+    assert script.splitlines()[1].startswith("if [ -f /run/deepspeed-stack/final-status ]; then ")  # first, before
+    assert script.splitlines()[-1].startswith("run_ranks deepspeed --force_multi ")  # waiting for the workers
+
+
+def _launcher_run(tmp_path: Path, stub: str) -> tuple[str, Path, Path]:
+    """The launcher's script as rendered, its DeepSpeed line run against a stand-in `deepspeed` (`stub`, bash), the
+    state folder at tmp_path; returns (the script, the state file, the stand-in's call log)."""
+    from conftest import stack_run
+
+    pod = stack_run("h100").one(MPIJOB).inputs["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    script = pod["containers"][0]["args"][0]
+    lines = script.splitlines()
+    state, calls = tmp_path / "state", tmp_path / "calls"
+    state.mkdir(exist_ok=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "deepspeed").write_text(f"#!/bin/bash\necho called >> {calls}\n{stub}\n")
+    (bin_dir / "deepspeed").chmod(0o755)
+    # The set-up between the function and the DeepSpeed line needs a cluster (the hostfile, ssh): left out.
+    function_end = lines.index("}")
+    kept = [*lines[:function_end + 1], lines[-1]]
+    return "\n".join(kept).replace("/run/deepspeed-stack", str(state)), state / "final-status", calls
+
+
+def _bash(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOSTSFILE": "/dev/null", "MASTER_ADDR": "w0"}
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30, check=False)
+
+
+def test_a_final_error_is_remembered_and_not_run_again(tmp_path: Path) -> None:
+    script, final, calls = _launcher_run(tmp_path, "exit 2")
+    first = _bash(script, tmp_path)
+    assert first.returncode == 2 and final.read_text().strip() == "2"
+    assert "exit status 2 (bad arguments or data): final" in first.stderr
+    again = _bash(script, tmp_path)  # the container restarted in place: the emptyDir is still there
+    assert again.returncode == 2 and calls.read_text().splitlines() == ["called"]  # the ranks did not run again
+    assert "not running the ranks again" in again.stderr
+
+
+def test_another_failure_is_retried(tmp_path: Path) -> None:
+    script, final, calls = _launcher_run(tmp_path, "exit 1")
+    assert _bash(script, tmp_path).returncode == 1 and not final.exists()
+    assert _bash(script, tmp_path).returncode == 1 and calls.read_text().splitlines() == ["called", "called"]
+    script, final, _ = _launcher_run(tmp_path, "exit 0")
+    assert _bash(script, tmp_path).returncode == 0 and not final.exists()
+
+
+def test_sigterm_reaches_deepspeeds_runner(tmp_path: Path) -> None:
+    """The launcher's shell is the container's main process: the kubelet's SIGTERM goes to it, and it passes it on
+    to DeepSpeed's runner (which stops the ranks; they save), then exits with the runner's status."""
+    ready = tmp_path / "ready"
+    stub = f"trap 'echo term >> {tmp_path / 'calls'}; exit 143' TERM\ntouch {ready}\nwhile :; do read -rt 1 || :; done"
+    script, final, calls = _launcher_run(tmp_path, stub)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOSTSFILE": "/dev/null", "MASTER_ADDR": "w0"}
+    proc = subprocess.Popen(["bash", "-c", script], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+        os.sched_yield()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=20)
+    assert proc.returncode == 143 and calls.read_text().splitlines() == ["called", "term"]
+    assert not final.exists()  # preempted: retried, and the run resumes from its checkpoint

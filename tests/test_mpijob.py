@@ -352,7 +352,7 @@ def test_nvidia_launcher_runs_deepspeed_with_the_shipped_script(nvidia_model: St
     job = render(nvidia_model, "ds-t4", image="img@sha256:" + "b" * 64)
     script = container(job, "Launcher")["args"][0]
     assert script.splitlines()[-1] == (
-        'exec deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
+        'run_ranks deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
         "/etc/deepspeed/smoke_test.py --deepspeed_config /etc/deepspeed/ds_config.json")
     w = nvidia_model.workloads["ds-t4"]
     data = mpijob.config_map_data(w, placement(nvidia_model, w), has_token=False)
@@ -379,7 +379,7 @@ def test_a_kinds_own_launch_on_the_nvidia_path(nvidia_model: StackConfig) -> Non
     job = mpijob.render(inputs, w.namespace, launch=launch)
     assert crd_problems(job) == [] and mpijob.operator_problems(job) == [] and pod_problems(job) == []
     assert container(job, "Launcher")["args"][0].splitlines()[-1] == (
-        'exec deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
+        'run_ranks deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
         "/etc/deepspeed/finetune.py --deepspeed /etc/deepspeed/ds_config.json --epochs 1")
     for role in ("Launcher", "Worker"):
         c = container(job, role)

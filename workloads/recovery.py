@@ -12,7 +12,9 @@ launching side must start again after a failure:
 - The Helm chart's client is a Deployment: Kubernetes restarts its launch after a failure, with its
   own exponential back-off (10 s doubling to 5 minutes), and the relaunch resumes from the checkpoint.
 - The MPIJob's launcher restarts OnFailure (mpirun/pdsh fail as soon as a worker is gone); the job's
-  backoffLimit bounds the restarts so that a run that can never succeed stops.
+  backoffLimit bounds the restarts so that a run that can never succeed stops. A final status (exit 2: bad
+  arguments or data) is remembered by the NVIDIA launcher, whose later attempts stop at once
+  (workloads/mpijob/nvidia.py FINAL_EXIT_STATUSES).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ as an `mpijob` has them, plus:
 - CHECKPOINT_DIR and MODEL_DIR on the bucket's GCS FUSE mount (data/gcs_fuse.yaml's checkpointing options) with
   `gcsFuse.enabled`, else on the shared claim; HF_TOKEN_PATH names the mounted token file with `hfToken`;
 - restarts: the launcher OnFailure and the workers OnFailure (in place), up to runPolicy.backoffLimit
-  (workloads/recovery.py); the script resumes from the newest checkpoint by itself, and a SIGTERM saves one first.
+  (workloads/recovery.py); the script resumes from the newest checkpoint by itself, and a SIGTERM saves one first;
+  bad arguments or data (exit 2) are final: the launcher's later attempts stop at once (workloads/mpijob/nvidia.py).
 
 Summary (`workloads.<name>`): the MPIJob's, plus checkpointDir, modelDir and the model.
 """

@@ -131,16 +131,69 @@ def config_map_data(w: MpiJobBaseConfig, where: Placement, has_token: bool,
     return {**data, **launch.files}
 
 
+# Final errors are not retried. finetune.py and smoke_test.py exit 2 (their EXIT_USAGE, argparse's own status) on
+# bad arguments or data, which no restart can fix; DeepSpeed's launcher hands a rank's status back (launch.py exits
+# with the failed rank's, pdsh -S with the largest of the nodes', runner.py with pdsh's). The MPIJob cannot say "do
+# not restart on 2": v2beta1 has no podFailurePolicy, and the operator builds the launcher's Job from backoffLimit,
+# activeDeadlineSeconds and ttlSecondsAfterFinished only (mpi-operator v0.8.0 newLauncherJob). So the launcher keeps
+# OnFailure and remembers: the status goes into an emptyDir, which outlives a container restart in place (not the
+# pod), and every later attempt of the pod exits at once with it, without waiting for the workers or running the
+# ranks, until backoffLimit ends the job as Failed. Exiting 0 instead would end it faster but mark it Succeeded.
+FINAL_EXIT_STATUSES = (2,)
+LAUNCHER_STATE_VOLUME = "launcher-state"
+LAUNCHER_STATE_DIR = "/run/deepspeed-stack"
+FINAL_STATUS_FILE = f"{LAUNCHER_STATE_DIR}/final-status"
+RUN_RANKS = "run_ranks"  # the launcher's shell function that runs the DeepSpeed command line
+
+
+def final_status_guard() -> str:
+    """The launcher's first step: an earlier attempt of this pod stopped on a final error; stop again at once."""
+    return (f'if [ -f {FINAL_STATUS_FILE} ]; then echo "deepspeed-stack: an earlier attempt stopped with exit status '
+            f'$(cat {FINAL_STATUS_FILE}) (bad arguments or data, see its log), which no restart fixes: not running '
+            'the ranks again. Fix the input, then re-create the job (pulumi up after the change)" >&2; '
+            f'exit "$(cat {FINAL_STATUS_FILE})"; fi')
+
+
+def run_ranks_function() -> list[str]:
+    """A shell function that runs its arguments (DeepSpeed's runner) as a child: the launcher's shell stays the
+    container's main process, which is what the kubelet sends SIGTERM to, so it passes TERM (and INT) on to the
+    runner (whose handler stops the ranks on every node); then it exits with the runner's status, remembering a
+    final one (FINAL_EXIT_STATUSES)."""
+    final = " -o ".join(f'"$status" -eq {code}' for code in FINAL_EXIT_STATUSES)
+    return [
+        f"{RUN_RANKS}() {{",
+        '  "$@" &',
+        "  ranks=$!",
+        "  trap 'kill -TERM \"$ranks\" 2>/dev/null' TERM INT",
+        '  status=0; wait "$ranks" || status=$?',
+        # A trapped signal ends `wait` early: wait again, until the runner is gone, for its own status.
+        '  while kill -0 "$ranks" 2>/dev/null; do status=0; wait "$ranks" || status=$?; done',
+        f'  if [ {final} ]; then {{ echo "$status" > {FINAL_STATUS_FILE}; }} 2>/dev/null || true; '
+        'echo "deepspeed-stack: the ranks stopped with exit status $status (bad arguments or data): final, the '
+        "launcher's restarts will not run them again\" >&2; fi",
+        '  exit "$status"',
+        "}",
+    ]
+
+
+def launcher_state() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(volume, mount): the launcher's emptyDir for what its attempts remember (the final status)."""
+    return ({"name": LAUNCHER_STATE_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}},
+            {"name": LAUNCHER_STATE_VOLUME, "mountPath": LAUNCHER_STATE_DIR})
+
+
 def launcher_script(where: Placement | None, launch: NvidiaLaunch) -> str:
     # On a GPU fabric each rank runs through the fabric's NCCL env script (workloads/fabric.py).
     rank = "" if fabric.pod_contract(where) is None else (
         " ".join(fabric.LAUNCH_FLAGS) + " " + fabric.rank_command(f"{CONFIG_DIR}/{fabric.ENV_SCRIPT}") + " ")
     script, *args = launch.rank_command
     # --force_multi: the launcher has no GPU and is not in the hostfile, even with one worker.
-    deepspeed = ('exec deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
+    deepspeed = (f'{RUN_RANKS} deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
                  f"{rank}{shlex.quote(script)} {quote_args(args)}".rstrip())
+    final = [] if launch.command else [final_status_guard(), *run_ranks_function()]
     return "\n".join([
         "set -eo pipefail",
+        *final,
         *HOSTFILE_PREAMBLE,
         # sshd resets PATH whatever the client sends (SendEnv): DeepSpeed's runner exports what ~/.deepspeed_env
         # lists to every rank, so the ranks find the image's venv (ninja for JIT-built ops) and driver libraries.
@@ -194,9 +247,11 @@ def render_spec(inputs: MpiJobInputs, launch: NvidiaLaunch | None = None) -> dic
     launch = launch or launch_of(w)
     files = config_map_data(w, where, inputs.has_token, launch)
     env = plain_env(w, where, launch)
+    state_volume, state_mount = launcher_state()
     launcher = launcher_template(inputs, script=launcher_script(where, launch), env=env, files=files, secure=secure,
                                  ssh_client=True, resources=pod_security.NVIDIA_LAUNCHER_RESOURCES,
-                                 annotations=waivers("launcher", where), volumes=launch.volumes, mounts=launch.mounts)
+                                 annotations=waivers("launcher", where), volumes=[*launch.volumes, state_volume],
+                                 mounts=[*launch.mounts, state_mount])
     worker = worker_template(
         inputs, script=nvidia_worker_script(forwarded_env(w, where, inputs.has_token, launch)), env=env,
         files=files, secure=secure, annotations=waivers("worker", where),
