@@ -5,6 +5,7 @@ under test."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -229,10 +230,12 @@ def test_an_unknown_flag_of_the_smoke_test_is_refused() -> None:
     key = "workloads.smoke.launch.args[2]"
     (found,) = problems("h100", {"workloads.smoke.launch.args": ["--expected-gpus-per-node", "8", "--stepz", "50"]})
     assert found.startswith(f"{key}: smoke_test.py has no flag --stepz {UNRECOGNIZED}--steps, ")
-    # Its flags only, without help and what the stack passes (--deepspeed_config, --local_rank).
+    # Its flags only, without help and what the stack passes (--deepspeed_config; on this fabric pool DeepSpeed is
+    # told --no_local_rank, so --local_rank is the user's to give).
     listed = set(found.split("closest first: ")[1].split(", "))
     assert listed == {"--steps", "--warmup-steps", "--hidden-size", "--layers", "--expected-gpus-per-node", "--seed",
-                      "--lr", "--checkpoint-dir", "--checkpoint-every", "--deepspeed-config", "--local-rank"}
+                      "--lr", "--checkpoint-dir", "--checkpoint-every", "--deepspeed-config", "--local_rank",
+                      "--local-rank"}
 
 
 def test_an_unknown_flag_of_finetune_py_is_refused() -> None:
@@ -296,8 +299,10 @@ def test_a_user_scripts_flags_are_read(tmp_path: Path, monkeypatch: pytest.Monke
     user = {"workloads.smoke.launch.script": "user/train.py"}
     assert problems("h100", {**user, "workloads.smoke.launch.args": ["--epochs", "2", "--data-dir", "/data"]}) == []
     assert problems("h100", {**user, "workloads.smoke.launch.args": ["--epoch", "2"]}) == []  # a unique prefix
-    assert problems("h100", {**user, "workloads.smoke.launch.args": ["--epoks", "2"]}) == [
-        f"workloads.smoke.launch.args[0]: user/train.py has no flag --epoks {UNRECOGNIZED}--epochs, --data-dir"]
+    (found,) = problems("h100", {**user, "workloads.smoke.launch.args": ["--epoks", "2"]})
+    assert found.startswith(f"workloads.smoke.launch.args[0]: user/train.py has no flag --epoks {UNRECOGNIZED}"
+                            "--epochs, ")
+    assert set(found.split("closest first: ")[1].split(", ")) == {"--epochs", "--data-dir", "--local_rank"}
 
 
 def test_a_user_parser_without_what_the_stack_passes_is_refused(tmp_path: Path,
@@ -307,6 +312,18 @@ def test_a_user_parser_without_what_the_stack_passes_is_refused(tmp_path: Path,
         "workloads.smoke.launch.script: user/train.py's parser has no --deepspeed_config, which the stack (the "
         "generated ds_config.json, from workloads.smoke.deepspeed) passes to every rank: every rank would stop with "
         "\"unrecognized arguments: --deepspeed_config\"; add it to the parser"]
+
+
+def test_local_rank_is_needed_only_where_deepspeed_passes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed's launch.py appends --local_rank=N unless given --no_local_rank, which the stack passes on a GPU
+    fabric (the ranks start through the fabric's NCCL env script)."""
+    _user_script(tmp_path, monkeypatch, USER_SCRIPT.replace('    parser.add_argument("--local_rank", type=int)\n', ""))
+    user = {"workloads.smoke.launch.script": "user/train.py", "workloads.smoke.launch.args": []}
+    assert problems("h100", user) == []  # the A3 Mega pool's TCPXO fabric: --no_local_rank
+    found = problems("h100", {**user, "nodePools[0].fabric.enabled": False})
+    assert "workloads.smoke.launch.script: user/train.py's parser has no --local_rank, which DeepSpeed's launcher " \
+           "(--local_rank=N) passes to every rank: every rank would stop with \"unrecognized arguments: " \
+           "--local_rank\"; add it to the parser" in found
 
 
 @pytest.mark.parametrize("change", [
@@ -564,11 +581,16 @@ def test_sigterm_reaches_deepspeeds_runner(tmp_path: Path) -> None:
     script, final, calls = _launcher_run(tmp_path, stub)
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOSTSFILE": "/dev/null", "MASTER_ADDR": "w0"}
     proc = subprocess.Popen(["bash", "-c", script], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
-        os.sched_yield()
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=20)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            os.sched_yield()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    finally:  # the stand-in too, whatever happened: the session holds both
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     assert proc.returncode == 143 and calls.read_text().splitlines() == ["called", "term"]
     assert not final.exists()  # preempted: retried, and the run resumes from its checkpoint

@@ -28,7 +28,7 @@ from model.validators import at
 from workloads import finetune, gcs_fuse
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.mpijob import check_mpijob_name, check_mpijob_storage
-from workloads.kinds.shared import LAUNCHER_FLAGS, changed_keys, script_flag_problems
+from workloads.kinds.shared import changed_keys, launcher_flags, script_flag_problems
 from workloads.kueue import queue_name
 from workloads.mpijob import script_source
 from workloads.placement import placement
@@ -179,13 +179,13 @@ def check_lora_combination(m: StackConfig, w: FinetuneWorkloadConfig) -> list[st
             f"{_key(w, 'deepspeed')})" for problem in found]
 
 
-def _passed_flags(w: FinetuneWorkloadConfig) -> dict[str, str]:
+def _passed_flags(m: StackConfig, w: FinetuneWorkloadConfig) -> dict[str, str]:
     """The flags every rank gets besides `launch.args`, each with who passes it (the stack from a key, or DeepSpeed's
     launcher)."""
     args = finetune.script_args(w)
     own = args[:len(args) - len(w.launch.args)]
     passed = {a: f"the stack (from {_key(w, *finetune.STACK_FLAGS[a])})" for a in own if a.startswith("--")}
-    return {**passed, **LAUNCHER_FLAGS}
+    return {**passed, **launcher_flags(m, w)}
 
 
 def check_launch(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
@@ -202,7 +202,7 @@ def check_launch(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
                             "else the claim's: the contract a server of the result reads); remove it")
         else:
             problems.append(f"{key}: {flag} is set by the stack from {_key(w, *source)}; change it there instead")
-    return problems + script_flag_problems(w, _passed_flags(w), frozenset(finetune.STACK_FLAGS))
+    return problems + script_flag_problems(w, _passed_flags(m, w), frozenset(finetune.STACK_FLAGS))
 
 
 def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi.ResourceOptions) -> Built:

@@ -42,7 +42,7 @@ def check_launch_script(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
 def check_launch_args(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
     """The client's command line is the script with --deepspeed_config and `launch.args` (workloads/
     deepspeed_release.py): flags the script's parser has, else every rank stops at start-up."""
-    return script_flag_problems(w, deepspeed_config_flag(w))
+    return script_flag_problems(w, deepspeed_config_flag(m, w))
 
 
 def warn_helm_learning_rate(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:

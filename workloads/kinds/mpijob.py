@@ -54,7 +54,7 @@ def check_launch_script(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
 def check_launch_args(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     """An NVIDIA MPIJob's `launch.args` are flags its script's parser has, and the parser takes what the stack
     passes (--deepspeed_config, DeepSpeed's --local_rank): else every rank stops at start-up."""
-    return script_flag_problems(w, deepspeed_config_flag(w)) if w.on_nvidia else []
+    return script_flag_problems(w, deepspeed_config_flag(m, w)) if w.on_nvidia else []
 
 
 def check_mpijob_name(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:

@@ -8,17 +8,19 @@ from typing import Any
 import msgspec
 
 from model.config import workload_default
-from model.types import DeepSpeedWorkloadConfig, camel
+from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig, camel
 from model.validators import at, is_file
-from workloads import script_flags
+from workloads import fabric, script_flags
 from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob import script_source
+from workloads.placement import placement
 
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
 # DeepSpeed's launcher (deepspeed/launcher/launch.py) appends --local_rank=N to every rank's command line unless it
-# is given --no_local_rank, which the stack never passes: every script it runs must accept the flag.
+# is given --no_local_rank, which the stack passes only on a GPU fabric (workloads/fabric.py LAUNCH_FLAGS: the ranks
+# start through the fabric's NCCL env script): elsewhere every script it runs must accept the flag.
 LOCAL_RANK = "--local_rank"
-LAUNCHER_FLAGS = {LOCAL_RANK: "DeepSpeed's launcher (--local_rank=N)"}
+NO_LOCAL_RANK = "--no_local_rank"
 SHOWN_FLAGS = 12  # the closest flags an unknown one's message lists
 
 
@@ -32,11 +34,21 @@ def launch_script_problems(w: DeepSpeedWorkloadConfig) -> list[str]:
             f"(there: {', '.join(known) or 'nothing'}); add it there or set launch.command"]
 
 
-def deepspeed_config_flag(w: DeepSpeedWorkloadConfig) -> dict[str, str]:
+def launcher_flags(m: StackConfig, w: WorkloadConfig) -> dict[str, str]:
+    """What DeepSpeed's launcher itself adds to every rank's arguments where the workload runs."""
+    where = placement(m, w)
+    on_fabric = where is not None and fabric.pod_contract(where) is not None
+    if on_fabric and NO_LOCAL_RANK in fabric.LAUNCH_FLAGS:
+        return {}
+    return {LOCAL_RANK: "DeepSpeed's launcher (--local_rank=N)"}
+
+
+def deepspeed_config_flag(m: StackConfig, w: DeepSpeedWorkloadConfig) -> dict[str, str]:
     """What the `launch` keys' command line passes besides `launch.args` (workloads/mpijob/nvidia.py launch_of,
     workloads/deepspeed_release.py): the generated ds_config.json, and DeepSpeed's --local_rank."""
     source = at("workloads", w.name, "deepspeed")
-    return {"--deepspeed_config": f"the stack (the generated ds_config.json, from {source})", **LAUNCHER_FLAGS}
+    return {"--deepspeed_config": f"the stack (the generated ds_config.json, from {source})",
+            **launcher_flags(m, w)}
 
 
 def script_flag_problems(w: DeepSpeedWorkloadConfig, passed: dict[str, str],
@@ -71,7 +83,7 @@ def script_flag_problems(w: DeepSpeedWorkloadConfig, passed: dict[str, str],
         elif given := next((f for f in passed if f in action), None):
             what = name if name == given else f"{name} ({script}'s {given})"
             problems.append(f"{key}: {what} is passed to every rank already, by {passed[given]}; "
-                            + ("remove it" if given in LAUNCHER_FLAGS else "change it there instead"))
+                            + ("remove it" if given == LOCAL_RANK else "change it there instead"))
     return problems
 
 
