@@ -17,8 +17,34 @@ engine (model/serving_engines.py, data/serving.yaml) takes memory:
 Training: mixed-precision Adam partitioned by ZeRO over the N data-parallel GPUs, counted the way DeepSpeed's
 own estimators count it (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`), which
 is the ZeRO paper's 16 bytes per parameter (2 fp16 weights + 2 fp16 gradients + 12 fp32 weights, momentum and
-variance) plus the fp32 gradient partition (4 bytes) DeepSpeed's optimizer steps on; see `model_states`.
+variance; Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", sec.
+3.1) plus the fp32 gradient partition (4 bytes) DeepSpeed's optimizer steps on; see `model_states`.
 Then activations, DeepSpeed's communication buckets and the CUDA context are added.
+
+LoRA (a `Request` with `lora`, the finetune kind's default): the base model is frozen and only the adapters train
+(`lora_parts`):
+    frozen weights = parameters x 2 bytes (4 in fp32), the training precision the model is loaded and kept in
+               (finetune.py loads it with that dtype; DeepSpeed 0.19.8 casts every parameter to it,
+               deepspeed/runtime/engine.py _configure_distributed_model); ZeRO-3 partitions them over the N ranks
+               (zero.Init, which the Trainer enables when ds_config.json says stage 3), stages 0-2 replicate them.
+               No gradients and no optimizer states: they do not require grad.
+    adapters = rank x (in + out) per targeted linear layer of every decoder layer (data/models.yaml
+               `architectures`, with its sources), trained as any parameter is: mixed-precision Adam partitioned
+               by the ZeRO stage (`model_states`). peft upcasts the adapters to fp32 when it adds them
+               (cast_adapter_dtype), and DeepSpeed then casts them to the training precision with an fp32 master
+               copy in the optimizer, so they cost what a trained parameter costs.
+    ZeRO-3 gathers one frozen layer's weights at a time (the largest: the embedding), without a gradient.
+Activations are the same as for full fine-tuning: the backward pass still runs through every frozen layer (the
+adapters of the earlier layers need it), and each targeted layer's input is kept for its adapter's gradient.
+
+Activations of one layer without recomputation, per micro batch of b sequences of s tokens, hidden h and a
+attention heads: s x b x h x (34 + 5 a s / h) bytes in 16-bit (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", sec. 4.1 eq. 1; GPT's 4h MLP, which Llama's 8h/3 SwiGLU is taken to
+match: an assumption). The 5as/h term is the attention scores, softmax and its dropout mask, which PyTorch's
+scaled_dot_product_attention (flash and memory-efficient kernels, transformers' default attention) never stores:
+left out (an assumption where a model or GPU falls back to eager attention). With gradient checkpointing (every
+layer recomputed, as the Hugging Face Trainer does it) only each layer's 16-bit input stays (2 x s x b x h), plus
+one layer's full activations while it is recomputed. See `activation_bytes`.
 """
 
 from __future__ import annotations
@@ -66,6 +92,9 @@ FALLBACK_HEAD_DIM = 128
 FALLBACK_VOCAB = 256000
 # A bare size as a model name: "7B", "1.3b", "350M".
 BARE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bBmM])\s*$")
+# The architecture a model without one in data/models.yaml (and the fallback shape) is taken to have.
+DEFAULT_ARCHITECTURE = "llama"
+ALL_LINEAR = "all-linear"  # peft's shorthand for every linear layer but the output head
 
 
 class UnknownModelError(ValueError):
@@ -83,6 +112,12 @@ class ModelShape(msgspec.Struct, frozen=True):
 
     largest_override: int | None = None  # the largest layer's parameters, when given rather than derived
     cap: int | None = None  # the fallback's bound: no layer holds more than all the parameters
+    architecture: str = DEFAULT_ARCHITECTURE  # data/models.yaml `architectures`: its linear layers
+
+    def dimension(self, name: str) -> int:
+        """A width of data/models.yaml `architectures` in this shape's numbers."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"hidden": self.hidden, "q": q, "kv": kv, "qkv": q + 2 * kv, "intermediate": self.intermediate}[name]
 
     @property
     def largest_layer(self) -> int:
@@ -131,6 +166,17 @@ class Strategy(msgspec.Struct, frozen=True):
                    offload_params != "none" and zero_stage == 3)
 
 
+class Lora(msgspec.Struct, frozen=True):
+    """A LoRA adapter (peft): its rank and the linear layers it targets (module names, or all-linear)."""
+
+    rank: int
+    targets: tuple[str, ...] = (ALL_LINEAR,)
+
+    @property
+    def label(self) -> str:
+        return f"LoRA rank {self.rank} on {', '.join(self.targets)}"
+
+
 INFERENCE = Strategy()
 TRAINING_STRATEGIES = (
     Strategy(0), Strategy(1), Strategy(2), Strategy(3),
@@ -150,9 +196,35 @@ class Request(msgspec.Struct, frozen=True):
     reduce_bucket: int = DEEPSPEED_BUCKET
     allgather_bucket: int = DEEPSPEED_BUCKET
     engine: str | None = None  # inference: the serving engine (data/serving.yaml); None: the default, vLLM
+    lora: Lora | None = None  # training: a LoRA adapter on the frozen model; None: every parameter trains
+    gradient_checkpointing: bool = True  # training: every layer's activations recomputed in the backward pass
 
     def strategies(self) -> tuple[Strategy, ...]:
-        return TRAINING_STRATEGIES if self.mode == "training" else (INFERENCE,)
+        """Inference; or every ZeRO variant, without ZeRO-3 parameter offload for LoRA (finetune.py refuses it:
+        peft wraps modules ZeRO-3 has partitioned, and the merge at export would gather the base twice)."""
+        if self.mode != "training":
+            return (INFERENCE,)
+        if self.lora is not None:
+            return tuple(s for s in TRAINING_STRATEGIES if not s.offload_params)
+        return TRAINING_STRATEGIES
+
+    @property
+    def adapter_parameters(self) -> int:
+        """LoRA's trained parameters (0 without LoRA)."""
+        return lora_parameters(self.model.shape, self.lora) if self.lora is not None else 0
+
+    @property
+    def trained_parameters(self) -> float:
+        """What the optimizer steps on: the adapters with LoRA, else every parameter."""
+        return self.adapter_parameters if self.lora is not None else self.model.parameters
+
+    @property
+    def training_label(self) -> str:
+        """How it trains, in words: LoRA or every parameter, and whether activations are recomputed."""
+        what = (f"{self.lora.label} ({self.adapter_parameters / 1e6:.2f}M adapter parameters, the base frozen)"
+                if self.lora is not None else "every parameter")
+        recompute = "with" if self.gradient_checkpointing else "without"
+        return f"{what}, {recompute} gradient checkpointing"
 
     @property
     def serving_engine(self) -> serving_engines.Engine:
@@ -221,6 +293,30 @@ def _model_spellings() -> list[str]:
     return [key for name, entry in raw.items() for key in (name, *entry.get("aliases", []))]
 
 
+@functools.cache
+def architectures(path: Path = MODELS_PATH) -> dict[str, tuple[tuple[str, str, str], ...]]:
+    """data/models.yaml `architectures`: each family's linear layers of one decoder layer, (name, in, out)."""
+    return {name: tuple((str(n), str(i), str(o)) for n, i, o in layers)
+            for name, layers in load_yaml(path)["architectures"].items()}
+
+
+def targeted_linears(shape: ModelShape, targets: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """The linear layers of one decoder layer LoRA adapts: all of them for all-linear, else those whose name is a
+    target's last part (peft matches a module whose name ends with `.target`)."""
+    layers = architectures()[shape.architecture]
+    if ALL_LINEAR in targets:
+        return list(layers)
+    names = {t.rsplit(".", 1)[-1] for t in targets}
+    return [layer for layer in layers if layer[0] in names]
+
+
+def lora_parameters(shape: ModelShape, lora: Lora) -> int:
+    """The adapter's parameters: rank x (in + out) per targeted linear layer, in every decoder layer."""
+    per_layer = sum(lora.rank * (shape.dimension(i) + shape.dimension(o))
+                    for _, i, o in targeted_linears(shape, lora.targets))
+    return shape.layers * per_layer
+
+
 def model_names() -> list[str]:
     return sorted({m["name"] for m in known_models().values()}, key=str.lower)
 
@@ -230,6 +326,7 @@ def _shape(entry: dict[str, Any]) -> ModelShape:
         layers=int(entry["layers"]), hidden=int(entry["hidden"]), heads=int(entry["heads"]),
         kv_heads=int(entry["kvHeads"]), head_dim=int(entry.get("headDim", entry["hidden"] // entry["heads"])),
         vocab=int(entry["vocab"]), intermediate=int(entry["intermediate"]),
+        architecture=str(entry.get("architecture", DEFAULT_ARCHITECTURE)),
     )
 
 
@@ -376,35 +473,74 @@ def deepspeed_cpu_bytes(parameters: float, strategy: Strategy, gpus_per_node: in
 
 
 def activation_bytes(request: Request) -> float:
-    """Activations per GPU with activation checkpointing at every layer (DeepSpeed's and Hugging Face's recipe
-    for large models): the 16-bit input of each layer (2 x s x b x h per layer) plus one layer's full activations
-    while it is recomputed (LAYER_ACTIVATION_FACTOR x s x b x h), plus the fp32 logits and their gradient;
-    doubled for fp32 training."""
+    """Activations per GPU for one micro batch (b sequences of s tokens, hidden h, L layers), doubled for fp32
+    training, plus the fp32 logits and their gradient:
+      with gradient checkpointing at every layer (DeepSpeed's and Hugging Face's recipe for large models): each
+        layer's 16-bit input (2 x s x b x h x L) plus one layer's full activations while it is recomputed
+        (LAYER_ACTIVATION_FACTOR x s x b x h);
+      without: every layer's full activations, LAYER_ACTIVATION_FACTOR x s x b x h x L (Korthikanti et al.)."""
     shape, tokens = request.model.shape, request.sequence_length * request.batch_size
     scale = 2.0 if request.precision == "fp32" else 1.0
-    layers = tokens * shape.hidden * (2 * shape.layers + LAYER_ACTIVATION_FACTOR) * scale
+    layer = LAYER_ACTIVATION_FACTOR * tokens * shape.hidden * scale
+    if request.gradient_checkpointing:
+        layers = 2 * tokens * shape.hidden * shape.layers * scale + layer
+    else:
+        layers = layer * shape.layers
     return layers + LOGITS_BYTES * tokens * shape.vocab
 
 
 def bucket_bytes(request: Request, stage: int) -> float:
     """DeepSpeed's gradient reduce bucket (and, at stages 1-2, the allgather bucket), in the training precision;
-    never larger than the model itself."""
+    never larger than what trains (the whole model, or LoRA's adapters)."""
     element = 4 if request.precision == "fp32" else 2
-    p = request.model.parameters
+    p = request.trained_parameters
     buckets = min(request.reduce_bucket, p)
     if stage in (1, 2):
         buckets += min(request.allgather_bucket, p)
     return buckets * element
 
 
+def frozen_weight_bytes(parameters: float, strategy: Strategy, gpus: int, precision: str) -> float:
+    """Frozen weights per GPU in the training precision: partitioned over the N ranks at ZeRO-3 (on the CPU with
+    parameter offload), a whole copy on each at stages 0-2."""
+    w = 4.0 if precision == "fp32" else 2.0
+    if strategy.zero_stage == 3:
+        return 0.0 if strategy.offload_params else w * parameters / gpus
+    return w * parameters
+
+
+def lora_parts(request: Request, strategy: Strategy, gpus: int) -> dict[str, float]:
+    """LoRA's model states per GPU: the frozen base (and, at ZeRO-3, its largest layer gathered: weights only, no
+    gradient), then the adapters as trained parameters (`model_states`)."""
+    w = 4.0 if request.precision == "fp32" else 2.0
+    frozen = frozen_weight_bytes(request.model.parameters, strategy, gpus, request.precision)
+    gathered = w * request.model.shape.largest_layer if strategy.zero_stage == 3 else 0.0
+    adapter = model_states(request.adapter_parameters, strategy, gpus, request.precision)
+    return {"frozen weights": frozen, "gathered layer": gathered,
+            **{f"adapter {part}": value for part, value in adapter.items() if part != "gathered layer"}}
+
+
 def training_parts(request: Request, strategy: Strategy, gpus: int) -> dict[str, float]:
     if request.precision not in TRAINING_PRECISIONS:
         raise ValueError(f"{request.precision} is a weight format for inference; ZeRO training runs in "
                          f"{', '.join(TRAINING_PRECISIONS)}")
-    states = model_states(request.model.parameters, strategy, gpus, request.precision,
-                          request.model.shape.largest_layer)
+    if request.lora is not None:
+        states = lora_parts(request, strategy, gpus)
+    else:
+        states = model_states(request.model.parameters, strategy, gpus, request.precision,
+                              request.model.shape.largest_layer)
     return {**states, "activations": activation_bytes(request),
             "buckets": bucket_bytes(request, strategy.zero_stage or 0), "CUDA context": CUDA_CONTEXT_BYTES}
+
+
+def training_cpu_bytes(request: Request, strategy: Strategy, gpus_per_node: int, nodes: int) -> float:
+    """CPU memory per node for what is offloaded: DeepSpeed's estimate for what trains (the adapters with LoRA),
+    and with LoRA's frozen base offloaded at ZeRO-3 its partition of each node's ranks, with the same buffer."""
+    cpu = deepspeed_cpu_bytes(request.trained_parameters, strategy, gpus_per_node, nodes)
+    if request.lora is not None and strategy.offload_params and strategy.zero_stage == 3:
+        frozen = frozen_weight_bytes(request.model.parameters, Strategy(3), gpus_per_node * nodes, request.precision)
+        cpu += frozen * gpus_per_node * DEEPSPEED_CPU_BUFFER_FACTOR
+    return cpu
 
 
 def estimate(request: Request, strategy: Strategy, gpus_per_node: int = 1, nodes: int = 1) -> Estimate:
@@ -414,7 +550,7 @@ def estimate(request: Request, strategy: Strategy, gpus_per_node: int = 1, nodes
         raise ValueError(f"strategy {strategy.label} does not fit a {request.mode} request")
     if strategy.training:
         parts = training_parts(request, strategy, gpus)
-        cpu = deepspeed_cpu_bytes(request.model.parameters, strategy, gpus_per_node, nodes)
+        cpu = training_cpu_bytes(request, strategy, gpus_per_node, nodes)
     else:
         parts, cpu = inference_parts(request, gpus), 0.0
     return Estimate(request, strategy, gpus_per_node, nodes, parts, cpu)
