@@ -13,7 +13,7 @@ from checks.common import Check, at
 from model import catalog as gpu_catalog
 from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig
 from planner.recommend import cheapest, recommend, short_name
-from planner.requests import workload_request, workload_strategy
+from planner.requests import FINETUNE, workload_request, workload_strategy
 from planner.sizing import (
     GB,
     HEADROOM,
@@ -68,6 +68,12 @@ def _model_key(name: str, *rest: str) -> str:
     return at("workloads", name, "model", *rest)
 
 
+def _fit_key(s: Sized) -> str:
+    """Where a fit problem is reported: the `model` block, or (a kind sized without one) the key naming the model."""
+    w = s.workload
+    return _model_key(s.name) if w.model is not None else at("workloads", s.name, *w.sized_model_key)
+
+
 def size_workload(m: StackConfig, name: str, w: WorkloadConfig) -> Sized | None:
     request = workload_request(w)
     where = placement(m, w) if request is not None else None
@@ -88,12 +94,14 @@ def _fits(est: Estimate, memory_gb: float, offload_memory_gb: float | None) -> b
     return est.fits(memory_gb, HEADROOM) and cpu_ok
 
 
-def alternatives(s: Sized) -> list[tuple[Strategy, Estimate]]:
-    """On the workload's own accelerator: for each strategy, the fewest workers that fit; fewest GPUs first."""
+def alternatives(s: Sized, request: Request | None = None) -> list[tuple[Strategy, Estimate]]:
+    """On the workload's own accelerator: for each strategy, the fewest workers that fit; fewest GPUs first.
+    `request`: another way to run it (default: the workload's own)."""
+    request = request or s.request
     found = []
-    for order, strategy in enumerate(s.request.strategies()):
+    for order, strategy in enumerate(request.strategies()):
         for workers in range(1, MAX_WORKERS + 1):
-            est = estimate(s.request, strategy, s.where.per_worker, workers)
+            est = estimate(request, strategy, s.where.per_worker, workers)
             if _fits(est, s.memory_gb, s.offload_memory_gb):
                 found.append((est.gpus, order, strategy, est))
                 break
@@ -114,7 +122,25 @@ def _what(s: Sized) -> str:
     model, r = s.request.model, s.request
     shape = "" if model.shape_known else ", shape unknown: Llama-like fallback"
     how = f" at {s.strategy.label}" if s.strategy.training else ""
-    return f"{model.name} ({model.billions:.2f}B parameters{shape}) {r.precision} {r.mode}{how}"
+    run = (f" ({r.training_label}; micro batch {r.batch_size} x sequence {r.sequence_length})"
+           if s.workload.training_run is not None else "")
+    return f"{model.name} ({model.billions:.2f}B parameters{shape}) {r.precision} {r.mode}{how}{run}"
+
+
+def _with_checkpointing(s: Sized) -> str:
+    """A run without gradient checkpointing whose key can turn it on: what fits with it (activations of one
+    layer at a time instead of all), first of the suggestions."""
+    run = s.workload.training_run
+    if run is None or s.request.gradient_checkpointing:
+        return ""
+    recompute = msgspec.structs.replace(s.request, gradient_checkpointing=True)
+    key = at("workloads", s.name, *run.checkpointing_key)
+    here = estimate(recompute, s.strategy, s.where.per_worker, s.workload.workers)
+    if _fits(here, s.memory_gb, s.offload_memory_gb):
+        return (f"With gradient checkpointing ({key}: true) it needs {here.per_gpu_gb:.1f} GB per {s.unit} on the "
+                f"same {here.gpus}. ")
+    alts = [_describe(s, strategy, est) for strategy, est in alternatives(s, recompute)]
+    return f"With gradient checkpointing ({key}: true) it fits: {'; '.join(alts)}. " if alts else ""
 
 
 def _suggestions(m: StackConfig, s: Sized) -> str:
@@ -130,30 +156,36 @@ def _suggestions(m: StackConfig, s: Sized) -> str:
             strategy, o = best
             model = r.model
             what = f"MODEL={model.name}" if model.shape_known else f"PARAMETERS={model.billions:g}"
+            mode = FINETUNE if r.lora is not None else r.mode
             text += (f". Cheapest in {m.region}: {strategy.label} on {o.describe()}, ${o.on_demand:.2f}/h on-demand, "
-                     f"${o.spot:.2f}/h spot (`make gpus {what} MODE={r.mode} PRECISION={r.precision} "
+                     f"${o.spot:.2f}/h spot (`make gpus {what} MODE={mode} PRECISION={r.precision} "
                      f"REGION={m.region}` lists more)")
-    return text
+    return _with_checkpointing(s) + text
 
 
 def check_model_known(m: StackConfig) -> list[str]:
-    """The planner needs a parameter count: a model name from data/models.yaml, or `parameters`."""
+    """The planner needs a parameter count: a model name from data/models.yaml, or `parameters`. A kind sized
+    from its own keys (finetune) is sized without a `model` block too: the model it trains must be known."""
     problems = []
     for name, w in m.workloads.items():
-        if w.model is None or w.model.parameters is not None:
+        if w.model is None and (w.training_run is None or not w.sized_model_name):
+            continue  # not sized, or the kind's own rules say what names it (a bucket folder: its shape)
+        if w.model is not None and w.model.parameters is not None:
             continue
-        if not w.model.name and kind_of(w).sizes_its_model:
+        if w.model is not None and not w.model.name and kind_of(w).sizes_its_model:
             continue  # the kind's own rules say what names it (a server: `serving.model`, or what training trains)
         if not w.sized_model_name:
             problems.append(f"{_model_key(name)}: give `name` (a model in data/models.yaml) or `parameters` "
                             "(billions) for the planner's memory check")
             continue
         try:
-            resolve(w.model.name, None)
+            resolve(w.sized_model_name, None)
         except UnknownModelError as err:
             # Names the parameters key: when a given count was rejected, this is its echo and is left out.
             text = str(err).replace(COUNT_HINT, f"{COUNT_HINT[:-1]} as {_model_key(name, 'parameters')})")
-            problems.append(f"{_model_key(name, 'name')}: {text}")
+            if w.sized_model_key != ("model", "name"):
+                text += f"; or name its shape: {_model_key(name, 'name')} (a listed model of the same shape)"
+            problems.append(f"{at('workloads', name, *w.sized_model_key)}: {text}")
     return problems
 
 
@@ -183,7 +215,7 @@ def check_model_fits(m: StackConfig) -> list[str]:
         if need <= s.memory_gb or kind_of(s.workload).sizes_its_model:  # e.g. a server: what fits on one node
             continue
         problems.append(
-            f"{_model_key(s.name)}: {_what(s)} needs {need:.1f} GB per {s.unit} ({s.estimate.breakdown()}); "
+            f"{_fit_key(s)}: {_what(s)} needs {need:.1f} GB per {s.unit} ({s.estimate.breakdown()}); "
             f"{s.where.accelerator_type} has {s.memory_gb:g} GB ({_plural(s.estimate.nodes, 'worker')} x "
             f"{_plural(s.estimate.gpus_per_node, s.unit)}). {_suggestions(m, s)}")
     return problems
@@ -196,7 +228,7 @@ def warnings(m: StackConfig) -> list[str]:
     for s in sized_workloads(m):
         est, memory = s.estimate, s.memory_gb
         if est.per_gpu_gb <= memory and est.headroom(memory) < HEADROOM:
-            out.append(f"{_model_key(s.name)}: {_what(s)} needs {est.per_gpu_gb:.1f} GB per {s.unit} of "
+            out.append(f"{_fit_key(s)}: {_what(s)} needs {est.per_gpu_gb:.1f} GB per {s.unit} of "
                        f"{s.where.accelerator_type}'s {memory:g} GB, {est.headroom(memory):.1%} headroom (under "
                        f"{HEADROOM:.0%}); a longer sequence or allocator fragmentation can run it out of memory")
     return out

@@ -618,7 +618,10 @@ BUCKET_INPUTS = "e2e-finetune"  # the data and the base model, in the bucket
 # but for the data, the model and the run's length.
 FINETUNE_KEYS = {"finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/data.jsonl",
                               "promptField": "prompt", "responseField": "response", "sequenceLength": 64,
-                              "maxSteps": FINETUNE_STEPS, "saveSteps": FINETUNE_SAVE_STEPS}}
+                              "maxSteps": FINETUNE_STEPS, "saveSteps": FINETUNE_SAVE_STEPS},
+                 # A bucket folder names no shape: the tiny Llama's, for the planner's memory check (e2e/tiny_llm.py:
+                 # 2 x 512 x 64 embedding and head + 2 layers x (4 x 64^2 + 3 x 64 x 128) = 148k parameters).
+                 "model": {"parameters": 0.00015, "vocabulary": 512, "hidden": 64, "precision": "fp32"}}
 FINETUNE_LAUNCH_ARGS = ["--logging-steps", "5"]
 FINETUNE_PROMPT = "What is two plus three?"
 FINETUNE_MAX_TOKENS = 12

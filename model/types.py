@@ -40,6 +40,7 @@ from model.workload_types import (
     ServingConfig,
     StorageClaimConfig,
     TrainingConfig,
+    TrainingRun,
     WorkloadConfig,
 )
 
@@ -49,7 +50,7 @@ __all__ = [
     "DeepSpeedWorkloadConfig", "FinetuneConfig", "FinetuneWorkloadConfig", "GaudiConfig", "GcsFuseConfig",
     "HelmWorkloadConfig", "LaunchConfig", "LoraConfig", "ModelConfig", "MpiJobBaseConfig", "MpiJobWorkloadConfig",
     "OpenAiConfig", "ProxyConfig", "ResourcesConfig", "ServeWorkloadConfig", "ServingConfig", "StackConfig",
-    "StorageClaimConfig", "TrainingConfig", "WorkloadConfig", "build", "camel", "key_path", "snake",
+    "StorageClaimConfig", "TrainingConfig", "TrainingRun", "WorkloadConfig", "build", "camel", "key_path", "snake",
 ]
 
 

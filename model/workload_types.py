@@ -167,6 +167,16 @@ class FinetuneConfig(msgspec.Struct, frozen=True):
     max_steps: int | None = None
 
 
+class TrainingRun(msgspec.Struct, frozen=True):
+    """How a workload's own keys say it trains, where they say more than its `model` block (kind finetune): what
+    the planner sizes it by, and the keys that say so (under the workload)."""
+
+    sequence_length: int
+    gradient_checkpointing: bool
+    lora: LoraConfig | None  # None: every parameter trains
+    checkpointing_key: tuple[str, ...]
+
+
 # --- the workloads ------------------------------------------------------------------------------------
 # kw_only: a kind's class adds its keys to the base's, in any order, and the loader passes every key by name.
 
@@ -235,6 +245,17 @@ class WorkloadConfig(msgspec.Struct, frozen=True, kw_only=True):
     def sized_model_name(self) -> str | None:
         """The name the planner sizes: `model.name` (a kind may know it from elsewhere)."""
         return self.model.name if self.model else None
+
+    @property
+    def sized_model_key(self) -> tuple[str, ...]:
+        """The key (under the workload) that names the model the planner sizes: `model.name`."""
+        return ("model", "name")
+
+    @property
+    def training_run(self) -> TrainingRun | None:
+        """What its own keys say about the run the planner sizes (None: the `model` block says it all, and a
+        workload without one is not sized)."""
+        return None
 
     @property
     def model_folder(self) -> str | None:
@@ -379,6 +400,24 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
         f = self.finetune
         given = ((("finetune", "modelPath"), f.model_path), (("finetune", "datasetPath"), f.dataset_path))
         return (*super().bucket_paths(), *((key, path) for key, path in given if path is not None))
+
+    @property
+    def sized_model_name(self) -> str | None:
+        # Without `model.name`, the Hugging Face id it fine-tunes (data/models.yaml aliases); a bucket folder
+        # (modelPath) names no shape.
+        return (self.model.name if self.model else None) or self.finetune.model
+
+    @property
+    def sized_model_key(self) -> tuple[str, ...]:
+        return ("model", "name") if self.model is not None and self.model.name else ("finetune", "model")
+
+    @property
+    def training_run(self) -> TrainingRun:
+        """Sized with or without a `model` block: at finetune.sequenceLength, LoRA as LoRA, recomputing
+        activations as finetune.gradientCheckpointing says."""
+        f = self.finetune
+        return TrainingRun(f.sequence_length, f.gradient_checkpointing, f.lora if f.lora.enabled else None,
+                           ("finetune", "gradientCheckpointing"))
 
 
 class ServeWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):

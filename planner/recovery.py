@@ -1,9 +1,13 @@
 """How long a checkpoint takes to save, whether it fits a Spot VM's notice, and how often to save.
 
-A ZeRO checkpoint holds the weights in the training precision plus the fp32 master weights and Adam's
-two moments (12 bytes per parameter), partitioned over the ranks: every node writes its share in
-parallel. The interval follows Young's approximation of the optimum, sqrt(2 x save time x mean time
-between interruptions), at least one minute.
+A ZeRO checkpoint holds what trains: its weights in the training precision plus the fp32 master weights and
+Adam's two moments (12 bytes per parameter), partitioned over the ranks: every node writes its share in
+parallel. What trains is every parameter, or with LoRA only the adapters (the frozen base is not saved:
+transformers 5.19.0's Trainer calls DeepSpeed's save_checkpoint with exclude_frozen_parameters=True for a peft
+model, trainer.py _save_optimizer_and_scheduler). A run under the Hugging Face Trainer (finetune.py: `writes_model`)
+also writes the model, or the adapter, in the training precision into each checkpoint-N folder (save_model).
+The interval follows Young's approximation of the optimum, sqrt(2 x save time x mean time between
+interruptions), at least one minute.
 
 `stack_recovery(cfg, grace_seconds)` is the `recovery` stack output: the estimate of every training workload with
 a `model` block, which the preview's "Preemption recovery" section renders (preview/sections/recovery.py).
@@ -17,7 +21,7 @@ from typing import Any
 import msgspec
 
 from model.types import DeepSpeedWorkloadConfig, StackConfig
-from planner.sizing import resolve
+from planner.requests import workload_request
 
 # Adam's fp32 master weights, first and second moments.
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -45,13 +49,17 @@ class RecoveryPlan(msgspec.Struct, frozen=True):
     mean_hours_between_interruptions: float
 
 
-def checkpoint_bytes(parameters: float, precision: str) -> float:
-    return parameters * (OPTIMIZER_BYTES_PER_PARAM + WEIGHT_BYTES.get(precision, 2))
+def checkpoint_bytes(trained: float, precision: str, exported: bool = False) -> float:
+    """`trained` parameters' weights and optimizer states; `exported`: the Trainer's copy of the weights too."""
+    weights = WEIGHT_BYTES.get(precision, 2)
+    return trained * (OPTIMIZER_BYTES_PER_PARAM + weights + (weights if exported else 0))
 
 
-def plan(parameters: float, precision: str, nodes: int, storage: str, spot: bool) -> RecoveryPlan:
-    """`parameters` in units (not billions); `storage` "gcsfuse" or "nfs"; `spot` whether the pool is."""
-    size = checkpoint_bytes(parameters, precision)
+def plan(trained: float, precision: str, nodes: int, storage: str, spot: bool,
+         exported: bool = False) -> RecoveryPlan:
+    """`trained` parameters in units (not billions: every parameter, or LoRA's adapters); `storage` "gcsfuse" or
+    "nfs"; `spot` whether the pool is; `exported` whether the Trainer writes the weights beside DeepSpeed's."""
+    size = checkpoint_bytes(trained, precision, exported)
     save = size / (WRITE_GBPS[storage] * 1e9 * max(1, nodes))
     mtbi = MEAN_HOURS_BETWEEN_INTERRUPTIONS[spot]
     interval = max(MIN_INTERVAL_MINUTES, math.sqrt(2 * save * mtbi * 3600) / 60)
@@ -60,22 +68,20 @@ def plan(parameters: float, precision: str, nodes: int, storage: str, spot: bool
 
 
 def stack_recovery(cfg: StackConfig, grace_seconds: int) -> dict[str, dict[str, Any]]:
-    """The `recovery` output: per training workload with a `model` block, its checkpoint, the time to save it,
-    whether that fits the pods' grace period (`grace_seconds`, what a drain gives the SIGTERM save) and the Spot
-    notice, and the save interval in minutes. Workloads whose model cannot be sized are left out."""
+    """The `recovery` output: per sized training workload (a `model` block, or a kind sized from its own keys),
+    its checkpoint, the time to save it, whether that fits the pods' grace period (`grace_seconds`, what a drain
+    gives the SIGTERM save) and the Spot notice, and the save interval in minutes. Workloads whose model cannot
+    be sized are left out."""
     pools = {p.name: p for p in cfg.node_pools}
     out: dict[str, dict[str, Any]] = {}
     for name, w in sorted(cfg.workloads.items()):
-        if w.model is None or w.model.mode != "training" or not isinstance(w, DeepSpeedWorkloadConfig):
+        request = workload_request(w)
+        if request is None or request.mode != "training" or not isinstance(w, DeepSpeedWorkloadConfig):
             continue  # only a DeepSpeed run has a precision and checkpoints to size
-        try:
-            parameters = resolve(w.model.name, w.model.parameters).parameters
-        except ValueError:
-            continue
         pool = pools.get(w.pool or "")
         spot = bool(pool and pool.spot)
         storage = "gcsfuse" if w.gcs_fuse.enabled else "nfs"
-        p = plan(parameters, w.deepspeed.precision, w.workers, storage, spot)
+        p = plan(request.trained_parameters, w.deepspeed.precision, w.workers, storage, spot, w.writes_model)
         out[name] = {"checkpointGb": p.checkpoint_gb, "saveSeconds": p.save_seconds, "storage": storage,
                      "spot": spot, "fitsSpotNotice": p.fits_spot_notice, "graceSeconds": grace_seconds,
                      "fitsGracePeriod": p.save_seconds <= grace_seconds, "saveEveryMinutes": p.interval_minutes,

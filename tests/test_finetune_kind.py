@@ -246,7 +246,10 @@ def test_lora_with_zero3_parameter_offload_is_refused() -> None:
         f"{W}.finetune.lora.enabled: LoRA with ZeRO-3 parameter offload (offload_param) is not supported: offload "
         "the optimizer only, or train without LoRA (finetune.py would stop at start-up; see "
         f"{W}.deepspeed)"]
-    assert _problems({"deepspeed.offloadParams": "cpu", "finetune.lora.enabled": False}) == []
+    # Every parameter of the 7B model: with parameter offload alone the optimizer states stay on the L4s (25.2 GB
+    # each, checks/planner.py); with the optimizer offloaded too it runs.
+    assert _problems({"deepspeed.offloadParams": "cpu", "deepspeed.offloadOptimizer": "cpu",
+                      "finetune.lora.enabled": False}) == []
     assert _problems({"deepspeed.offloadOptimizer": "cpu"}) == []
 
 
@@ -259,7 +262,12 @@ def test_a_model_is_a_hub_id_or_a_bucket_folder() -> None:
     assert _problems({"finetune.modelPath": "models/base"}) == [
         f"{W}.finetune.modelPath: give {W}.finetune.model (a Hugging Face id) or modelPath (a folder of the bucket), "
         "not both"]
-    assert _problems({"finetune.model": DELETE, "finetune.modelPath": "models/base"}) == []
+    # A folder of the bucket names no shape: the planner sizes the model `model.name` (or `parameters`) says it is.
+    assert _problems({"finetune.model": DELETE, "finetune.modelPath": "models/base"}) == [
+        f"{W}.finetune.modelPath: models/base is a folder of the bucket, whose shape the planner cannot read: give "
+        f"{W}.model.name (the model of data/models.yaml it holds, or one of the same shape) or {W}.model.parameters "
+        "(billions) for the memory check"]
+    assert _problems({"finetune.model": DELETE, "finetune.modelPath": "models/base", "model.name": "Qwen2.5-7B"}) == []
 
 
 def test_a_gated_model_needs_the_token() -> None:
@@ -274,7 +282,9 @@ def test_a_gated_model_needs_the_token() -> None:
     config["deepspeed-stack:hfToken"] = TOKEN
     assert config_problems(config) == []
     # A folder of the bucket is no download: nothing to gate.
-    assert _problems({"finetune.model": DELETE, "finetune.modelPath": "models/meta-llama/Llama-3.1-8B"}) == []
+    folder = {f"{W}.finetune.model": DELETE, f"{W}.finetune.modelPath": "models/meta-llama/Llama-3.1-8B",
+              f"{W}.model.name": "Llama-3.1-8B"}
+    assert problems("finetune", {**llama, **folder}) == []
 
 
 def test_data_in_the_bucket_needs_the_bucket() -> None:

@@ -5,9 +5,13 @@ here by hand from data/models.yaml's shapes (the sources of each constant: plann
 from __future__ import annotations
 
 import pytest
-from conftest import PROJECT_DIR, yaml_load
+from conftest import DELETE, PROJECT_DIR, model, problems, stack_run, yaml_load
 
-from planner.sizing import Lora, Request, Strategy, estimate, lora_parameters, resolve
+from checks import planner as checks_planner
+from model.config import schema as load_schema
+from planner import recovery, requests
+from planner.sizing import GB, Lora, Request, Strategy, estimate, lora_parameters, resolve
+from preview.sections.recovery import section as preemption_recovery
 
 T = "workloads.tune"  # Pulumi.finetune.yaml: Qwen2.5-7B-Instruct, LoRA r16 all-linear, ZeRO-3, 2 x 4 L4, bf16
 
@@ -62,6 +66,16 @@ def test_qwen_adapter_by_hand() -> None:
     assert QWEN_ADAPTER == 40_370_176
 
 
+def test_the_command_line_lora_is_the_kinds_default() -> None:
+    """`make gpus MODE=finetune` sizes the finetune kind as it comes (model/schema.yaml's defaults)."""
+    schema = load_schema()
+    ft = schema["properties"]["workloads"]["additionalProperties"]["allOf"]
+    branch = next(b["then"] for b in ft if b["then"].get("x-kind") == "finetune")["properties"]["finetune"]
+    lora = branch["properties"]["lora"]["properties"]
+    assert Lora(lora["rank"]["default"], tuple(lora["targetModules"]["default"])) == requests.FINETUNE_LORA
+    assert requests.FINETUNE_GRADIENT_CHECKPOINTING is branch["properties"]["gradientCheckpointing"]["default"]
+
+
 # --- the estimate ------------------------------------------------------------------------------------------------
 
 def _lora_request(checkpointing: bool = True) -> Request:
@@ -113,3 +127,94 @@ def test_lora_is_never_planned_with_parameter_offload() -> None:
     # finetune.py refuses LoRA with ZeRO-3 parameter offload (combination_problems): no plan offers it.
     assert not any(s.offload_params for s in _lora_request().strategies())
     assert any(s.offload_params for s in Request(resolve("Qwen2.5-7B")).strategies())
+
+
+# --- the finetune kind at preview ----------------------------------------------------------------------------------
+
+def test_the_recipe_is_sized_from_its_finetune_keys() -> None:
+    """No `model` block: finetune.model (an alias in data/models.yaml), LoRA, sequenceLength and the micro batch."""
+    sized = {s.name: s for s in checks_planner.sized_workloads(model("finetune"))}
+    est = sized["tune"].estimate
+    assert (est.request.lora, est.request.sequence_length, est.request.batch_size) == (Lora(16), 2048, 2)
+    assert (est.strategy, est.gpus_per_node, est.nodes) == (Strategy(3), 4, 2)
+    assert est.per_gpu_gb == pytest.approx(9.9706, abs=1e-4)
+    assert checks_planner.warnings(model("finetune")) == []
+
+
+def test_full_fine_tuning_that_cannot_fit_is_refused_with_what_would() -> None:
+    """Every parameter of Qwen2.5-7B under ZeRO-3 on 8 L4s, by hand: 18 x 7.62e9 / 8 = 17.15 GB of model states,
+    + the embedding's weights and gradients gathered 4 x 545.0M = 2.18 GB, + activations 6.30 GB, + a 500M-element
+    bf16 bucket 1.0 GB, + 0.5 GB: 27.1 GB of an L4's 24."""
+    (found,) = problems("finetune", {f"{T}.finetune.lora.enabled": False})
+    assert found.startswith(f"{T}.finetune.model: Qwen2.5-7B (7.62B parameters) bf16 training at ZeRO-3 (every "
+                            "parameter, with gradient checkpointing; micro batch 2 x sequence 2048) needs 27.1 GB per "
+                            "GPU (")
+    assert "nvidia-l4 has 24 GB (2 workers x 4 GPUs). Fits with 10% headroom: ZeRO-3 + optimizer offload on 8 x L4 " \
+           "(2 workers x 4; 11.9 GB each)" in found
+    assert "ZeRO-3 on 12 x L4 (3 workers x 4; 21.4 GB each)" in found
+    assert "`make gpus MODEL=Qwen2.5-7B MODE=training " in found
+    # What it says fits does: the optimizer offloaded (within the pod's memory), or a third worker.
+    assert problems("finetune", {f"{T}.finetune.lora.enabled": False, f"{T}.deepspeed.offloadOptimizer": "cpu"}) == []
+    assert problems("finetune", {f"{T}.finetune.lora.enabled": False, f"{T}.workers": 3,
+                                 "nodePools[0].maxNodes": 3}) == []
+
+
+def test_without_gradient_checkpointing_the_error_says_to_turn_it_on() -> None:
+    # Every parameter, no recomputation: 28 layers x 34 x 4096 x 3584 = 13.98 GB more activations: 39.8 GB.
+    (found,) = problems("finetune", {f"{T}.finetune.lora.enabled": False, f"{T}.finetune.gradientCheckpointing": False})
+    assert "without gradient checkpointing; micro batch 2 x sequence 2048) needs 39.8 GB per GPU" in found
+    assert f"With gradient checkpointing ({T}.finetune.gradientCheckpointing: true) it fits: ZeRO-3 + optimizer " \
+           "offload on 8 x L4 (2 workers x 4; 11.9 GB each)" in found
+
+
+def test_lora_without_gradient_checkpointing_fits_tightly() -> None:
+    # 22.6 GB of 24: 5.7 % free, under the 10 % the planner keeps: a warning, not an error.
+    m = model("finetune", {f"{T}.finetune.gradientCheckpointing": False})
+    (warning,) = checks_planner.warnings(m)
+    assert warning.startswith(f"{T}.finetune.model: Qwen2.5-7B (7.62B parameters) bf16 training at ZeRO-3 (LoRA rank "
+                              "16 on all-linear (40.37M adapter parameters, the base frozen), without gradient "
+                              "checkpointing; micro batch 2 x sequence 2048) needs 22.6 GB per GPU of nvidia-l4's "
+                              "24 GB, 5.7% headroom")
+
+
+def test_a_model_block_names_the_shape_and_the_run_keys_size_it() -> None:
+    # A bucket folder with the model it holds: sized as that model, at the finetune keys' sequence (not the
+    # model block's default 2048) and the ds_config's micro batch.
+    keys = {f"{T}.finetune.model": DELETE, f"{T}.finetune.modelPath": "models/base", f"{T}.model.name": "Qwen2.5-7B",
+            f"{T}.finetune.sequenceLength": 4096}
+    m = model("finetune", keys)
+    (s,) = [s for s in checks_planner.sized_workloads(m) if s.name == "tune"]
+    assert (s.request.model.name, s.request.sequence_length, s.request.batch_size) == ("Qwen2.5-7B", 4096, 2)
+    assert problems("finetune", {**keys, f"{T}.model.mode": "inference"}) == [
+        f"{T}.model.mode: a finetune workload trains (ZeRO model states, LoRA adapters, activations), got inference; "
+        f"set mode: training, or leave the model block out (the run is sized from {T}.finetune.model)"]
+
+
+def test_a_model_the_planner_does_not_know_needs_its_shape() -> None:
+    (found,) = problems("finetune", {f"{T}.finetune.model": "my-org/my-model"})
+    assert found.startswith(f"{T}.finetune.model: unknown model 'my-org/my-model'; known: ")
+    assert found.endswith(f"(or give the parameter count in billions as {T}.model.parameters); or name its shape: "
+                          f"{T}.model.name (a listed model of the same shape)")
+    assert problems("finetune", {f"{T}.finetune.model": "my-org/my-model", f"{T}.model.name": "Qwen2.5-7B"}) == []
+    assert problems("finetune", {f"{T}.finetune.model": "my-org/my-model", f"{T}.model.parameters": 7.0}) == []
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------------------
+
+def test_a_lora_checkpoint_holds_the_adapter_not_the_base() -> None:
+    """The recipe's checkpoint: the adapters' bf16 weights (DeepSpeed's module states and the Trainer's
+    adapter_model.safetensors, 2 + 2 bytes) and their fp32 master weights and Adam moments (12): 16 x 40.37M =
+    0.646 GB, written by 2 nodes to the bucket at 0.4 GB/s each: 0.81 s. Full fine-tuning writes 16 bytes of
+    every parameter: 121.9 GB."""
+    r = recovery.stack_recovery(model("finetune"), grace_seconds=120)["tune"]
+    assert r["checkpointGb"] == pytest.approx(16 * QWEN_ADAPTER / GB)
+    assert r["saveSeconds"] == pytest.approx(16 * QWEN_ADAPTER / (0.4e9 * 2))
+    full = recovery.stack_recovery(model("finetune", {f"{T}.finetune.lora.enabled": False,
+                                                      f"{T}.deepspeed.offloadOptimizer": "cpu"}), 120)["tune"]
+    assert full["checkpointGb"] == pytest.approx(16 * QWEN_P / GB)
+
+
+def test_the_preview_table_prices_the_lora_checkpoint() -> None:
+    [(_, body)] = preemption_recovery(stack_run("finetune"))
+    row = next(line for line in body.splitlines() if line.startswith("| tune "))
+    assert row.startswith("| tune | 0.6 GB | 1 s (gcsfuse) | yes | yes |")

@@ -188,6 +188,27 @@ def _passed_flags(m: StackConfig, w: FinetuneWorkloadConfig) -> dict[str, str]:
     return {**passed, **launcher_flags(m, w)}
 
 
+def check_bucket_model_shape(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """The planner sizes every run: a model from a bucket folder (modelPath) names no shape, so `model.name` (a
+    model of data/models.yaml) or `model.parameters` must say what it is."""
+    f, mb = w.finetune, w.model
+    if not f.model_path or f.model or (mb is not None and (mb.name or mb.parameters is not None)):
+        return []
+    return [f"{_key(w, 'finetune', 'modelPath')}: {f.model_path} is a folder of the bucket, whose shape the planner "
+            f"cannot read: give {_key(w, 'model', 'name')} (the model of data/models.yaml it holds, or one of the "
+            f"same shape) or {_key(w, 'model', 'parameters')} (billions) for the memory check"]
+
+
+def check_sized_as_training(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """The planner sizes the run from the `finetune` keys (finetune.model, LoRA, sequenceLength, gradient
+    checkpointing; planner/requests.py): a `model` block may name the shape, never make it a server."""
+    if w.model is None or w.model.mode == "training":
+        return []
+    return [f"{_key(w, 'model', 'mode')}: a finetune workload trains (ZeRO model states, LoRA adapters, "
+            f"activations), got {w.model.mode}; set mode: training, or leave the model block out (the run is sized "
+            f"from {_key(w, 'finetune', 'model')})"]
+
+
 def check_launch(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
     """The script is one the ranks can run; `launch.args` repeats no flag the stack sets from a key, and has only
     flags the script's parser has (workloads/kinds/shared.py), which in turn takes every flag the stack passes."""
@@ -223,8 +244,8 @@ KIND: Kind[FinetuneWorkloadConfig] = Kind(
     name="finetune",
     config=FinetuneWorkloadConfig,
     rules=(check_on_nvidia, check_model_and_data, check_data_format, check_epochs_or_max_steps,
-           check_text_field_or_prompt, check_model_sequence_length, check_lora_combination, check_launch,
-           check_mpijob_name, check_mpijob_storage),
+           check_text_field_or_prompt, check_model_sequence_length, check_lora_combination,
+           check_bucket_model_shape, check_sized_as_training, check_launch, check_mpijob_name, check_mpijob_storage),
     build=build,
     warnings=(warn_lora_unused, warn_command_replaces_finetune_keys),
 )

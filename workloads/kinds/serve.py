@@ -248,7 +248,7 @@ def _trained_model(trainer: WorkloadConfig) -> tuple[tuple[str, ...], str] | Non
     """The data/models.yaml entry a training workload trains, with the key that names it: its `model.name`, else
     the Hugging Face id it downloads (a finetune's `finetune.model`); None where neither is listed."""
     if (name := _catalog_name(trainer.sized_model_name)) is not None:
-        return ("model", "name"), name
+        return trainer.sized_model_key, name
     for key, hf_id in trainer.hub_models():
         if (name := _catalog_name(hf_id)) is not None:
             return key, name
