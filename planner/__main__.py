@@ -11,6 +11,7 @@ import sys
 from model import catalog as gpu_catalog
 from model.suggest import did_you_mean
 from planner.recommend import MAX_NODES, Plan, recommend, short_name
+from planner.requests import mode_request
 from planner.sizing import BYTES_PER_PARAM, HEADROOM, Request, given_shape, model_names, resolve
 
 DEFAULT_REGION = "us-central1"
@@ -24,7 +25,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     what.add_argument("--parameters", type=float, metavar="B", help="parameters in billions (unknown shape)")
     what.add_argument("--list", action="store_true", help="list the known models and exit")
     parser.add_argument("--mode", choices=["inference", "training", "finetune"],
-                        help="required with --model/--parameters (finetune is sized as training: LoRA needs less)")
+                        help="required with --model/--parameters (finetune: the finetune kind as it comes, LoRA "
+                             "rank 16 on all-linear with gradient checkpointing; training: every parameter)")
     parser.add_argument("--vocab", type=int, help="vocabulary size (with --hidden) of a model not in data/models.yaml")
     parser.add_argument("--hidden", type=int, help="hidden size (with --vocab) of a model not in data/models.yaml")
     parser.add_argument("--largest-layer", type=float, metavar="M",
@@ -38,8 +40,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.list and args.mode is None:
         parser.error("--mode inference|training|finetune is required")
-    if args.mode == "finetune":
-        args.mode = "training"  # the plan full fine-tuning needs holds LoRA too (frozen weights, fewer states)
     if args.seq < 1 or args.batch < 1 or args.top < 1 or args.max_nodes < 1:
         parser.error("--seq, --batch, --top and --max-nodes must be at least 1")
     return args
@@ -59,7 +59,8 @@ def _serving_note(request: Request) -> list[str]:
 def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Catalog) -> str:
     model = request.model
     shape = "shape from data/models.yaml" if model.shape_known else "shape unknown: Llama-like fallback"
-    lines = [f"{model.name}: {model.billions:.2f}B parameters ({shape}), {request.precision} {request.mode}, "
+    how = f" ({request.training_label})" if request.mode == "training" else ""
+    lines = [f"{model.name}: {model.billions:.2f}B parameters ({shape}), {request.precision} {request.mode}{how}, "
              f"sequence {request.sequence_length} x batch {request.batch_size}, region {region}",
              f"Options keep {HEADROOM:.0%} of each GPU's memory free. Prices are estimates in {cat.currency} "
              f"(data/gpu_catalog.yaml, {cat.date}).", *_serving_note(request), ""]
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         model = given_shape(resolve(args.model, args.parameters), args.vocab, args.hidden, args.largest_layer)
-        request = Request(model, args.precision, args.mode, args.seq, args.batch)
+        request = mode_request(args.mode, model, args.precision, args.seq, args.batch)
         plans = recommend(request, args.region, cat, max_nodes=args.max_nodes, top=args.top)
     except ValueError as err:  # an unknown model (UnknownModelError) or int8/int4 training
         print(f"error: {err}", file=sys.stderr)

@@ -4,7 +4,8 @@
 system pool, one GPU pool shaped like the option (one zone: NCCL across zones is slow and billed), and the workload
 of the mode: `training` an MPIJob running workloads/scripts/finetune.py (full-parameter, the Hugging Face Trainer)
 on the option's nodes with the ZeRO stage and offload the planner sized; `inference` a `serve` workload on one
-node; `finetune` the finetune kind with LoRA on the `training` plan, its data and result in the stack's bucket.
+node; `finetune` the finetune kind with LoRA (sized as LoRA: the request's `lora`), its data, checkpoints and result
+in the stack's bucket.
 `render()` writes it with the plan, the ds_config choices and the reasons as YAML comments.
 
 Which candidate is written is decided above this layer (preview/write_stack.py): the cheapest whose config the
@@ -24,6 +25,7 @@ import yaml
 from model import catalog as gpu_catalog
 from model import machine_disks
 from model.suggest import closest
+from planner import recovery
 from planner.recommend import MAX_NODES, Option, recommend, short_name
 from planner.sizing import BYTES_PER_PARAM, GB, HEADROOM, Estimate, Request, Strategy, known_models
 
@@ -140,8 +142,10 @@ def _training(request: Request, strategy: Strategy, option: Option, model_id: st
         "namespace": "train",
         "pool": pool_name(option.gpu_type),
         "workers": workers,
+        # --gradient-checkpointing: the plan's activations are sized with every layer recomputed.
         "launch": {"script": SCRIPT,
-                   "args": ["--model", model_id, "--dataset", DATASET, "--seq-len", str(request.sequence_length)]},
+                   "args": ["--model", model_id, "--dataset", DATASET, "--seq-len", str(request.sequence_length),
+                            "--gradient-checkpointing"]},
         "storage": {"claimName": "train-shared", "storageClass": "standard-rwx", "size": _gib(claim, 100),
                     "accessMode": "ReadWriteMany", "mountPath": "/data"},
         "hfHome": "/data/huggingface",
@@ -204,24 +208,45 @@ FINETUNE = "finetune"
 BUCKET_DATASET = "data/train.jsonl"  # the finetune kind reads its data from the stack's bucket (datasetPath)
 
 
+def _lora_keys(request: Request) -> dict[str, Any]:
+    """`finetune.lora` as the plan was sized: the adapter's rank and targets, or every parameter."""
+    if request.lora is None:
+        return {"enabled": False}
+    return {"enabled": True, "rank": request.lora.rank, "targetModules": list(request.lora.targets)}
+
+
 def _finetune(request: Request, strategy: Strategy, option: Option, model_id: str) -> tuple[dict[str, Any], list[str]]:
-    """The finetune kind (LoRA on) on the plan sized for full fine-tuning, which LoRA never needs more than: the
-    same pool, workers and ds_config as `training`; data and the result in the stack's bucket."""
+    """The finetune kind on the plan sized for what it trains (LoRA's adapters on the frozen model, as
+    `make gpus MODE=finetune` asks; every parameter for a request without LoRA): the pool, workers and ds_config
+    of the plan; data, checkpoints and the result in the stack's bucket, the claim only for the download."""
     config, reasons = _training(request, strategy, option, model_id)
     job = config["deepspeed-stack:workloads"]["train"]
     job.pop("launch")  # the kind's own launch: finetune.py with the keys below as its arguments
+    weights = request.model.parameters * BYTES_PER_PARAM[request.precision]
+    job["storage"]["size"] = _gib(weights, 100)  # HF_HOME only: checkpoints go to the bucket
     job.update(kind=FINETUNE, gcsFuse={"enabled": True, "mountPath": "/gcs"},
                finetune={"model": model_id, "datasetPath": BUCKET_DATASET, "sequenceLength": request.sequence_length,
-                         "epochs": 1, "lora": {"enabled": True}})
-    reasons = [r for r in reasons if not r.startswith("launch:")] + [
-        f"finetune: LoRA on {model_id}, sized as full fine-tuning (an upper bound: LoRA trains and keeps optimizer "
-        "states for the adapters only); set lora.enabled: false to train every parameter on the same nodes",
+                         "epochs": 1, "gradientCheckpointing": request.gradient_checkpointing,
+                         "lora": _lora_keys(request)})
+    checkpoint = recovery.checkpoint_bytes(request.trained_parameters, request.precision, exported=True)
+    if request.lora is not None:
+        what = (f"finetune: {request.training_label} on {model_id}, sized as such: only the adapters have "
+                "gradients and optimizer states; lora.enabled: false trains every parameter (`make gpus "
+                "MODE=training` sizes that)")
+    else:
+        what = f"finetune: every parameter of {model_id} ({request.training_label})"
+    reasons = [r for r in reasons if not r.startswith(("launch:", "storage:"))] + [
+        what,
+        f"storage: {_gib(weights, 100)} of Filestore Basic HDD (standard-rwx) for the model download "
+        f"({weights / GB:.0f} GB); checkpoints ({checkpoint / GB:.2f} GB each: what trains, its optimizer states "
+        "and the Trainer's copy) go to the bucket's checkpoints/train/",
         f"finetune.datasetPath: upload your JSONL to gs://<the bucket output>/{BUCKET_DATASET} after `pulumi up` "
         "(the launcher waits for it); the model lands in models/train/ in the bucket"]
     return {"deepspeed-stack:storage": {"enabled": True}, **config}, reasons
 
 
-# The workload each mode writes. `finetune` is sized as `training` (its Request's mode) and written as the kind.
+# The workload each mode writes. `finetune`'s Request is a training one with LoRA (planner/requests.py
+# mode_request), written as the kind.
 WORKLOADS: dict[str, WorkloadWriter] = {TRAINING: _training, INFERENCE: _inference, FINETUNE: _finetune}
 
 
@@ -230,12 +255,6 @@ def _model_reasons(model_id: str) -> list[str]:
         return [f"model: {MODEL_PLACEHOLDER} stands in for the Hugging Face id of your model: name it"]
     return [f"hfToken: if {model_id} is gated on Hugging Face (Llama and Gemma are), `pulumi config set --secret "
             "hfToken hf_...`; the pods read it from a mounted file"]
-
-
-def _writes(writer: str | None, strategy: Strategy) -> bool:
-    """The finetune kind trains LoRA, which finetune.py refuses with ZeRO-3 parameter offload (its
-    combination_problems): the writer never writes that plan for it."""
-    return not (writer == FINETUNE and strategy.offload_params)
 
 
 def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catalog | None = None,
@@ -247,8 +266,7 @@ def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catal
     model_id = model_id or hf_id(request.model.name) or MODEL_PLACEHOLDER
     write = WORKLOADS[writer or request.mode]
     plans = recommend(request, region, cat, max_nodes=1 if request.mode == INFERENCE else MAX_NODES, top=top)
-    ranked = sorted(((p.strategy, o) for p in plans for o in p.options if _writes(writer, p.strategy)),
-                    key=lambda so: so[1].sort_key())
+    ranked = sorted(((p.strategy, o) for p in plans for o in p.options), key=lambda so: so[1].sort_key())
     out = []
     for strategy, option in ranked:
         config = _platform(stack, region, option, option.nodes)

@@ -27,12 +27,12 @@ from model.gated_models import gated_family
 from model.suggest import did_you_mean
 from planner import stack_writer
 from planner.cost import SERVING, TRAINING, stack_costs
+from planner.requests import mode_request
 from planner.sizing import BYTES_PER_PARAM, Request, given_shape, resolve
 from preview.engine import PROJECT_DIR, SECRET, engine_config_from_yaml
 
 MAX_TRIES = 60  # candidates loaded through the checks before giving up (each load is a few tens of ms)
 ROLE = {stack_writer.TRAINING: TRAINING, stack_writer.INFERENCE: SERVING}
-SIZED_AS = {stack_writer.FINETUNE: stack_writer.TRAINING}  # a mode the planner sizes as another
 
 
 class NoPlanError(Exception):
@@ -96,7 +96,8 @@ def header(choice: Choice, request: Request, region: str, stack: str, command: s
     today = datetime.date.today().isoformat()
     lines = [
         f"{stack}: written by `{command}` ({today}).",
-        f"{model.name}: {model.billions:.2f}B parameters ({shape}), {request.precision} {request.mode}, sequence "
+        f"{model.name}: {model.billions:.2f}B parameters ({shape}), {request.precision} {request.mode}"
+        f"{f' ({request.training_label})' if request.mode == 'training' else ''}, sequence "
         f"{request.sequence_length} x batch {request.batch_size}, {region}.",
         f"Plan: {stack_writer.summary_line(c)}; the cheapest option that holds it with "
         f"{stack_writer.HEADROOM:.0%} of each GPU free and that the stack's checks accept.",
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     cat = gpu_catalog.load()
     try:
         model = given_shape(resolve(args.model, args.parameters), args.vocab, args.hidden, args.largest_layer)
-        request = Request(model, args.precision, SIZED_AS.get(args.mode, args.mode), args.seq, args.batch)
+        request = mode_request(args.mode, model, args.precision, args.seq, args.batch)
         # A Hugging Face id as MODEL is what the pods download; a name or a size takes data/models.yaml's id.
         model_id = args.model if args.model and "/" in args.model else None
         choice = choose(request, args.region, args.stack, args.budget, cat, model_id, writer=args.mode)

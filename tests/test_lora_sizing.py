@@ -4,14 +4,18 @@ here by hand from data/models.yaml's shapes (the sources of each constant: plann
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from conftest import DELETE, PROJECT_DIR, model, problems, stack_run, yaml_load
+from conftest import DELETE, PROJECT_DIR, config_problems, model, problems, stack_run, yaml_load
 
 from checks import planner as checks_planner
 from model.config import schema as load_schema
 from planner import recovery, requests
+from planner.__main__ import main as planner_main
 from planner.sizing import GB, Lora, Request, Strategy, estimate, lora_parameters, resolve
 from preview.sections.recovery import section as preemption_recovery
+from preview.write_stack import main as planner_write
 
 T = "workloads.tune"  # Pulumi.finetune.yaml: Qwen2.5-7B-Instruct, LoRA r16 all-linear, ZeRO-3, 2 x 4 L4, bf16
 
@@ -199,6 +203,29 @@ def test_a_model_the_planner_does_not_know_needs_its_shape() -> None:
     assert problems("finetune", {f"{T}.finetune.model": "my-org/my-model", f"{T}.model.parameters": 7.0}) == []
 
 
+# --- make gpus MODE=finetune ---------------------------------------------------------------------------------------
+
+def test_make_gpus_finetune_prints_the_numbers_the_preview_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert planner_main(["--model", "Qwen2.5-7B", "--mode", "finetune", "--batch", "2", "--top", "50"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Qwen2.5-7B: 7.62B parameters (shape from data/models.yaml), bf16 training (LoRA rank 16 on "
+                          "all-linear (40.37M adapter parameters, the base frozen), with gradient checkpointing), "
+                          "sequence 2048 x batch 2")
+    assert "parameters offload" not in out
+    zero3 = out.split("## ZeRO-3\n", 1)[1].split("\n\n", 1)[0]
+    # The cheapest L4 plan: 2 x g2-standard-4 (one L4 each). By hand: the frozen base and the adapters' 18 bytes
+    # halved, the embedding gathered, the run's activations, the adapters' bucket, the context: 16.0 GB.
+    by_hand = (2 * QWEN_P / 2 + 2 * QWEN_V * QWEN_H + 18 * QWEN_ADAPTER / 2 + TOKENS * QWEN_H * (2 * QWEN_LAYERS + 34)
+               + 8 * TOKENS * QWEN_V + 2 * QWEN_ADAPTER + 0.5e9)
+    assert round(by_hand / GB, 1) == 16.0
+    assert "  2 x L4             2 x g2-standard-4       16.0 of 24           1.42" in zero3
+    # The recipe on that plan: the preview sizes it from its keys to the same bytes.
+    m = model("finetune", {"nodePools[0].machineType": "g2-standard-4", "nodePools[0].gpu.count": 1})
+    (s,) = [s for s in checks_planner.sized_workloads(m) if s.name == "tune"]
+    assert (s.estimate.gpus_per_node, s.estimate.nodes) == (1, 2)
+    assert s.estimate.per_gpu_gb * GB == pytest.approx(by_hand)
+
+
 # --- checkpoints ---------------------------------------------------------------------------------------------------
 
 def test_a_lora_checkpoint_holds_the_adapter_not_the_base() -> None:
@@ -218,3 +245,24 @@ def test_the_preview_table_prices_the_lora_checkpoint() -> None:
     [(_, body)] = preemption_recovery(stack_run("finetune"))
     row = next(line for line in body.splitlines() if line.startswith("| tune "))
     assert row.startswith("| tune | 0.6 GB | 1 s (gcsfuse) | yes | yes |")
+
+
+def test_make_gpus_finetune_writes_the_lora_plan(tmp_path: Any) -> None:
+    """`make gpus MODEL=Qwen2.5-7B MODE=finetune WRITE=ft`: LoRA on a 7B model fits one L4 at ZeRO-0 (the bf16 base
+    15.24 GB whole, the adapters' 20 bytes, activations at batch 1), where full fine-tuning needed 2 x L4 with the
+    optimizer offloaded; the claim holds the download only, checkpoints go to the bucket."""
+    assert planner_write(["--model", "Qwen2.5-7B", "--mode", "finetune", "--stack", "ft", "--dir", str(tmp_path)]) == 0
+    text = (tmp_path / "Pulumi.ft.yaml").read_text(encoding="utf-8")
+    config = yaml_load(text)["config"]
+    (w,) = config["deepspeed-stack:workloads"].values()
+    (pool,) = config["deepspeed-stack:nodePools"]
+    assert (pool["machineType"], pool["gpu"]["count"], w["workers"], w["deepspeed"]["zeroStage"]) == \
+        ("g2-standard-4", 1, 1, 0)
+    by_hand = (2 * QWEN_P + 20 * QWEN_ADAPTER + 2048 * QWEN_H * (2 * QWEN_LAYERS + 34) + 8 * 2048 * QWEN_V
+               + 2 * QWEN_ADAPTER + 0.5e9)
+    reasons = " ".join(line[1:].strip() for line in text.splitlines() if line.startswith("#"))
+    assert f"deepspeed: ZeRO-0: {by_hand / GB:.1f} GB of each 24 GB GPU (frozen weights 15.2, " in reasons
+    assert w["storage"]["size"] == "100Gi"  # 15.24 GB of weights, at least 100Gi
+    assert "checkpoints (0.65 GB each: what trains, its optimizer states and the Trainer's copy) go to the " \
+           "bucket's checkpoints/train/" in reasons
+    assert config_problems(config) == []

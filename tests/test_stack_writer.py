@@ -15,6 +15,7 @@ from conftest import config_problems, yaml_load
 from checks import load
 from model import catalog
 from planner import stack_writer
+from planner.requests import mode_request
 from planner.sizing import Request, resolve
 from preview import engine
 from preview import write_stack as ws
@@ -56,6 +57,8 @@ def test_grid_round_trips_through_write_and_load(model: str, mode: str) -> None:
     assert workload["model"]["mode"] == mode and workload["pool"] == pool["name"]
     if mode == stack_writer.TRAINING:
         assert workload["kind"] == "mpijob" and workload["workers"] == option.nodes
+        # The plan's activations are sized with every layer recomputed: finetune.py is told to.
+        assert "--gradient-checkpointing" in workload["launch"]["args"]
         ds = workload["deepspeed"]
         assert ds["zeroStage"] == strategy.zero_stage
         assert (ds["offloadOptimizer"] != "none", ds["offloadParams"] != "none") == \
@@ -79,6 +82,9 @@ def test_grid_round_trips_through_write_and_load(model: str, mode: str) -> None:
         assert w.get("workers", 1) == c.option.nodes if mode == stack_writer.TRAINING else c.option.nodes == 1
 
 
+LORA_MULTI_NODE = {"Llama-2-13B": 2, "34B": 5, "Llama-2-70B": 5}
+
+
 @pytest.mark.parametrize("writer", [stack_writer.TRAINING, stack_writer.FINETUNE])
 @pytest.mark.parametrize("model", GRID_MODELS)
 def test_every_multi_node_plan_the_writer_makes_passes_the_stacks_checks(model: str, writer: str) -> None:
@@ -86,10 +92,12 @@ def test_every_multi_node_plan_the_writer_makes_passes_the_stacks_checks(model: 
     loads through the stack's own checks, so the cheapest plan is never passed over for a fault of the writer
     (A3 Ultra and A4 once got the default pd-balanced boot disk they cannot boot from; LoRA once got ZeRO-3
     parameter offload, which finetune.py refuses)."""
-    request = Request(resolve(model), "bf16", stack_writer.TRAINING, 2048, 1)
+    request = mode_request(writer, resolve(model))
     ranked = stack_writer.candidates(request, REGION, "grid", writer=writer)
     multi = [c for c in ranked if c.option.nodes > 1]
-    assert len(multi) >= 10, [c.label for c in ranked]  # 7B-70B: 11-17 multi-node plans each
+    # Every parameter of 7B-70B: 14-17 multi-node plans each; LoRA's 34B and 70B 8 each, its 13B 2 (7B and 8B fit
+    # one node of every GPU).
+    assert len(multi) >= (10 if writer == stack_writer.TRAINING else LORA_MULTI_NODE.get(model, 0))
     refused = {}
     for c in ranked:
         config = dict(c.config)
@@ -177,9 +185,10 @@ def test_the_written_config_is_what_the_engine_loads() -> None:
 
 @pytest.mark.parametrize("model", GRID_MODELS)
 def test_finetune_grid_writes_the_finetune_kind_and_loads(model: str) -> None:
-    """MODE=finetune: the plan full fine-tuning needs (Request mode training), written as the finetune kind with
-    LoRA on, its data and result in the stack's bucket; it loads through every rule `make preview` runs."""
-    request = Request(resolve(model), "bf16", stack_writer.TRAINING, 2048, 1)
+    """MODE=finetune: the plan LoRA needs (a training Request with the kind's LoRA), written as the finetune kind
+    with that LoRA, its data, checkpoints and result in the stack's bucket; it loads through every rule `make
+    preview` runs, which sizes it from its keys to the same numbers."""
+    request = mode_request(stack_writer.FINETUNE, resolve(model))
     choice = ws.choose(request, REGION, "grid", writer=stack_writer.FINETUNE)
     header = ws.header(choice, request, REGION, "grid", f"make gpus MODEL={model} MODE=finetune WRITE=grid",
                        catalog.load())
@@ -192,12 +201,13 @@ def test_finetune_grid_writes_the_finetune_kind_and_loads(model: str) -> None:
     option, strategy = choice.candidate.option, choice.candidate.strategy
     assert workload["kind"] == "finetune" and workload["workers"] == option.nodes
     assert "launch" not in workload  # the kind's own finetune.py command line
-    assert workload["finetune"]["lora"] == {"enabled": True}
+    assert workload["finetune"]["lora"] == {"enabled": True, "rank": 16, "targetModules": ["all-linear"]}
+    assert workload["finetune"]["gradientCheckpointing"] is True
     assert workload["finetune"]["datasetPath"] == "data/train.jsonl"
     assert workload["finetune"]["sequenceLength"] == 2048
     assert workload["gcsFuse"]["enabled"] is True and config["deepspeed-stack:storage"] == {"enabled": True}
     assert workload["deepspeed"]["zeroStage"] == strategy.zero_stage
-    assert "#   finetune: LoRA on " in text
+    assert "#   finetune: LoRA rank 16 on all-linear (" in text
 
 
 def test_write_finetune_mode_writes_a_file(tmp_path: Path) -> None:
