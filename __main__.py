@@ -20,7 +20,7 @@ from components.vertex import VertexTraining, VertexTrainingArgs
 from model import capacity, catalog, fabric, versions
 from planner import cost, recovery
 from planner.capacity_plan import capacity_plan
-from workloads import kinds
+from workloads import first_up, kinds
 from workloads.compute_class import ComputeClasses, ComputeClassesArgs
 from workloads.gcs_fuse import BucketAccess
 from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
@@ -127,34 +127,45 @@ if target is not None:
         chains=list(capacity.chains(cfg).values()),
         node_pool_names={name: pool.node_pool.name for name, pool in pools.items()}), on_target).classes \
         if cluster and capacity.chains(cfg) else {}
+    # Kueue: a flavor per pool a queued job uses, one ClusterQueue in the jobs' order; after the MPI operator, so
+    # Kueue's MPIJob integration finds its CRD. Before the workloads: a queued MPIJob waits for its webhooks.
+    kueue = Kueue("kueue", KueueArgs(config=cfg.kueue, pools=flavor_pools(cfg)),
+                  pulumi.ResourceOptions(provider=target, depends_on=[operator] if operator else None)) \
+        if cfg.kueue.install and cluster is not None else None
+    # NCCL tests: bus bandwidth across a fabric pool's nodes, once its pools, fabric and image read grant exist; the
+    # first thing on their pools: what would compete with one for its nodes waits for its Job to complete
+    # (workloads/first_up.py).
+    nccl_tests: dict[str, NcclTest] = {}
+    for name, t in (sorted(cfg.nccl_tests.items()) if cluster else []):
+        waits_for = [r for p in t.pools for r in (pools.get(p), gpu_fabrics.get(p)) if r] + [registry.reader] + [
+            nccl_tests[before].job for before in first_up.tests_before_test(cfg, name)]
+        nccl_tests[name] = NcclTest(name, NcclTestInputs(
+            t, [cfg.pool(p) for p in t.pools], "", None if cfg.image.prebuilt else versions.load().nccl,
+            awaited=name in first_up.awaited_tests(cfg)), image.ref,
+                                    pulumi.ResourceOptions(provider=target, depends_on=waits_for))
+        workload_summary[name] = nccl_tests[name].summary
     queued: dict[str, pulumi.Output[str]] = {}  # namespace of each job Kueue queues
     platform = kinds.Platform(
         cfg=cfg, image=image.ref if image else None, hf_token=cfg.hf_token, bucket=bucket, gaudi_image=gaudi_ref,
-        gaudi_login=gaudi_login, claim_depends_on=[nfs] if nfs else [], own_cluster=cluster is not None)
+        gaudi_login=gaudi_login, claim_depends_on=[nfs] if nfs else [], own_cluster=cluster is not None,
+        mpi_operator=operator, kueue=kueue.release if kueue else None)
     for name, w in cfg.workloads.items():
         # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
         reader = registry.reader if registry and w.pulls_stack_image else None
-        waits_for = [r for r in (pools.get(w.pool or ""), operator if w.runs_as_mpijob else None, reader,
-                                 gpu_fabrics.get(w.pool or ""), pools.get(w.fallback_pool or ""),
-                                 classes.get(capacity.class_name(w.pool or ""))) if r]
+        waits_for = [r for r in (pools.get(w.pool or ""), reader, gpu_fabrics.get(w.pool or ""),
+                                 pools.get(w.fallback_pool or ""), classes.get(capacity.class_name(w.pool or ""))) if r]
+        waits_for += [nccl_tests[t].job for t in first_up.tests_before_workload(cfg, w) if t in nccl_tests]
         # Each kind builds its own (workloads/kinds/): helm -> DeepSpeedRelease, mpijob -> TrainingJob, ...
         built = kinds.kind_of(w).build(name, w, platform, pulumi.ResourceOptions(provider=target, depends_on=waits_for))
         workload_summary[name] = built.summary
         if built.endpoint is not None:
             serving_endpoints[name] = built.endpoint
         if built.queued_namespace is not None:
-            queued[w.namespace] = built.queued_namespace
-    # NCCL tests: bus bandwidth across a fabric pool's nodes, once its pools, fabric and image read grant exist.
-    for name, t in (cfg.nccl_tests.items() if cluster else []):
-        waits_for = [r for p in t.pools for r in (pools.get(p), gpu_fabrics.get(p)) if r] + [registry.reader]
-        workload_summary[name] = NcclTest(name, NcclTestInputs(
-            t, [cfg.pool(p) for p in t.pools], "", None if cfg.image.prebuilt else versions.load().nccl), image.ref,
-                                          pulumi.ResourceOptions(provider=target, depends_on=waits_for)).summary
-    # Kueue: a flavor per pool a queued job uses, one ClusterQueue in the jobs' order, a LocalQueue in each queued
-    # job's namespace. After the MPI operator, so Kueue's MPIJob integration finds its CRD.
-    if cfg.kueue.install and cluster is not None:
-        Kueue("kueue", KueueArgs(config=cfg.kueue, pools=flavor_pools(cfg), namespaces=queued),
-              pulumi.ResourceOptions(provider=target, depends_on=[operator] if operator else None))
+            queued.setdefault(w.namespace, built.queued_namespace)
+    # A LocalQueue in each queued job's namespace, once the namespace exists.
+    if kueue is not None:
+        for namespace, namespace_output in sorted(queued.items()):
+            kueue.queue_in(namespace, namespace_output)
 
 # 7. Vertex AI: a training identity, an optional TensorBoard and the CustomJob spec to start runs with.
 vertex = None

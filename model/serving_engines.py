@@ -157,3 +157,8 @@ def vllm_facts() -> VllmFacts:
 def skip_await_annotation() -> str:
     """pulumi-kubernetes' annotation that skips its await logic on an object (source in the data file)."""
     return str(_raw()["pulumiKubernetes"]["skipAwait"])
+
+
+def job_await_seconds() -> int:
+    """How long pulumi-kubernetes awaits a Job's completion without customTimeouts (source in the data file)."""
+    return int(_raw()["pulumiKubernetes"]["jobAwaitSeconds"])

@@ -56,6 +56,8 @@ class Registration(msgspec.Struct):
     # Resource options the engine acts on at replace and destroy time (not part of plan.json).
     delete_before_replace: bool = False
     retain_on_delete: bool = False
+    # customTimeouts (create, update, delete) where set: how long the engine awaits the provider's readiness.
+    custom_timeouts: dict[str, str] = msgspec.field(default_factory=dict)
     # The name the (mock) provider gave the object: `name` or `metadata.name` of its state, for auto-named
     # resources (node pools, Kubernetes objects without a name). Not part of plan.json: it is an output.
     physical_name: str | None = None
@@ -163,6 +165,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             protect=bool(request.protect), secret_paths=secrets, ignore_changes=list(request.ignoreChanges),
             delete_before_replace=bool(request.deleteBeforeReplace),
             retain_on_delete=bool(request.retainOnDelete),
+            custom_timeouts={op: value for op in ("create", "update", "delete")
+                             if (value := getattr(request.customTimeouts, op))},
         )
         self.registrations.append(reg)  # the SDK calls from several threads: keep our own reference
         response = super().RegisterResource(request)

@@ -139,8 +139,6 @@ def cluster_objects(config: KueueConfig, pools: list[NodePoolConfig]) -> list[di
 class KueueArgs(msgspec.Struct, frozen=True):
     config: KueueConfig
     pools: list[NodePoolConfig]  # the GPU flavors' pools in the ClusterQueue's order (flavor_pools)
-    # Workload namespace -> its name as an output of the Namespace that creates it (so the LocalQueue waits).
-    namespaces: dict[str, pulumi.Input[str]] = msgspec.field(default_factory=dict)
 
 
 def manager_config() -> dict[str, Any]:
@@ -183,8 +181,12 @@ def chart_values(config: KueueConfig) -> dict[str, Any]:
 
 
 class Kueue(pulumi.ComponentResource):
+    """Created before the workloads: a queued MPIJob depends on `release` (Kueue's MPIJob webhooks fail closed, so
+    the job is created once they answer); `queue_in` then adds each queued job's LocalQueue in its namespace."""
+
     def __init__(self, name: str, args: KueueArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:Kueue", name, None, opts)
+        self._name, self._queue = name, args.config.queue_name
         install = capacity.load().kueue_install
         # Provider-side: the Kubernetes provider pulls the pinned chart and installs it during `pulumi up`.
         self.release = k8s.helm.v3.Release(
@@ -209,12 +211,18 @@ class Kueue(pulumi.ComponentResource):
             opts_ = pulumi.ResourceOptions.merge(after_install, pulumi.ResourceOptions(
                 depends_on=[self.release, *self.objects])) if names_others else after_install
             self.objects.append(self._custom(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, opts_))
-        queue = args.config.queue_name
-        in_queue = pulumi.ResourceOptions(parent=self, depends_on=[self.objects[-1]])  # the ClusterQueue
-        self.local_queues = [self._custom(f"{name}-localqueue-{ns}", local_queue(queue, ns), in_queue, ns_output)
-                             for ns, ns_output in sorted(args.namespaces.items())]
+        self.local_queues: list[k8s.apiextensions.CustomResource] = []
         self.register_outputs({"version": args.config.version, "chart": install.chart_repository,
-                               "clusterQueue": queue})
+                               "clusterQueue": self._queue})
+
+    def queue_in(self, namespace: str, namespace_output: pulumi.Input[str]) -> k8s.apiextensions.CustomResource:
+        """The LocalQueue of a queued job's namespace: after its ClusterQueue (so after the release), and after the
+        Namespace (`namespace_output`, its name as the Namespace's output)."""
+        in_queue = pulumi.ResourceOptions(parent=self, depends_on=[self.objects[-1]])  # the ClusterQueue
+        queue = self._custom(f"{self._name}-localqueue-{namespace}", local_queue(self._queue, namespace), in_queue,
+                             namespace_output)
+        self.local_queues.append(queue)
+        return queue
 
     @staticmethod
     def _custom(logical: str, obj: dict[str, Any], opts: pulumi.ResourceOptions,

@@ -21,6 +21,7 @@ import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
+from model import serving_engines
 from model.fabric import pool_fabric
 from model.types import NcclTestConfig, NodePoolConfig
 from workloads import fabric, pod_security
@@ -36,6 +37,10 @@ MASTER_PORT = 29500
 IMAGE_USER = pod_security.NVIDIA_USER  # the stack's image (workloads/images/deepspeed)
 POOL_LABEL = "deepspeed-stack/pool"
 ACTIVE_DEADLINE_SECONDS = 3600  # like Google's JobSet example: a stuck rendezvous does not hold 16 GPUs for ever
+# An awaited test: `pulumi up` waits past the Job's own deadline (which counts from its start), so that it reports
+# the Job's failure (DeadlineExceeded, or a failed rank) rather than a timeout of its own; pulumi-kubernetes' default
+# (serving_engines.job_await_seconds, 10 minutes) would end the wait before nodes had scaled up and the test ran.
+AWAIT_SECONDS = ACTIVE_DEADLINE_SECONDS + 600
 
 
 class NcclTestInputs(msgspec.Struct, frozen=True):
@@ -43,6 +48,8 @@ class NcclTestInputs(msgspec.Struct, frozen=True):
     pools: list[NodePoolConfig]
     image: str
     nccl_version: str | None = None  # the NCCL the stack's image ships (data/versions.yaml); None for a prebuilt one
+    # Something waits for the test to finish (workloads/first_up.py): `pulumi up` awaits the Job's completion.
+    awaited: bool = False
 
 
 def nccl_args(inputs: NcclTestInputs) -> list[str]:
@@ -134,6 +141,11 @@ def pod_spec(inputs: NcclTestInputs, service: str, job: str) -> dict[str, Any]:
     return spec
 
 
+def await_annotations(awaited: bool) -> dict[str, str]:
+    """pulumi-kubernetes' skipAwait on a test nothing waits for."""
+    return {} if awaited else {serving_engines.skip_await_annotation(): "true"}
+
+
 def waiver_annotations(contract: fabric.PodContract | None) -> dict[str, str]:
     """checkov's skip annotations: the image's user, and the fabric daemon's waivers."""
     return pod_security.skip_annotations(pod_security.merge_waivers(
@@ -146,10 +158,11 @@ def job_manifest(inputs: NcclTestInputs, namespace: str, service: str) -> dict[s
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        # `pulumi up` does not wait for the test to finish (nodes may first have to scale up): read its log.
+        # `pulumi up` waits for the test to finish only where something runs after it (workloads/first_up.py);
+        # else it leaves it running (nodes may first have to scale up): read its log.
         # The waivers on the Job (what a scan of the manifests reads) and on its pods (what a cluster's scan reads).
         "metadata": {"name": test.name, "namespace": namespace, "labels": labels(test),
-                     "annotations": {"pulumi.com/skipAwait": "true", **waiver_annotations(contract)}},
+                     "annotations": {**await_annotations(inputs.awaited), **waiver_annotations(contract)}},
         "spec": {
             "completionMode": "Indexed",
             "completions": test.nodes,
@@ -204,14 +217,17 @@ class NcclTest(pulumi.ComponentResource):
             spec=network_policy_spec(test), opts=child)
         deps = opts.depends_on if opts and isinstance(opts.depends_on, list) else []
         job = pulumi.Output.all(image, namespace).apply(lambda v: job_manifest(
-            NcclTestInputs(test, inputs.pools, v[0], inputs.nccl_version), v[1], test.name))
+            NcclTestInputs(test, inputs.pools, v[0], inputs.nccl_version, inputs.awaited), v[1], test.name))
+        awaits = f"{AWAIT_SECONDS}s"
         self.job = k8s.batch.v1.Job(
             f"{name}-job",
             metadata=job.apply(lambda j: j["metadata"]),
             spec=job.apply(lambda j: j["spec"]),
             # A Job's pod template cannot change in place: a changed test replaces the Job (a fixed name).
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*deps, config, service],
-                                        delete_before_replace=True, replace_on_changes=["spec"]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[*deps, config, service], delete_before_replace=True,
+                replace_on_changes=["spec"],
+                custom_timeouts=pulumi.CustomTimeouts(create=awaits, update=awaits) if inputs.awaited else None),
         )
         self.summary = pulumi.Output.from_input({
             "kind": "nccl-test", "namespace": namespace, "job": test.name, "pools": test.pools,

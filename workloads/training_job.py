@@ -1,8 +1,9 @@
 """TrainingJob: one `mpijob` workload: Namespace, shared claim, HF token Secret, ds_config ConfigMap, image pull
 Secret (a private registry), NetworkPolicies, MPIJob.
 
-Give the component `depends_on` the MPI operator (its CRD) and the GKE pool the workers run on: children
-register only once their parent has, so everything inside waits for them, and is deleted before them.
+Give the component `depends_on` the GKE pool the workers run on: children register only once their parent has,
+so everything inside waits for it, and is deleted before it. What admits the MPIJob (the MPI operator, Kueue's
+release for a queued job) goes in `TrainingJobArgs.admitted_by`: the MPIJob alone waits for it.
 
 Core objects use pulumi_kubernetes' typed Args; the MPIJob is a CustomResource whose spec comes from
 `workloads.mpijob.render_spec` (a plain dict, validated in tests against the operator's CRD).
@@ -41,6 +42,9 @@ class TrainingJobArgs(msgspec.Struct, frozen=True):
     launch: mpijob.NvidiaLaunch | None = None
     # The bucket's GCS FUSE mount options (data/gcs_fuse.yaml's profiles): a kind that checkpoints there says so.
     gcs_mount_options: str = gcs_fuse.MOUNT_OPTIONS
+    # What admits the MPIJob (kinds.Platform.mpijob_admitted_by): the MPI operator, and Kueue's release for a queued
+    # job; the MPIJob alone waits for them.
+    admitted_by: list[pulumi.Resource] = msgspec.field(default_factory=list)
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -133,11 +137,13 @@ class TrainingJob(pulumi.ComponentResource):
             metadata=k8s.meta.v1.ObjectMetaArgs(
                 name=w.name, namespace=ns, labels={**labels(w), **kueue.job_labels(args.queue)},
                 annotations=kueue.job_annotations(args.queue, [where.pool, where.fallback]) or None),
-            # The ConfigMap and the claim are referenced by name inside the spec: depend on them explicitly.
+            # The ConfigMap and the claim are referenced by name inside the spec: depend on them explicitly; and on
+            # what admits the job (its CRD's controller, Kueue's webhooks).
             spec=pulumi.Output.all(image, secret_name, access.bucket if access else None, gaudi, pull).apply(spec),
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[self.config_map, self.claim, *([self.service_account] if self.service_account else [])],
+                depends_on=[self.config_map, self.claim, *([self.service_account] if self.service_account else []),
+                            *args.admitted_by],
                 # The operator runs a job once; a changed spec must start a new run, under the same name.
                 replace_on_changes=["spec"],
                 delete_before_replace=True,

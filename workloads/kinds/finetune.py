@@ -234,7 +234,8 @@ def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi
         claim_depends_on=platform.claim_depends_on, bucket=platform.bucket,
         operator_version=cfg.mpi_operator.version, retain_on_delete=not platform.own_cluster, queue=queue,
         launch=finetune.launch(w, has_token=platform.hf_token is not None),
-        gcs_mount_options=gcs_fuse.mount_options(CHECKPOINT_PROFILE)), opts)
+        gcs_mount_options=gcs_fuse.mount_options(CHECKPOINT_PROFILE),
+        admitted_by=platform.mpijob_admitted_by(queue is not None)), opts)
     outputs = {"checkpointDir": w.checkpoint_dir, "modelDir": w.model_dir, "model": finetune.model_arg(w)}
     summary = job.summary.apply(lambda s: {**s, **outputs})
     return Built(job, summary, queued_namespace=job.namespace.metadata.name if queue else None)

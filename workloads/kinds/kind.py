@@ -35,11 +35,18 @@ class Platform(msgspec.Struct, frozen=True):
     gaudi_login: RegistryLogin | None = None  # the login the Gaudi image is pulled with, when its registry wants one
     claim_depends_on: list[pulumi.Resource] = msgspec.field(default_factory=list)  # e.g. the NFS provisioner
     own_cluster: bool = True  # the stack's own GKE cluster; False: an existing cluster (nothing adopted is deleted)
+    mpi_operator: pulumi.Resource | None = None  # the MPI operator the stack installs (the MPIJob CRD, its controller)
+    kueue: pulumi.Resource | None = None  # Kueue's release (its CRDs, controller and MPIJob webhooks)
 
     @property
     def protect(self) -> bool:
         """The cluster's deletion protection, which a production endpoint shares."""
         return bool(self.cfg.cluster and self.cfg.cluster.deletion_protection)
+
+    def mpijob_admitted_by(self, queued: bool) -> list[pulumi.Resource]:
+        """What an MPIJob is created after: the controller that runs it (the stack's MPI operator: its CRD must exist),
+        and for a job Kueue queues, Kueue's release, whose MPIJob webhooks fail closed in the job's namespace."""
+        return [r for r in (self.mpi_operator, self.kueue if queued else None) if r is not None]
 
 
 class Built(msgspec.Struct, frozen=True):
