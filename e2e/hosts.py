@@ -35,6 +35,15 @@ PRIVATE_DIRS = ("etc", "home", "tmp")
 REPO = Path(__file__).resolve().parent.parent
 
 
+@dataclass(frozen=True)
+class Termination:
+    """What stopping a pod as the kubelet does came to."""
+
+    hook_output: str  # what the preStop hook printed
+    main_exited: bool  # the main process ended on SIGTERM within the grace period (False: the kubelet's SIGKILL)
+    killed: int  # processes left when the main process was gone, SIGKILLed as the kernel does
+
+
 @dataclass
 class Host:
     name: str  # the host's hostname (pod name)
@@ -43,6 +52,8 @@ class Host:
     netns: str
     root: Path  # the host's private files: etc/, home/, tmp/ and extra mount sources
     holder: subprocess.Popen[bytes] | None = None
+    # The pod's main process (its container's PID 1 on a cluster): what the kubelet signals, and only that.
+    main: subprocess.Popen[bytes] | None = None
 
     @property
     def home(self) -> Path:
@@ -230,6 +241,12 @@ class Cluster:
             return subprocess.Popen(self.command(host, argv, user=user, env=env), stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
+    def spawn_main(self, host: Host, argv: Sequence[str], *, log: Path,
+                   env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """The pod's main process (as the image's user), remembered as `host.main` for terminate_pod."""
+        host.main = self.spawn(host, argv, log=log, env=env)
+        return host.main
+
     def pids(self, host: Host) -> list[int]:
         """Every process in the host's network namespace except its holder."""
         out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=False)
@@ -246,16 +263,35 @@ class Cluster:
                 pass
         return sent
 
-    def stop_host(self, host: Host, grace: float) -> tuple[int, int]:
-        """What the kubelet does to a preempted pod: SIGTERM to every process, SIGKILL to what is left
-        after `grace` seconds. Returns (processes sent SIGTERM, processes that needed SIGKILL)."""
-        termed = self.signal_host(host, signal.SIGTERM)
+    def terminate_pod(self, host: Host, grace: float,
+                      pre_stop: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Termination:
+        """What the kubelet does to a pod it stops (preemption, drain, eviction), and nothing more: run the
+        container's preStop hook (`pre_stop`, inside the host as the image's user) and wait for it, then SIGTERM
+        to the container's main process only (`host.main`: each exec keeps its PID), all within
+        `grace` seconds; SIGKILL when the grace period ends. Every other process of the host stands for the rest
+        of the container's PID namespace: the kernel SIGKILLs those when the main process exits (or when the
+        kubelet's SIGKILL ends it), whatever they were doing."""
+        main = host.main
+        assert main is not None, f"{host.name} has no main process"
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.pids(host):
-            time.sleep(0.2)
-        killed = self.signal_host(host, signal.SIGKILL)
+        hook_output = ""
+        if pre_stop:
+            try:
+                done = self.run(host, pre_stop, env=env, timeout=grace)
+                hook_output = (done.stdout + done.stderr).strip()
+            except subprocess.TimeoutExpired:
+                hook_output = f"preStop still running after {grace:.0f} s"
+        main.send_signal(signal.SIGTERM)
+        main_exited = True
+        try:
+            main.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            main_exited = False
+            main.kill()
+            main.wait(timeout=5)
+        left = self.signal_host(host, signal.SIGKILL)  # the PID namespace's init is gone: the kernel kills the rest
         _wait_gone(lambda: self.pids(host), 5)
-        return len(termed), len(killed)
+        return Termination(hook_output=hook_output, main_exited=main_exited, killed=len(left))
 
     def stop_services(self, grace: float = 3) -> None:
         """Every process on every host, holders excepted (between scenarios)."""

@@ -13,11 +13,15 @@ Three hosts (e2e/hosts.py) run the stack's own files, rendered by the stack's ow
 - mpirun: the same hosts launched with OpenMPI (`deepspeed --launcher openmpi`);
 - vertex: vertex_start.sh on every host with a CLUSTER_SPEC, a local folder standing in for the bucket
           at /gcs;
-- recovery: a run with checkpoints is preempted (a worker host gets SIGTERM, then SIGKILL after the
-          grace period), relaunched and resumes from the saved step; then the same checkpoint resumes
-          with one worker fewer through DeepSpeed's universal checkpoint.
+- recovery: a run with checkpoints is preempted, relaunched and resumes from the step saved on SIGTERM;
+          then the same checkpoint resumes with one worker fewer through DeepSpeed's universal checkpoint.
+          A worker pod is stopped as a kubelet stops one and nothing more (hosts.Cluster.terminate_pod):
+          its preStop hook, SIGTERM to its main process (sshd) only, SIGKILL when the grace period ends,
+          and the rest of the pod SIGKILLed once the main process is gone, as the kernel does to a PID
+          namespace whose init exits. The ranks save only because the hook reached them.
 - finetune: the `finetune` kind's MPIJob (workloads/scripts/finetune.py, ZeRO-3, LoRA) on a tiny Llama in a
-          folder standing for the bucket at /gcs: preempted after its first checkpoint, relaunched, resumed,
+          folder standing for the bucket at /gcs: preempted after its first checkpoint (a worker pod stopped
+          as the kubelet does, as in recovery), saved on SIGTERM, relaunched, resumed,
           exported to MODEL_DIR with its marker; then vLLM's CPU build serves MODEL_DIR and send_prompt.py's
           greedy completion must be transformers' greedy tokens.
 
@@ -261,8 +265,8 @@ def start_chart_workers(cluster: nshosts.Cluster, workers: Sequence[nshosts.Host
         write(ssh / "environment", f"PATH={IMAGE_ENV['PATH']}\nLD_LIBRARY_PATH=\n", 0o600)
         key, _ = keypair(host.path("/tmp"), "ssh_host_ed25519_key")
         os.chown(key, nshosts.UID, nshosts.UID)
-        cluster.spawn(host, ["/usr/sbin/sshd", "-D", "-e", "-h", "/tmp/ssh_host_ed25519_key",
-                             "-o", "PidFile=/tmp/sshd.pid"], log=logs / f"sshd-{host.name}.log")
+        cluster.spawn_main(host, ["/usr/sbin/sshd", "-D", "-e", "-h", "/tmp/ssh_host_ed25519_key",
+                                  "-o", "PidFile=/tmp/sshd.pid"], log=logs / f"sshd-{host.name}.log")
 
 
 def chart_files(cluster: nshosts.Cluster, client: nshosts.Host, w: Any, where: Any, workers: int) -> None:
@@ -373,8 +377,8 @@ def start_mpijob(cluster: nshosts.Cluster, logs: Path, rendered: tuple[Any, Any]
     plain = nvidia.plain_env(w, where, launch)
     worker_env = {**IMAGE_ENV, **plain}
     for host in workers:
-        cluster.spawn(host, ["/bin/bash", "-c", nvidia.nvidia_worker_script(send_env)],
-                      log=logs / f"mpijob-worker-{host.name}.log", env=worker_env)
+        cluster.spawn_main(host, ["/bin/bash", "-c", nvidia.nvidia_worker_script(send_env)],
+                           log=logs / f"mpijob-worker-{host.name}.log", env=worker_env)
     # launcherCreationPolicy WaitForWorkersReady: the launcher starts once every worker's readiness probe
     # (a TCP connect to the ssh port) passes.
     names = [f"{MPIJOB}-worker-{i}.{MPIJOB}.{MPIJOB_NAMESPACE}.svc" for i in range(len(workers))]
@@ -531,6 +535,48 @@ def wait_process(cluster: nshosts.Cluster, process: subprocess.Popen[bytes], log
     return status, log.read_text(errors="replace")
 
 
+def chart_pre_stop() -> list[str]:
+    """The chart workers' preStop command, as the stack renders the release's values."""
+    from workloads import deepspeed_release
+
+    w, where = stack_workload("helm")
+    values = deepspeed_release.chart_values(w, where, image={}, source_config_map="e2e-source")
+    return list(values["worker"]["lifecycleHooks"]["preStop"]["exec"]["command"])
+
+
+def mpijob_pre_stop(w: Any, where: Any, launch: Any) -> list[str]:
+    """The MPIJob workers' preStop command, as the stack renders the job."""
+    from workloads.mpijob import nvidia
+    from workloads.mpijob.shape import MpiJobInputs
+
+    spec = nvidia.render_spec(MpiJobInputs(workload=w, placement=where, image="e2e", config_map="e2e"), launch)
+    container = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    return list(container["lifecycle"]["preStop"]["exec"]["command"])
+
+
+HOOK_SIGNALLED = re.compile(r"SIGTERM to ranks \[([\d, ]+)\]")
+
+
+def pre_stop_problems(stop: nshosts.Termination) -> list[str]:
+    """A pod stopped as the kubelet does: the hook signalled the ranks and saw them exit, and the main process
+    (sshd) ended on its SIGTERM in time. What the kernel then SIGKILLs (ssh sessions closing) is only counted."""
+    problems = []
+    if not HOOK_SIGNALLED.search(stop.hook_output):
+        problems.append(f"the preStop hook signalled no rank: {stop.hook_output!r}")
+    elif "every rank exited" not in stop.hook_output:
+        problems.append(f"the ranks outlived the preStop hook: {stop.hook_output!r}")
+    if not stop.main_exited:
+        problems.append(f"the pod's main process needed SIGKILL after {GRACE_SECONDS} s")
+    return problems
+
+
+def pre_stop_summary(stop: nshosts.Termination) -> str:
+    found = HOOK_SIGNALLED.search(stop.hook_output)
+    ranks = len(found.group(1).split(",")) if found else 0
+    return (f"{ranks} rank(s) got SIGTERM and exited, then sshd got its SIGTERM; {stop.killed} process(es) left for "
+            "the kernel's SIGKILL")
+
+
 def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
     client, workers = cluster.hosts[0], cluster.hosts[1:]
     image_etc(cluster, CHART_SSHD_DROP_IN)
@@ -541,7 +587,8 @@ def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
     base = ["--hidden-size", "256", "--layers", "2", "--lr", "0.003", "--warmup-steps", "0"]
 
     # 1. A run with a checkpoint every EVERY steps; once the second one is saved, the last worker host
-    #    is preempted: SIGTERM to every process on it, SIGKILL after the grace period.
+    #    is preempted as the kubelet stops a pod: its preStop hook, SIGTERM to its main process (sshd) only, SIGKILL
+    #    after the grace period.
     process, log = chart_run(cluster, logs, "recovery-1-preempted", len(workers),
                              [*base, "--steps", str(RUN_STEPS), "--checkpoint-every", str(EVERY)], checkpoints)
     deadline = time.monotonic() + LAUNCH_TIMEOUT
@@ -551,14 +598,15 @@ def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
         fail_unless(time.monotonic() < deadline, f"no second checkpoint within {LAUNCH_TIMEOUT:.0f} s")
         time.sleep(0.05)
     victim = workers[-1]
-    termed, killed = cluster.stop_host(victim, GRACE_SECONDS)
+    stop = cluster.terminate_pod(victim, GRACE_SECONDS, pre_stop=chart_pre_stop(), env=IMAGE_ENV)
     status, first = wait_process(cluster, process, log, "preempted run")
     cluster.stop_services()
     state = json.loads((checkpoints / "smoke_state.json").read_text())
     before = losses(first)
     stopped = max(before)
-    saved_on_term = "(SIGTERM: preempted)" in first
     fail_unless(status != 0, "the launcher reported success for a preempted run")
+    fail_unless(not pre_stop_problems(stop), f"{'; '.join(pre_stop_problems(stop))} (log {log})")
+    fail_unless("(SIGTERM: preempted)" in first, f"the ranks did not save on SIGTERM (log {log})")
     fail_unless(state["step"] >= 2 * EVERY, f"last checkpoint at step {state['step']}, expected >= {2 * EVERY}")
     fail_unless(stopped - state["step"] <= EVERY, f"stopped at {stopped}, saved {state['step']}: lost > {EVERY}")
 
@@ -594,8 +642,8 @@ def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
                 f"smaller world: world size {result3.get('world_size')}, start step {result3.get('start_step')}")
     fail_unless(smaller[min(smaller)] < 0.9 * fresh and smaller[min(smaller)] < 1.5 * final_two["loss"],
                 f"loss after the universal resume {smaller[min(smaller)]:.4f}, before {final_two['loss']:.4f}")
-    return (f"preempted at step {stopped} ({termed} processes got SIGTERM, {killed} SIGKILL after {GRACE_SECONDS} s; "
-            f"{'saved on SIGTERM' if saved_on_term else 'periodic checkpoint'} at step {state['step']}); "
+    return (f"preempted at step {stopped} (preStop: {pre_stop_summary(stop)}; saved on SIGTERM at step "
+            f"{state['step']}); "
             f"resumed at {state['step']} (loss {before.get(state['step'], float('nan')):.4f} -> "
             f"{after[min(after)]:.4f}, fresh {fresh:.4f}); {len(workers) - 1} worker resumed at "
             f"{final_two['step']} via the universal checkpoint (loss {final_two['loss']:.4f} -> "
@@ -754,8 +802,8 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     model_dir = outside(w.model_dir, w.gcs_fuse.mount_path, bucket)
     phases.end("tiny Llama, tokenizer and data")
 
-    # 1. Trained under ZeRO-3 on both workers; once a checkpoint is saved a worker is preempted (SIGTERM to every
-    #    process on it, SIGKILL after the grace period).
+    # 1. Trained under ZeRO-3 on both workers; once a checkpoint is saved a worker pod is stopped as the kubelet
+    #    stops it: its preStop hook, SIGTERM to its main process (sshd) only, SIGKILL after the grace period.
     rank_env = {"HF_HUB_OFFLINE": "1"}  # nothing is downloaded: a hub lookup would only wait for a timeout
     _w, env, script = start_mpijob(cluster, logs, (w, where), rank_env, job_launch, claim)
     fail_unless("/etc/deepspeed/finetune.py --deepspeed" in script, "the MPIJob's launcher does not run finetune.py")
@@ -766,7 +814,8 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
         fail_unless(process.poll() is None, f"the run ended before its first checkpoint (log {log1})")
         fail_unless(time.monotonic() < deadline, f"no checkpoint within {LAUNCH_TIMEOUT:.0f} s (log {log1})")
         time.sleep(0.05)
-    termed, killed = cluster.stop_host(workers[-1], GRACE_SECONDS)
+    stop = cluster.terminate_pod(workers[-1], GRACE_SECONDS, pre_stop=mpijob_pre_stop(w, where, job_launch),
+                                 env=IMAGE_ENV)
     status, first = wait_process(cluster, process, log1, "preempted run")
     cluster.stop_services()
     saved = ft.newest_checkpoint(checkpoints)
@@ -775,6 +824,8 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     fail_unless(0 < saved_step < FINETUNE_STEPS, f"newest checkpoint {saved.name}: expected one between the first "
                 f"and step {FINETUNE_STEPS}")
     on_term = re.search(r"stopped at step (\d+) on SIGTERM", first)
+    fail_unless(not pre_stop_problems(stop), f"{'; '.join(pre_stop_problems(stop))} (log {log1})")
+    fail_unless(on_term is not None, f"the ranks did not save on SIGTERM (log {log1})")
     phases.end(f"train, preempted at step {saved_step}")
 
     # 2. The job's pods come back: the same launch resumes from the newest checkpoint and exports the model.
@@ -825,7 +876,7 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     text = answer["choices"][0].get("text", "")
     stopped = on_term.group(1) if on_term else saved_step
     return (f"kind finetune: LoRA under ZeRO-3 on {len(workers)} hosts, preempted at step {stopped} "
-            f"({termed} processes got SIGTERM, {killed} SIGKILL; saved {saved.name}), resumed to step "
+            f"(preStop: {pre_stop_summary(stop)}; saved {saved.name}), resumed to step "
             f"{FINETUNE_STEPS} (loss {losses[0]:.2f} -> {losses[-1]:.2f}), merged and exported; vLLM answered "
             f"{FINETUNE_PROMPT!r} with {text!r}, the same {FINETUNE_MAX_TOKENS} tokens as transformers. "
             f"Phases: {phases.summary()}")

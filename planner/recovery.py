@@ -26,11 +26,14 @@ from planner.requests import workload_request
 # Adam's fp32 master weights, first and second moments.
 OPTIMIZER_BYTES_PER_PARAM = 12
 WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-# GKE gives a Spot VM's pods about 30 s between the preemption notice and the VM's stop; with graceful
-# node shutdown the kubelet lets non-system pods use the first part of it. Assumption, not a published
-# per-pod figure: 25 s usable by the training pods.
+# A Spot VM stops 30 s after its preemption notice; with graceful node shutdown the kubelet gives non-system pods
+# the first 15 s of it (GKE > 1.22.8-gke.200), critical system pods the other 15 s, and a pod's
+# terminationGracePeriodSeconds above 15 has no effect there. Source: GKE docs, "Spot VMs", "Termination and
+# graceful shutdown of Spot VMs" (docs.cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, read
+# 2026-11-27). The same page: Standard pools on GKE 1.35.0-gke.1171000+ may extend the window to 120 s through the
+# node system configuration (not set by this stack).
 SPOT_NOTICE_SECONDS = 30
-SPOT_USABLE_SECONDS = 25
+SPOT_USABLE_SECONDS = 15
 # Sustained write bandwidth per node, GB/s. Assumptions for the estimate, not measured here: Cloud
 # Storage FUSE with parallel uploads on a GPU VM's NIC, and an NFS share (Filestore basic HDD writes
 # 100 MiB/s per share; the in-cluster NFS provisioner is bound by one disk).

@@ -322,7 +322,8 @@ def test_launch_command_replaces_the_generated_one() -> None:
 def test_ds_config_in_the_config_map(gaudi_model: StackConfig) -> None:
     w = gaudi_model.workloads[GAUDI_JOB]
     data = mpijob.config_map_data(w, placement(gaudi_model, w), has_token=False)
-    assert set(data) == {"ds_config.json", "ssh_client.conf"}
+    # The workers' preStop hook is shipped with the job's files (workloads/recovery.py).
+    assert set(data) == {"ds_config.json", "ssh_client.conf", "stop_ranks.py"}
     ds = json.loads(data["ds_config.json"])
     assert ds["train_batch_size"] == 1 * 8 * 8 * 2  # workers x cards x micro batch x accumulation
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 2)

@@ -28,6 +28,16 @@ def test_checkpoint_size_save_time_and_interval() -> None:
     assert p.interval_minutes == pytest.approx(81.97, abs=0.01)
 
 
+def test_a_spot_notice_gives_the_pods_15_s() -> None:
+    # GKE's "Spot VMs" page: the VM stops 30 s after the notice; non-system pods get the first 15 s of it.
+    # 0.5e9 parameters in fp32 (16 bytes) = 8 GB at 0.4 GB/s on one node: 20 s, beyond those 15 s.
+    assert (recovery.SPOT_NOTICE_SECONDS, recovery.SPOT_USABLE_SECONDS) == (30, 15)
+    p = recovery.plan(0.5e9, "fp32", nodes=1, storage="gcsfuse", spot=True)
+    assert p.save_seconds == pytest.approx(20.0)
+    assert p.fits_spot_notice is False
+    assert recovery.plan(0.375e9, "fp32", nodes=1, storage="gcsfuse", spot=True).fits_spot_notice  # 15 s
+
+
 def test_small_checkpoint_fits_the_notice_and_the_interval_has_a_floor() -> None:
     # 33.6M parameters in fp32 (4 + 12 bytes) = 0.54 GB at 0.4 GB/s on one node: 1.3 s.
     p = recovery.plan(33.6e6, "fp32", nodes=1, storage="gcsfuse", spot=True)
@@ -122,7 +132,7 @@ def test_a_save_longer_than_the_spot_notice_is_flagged() -> None:
     assert (plans["zero3-smoke"]["spot"], plans["zero3-smoke"]["fitsSpotNotice"]) == (True, False)
     body = _section(plans)
     assert _row(body, "zero3-smoke")[4] == "**no**: periodic checkpoints only"
-    assert "- **no**: `zero3-smoke` saves in 126 s, longer than the 25 s of a Spot notice its pods can use.\n" in body
+    assert "- **no**: `zero3-smoke` saves in 126 s, longer than the 15 s of a Spot notice its pods can use.\n" in body
 
 
 def test_the_interval_says_it_is_minutes_and_which_flags_take_steps(prod: RunResult) -> None:

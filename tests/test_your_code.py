@@ -67,7 +67,8 @@ def test_a_script_in_the_bucket_runs_from_the_mount() -> None:
     launcher, files = _launcher({**BUCKET, "workloads.smoke.launch.script": "gs://team-bucket/code/train.py"})
     assert _rank(launcher)[0] == "/gcs/code/train.py"
     assert _rank(launcher)[1:3] == ["--deepspeed_config", "/etc/deepspeed/ds_config.json"]
-    assert not [k for k in files if k.endswith(".py")]
+    # Only the workers' preStop hook is shipped: the training script runs from the bucket.
+    assert [k for k in files if k.endswith(".py")] == ["stop_ranks.py"]
     assert _problems({**BUCKET, "workloads.smoke.launch.script": "gs://team-bucket/code/train.py"}) == []
     assert _problems({**BUCKET, "workloads.smoke.launch.script": "/gcs/code/train.py"}) == []
 

@@ -92,7 +92,7 @@ def source_files(w: HelmWorkloadConfig, per_worker: int, with_token: bool = Fals
     """The source ConfigMap's files: the launch script (when it exists), the generated ds_config.json and,
     with a token, the `.deepspeed_env` that points every rank at the token file."""
     ds = build_ds_config(w.deepspeed, w.workers, per_worker, hf_trainer=runs_hf_trainer(w.launch.script))
-    files = {DS_CONFIG_FILE: json.dumps(ds, indent=2) + "\n"}
+    files = {DS_CONFIG_FILE: json.dumps(ds, indent=2) + "\n", **recovery.stop_ranks_file()}
     if with_token:
         files[DEEPSPEED_ENV_FILE] = f"HF_TOKEN_PATH={HF_TOKEN_FILE}\n"
     contract = fabric.pod_contract(where)
@@ -231,6 +231,8 @@ def chart_values(w: HelmWorkloadConfig, where: Placement, image: dict[str, str],
         "worker": {"enabled": True, "replicaCount": w.workers, "slotsPerNode": where.per_worker,
                    "networkPolicy": {"enabled": True, "allowExternal": False},
                    **_pod_values(w, where, token_secret, gcs),
+                   # The ranks run on the workers, whose main process is sshd: the hook gives them the notice.
+                   "lifecycleHooks": recovery.stop_ranks_hook(SOURCE_DIR),
                    "terminationGracePeriodSeconds": str(recovery.TERMINATION_GRACE_SECONDS)},
     }
 

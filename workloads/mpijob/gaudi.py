@@ -16,7 +16,7 @@ from typing import Any
 
 from model import gaudi_software
 from model.types import MpiJobWorkloadConfig
-from workloads import pod_security
+from workloads import pod_security, recovery
 from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob.shape import (
     CONFIG_DIR,
@@ -95,7 +95,7 @@ def hf_trainer(w: MpiJobWorkloadConfig) -> bool:
 
 def config_map_data(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> dict[str, str]:
     """ds_config.json; the launcher's ssh client config (but for the install-at-start opt-in)."""
-    data = {DS_CONFIG_KEY: ds_config_text(w, where, hf_trainer(w))}
+    data = {DS_CONFIG_KEY: ds_config_text(w, where, hf_trainer(w)), **recovery.stop_ranks_file()}
     if w.runs_stack_gaudi_image:
         data[SSH_CLIENT_KEY] = ssh_client_config(forwarded_env(w, where, has_token), [GAUDI_KEX])
     return data

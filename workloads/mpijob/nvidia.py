@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from model.types import MpiJobBaseConfig
-from workloads import fabric, pod_security
+from workloads import fabric, pod_security, recovery
 from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob import script_source
 from workloads.mpijob.shape import (
@@ -128,7 +128,7 @@ def config_map_data(w: MpiJobBaseConfig, where: Placement, has_token: bool,
     contract = fabric.pod_contract(where)
     if contract is not None:
         data.update(contract.files())
-    return {**data, **launch.files}
+    return {**data, **recovery.stop_ranks_file(), **launch.files}
 
 
 # Final errors are not retried. finetune.py and smoke_test.py exit 2 (their EXIT_USAGE, argparse's own status) on

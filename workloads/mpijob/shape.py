@@ -287,6 +287,7 @@ def worker_template(inputs: MpiJobInputs, *, script: str, env: dict[str, str], f
     # Workers carry no token: the training processes get it from the launcher over ssh.
     container = _container(f"{w.name}-worker", inputs.image, script, env_list(env), pod_mounts)
     container["resources"] = {"limits": dict(limits), "requests": dict(limits)}
+    container["lifecycle"] = recovery.stop_ranks_hook(CONFIG_DIR)  # the ranks run here: they get the notice
     if nvme:
         container["volumeMounts"].append(nvme[1])
     container.update({k: dict(v) for k, v in probes.items()})
