@@ -40,10 +40,11 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports it: stopped on notice, after saving a checkpoint
@@ -642,11 +643,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"rank {training.process_index}: done at step {step}")
         return 0
     finally:
-        # The Trainer leaves the process group it started; PyTorch's shutdown rule is to destroy it before exit
-        # (left to interpreter teardown, gloo's threads can abort a finished rank: pytorch/pytorch#190489).
+        # PyTorch's shutdown rule: destroy the process group before exit. It unregisters the groups but cannot stop
+        # their threads (see exit_without_teardown).
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
 
+def exit_without_teardown(run: Callable[[], int], exit_now: Callable[[int], Any] = os._exit) -> NoReturn:
+    """Run `run` and end the process with its status, flushing the output but skipping the interpreter's teardown.
+
+    Why: after destroy_process_group() a rank still holds two gloo process groups, each with its TCP loop and two
+    worker threads (gloo_tcp_loop, pt_gloo_runloop; seen in /proc/self/task at exit on every rank of `make e2e`'s
+    finetune scenario). destroy_process_group() only unregisters them: DeepSpeed keeps them referenced (its
+    groups module's _WORLD_GROUP, the engine's data_parallel_group, the ZeRO-3 optimizer's dp_process_group and
+    every partitioned parameter's ds_process_group), so their threads run until the process ends, racing Python's
+    teardown, the C++ destructors that exit() runs, and the peer rank closing its sockets. One run in four of that
+    scenario ended a finished rank there with "terminate called without an active exception" (SIGABRT, exit -6,
+    after "done at step 40" and the export): on a cluster a finished job marked failed and run again. os._exit
+    ends the process without that teardown; the kernel stops the threads. Everything the run wrote is closed by
+    then (checkpoints, the model, the marker), and the output is flushed here."""
+    try:
+        code = run()
+    except SystemExit as stop:  # argparse's own usage errors
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    except BaseException:  # a crash still prints its traceback and fails the rank
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    exit_now(code)
+    raise SystemExit(code)  # only when exit_now returned (a test's stand-in)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main)

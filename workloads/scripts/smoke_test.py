@@ -426,9 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
 
     def finish(code: int) -> int:
         # PyTorch's shutdown rule (torch.distributed docs, "Shutdown"): destroy the groups before the process exits.
-        # Left to interpreter teardown, gloo's worker threads can abort the rank after its work is done
-        # ("terminate called without an active exception", pytorch/pytorch#190489): seen once in `make e2e`'s
-        # chart scenario on 2026-11-25, exit -6 on a rank whose training had succeeded.
+        # DeepSpeed still references them, so their threads live on: the process ends without teardown (below).
         dist.destroy_process_group()
         if net and nccl_log:  # NCCL's warnings went to the file with its init lines: into the pod's log too
             for line in net.warnings(net.read(nccl_log)):
@@ -598,4 +596,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As finetune.py's exit_without_teardown: DeepSpeed keeps the gloo groups referenced after
+    # destroy_process_group(), so their threads would race the interpreter's teardown; end without it.
+    status = main()
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(status)

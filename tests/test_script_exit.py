@@ -1,0 +1,94 @@
+"""The training scripts end without the interpreter's teardown (issue 32 item 7).
+
+After destroy_process_group() DeepSpeed still references the gloo groups, whose threads then race Python's teardown
+and the C++ destructors exit() runs: one `make e2e` finetune run in four aborted a finished rank there ("terminate
+called without an active exception", exit -6). finetune.py and smoke_test.py end with os._exit after flushing
+their output. These tests run the scripts' real `__main__` blocks in a subprocess (no torch needed on the paths
+used) with an atexit handler standing for the teardown: it must not run, and the output must still arrive.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PROJECT_DIR
+
+SCRIPTS = PROJECT_DIR / "workloads" / "scripts"
+TEARDOWN = "TEARDOWN-RAN"
+
+
+def _run_as_main(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python script args` with an atexit handler registered first: it prints only if the teardown runs."""
+    code = ("import atexit, runpy, sys\n"
+            f"atexit.register(lambda: print({TEARDOWN!r}, flush=True))\n"
+            f"sys.argv = [{str(script)!r}, *sys.argv[1:]]\n"
+            f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
+                          env=env or {"PATH": "/usr/bin:/bin"}, check=False)
+
+
+def _finetune() -> Any:
+    spec = importlib.util.spec_from_file_location("finetune_exit_under_test", SCRIPTS / "finetune.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_finetune_help_reaches_a_pipe_and_the_teardown_never_runs() -> None:
+    """argparse prints --help without flushing and raises SystemExit(0): the flush before os._exit delivers it."""
+    done = _run_as_main(SCRIPTS / "finetune.py", "--help")
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: ")
+    assert "--max-steps" in done.stdout
+    assert TEARDOWN not in done.stdout
+
+
+def test_finetune_usage_error_exits_2_without_teardown() -> None:
+    done = _run_as_main(SCRIPTS / "finetune.py")  # no model, no dataset, no folders
+    assert done.returncode == 2
+    assert "[finetune] FAILED: --model (or FINETUNE_MODEL) is required" in done.stdout
+    assert TEARDOWN not in done.stdout
+
+
+def test_an_unknown_flag_is_argparses_exit_2() -> None:
+    done = _run_as_main(SCRIPTS / "finetune.py", "--no-such-flag")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in done.stderr
+    assert TEARDOWN not in done.stdout
+
+
+def test_smoke_test_usage_error_exits_2_without_teardown(tmp_path: Path) -> None:
+    config = tmp_path / "ds_config.json"
+    config.write_text('{"train_micro_batch_size_per_gpu": 1}')
+    # RANK past WORLD_SIZE: refused before torch is imported.
+    done = _run_as_main(SCRIPTS / "smoke_test.py", "--deepspeed_config", str(config),
+                        env={"PATH": "/usr/bin:/bin", "RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"})
+    assert done.returncode == 2
+    assert "[smoke] FAILED: RANK=3 is not below WORLD_SIZE=2" in done.stderr
+    assert TEARDOWN not in done.stdout
+
+
+@pytest.mark.parametrize(("outcome", "expected"), [(0, 0), (143, 143), (2, 2)])
+def test_the_status_is_the_runs(outcome: int, expected: int) -> None:
+    ended: list[int] = []
+    with pytest.raises(SystemExit) as stop:
+        _finetune().exit_without_teardown(lambda: outcome, exit_now=ended.append)
+    assert (ended, stop.value.code) == ([expected], expected)
+
+
+def test_a_crash_prints_its_traceback_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    def crash() -> int:
+        raise RuntimeError("NCCL error in all_reduce")
+
+    ended: list[int] = []
+    with pytest.raises(SystemExit):
+        _finetune().exit_without_teardown(crash, exit_now=ended.append)
+    assert ended == [1]
+    assert "RuntimeError: NCCL error in all_reduce" in capsys.readouterr().err
