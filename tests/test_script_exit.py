@@ -22,9 +22,10 @@ SCRIPTS = PROJECT_DIR / "workloads" / "scripts"
 TEARDOWN = "TEARDOWN-RAN"
 
 
-def _run_as_main(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run_as_main(script: Path, *args: str, env: dict[str, str] | None = None,
+                 preamble: str = "") -> subprocess.CompletedProcess[str]:
     """`python script args` with an atexit handler registered first: it prints only if the teardown runs."""
-    code = ("import atexit, runpy, sys\n"
+    code = (preamble + "import atexit, runpy, sys\n"
             f"atexit.register(lambda: print({TEARDOWN!r}, flush=True))\n"
             f"sys.argv = [{str(script)!r}, *sys.argv[1:]]\n"
             f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
@@ -92,3 +93,56 @@ def test_a_crash_prints_its_traceback_and_fails(capsys: pytest.CaptureFixture[st
         _finetune().exit_without_teardown(crash, exit_now=ended.append)
     assert ended == [1]
     assert "RuntimeError: NCCL error in all_reduce" in capsys.readouterr().err
+
+
+class FakeMpi:
+    """mpi4py.MPI's state calls: whether MPI was started and finalized."""
+
+    def __init__(self, initialized: bool, finalized: bool = False) -> None:
+        self.initialized, self.finalized, self.calls = initialized, finalized, 0
+
+    def Is_initialized(self) -> bool:  # noqa: N802 (mpi4py's names)
+        return self.initialized
+
+    def Is_finalized(self) -> bool:  # noqa: N802
+        return self.finalized
+
+    def Finalize(self) -> None:  # noqa: N802
+        self.calls += 1
+        self.finalized = True
+
+
+@pytest.mark.parametrize(("state", "calls"), [((True, False), 1), ((False, False), 0), ((True, True), 0)])
+def test_mpi_is_finalized_before_the_hard_exit(monkeypatch: pytest.MonkeyPatch, state: tuple[bool, bool],
+                                               calls: int) -> None:
+    """DeepSpeed's OpenMPI launcher: mpirun fails a job whose rank exits without MPI_Finalize, which mpi4py would
+    call at exit and os._exit skips (make e2e's mpirun scenario failed so)."""
+    mpi = FakeMpi(*state)
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", mpi)
+    with pytest.raises(SystemExit):
+        _finetune().exit_without_teardown(lambda: 0, exit_now=lambda code: None)
+    assert mpi.calls == calls
+
+
+def test_without_mpi4py_nothing_is_finalized(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    with pytest.raises(SystemExit):
+        _finetune().exit_without_teardown(lambda: 0, exit_now=lambda code: None)
+
+
+def test_smoke_test_finalizes_mpi_before_the_hard_exit(tmp_path: Path) -> None:
+    """The smoke test's own __main__ block, with an mpi4py.MPI stand-in that MPI had started."""
+    config = tmp_path / "ds_config.json"
+    config.write_text('{"train_micro_batch_size_per_gpu": 1}')
+    fake = ("import sys, types\n"
+            "mpi = types.ModuleType('mpi4py.MPI')\n"
+            "state = {'done': False}\n"
+            "mpi.Is_initialized = lambda: True\n"
+            "mpi.Is_finalized = lambda: state['done']\n"
+            "mpi.Finalize = lambda: (state.update(done=True), print('MPI-FINALIZED', flush=True))\n"
+            "sys.modules['mpi4py.MPI'] = mpi\n")
+    done = _run_as_main(SCRIPTS / "smoke_test.py", "--deepspeed_config", str(config), preamble=fake,
+                        env={"PATH": "/usr/bin:/bin", "RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"})
+    assert done.returncode == 2
+    assert done.stdout.count("MPI-FINALIZED") == 1
+    assert TEARDOWN not in done.stdout

@@ -649,6 +649,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.distributed.destroy_process_group()
 
 
+def finalize_mpi() -> None:
+    """MPI_Finalize where mpi4py started MPI (DeepSpeed's OpenMPI launcher): mpi4py calls it at exit, which
+    os._exit skips, and mpirun fails a job whose rank exits without it ("exiting improperly")."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+
+
 def exit_without_teardown(run: Callable[[], int], exit_now: Callable[[int], Any] = os._exit) -> NoReturn:
     """Run `run` and end the process with its status, flushing the output but skipping the interpreter's teardown.
 
@@ -669,6 +677,7 @@ def exit_without_teardown(run: Callable[[], int], exit_now: Callable[[int], Any]
     except BaseException:  # a crash still prints its traceback and fails the rank
         traceback.print_exc()
         code = 1
+    finalize_mpi()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

@@ -599,6 +599,9 @@ if __name__ == "__main__":
     # As finetune.py's exit_without_teardown: DeepSpeed keeps the gloo groups referenced after
     # destroy_process_group(), so their threads would race the interpreter's teardown; end without it.
     status = main()
+    mpi = sys.modules.get("mpi4py.MPI")  # mpi4py's MPI_Finalize runs at exit, and mpirun fails a rank without it
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
     with contextlib.suppress(OSError):
         sys.stdout.flush()
         sys.stderr.flush()
