@@ -662,11 +662,12 @@ FINETUNE_DS = {"zeroStage": 3, "precision": "fp32", "microBatchPerGpu": 4, "grad
 FINETUNE_STEPS = 40
 FINETUNE_SAVE_STEPS = 5
 BUCKET_INPUTS = "e2e-finetune"  # the data and the base model, in the bucket
-# The kind's `finetune` keys: its defaults (LoRA on every linear layer, merged at export; gradient checkpointing)
-# but for the data, the model and the run's length.
+# The kind's `finetune` keys: its defaults (LoRA on every linear layer; gradient checkpointing) but for the data,
+# the model and the run's length, and the export: merged here (the `adapters` scenario serves adapters).
 FINETUNE_KEYS = {"finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/data.jsonl",
                               "promptField": "prompt", "responseField": "response", "sequenceLength": 64,
-                              "maxSteps": FINETUNE_STEPS, "saveSteps": FINETUNE_SAVE_STEPS},
+                              "maxSteps": FINETUNE_STEPS, "saveSteps": FINETUNE_SAVE_STEPS,
+                              "lora": {"export": "merged"}},
                  # A bucket folder names no shape: the tiny Llama's, for the planner's memory check (e2e/tiny_llm.py:
                  # 2 x 512 x 64 embedding and head + 2 layers x (4 x 64^2 + 3 x 64 x 128) = 148k parameters).
                  "model": {"parameters": 0.00015, "vocabulary": 512, "hidden": 64, "precision": "fp32"}}

@@ -100,6 +100,7 @@ class VllmFacts(msgspec.Struct, frozen=True):
     dtypes: dict[str, str]  # `model.precision` -> `--dtype`
     health_path: str
     env: dict[str, str]
+    lora_ranks: tuple[int, ...]  # the values --max-lora-rank takes, ascending
 
 
 @functools.cache
@@ -151,7 +152,8 @@ def mii_facts() -> MiiFacts:
 def vllm_facts() -> VllmFacts:
     raw = _raw()["vllm"]
     return VllmFacts(entrypoint=tuple(raw["entrypoint"]), dtypes={k: str(v) for k, v in raw["dtypes"].items()},
-                     health_path=str(raw["healthPath"]), env={k: str(v) for k, v in raw["env"].items()})
+                     health_path=str(raw["healthPath"]), env={k: str(v) for k, v in raw["env"].items()},
+                     lora_ranks=tuple(sorted(int(r) for r in raw["loraRanks"])))
 
 
 def skip_await_annotation() -> str:

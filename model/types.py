@@ -16,6 +16,7 @@ import msgspec
 import pulumi
 
 from model.workload_types import (
+    ADAPTER_EXPORT,
     WORKLOAD_TYPES,
     AcceleratorConfig,
     AllowedSource,
@@ -24,6 +25,7 @@ from model.workload_types import (
     DeepSpeedConfig,
     DeepSpeedWorkloadConfig,
     FinetuneConfig,
+    FinetuneLoraConfig,
     FinetuneWorkloadConfig,
     GaudiConfig,
     GcsFuseConfig,
@@ -46,8 +48,9 @@ from model.workload_types import (
 
 # The workload classes live in model/workload_types.py (one per kind); re-exported for `from model.types import`.
 __all__ = [
-    "WORKLOAD_TYPES", "AcceleratorConfig", "AllowedSource", "AutoscalingConfig", "ChartConfig", "DeepSpeedConfig",
-    "DeepSpeedWorkloadConfig", "FinetuneConfig", "FinetuneWorkloadConfig", "GaudiConfig", "GcsFuseConfig",
+    "ADAPTER_EXPORT", "WORKLOAD_TYPES", "AcceleratorConfig", "AllowedSource", "AutoscalingConfig", "ChartConfig",
+    "DeepSpeedConfig", "DeepSpeedWorkloadConfig", "FinetuneConfig", "FinetuneLoraConfig", "FinetuneWorkloadConfig",
+    "GaudiConfig", "GcsFuseConfig",
     "HelmWorkloadConfig", "LaunchConfig", "LoraConfig", "ModelConfig", "MpiJobBaseConfig", "MpiJobWorkloadConfig",
     "OpenAiConfig", "ProxyConfig", "ResourcesConfig", "ServeWorkloadConfig", "ServingConfig", "StackConfig",
     "StorageClaimConfig", "TrainingConfig", "TrainingRun", "WorkloadConfig", "build", "camel", "key_path", "snake",

@@ -56,6 +56,15 @@ class LoraConfig(msgspec.Struct, frozen=True):
     target_modules: list[str]
 
 
+class FinetuneLoraConfig(LoraConfig, frozen=True):
+    """`finetune.lora`: LoRA's settings, and what MODEL_DIR holds at the end."""
+
+    export: str  # ADAPTER_EXPORT (peft's adapter folder) or "merged" (a whole model)
+
+
+ADAPTER_EXPORT = "adapter"
+
+
 class TrainingConfig(msgspec.Struct, frozen=True):
     model: str
     dataset: str
@@ -141,10 +150,13 @@ class ServingConfig(msgspec.Struct, frozen=True):
     allow_from: list[AllowedSource]
     startup_minutes: int
     cache_size: str
+    adapters: list[str]  # finetune workloads whose LoRA adapters it serves on the base model
     port: int | None = None  # None: the engine's own (data/serving.yaml)
     model: str | None = None
     model_path: str | None = None
     from_workload: str | None = None  # a training workload of the stack whose MODEL_DIR it serves
+    max_lora_rank: int | None = None  # None: the smallest vLLM rank at least the adapters' largest
+    max_loras: int | None = None  # None: every served adapter
 
 
 class FinetuneConfig(msgspec.Struct, frozen=True):
@@ -155,7 +167,7 @@ class FinetuneConfig(msgspec.Struct, frozen=True):
     sequence_length: int
     save_steps: int
     gradient_checkpointing: bool
-    lora: LoraConfig
+    lora: FinetuneLoraConfig
     model: str | None = None  # a Hugging Face model id
     model_path: str | None = None  # or a folder of the stack's bucket
     dataset: str | None = None  # a Hugging Face dataset id
@@ -395,6 +407,12 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
     def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
         """The Hugging Face model ids its pods download, with their keys (a gated one needs hfToken)."""
         return ((("finetune", "model"), self.finetune.model),) if self.finetune.model else ()
+
+    @property
+    def exports_adapter(self) -> bool:
+        """MODEL_DIR holds a LoRA adapter (served on the base model), not a whole model."""
+        lora = self.finetune.lora
+        return lora.enabled and lora.export == ADAPTER_EXPORT
 
     def bucket_paths(self) -> tuple[tuple[tuple[str, ...], str], ...]:
         f = self.finetune

@@ -13,6 +13,9 @@ engine (model/serving_engines.py, data/serving.yaml) takes memory:
     KV cache = 2 (K and V) x layers x KV heads x head dim x sequence x batch x 2 bytes (4 for fp32; weight-only
                quantisation keeps a 16-bit cache); per GPU the KV heads divide over G, and a GPU holds at least one
                (vLLM and FastGen replicate KV heads when G exceeds them)
+    LoRA     = vLLM's adapter slots with `--enable-lora`: max_loras x max_lora_rank x (inputs + outputs) of every
+               LoRA-capable linear layer (a Llama layer's qkv, o, gate_up and down projections) x 2 bytes (4 for
+               fp32), not divided over G (an upper bound: one side of each pair is sharded)
 
 Training: mixed-precision Adam partitioned by ZeRO over the N data-parallel GPUs, counted the way DeepSpeed's
 own estimators count it (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`), which
@@ -198,6 +201,8 @@ class Request(msgspec.Struct, frozen=True):
     engine: str | None = None  # inference: the serving engine (data/serving.yaml); None: the default, vLLM
     lora: Lora | None = None  # training: a LoRA adapter on the frozen model; None: every parameter trains
     gradient_checkpointing: bool = True  # training: every layer's activations recomputed in the backward pass
+    adapter_slots: int = 0  # inference: vLLM's --max-loras (0: no adapters served)
+    adapter_rank: int = 0  # inference: vLLM's --max-lora-rank
 
     def strategies(self) -> tuple[Strategy, ...]:
         """Inference; or every ZeRO variant, without ZeRO-3 parameter offload for LoRA (finetune.py refuses it:
@@ -397,6 +402,17 @@ def kv_cache_per_gpu(shape: ModelShape, sequence_length: int, batch_size: int, p
     return kv_cache_bytes(shape, sequence_length, batch_size, precision) * heads_per_gpu / shape.kv_heads
 
 
+def lora_bytes(shape: ModelShape, slots: int, rank: int, precision: str) -> float:
+    """vLLM's preallocated LoRA stacks (data/serving.yaml vllm LoRA): for each layer's qkv, o, gate_up and down
+    projection, A (rank x inputs) and B (outputs x rank) per slot, in the model's dtype."""
+    attention = shape.heads * shape.head_dim
+    qkv = shape.hidden + (shape.heads + 2 * shape.kv_heads) * shape.head_dim
+    sides = qkv + (attention + shape.hidden) + (shape.hidden + 2 * shape.intermediate) + (shape.intermediate
+                                                                                          + shape.hidden)
+    per_value = 4 if precision == "fp32" else 2
+    return float(slots * rank * shape.layers * sides * per_value)
+
+
 def inference_parts(request: Request, gpus: int) -> dict[str, float]:
     weights = weights_bytes(request.model.parameters, request.precision) / gpus
     kv = kv_cache_per_gpu(request.model.shape, request.sequence_length, request.batch_size, request.precision, gpus)
@@ -405,8 +421,9 @@ def inference_parts(request: Request, gpus: int) -> dict[str, float]:
         # FastGen: the weights, the KV cache of the sequences asked for, and the reserve it leaves after the cache
         # (which covers activations); then its cache grows into the rest.
         return {"weights": weights, "KV cache": kv, "reserve": engine.reserve_bytes, "CUDA context": CUDA_CONTEXT_BYTES}
-    return {"weights": weights, "KV cache": kv, "overhead": INFERENCE_OVERHEAD * (weights + kv),
-            "CUDA context": CUDA_CONTEXT_BYTES}
+    lora = lora_bytes(request.model.shape, request.adapter_slots, request.adapter_rank, request.precision)
+    return {"weights": weights, "KV cache": kv, **({"LoRA adapters": lora} if lora else {}),
+            "overhead": INFERENCE_OVERHEAD * (weights + kv + lora), "CUDA context": CUDA_CONTEXT_BYTES}
 
 
 # --- training: ZeRO ------------------------------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def test_the_launcher_runs_finetune_py_with_the_keys_as_arguments() -> None:
         "--model", "Qwen/Qwen2.5-7B-Instruct", "--dataset", "/gcs/data/train.jsonl", "--format", "auto",
         "--prompt-field", "prompt", "--response-field", "response", "--seq-len", "2048", "--epochs", "3",
         "--learning-rate", "0.0002", "--save-steps", "200", "--gradient-checkpointing",
-        "--lora", "--lora-rank", "16", "--lora-alpha", "32", "--lora-dropout", "0.05",
+        "--lora", "--lora-rank", "16", "--lora-alpha", "32", "--lora-dropout", "0.05", "--lora-export", "adapter",
         "--lora-target-modules", "all-linear"]
     # The set-up a launcher always has: the master's address, the wait for every worker's sshd, ~/.deepspeed_env.
     assert 'export MASTER_ADDR="$(head -n 1 "$HOSTSFILE"' in script

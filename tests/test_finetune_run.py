@@ -453,7 +453,7 @@ def test_a_full_model_is_exported_with_its_tokenizer_then_the_marker_last(ft: Mo
 def test_a_lora_adapter_is_merged_into_the_base_model_at_export(ft: ModuleType, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     fakes = install(monkeypatch, tmp_path, size=2)
-    args = export_args(ft, tmp_path, "--lora")
+    args = export_args(ft, tmp_path, "--lora", "--lora-export", "merged")
     adapter = tmp_path / "checkpoints" / "adapter-export"
     trained = FakePeftModel(fakes, FakeModel(fakes, "base org/base"), "trained")
     assert export_on_every_rank(ft, fakes, args, trained) == [True, True]
@@ -475,7 +475,41 @@ def test_a_lora_adapter_is_merged_into_the_base_model_at_export(ft: ModuleType, 
         ("PeftModel.from_pretrained", "base org/base", str(adapter), True),
         ("merge_and_unload", str(adapter)),
         ("save_pretrained", f"base org/base merged with adapter {adapter}", str(tmp_path / "model"), True)]
-    assert json.loads((tmp_path / "model" / MARKER).read_text())["lora"] is True
+    marker = json.loads((tmp_path / "model" / MARKER).read_text())
+    assert (marker["lora"], marker["export"]) == (True, "merged")
+    assert "lora_rank" not in marker
+
+
+def test_a_lora_adapter_is_exported_alone_by_default(ft: ModuleType, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = install(monkeypatch, tmp_path, size=2)
+    # An older merged export in MODEL_DIR: its weights must not stay beside the new adapter.
+    stale_model(tmp_path)
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        (tmp_path / "model" / name).write_text("old")
+    args = export_args(ft, tmp_path, "--lora", "--lora-rank", "8")
+    trained = FakePeftModel(fakes, FakeModel(fakes, "base org/base"), "trained")
+    assert export_on_every_rank(ft, fakes, args, trained) == [True, True]
+    # peft's adapter folder (what vLLM's --lora-modules loads), the tokenizer, then the marker; no merge.
+    assert fakes.disk.order() == ["model/adapter_model.safetensors", "model/adapter_config.json",
+                                  "model/tokenizer.json", "model/tokenizer_config.json", "model/.complete"]
+    assert not [e for e in fakes.events if e[0] in ("merge_and_unload", "AutoModelForCausalLM.from_pretrained")]
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
+        ".complete", "adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    marker = json.loads((tmp_path / "model" / MARKER).read_text())
+    assert (marker["export"], marker["lora_rank"], marker["model"], marker["step"]) == ("adapter", 8, "org/base", 40)
+
+
+def test_a_merged_export_removes_an_older_adapter(ft: ModuleType, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = install(monkeypatch, tmp_path, size=1)
+    stale_model(tmp_path)
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        (tmp_path / "model" / name).write_text("old")
+    export_on_every_rank(ft, fakes, export_args(ft, tmp_path), FakeModel(fakes, "trained org/base"))
+    assert not (tmp_path / "model" / "adapter_config.json").exists()
+    assert not (tmp_path / "model" / "adapter_model.safetensors").exists()
+    assert json.loads((tmp_path / "model" / MARKER).read_text())["export"] == "full"
 
 
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
@@ -562,7 +596,8 @@ def test_a_restarted_run_resumes_from_its_newest_checkpoint(ft: ModuleType, tmp_
 
 def test_a_lora_run_trains_an_adapter_and_exports_the_merged_model(ft: ModuleType, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    code, fakes = run_main(ft, tmp_path, monkeypatch, "--lora", "--lora-rank", "8", "--gradient-checkpointing")
+    code, fakes = run_main(ft, tmp_path, monkeypatch, "--lora", "--lora-rank", "8", "--gradient-checkpointing",
+                           "--lora-export", "merged")
     assert code == 0
     (config,) = [e[1] for e in fakes.events if e[0] == "get_peft_model"]
     assert (config.r, config.target_modules, config.task_type) == (8, "all-linear", "CAUSAL_LM")

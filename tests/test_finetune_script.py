@@ -261,10 +261,24 @@ def test_the_newest_complete_checkpoint_is_chosen(ft: ModuleType, tmp_path: Path
 def test_the_marker_says_the_step_and_the_model(ft: ModuleType) -> None:
     when = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
     text = ft.marker_text(40, "meta-llama/Llama-3.1-8B", lora=True, dataset="/gcs/b/data", precision="bf16",
-                          world_size=16, finished=when)
+                          world_size=16, finished=when, export="merged")
     assert text.endswith("\n")
     assert json.loads(text) == {"step": 40, "model": "meta-llama/Llama-3.1-8B", "lora": True, "dataset": "/gcs/b/data",
-                                "precision": "bf16", "world_size": 16, "finished": "2026-11-23T12:00:00+00:00"}
+                                "precision": "bf16", "world_size": 16, "finished": "2026-11-23T12:00:00+00:00",
+                                "export": "merged"}
+    # An adapter's marker says so, with its rank and (as `model`) its base: what the server's wait checks.
+    adapter = json.loads(ft.marker_text(40, "org/base", lora=True, dataset="d", precision="bf16", world_size=1,
+                                        finished=when, export="adapter", lora_rank=16))
+    assert (adapter["export"], adapter["lora_rank"], adapter["model"]) == ("adapter", 16, "org/base")
+    # The text the server's init container greps for (json.dumps' default separators).
+    assert '"export": "adapter"' in ft.marker_text(1, "m", lora=True, dataset="d", precision="bf16", world_size=1,
+                                                     finished=when, export="adapter")
+
+
+def test_what_the_export_holds(ft: ModuleType) -> None:
+    assert [ft.export_kind(False, "adapter"), ft.export_kind(True, "adapter"), ft.export_kind(True, "merged")] == [
+        "full", "adapter", "merged"]
+    assert ft.build_parser().parse_args([]).lora_export == "adapter"
 
 
 def test_output_survives_a_closed_pipe(ft: ModuleType) -> None:

@@ -216,7 +216,7 @@ def test_the_flags_read_from_the_source_are_the_parsers(script: str, capsys: pyt
     parse = module.build_parser().parse_args if script == "finetune" else module.parse_args
     flags = script_flags.read(SCRIPTS / f"{script}.py")
     assert flags is not None
-    values = {"--format": "auto", "--precision": "bf16", "--lora-target-modules": "q_proj"}
+    values = {"--format": "auto", "--precision": "bf16", "--lora-target-modules": "q_proj", "--lora-export": "merged"}
     for flag in flags.flags:
         if flag in ("-h", "--help"):
             continue

@@ -1,8 +1,9 @@
 """Serving the trained result (issue 18 item 3): Pulumi.finetune.yaml's server `chat` serves what the finetune
-workload `tune` writes (`serving.fromWorkload`). Its pods read MODEL_DIR through the bucket's FUSE mount and wait
-in an init container for the marker training writes last; `pulumi up` does not wait for them (pulumi-kubernetes'
-skipAwait on the Deployment and the Service), so one `pulumi up` deploys both and the server becomes Ready when
-the model exists. The rules refuse a server of a workload that trains nothing, or of none."""
+workload `tune` writes (`serving.fromWorkload`): its LoRA adapter on the base model (issue 27 item 3: adapters are
+exported alone by default), or the merged model with `finetune.lora.export: merged`. Its pods read MODEL_DIR through
+the bucket's FUSE mount and wait in an init container for the marker training writes last; `pulumi up` does not wait
+for them (pulumi-kubernetes' skipAwait on the Deployment and the Service), so one `pulumi up` deploys both and the
+server becomes Ready when the model exists. The rules refuse a server of a workload that trains nothing, or of none."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import kubernetes_validate
 import msgspec
 import pytest
-from conftest import DELETE, changed, config_model, problems, stack_run
+from conftest import DELETE, changed, config_model, model, problems, stack_run
 
 from preview.engine import RunResult
 from workloads.kinds.serve import check_serve_from_workload
@@ -25,6 +26,7 @@ SERVICE = "kubernetes:core/v1:Service"
 S = "workloads.chat"
 T = "workloads.tune"
 MARKER = "/gcs/models/tune/.complete"  # MODEL_DIR of tune (the fine-tuning contract) + its marker
+MERGED = {f"{T}.finetune.lora.export": "merged"}
 SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}  # pulumi-kubernetes provider/pkg/metadata/annotations.go
 
 
@@ -37,12 +39,19 @@ def _pod(run: RunResult) -> dict[str, Any]:
     return run.one(DEPLOYMENT).inputs["spec"]["template"]["spec"]
 
 
-def test_the_server_loads_model_dir_under_the_trainers_name(finetune: RunResult) -> None:
+def test_the_server_loads_the_base_and_the_adapter_under_the_trainers_name(finetune: RunResult) -> None:
     (server,) = _pod(finetune)["containers"]
     assert server["command"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
-    assert server["args"] == ["--model", "/gcs/models/tune", "--served-model-name", "tune", "--host", "0.0.0.0",
+    # tune's base (finetune.model) under its id, and tune's adapter (MODEL_DIR) under tune's name; rank 16 is one of
+    # vLLM's --max-lora-rank values (vllm/config/lora.py MaxLoRARanks), one adapter a batch.
+    assert server["args"] == ["--model", "Qwen/Qwen2.5-7B-Instruct", "--served-model-name",
+                              "Qwen/Qwen2.5-7B-Instruct", "--host", "0.0.0.0",
                               "--port", "8000", "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.90",
-                              "--max-model-len", "4096", "--dtype", "bfloat16"]
+                              "--max-model-len", "4096", "--dtype", "bfloat16", "--enable-lora", "--max-lora-rank",
+                              "16", "--max-loras", "1", "--lora-modules", "tune=/gcs/models/tune"]
+    summary = finetune.outputs["workloads"]["chat"]
+    assert (summary["servedModel"], summary["baseModel"], summary["adapters"]) == (
+        "tune", "Qwen/Qwen2.5-7B-Instruct", {"tune": "/gcs/models/tune"})
     # The same folder the trainer's ranks write (its MODEL_DIR), through the same bucket.
     ranks = finetune.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs["spec"]["mpiReplicaSpecs"]["Worker"]
     env = {e["name"]: e["value"] for e in ranks["template"]["spec"]["containers"][0]["env"]}
@@ -59,7 +68,7 @@ def test_the_pod_waits_for_the_marker_in_a_hardened_init_container(finetune: Run
     assert wait["name"] == "wait-for-model"
     assert wait["image"] == server["image"]  # already pulled for the server, pinned by digest
     assert wait["command"][:2] == ["sh", "-c"]
-    assert wait["env"] == [{"name": "MARKER", "value": MARKER}]
+    assert wait["env"] == [{"name": "MARKER0", "value": MARKER}]
     # It reads the bucket through the pod's own FUSE mount, read-only, and nothing else.
     (gcs,) = [v for v in pod["volumes"] if "csi" in v]
     assert gcs["csi"]["readOnly"] is True
@@ -89,10 +98,10 @@ def test_pulumi_up_does_not_wait_for_a_model_training_has_not_written(finetune: 
     assert not any(d.startswith(job.urn) for d in finetune.one(DEPLOYMENT).dependencies)
 
 
-def _fake_sleep(bin_dir: Path, marker: Path) -> None:
+def _fake_sleep(bin_dir: Path, marker: Path, text: str = '{"step": 3, "export": "adapter"}') -> None:
     """A `sleep` that writes the marker instead of sleeping: training finishes during the first wait."""
     sleep = bin_dir / "sleep"
-    sleep.write_text(f"#!/bin/sh\necho sleep \"$1\" >> '{bin_dir}/slept'\necho '{{\"step\": 3}}' > '{marker}'\n")
+    sleep.write_text(f"#!/bin/sh\necho sleep \"$1\" >> '{bin_dir}/slept'\necho '{text}' > '{marker}'\n")
     sleep.chmod(sleep.stat().st_mode | stat.S_IEXEC)
 
 
@@ -103,11 +112,41 @@ def test_the_wait_loop_ends_when_the_marker_appears(finetune: RunResult, tmp_pat
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _fake_sleep(bin_dir, marker)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKER": str(marker)}
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKER0": str(marker)}
     done = subprocess.run(wait["command"], env=env, capture_output=True, text=True, timeout=30, check=True)
-    assert f"waiting for {marker} (written last by the training workload tune)" in done.stdout
-    assert done.stdout.rstrip().endswith('{"step": 3}')
+    assert f"waiting for {marker} (an adapter export, written last by the training workload tune)" in done.stdout
+    assert done.stdout.rstrip().endswith('{"step": 3, "export": "adapter"}')
     assert (bin_dir / "slept").read_text() == "sleep 30\n"  # one wait, then the marker was there
+
+
+def test_an_older_merged_models_marker_keeps_the_adapter_server_waiting(finetune: RunResult, tmp_path: Path) -> None:
+    """MODEL_DIR of a run exported merged before the stack said adapter: its marker must not start a server that
+    would load no adapter there; the wait goes on until an adapter's marker replaces it."""
+    (wait,) = _pod(finetune)["initContainers"]
+    marker = tmp_path / ".complete"
+    marker.write_text('{"export": "merged", "step": 9}\n')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_sleep(bin_dir, marker)  # the adapter export's marker appears during the first wait
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "MARKER0": str(marker)}
+    done = subprocess.run(wait["command"], env=env, capture_output=True, text=True, timeout=30, check=True)
+    assert done.stdout.count("waiting for") == 1
+    assert (bin_dir / "slept").read_text() == "sleep 30\n"
+
+
+def test_the_merged_model_is_served_as_it_is() -> None:
+    from workloads.placement import placement
+    from workloads.serving import lora_args, model_source, vllm_args, wait_script
+
+    m = model("finetune", MERGED)
+    chat = m.workloads["chat"]
+    source = model_source(m, chat)
+    assert vllm_args(chat, placement(m, chat), source)[:4] == ["--model", "/gcs/models/tune", "--served-model-name",
+                                                                "tune"]
+    assert lora_args(source) == [] and source.adapters == ()
+    # Any marker will do for a whole model; an adapter's must say it is one.
+    assert "grep" not in wait_script(source.waits)
+    assert "grep -q '\"export\": \"adapter\"'" in wait_script(model_source(model("finetune"), chat).waits)
 
 
 # --- the rules ----------------------------------------------------------------------------------------------

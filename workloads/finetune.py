@@ -71,6 +71,7 @@ STACK_FLAGS: dict[str, tuple[str, ...]] = {
     "--gradient-checkpointing": ("finetune", "gradientCheckpointing"), "--lora": ("finetune", "lora", "enabled"),
     "--lora-rank": ("finetune", "lora", "rank"), "--lora-alpha": ("finetune", "lora", "alpha"),
     "--lora-dropout": ("finetune", "lora", "dropout"), "--lora-target-modules": ("finetune", "lora", "targetModules"),
+    "--lora-export": ("finetune", "lora", "export"),
     "--precision": ("deepspeed", "precision"), "--checkpoint-dir": ("gcsFuse", "enabled"),
     "--model-dir": ("gcsFuse", "enabled"),
 }
@@ -98,7 +99,8 @@ def script_args(w: FinetuneWorkloadConfig) -> list[str]:
     if f.lora.enabled:
         lora = f.lora
         args += ["--lora", "--lora-rank", str(lora.rank), "--lora-alpha", _number(lora.alpha),
-                 "--lora-dropout", _number(lora.dropout), "--lora-target-modules", *lora.target_modules]
+                 "--lora-dropout", _number(lora.dropout), "--lora-export", lora.export,
+                 "--lora-target-modules", *lora.target_modules]
     return [*args, *w.launch.args]
 
 

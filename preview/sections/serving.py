@@ -33,7 +33,8 @@ def section(run: RunResult) -> list[Section]:
         rows.append(f"| {name} | {s['model']} | {s['gpusPerReplica']} | {s['replicas']} | {cost} | "
                     f"`{s['endpoint']}` |")
         if s.get("waitsFor"):  # a model training writes: the server starts once the marker is there
-            commands.append(f"# {name} is Ready once {s['waitsFor']} exists (its pods wait in Init until then)")
+            verb = "exist" if " and " in s["waitsFor"] else "exists"
+            commands.append(f"# {name} is Ready once {s['waitsFor']} {verb} (its pods wait in Init until then)")
         commands += [f"{s['portForward']} &", s["prompt"]]
     body = "\n".join(rows) + "\n\nSend one prompt (README, \"Serving a model\"):\n\n```sh\n" + "\n".join(commands) + \
         "\n```"

@@ -9,12 +9,16 @@ data/serving.yaml through model/serving_engines.py) must run on the pool's GPU, 
 the model's attention heads over those GPUs; the planner's estimate for that engine must fit; what would is
 searched on one node of each GPU type. The served model is the sized one (`serving.model` through
 data/models.yaml), and a server of what training writes (`serving.fromWorkload`) names a workload that trains.
+LoRA adapters (`serving.adapters`, or fromWorkload's when it exports one) come from finetune workloads that export
+one, trained on the base the server serves, with a rank vLLM's --max-lora-rank holds; vLLM serves them (MII
+cannot), and their memory is sized with the model.
 """
 
 from __future__ import annotations
 
 import ipaddress
 
+import msgspec
 import pulumi
 
 from model import catalog as gpu_catalog
@@ -22,22 +26,27 @@ from model import serving_engines, versions
 from model.config import workload_default
 from model.serving_engines import MII, VLLM, Engine, capability_text
 from model.suggest import did_you_mean
-from model.types import ServeWorkloadConfig, StackConfig, WorkloadConfig
+from model.types import FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig, WorkloadConfig
 from model.validators import DNS1123_LABEL, at, or_list
 from planner.recommend import Option, cheapest_for_gpu, serving_problem, short_name
 from planner.requests import workload_request
-from planner.sizing import INFERENCE, estimate, known_models
+from planner.sizing import INFERENCE, Request, estimate, known_models
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.shared import changed_keys
 from workloads.placement import placement
 from workloads.serving import (
     ModelServer,
     ModelServerArgs,
+    adapter_names,
+    adapter_trainer,
     engine_of,
     mii_reserved_ports,
     model_source,
     most_replicas,
+    served_base,
     served_port,
+    trained_base,
+    vllm_lora_rank,
 )
 
 SUGGESTIONS = 3
@@ -255,6 +264,133 @@ def _trained_model(trainer: WorkloadConfig) -> tuple[tuple[str, ...], str] | Non
     return None
 
 
+def _adapter_trainers(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    return [n for n in m.workloads if n != w.name and adapter_trainer(m, n) is not None]
+
+
+def _base_text(base: tuple[str, str]) -> str:
+    kind, value = base
+    return value if kind == "model" else f"the bucket's {value}"
+
+
+def _adapter_problem(m: StackConfig, w: ServeWorkloadConfig, name: str, key: str) -> str | None:
+    """Why `name` is no adapter this server can load, or None."""
+    exporting = _adapter_trainers(m, w)
+    valid = (f"finetune workloads of this stack that export an adapter: {or_list(exporting)}" if exporting else
+             "a finetune workload with finetune.lora.enabled and finetune.lora.export: adapter (the stack has none)")
+    target = m.workloads.get(name)
+    if target is None:
+        known = sorted(n for n in m.workloads if n != w.name)
+        return f"{key}: no workload named {name!r} in this stack; valid: {valid}{did_you_mean(name, known)}"
+    if name == w.name:
+        return f"{key}: {name} is this server itself; valid: {valid}"
+    if not isinstance(target, FinetuneWorkloadConfig):
+        return f"{key}: {name} is kind {target.kind}; only kind finetune exports a LoRA adapter; valid: {valid}"
+    lora, fkey = target.finetune.lora, at("workloads", name, "finetune", "lora")
+    if not lora.enabled:
+        return (f"{key}: {name} trains every weight ({fkey}.enabled: false), so it writes a whole model, no adapter; "
+                f"serve it with serving.fromWorkload in a server of its own, or set {fkey}.enabled: true")
+    if not target.exports_adapter:
+        return (f"{key}: {name} merges its adapter into the model ({fkey}.export: {lora.export}); set "
+                f"{fkey}.export: adapter, or serve the merged model with serving.fromWorkload in a server of its own")
+    if not target.gcs_fuse.enabled:
+        return (f"{key}: {name} writes its adapter to its volume claim, which no other namespace can mount; set "
+                f"{at('workloads', name, 'gcsFuse', 'enabled')}: true (storage.enabled) so that MODEL_DIR is in the "
+                "stack's bucket")
+    return None
+
+
+def check_serve_adapters(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """Each of `serving.adapters` is a finetune workload exporting an adapter (into the bucket), named once, trained
+    on the base the server serves: an adapter's weights are deltas of that base's layers and mean nothing on
+    another model. fromWorkload's own adapter is trained on the base it brings."""
+    s = w.serving
+    problems = []
+    base = served_base(m, w)
+    for i, name in enumerate(s.adapters):
+        key = at("workloads", w.name, "serving", "adapters", i)
+        if name == s.from_workload:
+            problems.append(f"{key}: {name} is already served by serving.fromWorkload; list it once")
+            continue
+        problem = _adapter_problem(m, w, name, key)
+        if problem:
+            problems.append(problem)
+            continue
+        trainer = adapter_trainer(m, name)
+        assert trainer is not None
+        trained = trained_base(trainer)
+        tkey = at("workloads", name, "finetune", trained[0])
+        if base is None:
+            problems.append(f"{key}: {name} is an adapter of {_base_text(trained)} ({tkey}), but "
+                            f"serving.fromWorkload {s.from_workload} serves a whole (merged or fully trained) model; "
+                            f"adapters need the base they were trained on: serve {_base_text(trained)} "
+                            f"(serving.{'model' if trained[0] == 'model' else 'modelPath'})")
+        elif (trained[0], trained[1].casefold()) != (base[0], base[1].casefold()):
+            where = (f"serving.fromWorkload {s.from_workload}'s base" if s.from_workload else
+                     f"serving.{'model' if base[0] == 'model' else 'modelPath'}")
+            problems.append(f"{key}: {name} was trained on {_base_text(trained)} ({tkey}), but this server's base is "
+                            f"{_base_text(base)} ({where}); an adapter only works on the base it was trained on: "
+                            f"serve {name} from a server of {_base_text(trained)}, or train it on "
+                            f"{_base_text(base)}")
+    return problems
+
+
+def check_serve_adapter_engine(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """DeepSpeed-MII (FastGen) serves no LoRA adapters: vLLM does (--enable-lora)."""
+    names = adapter_names(m, w)
+    if w.serving.engine != MII or not names:
+        return []
+    fix = (f"or set {at('workloads', w.serving.from_workload, 'finetune', 'lora', 'export')}: merged"
+           if w.serving.from_workload in names else "or serve the merged models with mii")
+    return [f"{at('workloads', w.name, 'serving', 'engine')}: mii serves no LoRA adapters ({', '.join(names)} "
+            f"export one); use engine vllm (the default), {fix}"]
+
+
+def check_serve_lora_rank(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """vLLM loads an adapter only up to --max-lora-rank, which takes one of its ranks (data/serving.yaml
+    vllm.loraRanks); `maxLoraRank` unset takes the smallest that holds the largest adapter."""
+    names = adapter_names(m, w)
+    s, ranks = w.serving, serving_engines.vllm_facts().lora_ranks
+    key = at("workloads", w.name, "serving", "maxLoraRank")
+    if not names or w.serving.engine != VLLM:
+        return []
+    trainers = {n: adapter_trainer(m, n) for n in names}
+    rank_of = {n: t.finetune.lora.rank for n, t in trainers.items() if t is not None}
+    problems = []
+    too_large = [n for n, r in rank_of.items() if vllm_lora_rank(r) is None]
+    for n in too_large:
+        problems.append(f"{at('workloads', n, 'finetune', 'lora', 'rank')}: {rank_of[n]}, but vLLM serves adapters "
+                        f"of rank {ranks[-1]} at most (--max-lora-rank, data/serving.yaml); train a rank up to "
+                        f"{ranks[-1]}")
+    if s.max_lora_rank is None:
+        return problems
+    if s.max_lora_rank not in ranks:
+        fits = vllm_lora_rank(s.max_lora_rank)
+        problems.append(f"{key}: {s.max_lora_rank} is not a rank vLLM takes; valid: "
+                        f"{', '.join(str(r) for r in ranks)}" + (f" (e.g. {fits})" if fits else ""))
+        return problems
+    for n, r in rank_of.items():
+        if r > s.max_lora_rank and n not in too_large:
+            problems.append(f"{key}: {s.max_lora_rank}, but {n} is an adapter of rank {r} "
+                            f"({at('workloads', n, 'finetune', 'lora', 'rank')}), which vLLM would refuse to load; "
+                            f"set {vllm_lora_rank(r)} or more, or leave maxLoraRank unset")
+    return problems
+
+
+def lora_request(m: StackConfig, w: ServeWorkloadConfig, request: Request) -> Request:
+    """The sizing request with vLLM's adapter slots: --max-loras x --max-lora-rank (what model_source passes)."""
+    source = model_source(m, w)
+    if not source.adapters or source.max_lora_rank is None or source.max_loras is None:
+        return request
+    return msgspec.structs.replace(request, adapter_slots=source.max_loras, adapter_rank=source.max_lora_rank)
+
+
+def serve_request(m: StackConfig, w: ServeWorkloadConfig) -> Request | None:
+    """The server's sizing request: its model block, and its adapters' memory."""
+    request = workload_request(w)
+    return lora_request(m, w, request) if request is not None else None
+
+
 def check_serve_tensor_parallel(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """The engine splits the model over all of the node's GPUs: its attention heads must allow that split."""
     request, where = workload_request(w), placement(m, w)
@@ -277,7 +413,7 @@ def _describe(o: Option) -> str:
 
 def _fitting_nodes(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """One node of each GPU type the engine serves the request on that holds it, cheapest first."""
-    request, cat = workload_request(w), gpu_catalog.load()
+    request, cat = serve_request(m, w), gpu_catalog.load()
     if request is None:
         return []
     found = [o for g in _servable_gpus(m, w, engine_of(w)) if serving_problem(cat, g, request) is None
@@ -289,7 +425,7 @@ def check_serve_fits(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """Weights + KV cache (batch x sequence), tensor-parallel over the GPUs of one pod, within what the engine takes
     of each GPU (vLLM: its --gpu-memory-utilization; FastGen: all but its reserve)."""
     cat = gpu_catalog.load()
-    request, where = workload_request(w), placement(m, w)
+    request, where = serve_request(m, w), placement(m, w)
     gpu = cat.gpus.get(where.accelerator_type) if where else None
     if (request is None or where is None or gpu is None or request.mode != "inference"
             or request.precision not in engine_of(w).precisions):
@@ -421,6 +557,16 @@ def warn_autoscaling_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]
             changed_keys(scaling, defaults, ("enabled",))]
 
 
+def warn_lora_keys_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """vLLM's LoRA sizes when the server loads no adapter."""
+    s = w.serving
+    if adapter_names(m, w) or s.adapters:
+        return []
+    return [f"{at('workloads', w.name, 'serving', key)}: not used: the server loads no LoRA adapter (serving.adapters "
+            "is empty and serving.fromWorkload exports none)" for key, value in
+            (("maxLoraRank", s.max_lora_rank), ("maxLoras", s.max_loras)) if value is not None]
+
+
 def warn_openai_port_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """MII's second (OpenAI-compatible) server's port when that server is off."""
     openai = w.serving.openai
@@ -444,11 +590,12 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
     name="serve",
     config=ServeWorkloadConfig,
     rules=(check_serve_accelerator, check_serve_engine_gpu, check_serve_model_block, check_serve_model_source,
-           check_serve_from_workload, check_serve_model_identity, check_serve_tensor_parallel, check_serve_fits,
-           check_serve_replicas, check_serve_ports, check_serve_allow_from),
+           check_serve_from_workload, check_serve_adapters, check_serve_adapter_engine, check_serve_lora_rank,
+           check_serve_model_identity, check_serve_tensor_parallel, check_serve_fits, check_serve_replicas,
+           check_serve_ports, check_serve_allow_from),
     build=build,
     warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_autoscaling_unused,
-              warn_openai_port_unused),
+              warn_lora_keys_unused, warn_openai_port_unused),
     sizes_its_model=True,
     checks_its_gpu=True,
 )

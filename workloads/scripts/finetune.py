@@ -15,13 +15,16 @@ Run on every rank by the DeepSpeed launcher, as the stack's MPIJob and Helm rele
 - DeepSpeed: ds_config.json from --deepspeed (the launcher's --deepspeed_config). Values the Trainer owns may
   be "auto" there; where the file gives a batch size, accumulation, clipping or precision, the Trainer is set
   to the same value, so the two never disagree.
-- Optional LoRA (peft): --lora with --lora-rank/--lora-alpha/--lora-dropout/--lora-target-modules; the adapter
-  is merged into the base model at export.
+- Optional LoRA (peft): --lora with --lora-rank/--lora-alpha/--lora-dropout/--lora-target-modules; at export
+  MODEL_DIR gets the adapter alone (--lora-export adapter, the default: peft's adapter_config.json and
+  adapter_model.safetensors, a few MB, served on the base model by vLLM's LoRA support) or the base model with the
+  adapter merged in (--lora-export merged).
 - Checkpoints: the Trainer's checkpoint-N folders in --checkpoint-dir (CHECKPOINT_DIR), every --save-steps
   (CHECKPOINT_EVERY_STEPS) steps and when any rank gets SIGTERM (the ranks agree on it every step, then all
   save and stop with exit status 143). A restarted run resumes from the newest complete checkpoint by itself.
-- Export: rank 0 writes the consolidated model (safetensors, config, tokenizer; ZeRO-3 gathers the weights)
-  into --model-dir (MODEL_DIR), then MODEL_DIR/.complete, last: {"step": N, "model": ..., ...}.
+- Export: rank 0 writes the consolidated model (safetensors, config, tokenizer; ZeRO-3 gathers the weights), or
+  the adapter and the tokenizer, into --model-dir (MODEL_DIR), then MODEL_DIR/.complete, last: {"step": N,
+  "model": ..., "export": "adapter" | "merged" | "full", ...}: what a server waiting on it loads.
 
 `DS_ACCELERATOR=cpu` runs the same path on CPUs with gloo: that is how `make e2e` runs it across
 network-namespace hosts. torch, transformers, peft, datasets and deepspeed are imported inside functions:
@@ -65,6 +68,15 @@ ENV_DEFAULTS = {
 REQUIRED = ("model", "dataset", "checkpoint_dir", "model_dir")
 FORMATS = ("auto", "jsonl", "parquet", "text")
 PRECISIONS = ("bf16", "fp16", "fp32")
+LORA_EXPORTS = ("adapter", "merged")
+# What MODEL_DIR holds, as the marker says: a LoRA adapter, the base with the adapter merged in, or every weight.
+ADAPTER, MERGED, FULL = "adapter", "merged", "full"
+# peft's adapter folder (PeftModel.save_pretrained: SAFETENSORS_WEIGHTS_NAME, CONFIG_NAME) and a whole model's
+# files (transformers' save_pretrained): an export of one kind removes the other's, so that MODEL_DIR never holds
+# both a stale model and a new adapter.
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+MODEL_FILE_GLOBS = ("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json",
+                    "pytorch_model*.bin")
 # File name endings of each format (a folder's files decide its format).
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "text", ".text": "text"}
 # The loader `datasets.load_dataset` names for each format.
@@ -105,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lora-dropout", type=float, default=0.05)
     parser.add_argument("--lora-target-modules", nargs="+", default=["all-linear"],
                         help="module names, or all-linear (default)")
+    parser.add_argument("--lora-export", choices=LORA_EXPORTS, default=ADAPTER,
+                        help="MODEL_DIR gets the adapter alone (default) or the model with it merged in")
     parser.add_argument("--deepspeed", "--deepspeed_config", "--deepspeed-config", dest="deepspeed",
                         help="ds_config.json (the launcher passes --deepspeed_config)")
     parser.add_argument("--save-steps", type=int, help=f"checkpoint every N steps ({env['save_steps']}, "
@@ -387,12 +401,31 @@ def newest_checkpoint(directory: str | Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+def export_kind(lora: bool, lora_export: str) -> str:
+    """What MODEL_DIR holds: ADAPTER, MERGED (LoRA merged into the base) or FULL (every weight trained)."""
+    return FULL if not lora else (ADAPTER if lora_export == ADAPTER else MERGED)
+
+
 def marker_text(step: int, model: str, *, lora: bool, dataset: str, precision: str, world_size: int,
-                finished: datetime.datetime) -> str:
-    """MODEL_DIR/.complete: what a server waiting on it (and a person) wants to know; written last."""
-    return json.dumps({"step": step, "model": model, "lora": lora, "dataset": dataset, "precision": precision,
-                       "world_size": world_size, "finished": finished.isoformat(timespec="seconds")},
-                      sort_keys=True) + "\n"
+                finished: datetime.datetime, export: str = FULL, lora_rank: int | None = None) -> str:
+    """MODEL_DIR/.complete: what a server waiting on it (and a person) wants to know; written last. `export` says
+    what the folder holds; an adapter's marker also has its rank (vLLM's --max-lora-rank must hold it) and its base
+    is `model`."""
+    fields: dict[str, Any] = {"step": step, "model": model, "lora": lora, "export": export, "dataset": dataset,
+                              "precision": precision, "world_size": world_size,
+                              "finished": finished.isoformat(timespec="seconds")}
+    if export == ADAPTER and lora_rank is not None:
+        fields["lora_rank"] = lora_rank
+    return json.dumps(fields, sort_keys=True) + "\n"
+
+
+def stale_files(model_dir: Path, export: str) -> list[Path]:
+    """Files of the other kind of export in MODEL_DIR (an adapter's beside a new whole model, or the reverse)."""
+    if not model_dir.is_dir():
+        return []
+    if export == ADAPTER:
+        return sorted({p for pattern in MODEL_FILE_GLOBS for p in model_dir.glob(pattern) if p.is_file()})
+    return sorted(p for name in ADAPTER_FILES if (p := model_dir / name).is_file())
 
 
 def cpu_run(environ: Mapping[str, str]) -> bool:
@@ -517,26 +550,32 @@ def _collator(pad_id: int) -> Any:
 
 def _export(trainer: Any, args: argparse.Namespace, tokenizer: Any, token: str | None, precision: str,
             step: int) -> None:
-    """Every rank takes part in saving (ZeRO-3 gathers the weights); rank 0 writes MODEL_DIR and the marker."""
+    """Every rank takes part in saving (ZeRO-3 gathers the weights); rank 0 writes MODEL_DIR and the marker. An
+    adapter export is the Trainer's own save of the peft model (adapter_config.json, adapter_model.safetensors);
+    a merged one saves the adapter aside first and merges it into the base on rank 0."""
     import shutil
 
     model_dir = Path(args.model_dir)
+    export = export_kind(args.lora, args.lora_export)
     if trainer.is_world_process_zero():
         model_dir.mkdir(parents=True, exist_ok=True)
         (model_dir / MARKER).unlink(missing_ok=True)  # an older model's marker: not this one's
-    saved = model_dir if not args.lora else Path(args.checkpoint_dir) / "adapter-export"
+        for stale in stale_files(model_dir, export):
+            stale.unlink()
+    saved = Path(args.checkpoint_dir) / "adapter-export" if export == MERGED else model_dir
     trainer.save_model(str(saved))
     trainer.accelerator.wait_for_everyone()
     if trainer.is_world_process_zero():
-        if args.lora:
+        if export == MERGED:
             _merge_adapter(args, saved, token, precision)
             shutil.rmtree(saved, ignore_errors=True)
         tokenizer.save_pretrained(str(model_dir))
         world = trainer.args.world_size
         text = marker_text(step, args.model, lora=args.lora, dataset=args.dataset, precision=precision,
-                           world_size=world, finished=datetime.datetime.now(datetime.UTC))
+                           world_size=world, finished=datetime.datetime.now(datetime.UTC), export=export,
+                           lora_rank=args.lora_rank if args.lora else None)
         (model_dir / MARKER).write_text(text, encoding="utf-8")
-        say(f"exported step {step} to {model_dir}")
+        say(f"exported step {step} to {model_dir} ({export})")
     trainer.accelerator.wait_for_everyone()
 
 
