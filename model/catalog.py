@@ -46,6 +46,8 @@ class Gpu(msgspec.Struct, frozen=True):
     compute_capability: tuple[int, int] = (0, 0)  # CUDA (major, minor); (0, 0) where the catalog gives none
     # Zones one view of the zone source lists and another does not: accepted with a warning, never a default.
     unconfirmed_zones: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    # Peak dense TFLOPS per training precision (fp32, fp16, bf16); a precision the GPU lacks has no entry.
+    peak_tflops: dict[str, float] = msgspec.field(default_factory=dict)
 
     @property
     def compute_capability_text(self) -> str:
@@ -222,6 +224,7 @@ def parse(raw: dict) -> Catalog:
             price_per_gpu=_per_gpu_price(g, shapes),
             compute_capability=_compute_capability(g.get("computeCapability")),
             unconfirmed_zones={region: tuple(z) for region, z in g.get("unconfirmedZones", {}).items()},
+            peak_tflops={precision: float(t) for precision, t in g.get("peakTflops", {}).items()},
         )
     return Catalog(
         source=raw["source"],
