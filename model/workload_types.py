@@ -177,6 +177,7 @@ class FinetuneConfig(msgspec.Struct, frozen=True):
     response_field: str | None = None
     epochs: float | None = None  # None with max_steps None: finetune.py's default, one pass
     max_steps: int | None = None
+    dataset_tokens: int | None = None  # the data's token count, for the run's estimate (planner/run_estimate.py)
 
 
 class TrainingRun(msgspec.Struct, frozen=True):

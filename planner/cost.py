@@ -15,9 +15,10 @@ from typing import Any
 
 import msgspec
 
-from model import capacity
+from model import capacity, training_speed
 from model import catalog as gpu_catalog
 from model.types import ServeWorkloadConfig, StackConfig, WorkloadConfig
+from planner import run_estimate
 
 SYSTEM_POOL = "system"
 HOURS_PER_MONTH = 730  # Google's billing month
@@ -140,6 +141,53 @@ def running_costs(cfg: StackConfig, pools: list[PoolCost], fee: float, floor_ext
     return out
 
 
+# --- a finetune run in all: hours and dollars ------------------------------------------------------------------
+
+def _run_per_hour(run: run_estimate.WorkloadRun, pools: list[PoolCost], fee: float, floor_extra: float,
+                  spot: bool) -> float:
+    """The stack's $/h while this run alone trains, its pool's nodes at the spot or the on-demand price, every other
+    pool at min nodes as it pays, with the cluster fee and what bills anyway (Filestore)."""
+    total = fee + floor_extra
+    for p in pools:
+        if p.name == run.pool:
+            total += p.at(min(p.max_nodes, max(p.min_nodes, run.nodes)), spot)
+        else:
+            total += p.pays(p.min_nodes)
+    return round(total, 4)
+
+
+def run_costs(cfg: StackConfig, pools: list[PoolCost], fee: float, floor_extra: float,
+              cat: gpu_catalog.Catalog) -> dict[str, Any]:
+    """Each finetune workload's run in all (planner/run_estimate.py): its hours, fast and slow over the assumed MFU,
+    times the stack's $/h while it trains, at spot and at on-demand prices; or why there is no estimate."""
+    speed = training_speed.load()
+    out: dict[str, Any] = {}
+    for run in run_estimate.stack_runs(cfg, cat):
+        pool = next((p for p in pools if p.name == run.pool), None)
+        head = {"pool": run.pool, "gpus": run.gpus, "gpu": run.gpu_type, "precision": run.precision,
+                "strategy": run.strategy, "training": run.training}
+        e = run.estimate
+        if e is None or pool is None or not pool.known:
+            out[run.name] = {**head, "missing": run.missing or f"pool {run.pool} is not priced"}
+            continue
+        per_hour = {key: _run_per_hour(run, pools, fee, floor_extra, spot)
+                    for key, spot in (("spot", True), ("onDemand", False))}
+        out[run.name] = {
+            **head, "tokens": e.tokens, "tokensFrom": run.tokens_from, "parameters": e.parameters,
+            "peakTflops": e.peak_tflops,
+            "modelFlopsPerToken": e.model_flops_per_token, "executedFlopsPerToken": e.executed_flops_per_token,
+            "factors": [{"what": f.what, "value": round(f.value, 4), "why": f.why} for f in e.factors],
+            "mfuAssumed": {"low": speed.mfu_low, "high": speed.mfu_high},
+            "mfu": {"low": round(e.mfu_low, 4), "high": round(e.mfu_high, 4)},
+            "hours": {"fast": round(e.hours_fast, 3), "slow": round(e.hours_slow, 3)},
+            "perHour": per_hour, "pays": "spot" if pool.spot else "onDemand",
+            "perRun": {key: dict(zip(("fast", "slow"), (round(c, 2) for c in e.cost(rate)), strict=True))
+                       for key, rate in per_hour.items()},
+            "source": f"data/training_speed.yaml ({speed.date}) and data/gpu_catalog.yaml peakTflops",
+        }
+    return out
+
+
 # --- Filestore and Vertex AI ------------------------------------------------------------------------------------
 
 def gib(quantity: str) -> float | None:
@@ -233,6 +281,8 @@ def stack_costs(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> dic
         out["filestore"] = filestore
     if vertex:
         out["vertex"] = vertex
+    if runs := run_costs(cfg, pools, fee, filestore_hour, cat):
+        out["runs"] = runs
     return out
 
 
@@ -259,7 +309,33 @@ def headline(costs: dict[str, Any]) -> str:
         parts.append(f"Vertex AI job **{_money(vertex['perHour'])}/h** while it runs{soft}")
     if not parts:
         return "Estimated cost: nothing the stack creates is billed per hour."
-    return f"Estimated cost: {', '.join(parts)} (list-price estimates; see Estimated cost)."
+    runs = "".join(f" {_run_headline(name, r)}." for name, r in (costs.get("runs") or {}).items())
+    return f"Estimated cost: {', '.join(parts)} (list-price estimates; see Estimated cost).{runs}"
+
+
+def _range(pair: dict[str, float]) -> str:
+    return f"{_money(pair['fast'])}–{_money(pair['slow'])}"
+
+
+def _hours(r: dict[str, Any]) -> str:
+    fast, slow = (run_estimate.format_hours(r["hours"][k]) for k in ("fast", "slow"))
+    return f"{fast}–{slow} h"
+
+
+def _mfu(r: dict[str, Any]) -> str:
+    low, high = r["mfu"]["low"], r["mfu"]["high"]
+    return f"{low:.0%}–{high:.0%}" if low >= 0.01 else f"{low:.1%}–{high:.1%}"
+
+
+def _run_headline(name: str, r: dict[str, Any]) -> str:
+    """`Run tune: **about 1.8–3.9 h, $6.56–$14.37 per run** (spot; on-demand $15.04–$32.94), at an assumed MFU of
+    7–15 %`: the pool's own prices first."""
+    if "missing" in r:
+        return f"Run {name}: time and cost unknown ({r['missing']})"
+    first, other = (("spot", "onDemand") if r["pays"] == "spot" else ("onDemand", "spot"))
+    words = {"spot": "spot", "onDemand": "on-demand"}
+    return (f"Run {name}: **about {_hours(r)}, {_range(r['perRun'][first])} per run** ({words[first]}; "
+            f"{words[other]} {_range(r['perRun'][other])}), at an assumed MFU of {_mfu(r)} (data/training_speed.yaml)")
 
 
 def _soft_mark(running: dict[str, Any]) -> str:
@@ -311,6 +387,38 @@ def _vertex_lines(v: dict[str, Any]) -> list[str]:
             f"  Prices from {v['priceSource']}."]
 
 
+def _factors(r: dict[str, Any]) -> str:
+    """` x 0.83 for LoRA (why) x 0.58 for ZeRO-3 (why) x 0.67 for recomputation (why)`."""
+    parts = [f"{f['value']:.2f} for {f['what']} ({f['why']})" for f in r["factors"]]
+    if r["executedFlopsPerToken"] != r["modelFlopsPerToken"]:
+        parts.append(f"{r['modelFlopsPerToken'] / r['executedFlopsPerToken']:.2f} for gradient checkpointing (its "
+                     "recomputed forward pass is executed, not the model's FLOPs)")
+    return "".join(f" x {p}" for p in parts)
+
+
+def _run_lines(runs: dict[str, Any]) -> list[str]:
+    """Each finetune run in all: its tokens, FLOPs and GPUs, its hours and $ at the spot and on-demand $/h, and the
+    MFU it assumes with what it is made of."""
+    lines = []
+    for name, r in runs.items():
+        what = f"{r['training']}; {r['strategy']} on {r['gpus']} x {r['gpu']}, {r['precision']}"
+        if "missing" in r:
+            lines.append(f"- Run `{name}` ({what}): no estimate of its time and cost: {r['missing']}. `make gpus "
+                         "MODEL=... MODE=finetune DATA=<a local copy of the data>` counts a file's tokens.")
+            continue
+        lines += [
+            f"- Run `{name}` ({what}): {r['tokens']:,.0f} tokens ({r['tokensFrom']}) x "
+            f"{r['modelFlopsPerToken'] / 1e9:,.1f} GFLOPs per token ({r['modelFlopsPerToken'] / r['parameters']:g}N, "
+            f"N = {r['parameters'] / 1e9:.2f}B parameters) on {r['gpus']} GPUs of {r['peakTflops']:g} "
+            f"TFLOPS peak ({r['precision']}, dense): **about {_hours(r)}, {_range(r['perRun']['spot'])} per run at "
+            f"spot prices** ({_money(r['perHour']['spot'])}/h), {_range(r['perRun']['onDemand'])} on-demand "
+            f"({_money(r['perHour']['onDemand'])}/h); the pool pays {'spot' if r['pays'] == 'spot' else 'on-demand'}.",
+            f"  MFU {_mfu(r)}: an assumed {r['mfuAssumed']['low']:.0%}–{r['mfuAssumed']['high']:.0%} of peak"
+            f"{_factors(r)}. From {r['source']}. Not in it: restarts after preemption, padding to a batch's longest "
+            "sample, the model's download, the export at the end."]
+    return lines
+
+
 def costs_markdown(costs: dict[str, Any]) -> str:
     """The `costs` output as Markdown (the running and floor figures, a table, the caveats), without a heading:
     the caller titles it."""
@@ -318,6 +426,8 @@ def costs_markdown(costs: dict[str, Any]) -> str:
     if not pools and not vertex:
         return "No GKE cluster in this stack: nothing the stack creates is billed per hour.\n"
     lines = _running_lines(costs)
+    if costs.get("runs"):
+        lines += _run_lines(costs["runs"])
     if pools:
         at_max = costs["stackPerHourAtMax"]
         lines += [f"- Floor, every pool at min nodes{' with Filestore' if costs.get('filestore') else ''}: "

@@ -1,0 +1,279 @@
+"""How long a training run takes and what it costs, before it starts: a range, from the facts in
+data/training_speed.yaml (FLOPs per token, the assumed MFU, LoRA's and ZeRO's measured speeds) and the GPUs' peak
+dense TFLOPS (data/gpu_catalog.yaml peakTflops).
+
+    executed FLOPs per token = N x (forward 2 + inputs' gradients 2 [+ weights' gradients 2 unless LoRA]
+                                    [+ recomputed forward 2 with gradient checkpointing])
+    model FLOPs per token    = the same without the recomputation (what MFU counts: PaLM's definition)
+    seconds = tokens x executed FLOPs / (GPUs x peak x utilisation x LoRA's efficiency x the strategy's factor)
+    MFU     = utilisation x LoRA's efficiency x the strategy's factor x model / executed FLOPs
+
+Full fine-tuning is 6N per token (8N executed with recomputation); LoRA 4N (6N executed): its frozen base computes
+no weight gradients. LoRA's efficiency is its measured speed-up over full fine-tuning (Hu et al.: x1.25) over the
+FLOPs' promise (6N / 4N = x1.5). The strategy's factor is the product of the measured rate of each ZeRO stage over
+the stage below it (and of offload over ZeRO-3), for what the stage moves: a LoRA run's trained parameters are its
+adapters, so only the steps that move the frozen base (ZeRO-3's parameter partitioning, parameter offload) slow it.
+On one GPU no stage has anything to exchange: only offload counts there.
+
+The tokens of a run: `datasetTokens x epochs`, or `maxSteps x global batch x sequence length` (every sample full:
+an upper bound). Padding to the longest sample of a micro batch, restarts after preemption and the model's download
+are not in it. `stack_runs(cfg)` is the `costs` output's `runs`: each finetune workload's estimate, or why there is
+none; the preview's headline and "Estimated cost" section render it (planner/cost.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from model import catalog as gpu_catalog
+from model import training_speed
+from model.training_speed import TrainingSpeed
+from model.types import FinetuneWorkloadConfig, StackConfig
+from planner.requests import workload_request, workload_strategy
+from planner.sizing import Request, Strategy
+
+SECONDS_PER_HOUR = 3600
+TERA = 1e12
+DATA_SUFFIXES = (".jsonl", ".json", ".txt")  # what `make gpus DATA=` counts (finetune.py also reads .parquet)
+
+
+class Factor(msgspec.Struct, frozen=True):
+    """One named slowdown of a run against plain data parallelism (1.0: none), and where it comes from."""
+
+    what: str
+    value: float
+    why: str = ""
+
+
+class RunEstimate(msgspec.Struct, frozen=True):
+    """A run's time as a range: `hours_fast` at the high end of the assumed MFU, `hours_slow` at the low end."""
+
+    tokens: float
+    parameters: float  # N
+    gpus: int
+    peak_tflops: float  # per GPU, in the run's precision
+    model_flops_per_token: float
+    executed_flops_per_token: float
+    factors: tuple[Factor, ...]
+    mfu_low: float  # what the GPUs reach of their peak on the model's FLOPs, all factors in
+    mfu_high: float
+    hours_fast: float
+    hours_slow: float
+
+    def cost(self, per_hour: float) -> tuple[float, float]:
+        """$ for the run at this $/h: (fast, slow)."""
+        return self.hours_fast * per_hour, self.hours_slow * per_hour
+
+
+# --- FLOPs and factors -------------------------------------------------------------------------------------------
+
+def flops_per_token(parameters: float, lora: bool, checkpointing: bool,
+                    speed: TrainingSpeed | None = None) -> tuple[float, float]:
+    """(model FLOPs, executed FLOPs) per token trained: 6N and 8N for full fine-tuning with recomputation, 4N and
+    6N for LoRA with it."""
+    f = (speed or training_speed.load()).flops_per_token
+    model = f.forward + f.backward_inputs + (0.0 if lora else f.backward_weights)
+    executed = model + (f.recompute if checkpointing else 0.0)
+    return model * parameters, executed * parameters
+
+
+def lora_flops_speedup(speed: TrainingSpeed | None = None) -> float:
+    """What LoRA's FLOPs promise over full fine-tuning's: 6N / 4N = 1.5."""
+    f = (speed or training_speed.load()).flops_per_token
+    return (f.forward + f.backward_inputs + f.backward_weights) / (f.forward + f.backward_inputs)
+
+
+def lora_efficiency(speed: TrainingSpeed | None = None) -> float:
+    """How fast a LoRA run's FLOPs go against full fine-tuning's: its measured speed-up over its FLOPs' promise."""
+    speed = speed or training_speed.load()
+    return speed.lora_speedup_over_full / lora_flops_speedup(speed)
+
+
+def strategy_factors(strategy: Strategy, lora: bool, gpus: int,
+                     speed: TrainingSpeed | None = None) -> tuple[Factor, ...]:
+    """The ZeRO stage's and offload's slowdowns (data/training_speed.yaml strategies): each stage's measured rate
+    over the one below, where what it moves is in the run (LoRA: not the trained parameters' states and gradients,
+    which are its adapters'), and only where there is more than one GPU to exchange it with."""
+    r = (speed or training_speed.load()).rates
+    stage = strategy.zero_stage or 0
+    measured = "measured samples/s over the stage below"
+    steps = [(1, "ZeRO-1", r.zero1 / r.zero0, not lora, f"optimizer states partitioned: {measured}"),
+             (2, "ZeRO-2", r.zero2 / r.zero1, not lora, f"gradients partitioned: {measured}"),
+             (3, "ZeRO-3", r.zero3 / r.zero2, True, f"parameters partitioned: {measured}")]
+    out = [Factor(what, value, why) for at, what, value, applies, why in steps
+           if stage >= at and applies and gpus > 1]
+    moved = strategy.offload_params or (strategy.offload_optimizer and not lora)
+    if moved:
+        offloaded = " and ".join(w for w, on in (("optimizer", strategy.offload_optimizer),
+                                                 ("parameter", strategy.offload_params)) if on)
+        out.append(Factor(f"{offloaded} offload", r.zero3_offload / r.zero3,
+                          "ZeRO-3 with CPU offload: measured samples/s over ZeRO-3's"))
+    return tuple(out)
+
+
+def estimate(tokens: float, request: Request, strategy: Strategy, gpus: int, peak_tflops: float,
+             speed: TrainingSpeed | None = None) -> RunEstimate:
+    """The run's hours, fast and slow, training `tokens` tokens of `request` with `strategy` on `gpus` GPUs of
+    `peak_tflops` each (in the request's precision)."""
+    speed = speed or training_speed.load()
+    lora = request.lora is not None
+    model, executed = flops_per_token(request.model.parameters, lora, request.gradient_checkpointing, speed)
+    factors = strategy_factors(strategy, lora, gpus, speed)
+    if lora:
+        why = (f"measured x{speed.lora_speedup_over_full:g} over full fine-tuning where its FLOPs promise "
+               f"x{lora_flops_speedup(speed):g}")
+        factors = (Factor("LoRA", lora_efficiency(speed), why), *factors)
+    factor = math.prod(f.value for f in factors)
+    per_second = gpus * peak_tflops * TERA * factor  # executed FLOPs per second at a utilisation of 1
+
+    def hours(utilisation: float) -> float:
+        return tokens * executed / (per_second * utilisation) / SECONDS_PER_HOUR
+
+    share = model / executed  # MFU counts the model's FLOPs, not the recomputation
+    return RunEstimate(tokens, request.model.parameters, gpus, peak_tflops, model, executed, factors,
+                       speed.mfu_low * factor * share, speed.mfu_high * factor * share,
+                       hours(speed.mfu_high), hours(speed.mfu_low))
+
+
+def peak(cat: gpu_catalog.Catalog, gpu_type: str, precision: str) -> float | None:
+    """The GPU's peak dense TFLOPS in the precision; None where the catalog has none (no such precision, Gaudi)."""
+    gpu = cat.gpus.get(gpu_type)
+    return gpu.peak_tflops.get(precision) if gpu else None
+
+
+# --- the tokens of a run -------------------------------------------------------------------------------------------
+
+def count_file_tokens(path: Path, fields: Iterable[str] | None = None,
+                      speed: TrainingSpeed | None = None) -> tuple[float, int]:
+    """(tokens, records) of a local .jsonl/.json/.txt data file, without its model's tokenizer: the characters of
+    the fields a record trains on (`fields`; None: every string field; a text file's lines) over
+    charsPerToken. Raises ValueError for another suffix or a record that is not JSON."""
+    chars_per_token = (speed or training_speed.load()).chars_per_token
+    suffix = path.suffix.lower()
+    if suffix not in DATA_SUFFIXES:
+        raise ValueError(f"DATA={path}: counts {', '.join(DATA_SUFFIXES)} files (got {suffix or 'no suffix'}); give "
+                         "TOKENS= (the data's token count) instead")
+    with path.open(encoding="utf-8") as fh:
+        text = fh.read()
+    if suffix == ".txt":
+        lines = [line for line in text.splitlines() if line.strip()]
+        return sum(len(line) for line in lines) / chars_per_token, len(lines)
+    records = _json_records(path, text)
+    wanted = list(fields) if fields is not None else None
+    chars = sum(len(v) for r in records for k, v in r.items()
+                if isinstance(v, str) and (wanted is None or k in wanted))
+    return chars / chars_per_token, len(records)
+
+
+def _json_records(path: Path, text: str) -> list[dict[str, Any]]:
+    """A .json file's list of records (or one record), or a .jsonl file's lines."""
+    if path.suffix.lower() == ".json":
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"DATA={path}: not JSON (line {err.lineno}: {err.msg})") from None
+        records = loaded if isinstance(loaded, list) else [loaded]
+    else:
+        records = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"DATA={path}: not JSON lines (line {number}: {err.msg})") from None
+    return [r for r in records if isinstance(r, dict)]
+
+
+# --- a stack's finetune workloads --------------------------------------------------------------------------------
+
+class WorkloadRun(msgspec.Struct, frozen=True):
+    """A finetune workload's run as the stack declares it: its estimate, or why there is none (`missing`)."""
+
+    name: str
+    pool: str
+    nodes: int
+    gpus: int
+    gpu_type: str
+    precision: str
+    strategy: str  # "ZeRO-3", "ZeRO-2 + optimizer offload"
+    training: str  # "LoRA rank 16 on all-linear (...), with gradient checkpointing"
+    tokens_from: str = ""  # how the tokens were counted, in words with their keys
+    estimate: RunEstimate | None = None
+    missing: str = ""
+
+
+def _key(name: str, *path: str) -> str:
+    return ".".join(("workloads", name, *path))  # workload names are plain keys (model/schema.yaml)
+
+
+def run_tokens(w: FinetuneWorkloadConfig, gpus: int) -> tuple[float | None, str]:
+    """The tokens the run trains and how they were counted; None (and what to set) where the keys do not say."""
+    f = w.finetune
+    if f.max_steps is not None:
+        batch = gpus * w.deepspeed.micro_batch_per_gpu * w.deepspeed.gradient_accumulation
+        return (float(f.max_steps * batch * f.sequence_length),
+                f"{_key(w.name, 'finetune', 'maxSteps')} {f.max_steps:,} x global batch {batch} ({gpus} GPUs x micro "
+                f"batch {w.deepspeed.micro_batch_per_gpu} x accumulation {w.deepspeed.gradient_accumulation}) x "
+                f"sequenceLength {f.sequence_length:,}: every sample full, an upper bound")
+    if f.dataset_tokens is None:
+        return None, (f"set {_key(w.name, 'finetune', 'datasetTokens')} (the data's token count) or "
+                      f"{_key(w.name, 'finetune', 'maxSteps')}")
+    epochs = f.epochs if f.epochs is not None else 1.0
+    said = "" if f.epochs is not None else " (finetune.py's default)"
+    return (f.dataset_tokens * epochs,
+            f"{_key(w.name, 'finetune', 'datasetTokens')} {f.dataset_tokens:,} x {epochs:g} epoch(s){said}")
+
+
+def workload_run(cfg: StackConfig, w: FinetuneWorkloadConfig, cat: gpu_catalog.Catalog | None = None,
+                 speed: TrainingSpeed | None = None) -> WorkloadRun | None:
+    """The finetune workload's estimate on its pool; None off a GKE pool of the stack (nothing it can price)."""
+    cat = cat or gpu_catalog.load()
+    pool = cfg.pool(w.pool) if w.pool else None
+    if pool is None or not w.on_nvidia:
+        return None
+    per_worker = w.accelerator.count or pool.gpu.count
+    gpus = per_worker * w.workers
+    request, strategy = workload_request(w), workload_strategy(w)
+    precision = w.deepspeed.precision
+    run = WorkloadRun(w.name, pool.name, w.workers, gpus, pool.gpu.type, precision, strategy.label,
+                      request.training_label if request else "")
+    tokens, said = run_tokens(w, gpus)
+    top = peak(cat, pool.gpu.type, precision)
+    if request is None:
+        missing = f"give {_key(w.name, 'model', 'parameters')} (the model's size is unknown)"
+    elif top is None:
+        missing = f"add {pool.gpu.type}'s {precision} peak to data/gpu_catalog.yaml peakTflops"
+    elif tokens is None:
+        missing = said
+    else:
+        return msgspec.structs.replace(run, tokens_from=said,
+                                       estimate=estimate(tokens, request, strategy, gpus, top, speed))
+    return msgspec.structs.replace(run, missing=missing)
+
+
+def stack_runs(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> list[WorkloadRun]:
+    """Every finetune workload of the stack on one of its pools, in the stack's order."""
+    runs = [workload_run(cfg, w, cat) for w in cfg.workloads.values() if isinstance(w, FinetuneWorkloadConfig)]
+    return [r for r in runs if r is not None]
+
+
+def format_hours(hours: float) -> str:
+    """Two significant figures: 0.42, 3.1, 27, 310."""
+    if hours >= 100:
+        return f"{round(hours, -1 if hours < 1000 else -2):,.0f}"
+    return f"{hours:.2g}" if hours < 10 else f"{hours:.0f}"
+
+
+def hours_range(e: RunEstimate) -> str:
+    return f"{format_hours(e.hours_fast)}–{format_hours(e.hours_slow)} h"
+
+
+def mfu_range(e: RunEstimate) -> str:
+    return f"{e.mfu_low:.0%}–{e.mfu_high:.0%}" if e.mfu_low >= 0.01 else f"{e.mfu_low:.1%}–{e.mfu_high:.1%}"
