@@ -43,12 +43,14 @@ docs: $(STAMP)  ## regenerate the README's configuration reference from model/sc
 	$(BIN)/python -m model.docs --write README.md
 
 # WRITE=<stack>: write the cheapest plan the stack's checks accept (within BUDGET $/h) as Pulumi.<stack>.yaml.
-gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Llama-2-7B|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [VOCAB=.. HIDDEN=..|LARGEST=..] [WRITE=<stack> [BUDGET=$/h]]
+gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Llama-2-7B|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [VOCAB=.. HIDDEN=..|LARGEST=..] [TOKENS=N|DATA=file.jsonl [FIELDS=a,b]] [EPOCHS=n] [WRITE=<stack> [BUDGET=$/h]]
 	$(BIN)/python -m $(if $(WRITE),preview.write_stack --stack "$(WRITE)" $(if $(BUDGET),--budget $(BUDGET),),planner) \
 		$(if $(MODEL),--model "$(MODEL)",$(if $(PARAMETERS),--parameters $(PARAMETERS),)) \
 		$(if $(MODE),--mode $(MODE),) $(if $(PRECISION),--precision $(PRECISION),) \
 		$(if $(REGION),--region $(REGION),) $(if $(SEQ),--seq $(SEQ),) $(if $(BATCH),--batch $(BATCH),) \
-		$(if $(VOCAB),--vocab $(VOCAB),) $(if $(HIDDEN),--hidden $(HIDDEN),) $(if $(LARGEST),--largest-layer $(LARGEST),)
+		$(if $(VOCAB),--vocab $(VOCAB),) $(if $(HIDDEN),--hidden $(HIDDEN),) $(if $(LARGEST),--largest-layer $(LARGEST),) \
+		$(if $(TOKENS),--tokens $(TOKENS),) $(if $(DATA),--data "$(DATA)",) $(if $(FIELDS),--fields "$(FIELDS)",) \
+		$(if $(EPOCHS),--epochs $(EPOCHS),)
 
 # checkov lives in a venv of its own (it pins many packages of its own); not part of requirements.txt.
 CHECKOV_VENV ?= /tmp/checkov-venv

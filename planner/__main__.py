@@ -1,16 +1,23 @@
 """Which GPUs hold a model, cheapest first: `python -m planner --model Llama-2-7B --mode inference`.
 
-Also `make gpus MODEL=Llama-2-70B MODE=training [PRECISION=bf16] [REGION=us-central1]`.
+Also `make gpus MODEL=Llama-2-70B MODE=training [PRECISION=bf16] [REGION=us-central1]`. A training or finetune plan
+given the run's tokens (`--tokens`, or `--data FILE` to count a local copy of the data; `--epochs`) also says how long
+each option takes and what it costs per run (planner/run_estimate.py), and ranks them by that.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+import msgspec
 
 from model import catalog as gpu_catalog
+from model import training_speed
 from model.suggest import did_you_mean
-from planner.recommend import MAX_NODES, Plan, recommend, short_name
+from planner import run_estimate
+from planner.recommend import MAX_NODES, Option, Plan, recommend, short_name
 from planner.requests import mode_request
 from planner.sizing import BYTES_PER_PARAM, HEADROOM, Request, given_shape, model_names, resolve
 
@@ -37,11 +44,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1, help="sequences at once (default 1)")
     parser.add_argument("--top", type=int, default=5, help="options per plan (default 5)")
     parser.add_argument("--max-nodes", type=int, default=MAX_NODES, help=f"nodes per option (default {MAX_NODES})")
+    tokens = parser.add_mutually_exclusive_group()
+    tokens.add_argument("--tokens", type=float, metavar="N",
+                        help="tokens of the data (training, finetune): hours and $ per run of each option")
+    tokens.add_argument("--data", type=Path, metavar="FILE",
+                        help="a local .jsonl/.json/.txt copy of the data: its tokens counted as characters / 4")
+    parser.add_argument("--fields", help="with --data: the records' fields that train, comma-separated (default: "
+                                         "every string field)")
+    parser.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default 1)")
     args = parser.parse_args(argv)
     if not args.list and args.mode is None:
         parser.error("--mode inference|training|finetune is required")
     if args.seq < 1 or args.batch < 1 or args.top < 1 or args.max_nodes < 1:
         parser.error("--seq, --batch, --top and --max-nodes must be at least 1")
+    if (args.tokens is not None or args.data is not None) and args.mode == "inference":
+        parser.error("--tokens/--data (TOKENS=, DATA=) estimate a training run: give --mode training or finetune")
+    if (args.tokens is not None and args.tokens <= 0) or args.epochs <= 0:
+        parser.error("--tokens and --epochs must be more than 0")
+    if args.fields and args.data is None:
+        parser.error("--fields (FIELDS=) names the fields of --data (DATA=)")
     return args
 
 
@@ -56,7 +77,94 @@ def _serving_note(request: Request) -> list[str]:
             "precision the engine serves there; the engine spans no nodes in this stack."]
 
 
-def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Catalog) -> str:
+class Priced(msgspec.Struct, frozen=True):
+    """An option with its run's estimate: hours fast and slow, and $ per run at on-demand and spot prices."""
+
+    plan: str
+    option: Option
+    run: run_estimate.RunEstimate
+
+    @property
+    def on_demand(self) -> tuple[float, float]:
+        return self.run.cost(self.option.on_demand)
+
+    @property
+    def spot(self) -> tuple[float, float]:
+        return self.run.cost(self.option.spot)
+
+
+def priced(request: Request, plans: list[Plan], tokens: float, cat: gpu_catalog.Catalog) -> list[Priced]:
+    """Every option whose GPU has a peak in the request's precision, with its run's estimate."""
+    out = []
+    for plan in plans:
+        for o in plan.options:
+            top = run_estimate.peak(cat, o.gpu_type, request.precision)
+            if top is not None:
+                out.append(Priced(plan.strategy.label, o,
+                                  run_estimate.estimate(tokens, request, plan.strategy, o.gpus, top)))
+    return out
+
+
+def _dollars(pair: tuple[float, float]) -> str:
+    return f"{pair[0]:,.2f}–{pair[1]:,.2f}"
+
+
+def _money(pair: tuple[float, float]) -> str:
+    return f"${pair[0]:,.2f}–${pair[1]:,.2f}"
+
+
+def _run_cells(p: Priced | None) -> str:
+    if p is None:
+        return f"  {'—':>12} {'—':>20}"
+    return f"  {run_estimate.hours_range(p.run):>12} {_dollars(p.on_demand):>20}"
+
+
+def _per_run_lines(request: Request, found: list[Priced], tokens: float, said: str, top: int) -> list[str]:
+    """The options by $ per run (on-demand), and whether the cheapest per hour is the cheapest per run."""
+    speed = training_speed.load()
+    lines = [f"## By cost per run: {tokens:,.0f} tokens ({said})",
+             f"  Hours and $ are ranges over an assumed MFU of {speed.mfu_low:.0%}–{speed.mfu_high:.0%} of each GPU's "
+             f"peak dense {request.precision} TFLOPS, times LoRA's and the ZeRO stage's measured factors "
+             "(data/training_speed.yaml, data/gpu_catalog.yaml peakTflops); the nodes only, without the cluster's "
+             "own $/h, restarts after preemption or the download.",
+             f"  {'GPUs':<18} {'how':<34} {'hours per run':>14} {'on-demand $ per run':>20} {'spot $ per run':>18} "
+             f"{'$/h':>8}  MFU"]
+    by_run = sorted(found, key=lambda p: (round(p.on_demand[0], 6), p.option.sort_key()))
+    for p, plans in _alike(by_run)[:top]:
+        gpus = f"{p.option.gpus} x {short_name(p.option.gpu_name)}"
+        lines.append(f"  {gpus:<18} {plans:<34} {run_estimate.hours_range(p.run):>14} {_dollars(p.on_demand):>20} "
+                     f"{_dollars(p.spot):>18} {p.option.on_demand:>8.2f}  {run_estimate.mfu_range(p.run)}")
+    per_hour = min(found, key=lambda p: p.option.sort_key())
+    best = by_run[0]
+    if best is not per_hour and best.on_demand[0] < per_hour.on_demand[0]:
+        lines.append(f"  The cheapest per hour is not the cheapest per run: {_describe(per_hour)} costs "
+                     f"${per_hour.option.on_demand:,.2f}/h but {_money(per_hour.on_demand)} per run "
+                     f"({run_estimate.hours_range(per_hour.run)}); {_describe(best)} costs "
+                     f"${best.option.on_demand:,.2f}/h and {_money(best.on_demand)} per run "
+                     f"({run_estimate.hours_range(best.run)}).")
+    else:
+        lines.append(f"  The cheapest per hour is also the cheapest per run: {_describe(best)}.")
+    return [*lines, ""]
+
+
+def _alike(by_run: list[Priced]) -> list[tuple[Priced, str]]:
+    """One row per machine set and run: strategies that cost the same on the same machines share it (LoRA's ZeRO-0
+    to ZeRO-2 on one GPU)."""
+    rows: dict[tuple, tuple[Priced, list[str]]] = {}
+    for p in by_run:
+        key = (p.option.gpu_type, p.option.machine_type, p.option.nodes, round(p.on_demand[0], 2))
+        rows.setdefault(key, (p, []))[1].append(p.plan)
+    return [(p, plans[0] + (f" (+{len(plans) - 1} alike)" if len(plans) > 1 else "")) for p, plans in rows.values()]
+
+
+def _describe(p: Priced) -> str:
+    return f"{p.plan} on {p.option.describe()}"
+
+
+def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Catalog,
+           tokens: run_estimate.GivenTokens | None = None, top: int = 5) -> str:
+    """The plans' tables, cheapest per hour first; given the run's tokens (and how they were counted), each option's
+    hours and $ per run, and the options by $ per run."""
     model = request.model
     shape = "shape from data/models.yaml" if model.shape_known else "shape unknown: Llama-like fallback"
     how = f" ({request.training_label})" if request.mode == "training" else ""
@@ -64,23 +172,33 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
              f"sequence {request.sequence_length} x batch {request.batch_size}, region {region}",
              f"Options keep {HEADROOM:.0%} of each GPU's memory free. Prices are estimates in {cat.currency} "
              f"(data/gpu_catalog.yaml, {cat.date}).", *_serving_note(request), ""]
+    found = priced(request, plans, tokens.total, cat) if tokens else []
+    runs = {(p.plan, id(p.option)): p for p in found}
     for plan in plans:
         lines.append(f"## {plan.strategy.label}")
         if not plan.options:
             lines += ["  nothing in the catalog holds it in this region", ""]
             continue
-        lines.append(f"  {'GPUs':<18} {'machines':<22} {'GB per GPU':>11} {'on-demand $/h':>14} {'spot $/h':>9}  "
-                     "zones")
+        per_run = f"  {'hours per run':>12} {'on-demand $ per run':>20}" if tokens else ""
+        lines.append(f"  {'GPUs':<18} {'machines':<22} {'GB per GPU':>11} {'on-demand $/h':>14} {'spot $/h':>9}"
+                     f"{per_run}  zones")
         for o in plan.options:
             gpus, machines = f"{o.gpus} x {short_name(o.gpu_name)}", f"{o.nodes} x {o.machine_type}"
             memory = f"{o.per_gpu_gb:.1f} of {o.memory_gb:g}"
             cpu = o.estimate.cpu_gb_per_node
             offload = (f" (offload: {cpu:.0f} of the {o.pod_memory_gb:.1f} GB a worker pod may use on the "
                        f"{o.machine_memory_gb:g} GiB machine)") if cpu else ""
-            lines.append(f"  {gpus:<18} {machines:<22} {memory:>11} {o.on_demand:>14.2f} {o.spot:>9.2f}  "
+            cells = _run_cells(runs.get((plan.strategy.label, id(o)))) if tokens else ""
+            lines.append(f"  {gpus:<18} {machines:<22} {memory:>11} {o.on_demand:>14.2f} {o.spot:>9.2f}{cells}  "
                          f"{', '.join(o.zones)}{offload}")
         lines.append("")
+    if tokens and found:
+        lines += _per_run_lines(request, found, tokens.total, tokens.said, top)
     return "\n".join(lines)
+
+
+def run_tokens(args: argparse.Namespace) -> run_estimate.GivenTokens | None:
+    return run_estimate.given_tokens(args.tokens, args.data, args.fields, args.epochs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,10 +216,14 @@ def main(argv: list[str] | None = None) -> int:
         model = given_shape(resolve(args.model, args.parameters), args.vocab, args.hidden, args.largest_layer)
         request = mode_request(args.mode, model, args.precision, args.seq, args.batch)
         plans = recommend(request, args.region, cat, max_nodes=args.max_nodes, top=args.top)
-    except ValueError as err:  # an unknown model (UnknownModelError) or int8/int4 training
+        tokens = run_tokens(args)
+    except ValueError as err:  # an unknown model (UnknownModelError), int8/int4 training, unreadable DATA
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(render(request, args.region, plans, cat))
+    except OSError as err:
+        print(f"error: DATA={args.data}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    print(render(request, args.region, plans, cat, tokens, args.top))
     return 0
 
 

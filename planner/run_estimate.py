@@ -191,6 +191,35 @@ def _json_records(path: Path, text: str) -> list[dict[str, Any]]:
     return [r for r in records if isinstance(r, dict)]
 
 
+class GivenTokens(msgspec.Struct, frozen=True):
+    """The tokens `make gpus` was given (TOKENS=, or DATA= counted) and the epochs: what the run trains."""
+
+    per_epoch: float
+    epochs: float
+    said: str  # how they were counted, in words
+
+    @property
+    def total(self) -> float:
+        return self.per_epoch * self.epochs
+
+
+def given_tokens(tokens: float | None, data: Path | None, fields: str | None = None,
+                 epochs: float = 1.0) -> GivenTokens | None:
+    """TOKENS= x EPOCHS=, or DATA='s count (of FIELDS=, comma-separated; default every string field) x EPOCHS=;
+    None without either. Raises ValueError (and OSError) for a file it cannot read."""
+    times = f" x {epochs:g} epoch(s)"
+    if tokens is not None:
+        return GivenTokens(tokens, epochs, f"TOKENS={tokens:,.0f}{times}")
+    if data is None:
+        return None
+    wanted = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
+    counted, records = count_file_tokens(data, wanted)
+    which = f"fields {', '.join(wanted)}" if wanted else "every string field"
+    return GivenTokens(counted, epochs, f"DATA={data}: {records:,} records, {counted:,.0f} tokens counted as "
+                                        f"characters / {training_speed.load().chars_per_token:g} ({which}){times}; "
+                                        f"set finetune.datasetTokens: {counted:.0f}")
+
+
 # --- a stack's finetune workloads --------------------------------------------------------------------------------
 
 class WorkloadRun(msgspec.Struct, frozen=True):
@@ -265,10 +294,14 @@ def stack_runs(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> list
 
 
 def format_hours(hours: float) -> str:
-    """Two significant figures: 0.42, 3.1, 27, 310."""
-    if hours >= 100:
-        return f"{round(hours, -1 if hours < 1000 else -2):,.0f}"
-    return f"{hours:.2g}" if hours < 10 else f"{hours:.0f}"
+    """Two significant figures or so: 0.13, 3.2, 7.0, 18, 310, 4,300."""
+    if hours < 1:
+        return f"{hours:.2f}"
+    if hours < 10:
+        return f"{hours:.1f}"
+    if hours < 100:
+        return f"{hours:.0f}"
+    return f"{round(hours, -1 if hours < 1000 else -2):,.0f}"
 
 
 def hours_range(e: RunEstimate) -> str:

@@ -226,3 +226,82 @@ def test_estimate_of_one_l4_lora_by_hand() -> None:
     e = run_estimate.estimate(1e7, request, Strategy(2), 1, 121)
     assert (e.hours_fast, e.hours_slow) == pytest.approx((2.738, 5.998), abs=1e-3)
     assert e.cost(0.71) == pytest.approx((2.738 * 0.71, 5.998 * 0.71), abs=1e-3)
+
+
+def _gpus(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from planner.__main__ import main
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_make_gpus_ranks_by_cost_per_run_and_says_when_cheapest_per_hour_is_not(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama-2-7B (N = 6.74e9) trained in full on 1e7 tokens, executed 8N per token with recomputation:
+      8 x B200, ZeRO-0 (no factor): 1e7 x 8 x 6.74e9 = 5.392e17 / (8 x 2250e12 x 0.46 = 8.28e15) = 65.1 s = 0.0181 h,
+        x $113.00/h = $2.04; at 0.21: 0.0396 h, $4.48.
+      2 x L4 (2 x g2-standard-32, $3.46/h: the cheapest per hour), ZeRO-3 + optimizer offload: 53.90/502.17 = 0.10733;
+        5.392e17 / (2 x 121e12 x 0.46 x 0.10733 = 1.19484e13) = 45,127 s = 12.5 h, x $3.46 = $43.37; at 0.21: 27 h."""
+    code, out, _ = _gpus(capsys, "--model", "Llama-2-7B", "--mode", "training", "--tokens", "1e7")
+    assert code == 0
+    ranking = out.split("## By cost per run: 10,000,000 tokens (TOKENS=10,000,000 x 1 epoch(s))", 1)[1]
+    first = ranking.splitlines()[3].split()
+    assert first[:4] == ["8", "x", "B200", "180GB"] and "2.04–4.48" in first
+    assert ("The cheapest per hour is not the cheapest per run: ZeRO-3 + optimizer offload on 2 x L4 (2 x "
+            "g2-standard-32, 10.1 GB each) costs $3.46/h but $43.37–$95.01 per run (13–27 h); ZeRO-0 on 8 x B200 "
+            "180GB (a4-highgpu-8g, 137.6 GB each) costs $113.00/h and $2.04–$4.48 per run") in ranking
+
+
+def test_make_gpus_finetune_counts_a_local_data_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """100 records of 40 + 60 characters = 10,000 characters = 2,500 tokens; x 3 epochs = 7,500. The cheapest per
+    hour (1 L4, LoRA at ZeRO-0) is the cheapest per run too."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "p" * 40, "response": "r" * 60, "id": "x" * 9}) + "\n"
+                            for _ in range(100)), encoding="utf-8")
+    code, out, _ = _gpus(capsys, "--model", "Qwen2.5-7B", "--mode", "finetune", "--data", str(data),
+                         "--fields", "prompt,response", "--epochs", "3")
+    assert code == 0
+    assert "## By cost per run: 7,500 tokens (DATA=" in out
+    assert "100 records, 2,500 tokens counted as characters / 4 (fields prompt, response) x 3 epoch(s); set " \
+           "finetune.datasetTokens: 2500" in out
+    assert "The cheapest per hour is also the cheapest per run: ZeRO-0 on 1 x L4 (g2-standard-4" in out
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--mode", "inference", "--tokens", "1e6"], "estimate a training run: give --mode training or finetune"),
+    (["--mode", "training", "--tokens", "0"], "--tokens and --epochs must be more than 0"),
+    (["--mode", "training", "--fields", "text"], "--fields (FIELDS=) names the fields of --data"),
+])
+def test_make_gpus_refuses_tokens_it_cannot_use(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                says: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _gpus(capsys, "--model", "Llama-2-7B", *argv)
+    assert exit_info.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_make_gpus_data_it_cannot_read_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = _gpus(capsys, "--model", "Llama-2-7B", "--mode", "training", "--data", str(tmp_path / "none.jsonl"))
+    assert code == 2 and err.startswith(f"error: DATA={tmp_path / 'none.jsonl'}: No such file")
+
+
+def test_write_puts_the_tokens_in_the_stack_and_its_header_agrees_with_the_preview(tmp_path: Path) -> None:
+    """`make gpus MODEL=Qwen2.5-7B MODE=finetune TOKENS=1e7 EPOCHS=3 WRITE=est`: 1 L4 (LoRA, ZeRO-0: LoRA's factor
+    only): 3e7 x 6 x 7.62e9 = 1.3716e18 / (121e12 x 0.833333 x 0.46 = 4.638333e13) = 29,571 s = 8.2 h; at 0.21:
+    8.214 x 0.46 / 0.21 = 18 h. The written finetune.datasetTokens and epochs give the preview the same run."""
+    from preview import write_stack as ws
+    argv = ["--model", "Qwen2.5-7B", "--mode", "finetune", "--stack", "est", "--tokens", "1e7", "--epochs", "3",
+            "--dir", str(tmp_path)]
+    assert ws.main(argv) == 0
+    text = (tmp_path / "Pulumi.est.yaml").read_text(encoding="utf-8")
+    assert text.startswith("# est: written by `make gpus MODEL=Qwen2.5-7B MODE=finetune TOKENS=10000000 EPOCHS=3 "
+                           "WRITE=est`")
+    config = yaml_load(text)["config"]
+    (workload,) = config["deepspeed-stack:workloads"].values()
+    assert (workload["finetune"]["datasetTokens"], workload["finetune"]["epochs"]) == (10_000_000, 3)
+    run = cost.stack_costs(config_model(config))["runs"]["train"]
+    assert run["hours"] == pytest.approx({"fast": 8.214, "slow": 17.993}, abs=1e-2)  # 8.214 x 0.46 / 0.21
+    on_demand, spot = run["perRun"]["onDemand"], run["perRun"]["spot"]
+    header = " ".join(line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#"))
+    assert (f"Estimated run: 30,000,000 tokens (TOKENS=10,000,000 x 3 epoch(s)): about 8.2–18 h, "
+            f"${on_demand['fast']:,.2f}–${on_demand['slow']:,.2f} per run on-demand, ${spot['fast']:,.2f}–"
+            f"${spot['slow']:,.2f} spot") in header
