@@ -268,6 +268,7 @@ def warnings_markdown(warnings: Sequence[str]) -> str:
 _SEPARATOR_CELL = re.compile(r"^:?-+:?$")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 _EMPHASIS = re.compile(r"\*\*|`")
+_FENCE = re.compile(r"^\s*```")  # a code block's opening (```sh) or closing line: Markdown, not text
 
 
 def _plain(text: str) -> str:
@@ -276,7 +277,7 @@ def _plain(text: str) -> str:
 
 def markdown_text(body: str) -> str:
     """A section's Markdown (from a hook) for the terminal: tables aligned like the built-in ones,
-    emphasis and code marks dropped, every line indented under its title."""
+    emphasis, code marks and code fences dropped (the block's lines stay), every line indented under its title."""
     out: list[str] = []
     table: list[list[str]] = []
 
@@ -295,6 +296,8 @@ def markdown_text(body: str) -> str:
             table.append([_plain(c.strip()) for c in cells])
             continue
         flush()
+        if _FENCE.match(line):
+            continue
         out.append(f"  {_plain(line)}".rstrip())
     flush()
     return "\n".join(out)
