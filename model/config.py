@@ -25,6 +25,7 @@ from pulumi.runtime import config as runtime_config
 from model import cache, defaults, repair
 from model.suggest import did_you_mean
 from model.types import StackConfig, build, camel, key_path, snake
+from model.workload_types import GS_SCHEME
 from model.yamlio import load_yaml
 
 if TYPE_CHECKING:
@@ -159,6 +160,13 @@ def _not_of_kind(key: str, kind: str, known: list[str]) -> str:
     return f"not a key of kind {kind} (its keys: {', '.join(sorted(known))}){where}"
 
 
+def _in_bucket(url: str) -> str:
+    """What a bucket path key wants instead of `gs://BUCKET/PATH`: the path within the stack's bucket."""
+    path = url[len(GS_SCHEME):].partition("/")[2].strip("/")
+    instead = f": {json.dumps(path)}" if path else ""
+    return f"drop the gs:// prefix and the bucket's name{instead}, a path in the stack's bucket"
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
     path = list(error.absolute_path)
     if "propertyNames" in error.relative_schema_path and isinstance(error.instance, str):
@@ -182,6 +190,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"{where}: {json.dumps(error.instance)} is not one of {choices}{hint}"
     if error.validator == "pattern":
         form = error.schema.get("x-form", error.validator_value)
+        if error.schema.get("x-bucket-path") and str(error.instance).startswith(GS_SCHEME):
+            return f"{where}: {json.dumps(error.instance)} is a gs:// URL; {_in_bucket(error.instance)} ({form})"
         return f"{where}: {json.dumps(error.instance)} is not of the form {form}"
     if error.validator in ("minLength", "maxLength"):
         word = "at least" if error.validator == "minLength" else "at most"
