@@ -63,11 +63,10 @@ def _image_pools(m: StackConfig) -> set[str]:
 def _gke_minor(m: StackConfig) -> tuple[tuple[int, int] | None, str, str]:
     """The GKE minor the cluster's nodes start at, the key that decides it, and what to call it in a message."""
     cluster = m.cluster
+    minor = gke_drivers.cluster_minor(cluster)
     if cluster.min_master_version:
-        return gke_drivers.minor_of(cluster.min_master_version), "cluster.minMasterVersion", ""
-    minor = gke_drivers.load().channels.get(cluster.release_channel)
-    return (gke_drivers.minor_of(minor) if minor else None, "cluster.releaseChannel",
-            f"a new cluster's version on the {cluster.release_channel} channel; ")
+        return minor, "cluster.minMasterVersion", ""
+    return minor, "cluster.releaseChannel", f"a new cluster's version on the {cluster.release_channel} channel; "
 
 
 def _where(minor: tuple[int, int], context: str) -> str:

@@ -64,11 +64,22 @@ class Machine(msgspec.Struct, frozen=True):
 
 
 class FilestoreTier(msgspec.Struct, frozen=True):
-    """A Filestore service tier: the least it provisions (and bills) and its price; None where not in the catalog."""
+    """A Filestore service tier: the least it provisions (and bills) and its price; None where not in the catalog.
+    `gke_min_gib` from GKE `gke_since`: the smaller instances GKE's CSI driver provisions from that version."""
 
     name: str
     min_gib: float
     per_gib_hour: float | None
+    gke_min_gib: float | None = None
+    gke_since: tuple[int, int] | None = None
+
+    def min_gib_on(self, gke_minor: tuple[int, int] | None) -> float:
+        """The least a claim of a cluster on this GKE minor is provisioned (and billed) at; an unknown minor gets
+        the tier's own minimum, the larger one."""
+        if self.gke_min_gib is not None and self.gke_since is not None and gke_minor is not None \
+                and gke_minor >= self.gke_since:
+            return self.gke_min_gib
+        return self.min_gib
 
 
 class Filestore(msgspec.Struct, frozen=True):
@@ -194,11 +205,19 @@ def _compute_capability(raw: object) -> tuple[int, int]:
     return int(major), int(minor or 0)
 
 
+def _gke_minor(raw: object) -> tuple[int, int]:
+    """`"1.33"` -> (1, 33): a string in the YAML, so that "1.30" is not read as the float 1.3."""
+    major, _, minor = str(raw).partition(".")
+    return int(major), int(minor)
+
+
 def _filestore(raw: dict | None) -> Filestore:
     if not raw:
         return Filestore()
     tiers = {name: FilestoreTier(name, float(t["minGiB"]),
-                                 None if t.get("perGiBHour") is None else float(t["perGiBHour"]))
+                                 None if t.get("perGiBHour") is None else float(t["perGiBHour"]),
+                                 float(t["gke"]["minGiB"]) if "gke" in t else None,
+                                 _gke_minor(t["gke"]["since"]) if "gke" in t else None)
              for name, t in raw["tiers"].items()}
     return Filestore(dict(raw["classes"]), tiers, str(raw["source"]), str(raw["date"]))
 

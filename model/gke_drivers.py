@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 
 from model.fabric import version_key
+from model.types import ClusterConfig
 from model.yamlio import load_yaml
 
 DATA_PATH = Path(__file__).resolve().parent.parent / "data" / "gke_drivers.yaml"
@@ -49,6 +50,14 @@ class GkeDrivers(msgspec.Struct, frozen=True):
 def minor_of(version: str) -> tuple[int, int] | None:
     key = version_key(version)
     return key[:2] if key else None
+
+
+def cluster_minor(cluster: ClusterConfig) -> tuple[int, int] | None:
+    """The GKE minor a new cluster's nodes start at: `minMasterVersion`, else its release channel's default."""
+    if cluster.min_master_version:
+        return minor_of(cluster.min_master_version)
+    channel = load().channels.get(cluster.release_channel)
+    return minor_of(channel) if channel else None
 
 
 def _minor(text: str) -> tuple[int, int]:

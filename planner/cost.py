@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from model import capacity, training_speed
+from model import capacity, gke_drivers, training_speed
 from model import catalog as gpu_catalog
 from model.types import ServeWorkloadConfig, StackConfig, WorkloadConfig
 from planner import run_estimate
@@ -197,18 +197,19 @@ def gib(quantity: str) -> float | None:
 
 
 def filestore_costs(cfg: StackConfig, cat: gpu_catalog.Catalog) -> dict[str, Any] | None:
-    """Each claim on a Filestore class, billed at its size or the tier's minimum, whichever is larger, from
-    creation to deletion (so part of the floor). None when no claim is on Filestore."""
+    """Each claim on a Filestore class, billed at its size or the tier's minimum on the cluster's GKE version,
+    whichever is larger, from creation to deletion (so part of the floor). None when no claim is on Filestore."""
     if cfg.cluster is None:
         return None
     fs, claims = cat.filestore, []
+    minor = gke_drivers.cluster_minor(cfg.cluster)  # GKE's CSI driver provisions smaller Basic HDD from 1.33
     for name, w in cfg.workloads.items():
         claim = w.claim  # the kinds whose builder creates a `storage` claim on the stack's cluster
         tier = fs.tier(claim.storage_class) if claim is not None else None
         if claim is None or tier is None:
             continue
         size = gib(claim.size)
-        billed = math.ceil(max(size or 0.0, tier.min_gib))
+        billed = math.ceil(max(size or 0.0, tier.min_gib_on(minor)))
         price = None if tier.per_gib_hour is None else round(billed * tier.per_gib_hour, 4)
         claims.append({"workload": name, "claim": claim.claim_name, "storageClass": claim.storage_class,
                        "tier": tier.name, "requested": claim.size, "billedGiB": billed, "perHour": price})

@@ -4,9 +4,11 @@ sources and Google's docs, never from the code under test."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
-from conftest import problems, stack_run
+from conftest import PROJECT_DIR, changed, config_model, problems, stack_run, yaml_load
 
+from planner import cost
 from preview import summary
 from preview.sections import serving
 
@@ -41,3 +43,29 @@ def test_a_bucket_path_that_is_not_a_url_keeps_its_message() -> None:
     key = "workloads.tune.finetune.datasetPath"
     assert problems("finetune", {key: "data/x y.jsonl"}) == [
         f'{key}: "data/x y.jsonl" is not of the form a file or folder of the bucket such as data/train.jsonl']
+
+
+def test_filestore_basic_hdd_minimum_is_1_tib_and_100_gib_through_gkes_driver_from_1_33() -> None:
+    """Filestore's service tiers: Basic HDD 1 TiB to 63.9 TiB; "Basic HDD (on GKE)" from 100 GiB through the CSI
+    driver, which GKE's driver page gives from GKE 1.33 (the driver's defaultTierMinSize: 100 GiB since v1.10.0)."""
+    with open(PROJECT_DIR / "data" / "gpu_catalog.yaml", encoding="utf-8") as fh:
+        tier = yaml_load(fh)["filestore"]["tiers"]["basic-hdd"]
+    assert (tier["minGiB"], tier["gke"]) == (1024, {"since": "1.33", "minGiB": 100})
+
+
+@pytest.mark.parametrize(("version", "billed"), [("1.32", 1024), ("1.33", 100), ("1.34.1-gke.1", 100)])
+def test_a_small_claim_is_billed_at_the_minimum_of_the_clusters_gke(version: str, billed: int) -> None:
+    """A 50Gi claim: GKE before 1.33 provisions (and bills) Filestore's own minimum, 1 TiB; the idle cost had
+    100 GiB whatever the version."""
+    cfg = config_model(changed("h100", {"workloads.smoke.storage.size": "50Gi"}))
+    cfg = msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, min_master_version=version))
+    (claim,) = cost.stack_costs(cfg)["filestore"]["claims"]
+    assert (claim["requested"], claim["billedGiB"]) == ("50Gi", billed)
+
+
+def test_a_release_channels_cluster_gets_the_channels_version() -> None:
+    """h100 pins 1.33; finetune sets no version: REGULAR's default (data/gke_drivers.yaml, 1.34) bills 100 GiB."""
+    cfg = config_model(changed("finetune", {"workloads.tune.storage.size": "100Gi"}))
+    assert (cfg.cluster.min_master_version, cfg.cluster.release_channel) == (None, "REGULAR")
+    (claim,) = cost.stack_costs(cfg)["filestore"]["claims"]
+    assert claim["billedGiB"] == 100
