@@ -115,6 +115,19 @@ class Catalog(msgspec.Struct, frozen=True):
     currency: str = "USD"
     filestore: Filestore = msgspec.field(default_factory=Filestore)
     vertex: VertexPricing = msgspec.field(default_factory=VertexPricing)
+    priced_regions: tuple[str, ...] = ()  # the regions whose list prices these are
+
+    def priced_as(self, region: str) -> str | None:
+        """The region whose prices stand in for `region`'s: None where the catalog has `region`'s own."""
+        if not self.priced_regions or region in self.priced_regions:
+            return None
+        return self.priced_regions[0]
+
+    def prices_of(self, region: str) -> str:
+        """What the prices printed for `region` are: `us-central1 list prices`, or `asia-southeast1 priced as
+        us-central1` where the catalog has no prices of that region."""
+        stand_in = self.priced_as(region)
+        return f"{region} priced as {stand_in}" if stand_in else f"{region} list prices"
 
     def gpu_hour(self, gpu_type: str, spot: bool = False) -> float:
         """Estimated price of one GPU-hour (attached GPUs: the GPU alone; bundled: the cheapest shape per GPU)."""
@@ -257,6 +270,7 @@ def parse(raw: dict) -> Catalog:
         currency=str(raw.get("currency", "USD")),
         filestore=_filestore(raw.get("filestore")),
         vertex=_vertex(raw.get("vertexTraining")),
+        priced_regions=tuple(raw.get("pricedRegions", ())),
     )
 
 

@@ -170,8 +170,8 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
     how = f" ({request.training_label})" if request.mode == "training" else ""
     lines = [f"{model.name}: {model.billions:.2f}B parameters ({shape}), {request.precision} {request.mode}{how}, "
              f"sequence {request.sequence_length} x batch {request.batch_size}, region {region}",
-             f"Options keep {HEADROOM:.0%} of each GPU's memory free. Prices are estimates in {cat.currency} "
-             f"(data/gpu_catalog.yaml, {cat.date}).", *_serving_note(request), ""]
+             f"Options keep {HEADROOM:.0%} of each GPU's memory free. Prices are estimates in {cat.currency}, "
+             f"{cat.prices_of(region)} (data/gpu_catalog.yaml, {cat.date}).", *_serving_note(request), ""]
     found = priced(request, plans, tokens.total, cat) if tokens else []
     runs = {(p.plan, id(p.option)): p for p in found}
     for plan in plans:

@@ -2,9 +2,10 @@
 its floor at min nodes, each pool at its min and max nodes, Filestore claims and the Vertex AI job.
 
 Prices come from data/gpu_catalog.yaml (GPU shapes, `generalMachines` for the system pool, the GKE cluster fee,
-`filestore`, `vertexTraining`); they are list-price estimates for one region, so the numbers are for comparing
-setups, not for a bill. The `costs` stack output is `stack_costs()`; the preview's headline and its "Estimated
-cost" section render that output (`headline()`, `costs_markdown()`), so the two never disagree.
+`filestore`, `vertexTraining`); they are list-price estimates for one region (`pricedRegions`: another region is
+priced as it, and the output says so), so the numbers are for comparing setups, not for a bill. The `costs` stack
+output is `stack_costs()`; the preview's headline and its "Estimated cost" section render that output
+(`headline()`, `costs_markdown()`), so the two never disagree.
 """
 
 from __future__ import annotations
@@ -269,6 +270,8 @@ def stack_costs(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> dic
         "currency": cat.currency,
         "estimate": True,
         "priceSource": f"data/gpu_catalog.yaml ({cat.source}, {cat.date})",
+        # Whose list prices these are: the stack's region's where the catalog has them, else the stand-in's, said.
+        "prices": cat.prices_of(cfg.region) if cfg.region else "list prices of one region",
         "running": running_costs(cfg, pools, fee, filestore_hour),
         "floorPerHour": round(at_min + filestore_hour, 4),
         "pools": {p.name: p.to_output() for p in pools},
@@ -278,6 +281,8 @@ def stack_costs(cfg: StackConfig, cat: gpu_catalog.Catalog | None = None) -> dic
         "unpriced": [p.name for p in pools if not p.known],
         "estimates": _estimates(pools, vertex, cat),
     }
+    if cfg.region and cat.priced_as(cfg.region):
+        out["pricedAs"] = cat.priced_as(cfg.region)
     if filestore:
         out["filestore"] = filestore
     if vertex:
@@ -311,7 +316,8 @@ def headline(costs: dict[str, Any]) -> str:
     if not parts:
         return "Estimated cost: nothing the stack creates is billed per hour."
     runs = "".join(f" {_run_headline(name, r)}." for name, r in (costs.get("runs") or {}).items())
-    return f"Estimated cost: {', '.join(parts)} (list-price estimates; see Estimated cost).{runs}"
+    stand_in = f", {costs['prices']}" if costs.get("pricedAs") else ""
+    return f"Estimated cost: {', '.join(parts)} (list-price estimates{stand_in}; see Estimated cost).{runs}"
 
 
 def _range(pair: dict[str, float]) -> str:
@@ -440,7 +446,7 @@ def costs_markdown(costs: dict[str, Any]) -> str:
         lines += ["", *_filestore_lines(costs["filestore"])]
     if vertex:
         lines += ["", *_vertex_lines(vertex)] if lines else _vertex_lines(vertex)
-    lines += ["", f"Estimates in {costs['currency']} from {costs['priceSource']}: list prices of one region; disks, "
+    lines += ["", f"Estimates in {costs['currency']} from {costs['priceSource']}: {costs['prices']}; disks, "
               "network egress and Cloud Storage are not included."]
     lines += costs.get("estimates", [])
     if costs.get("unpriced"):

@@ -136,7 +136,7 @@ def header(choice: Choice, request: Request, region: str, stack: str, command: s
         f"Plan: {stack_writer.summary_line(c)}; the cheapest option that holds it with "
         f"{stack_writer.HEADROOM:.0%} of each GPU free and that the stack's checks accept.",
         f"Estimated cost: ${choice.running_per_hour:,.2f}/h with the workload running, ${choice.floor_per_hour:,.2f}/h "
-        "at rest (list-price estimates from data/gpu_catalog.yaml, "
+        f"at rest (estimates, {cat.prices_of(region)}, from data/gpu_catalog.yaml, "
         f"{cat.date}; `make preview STACK={stack}` shows the breakdown).",
         *run_line(choice, request, tokens, cat),
     ]

@@ -9,6 +9,7 @@ import pytest
 from conftest import PROJECT_DIR, changed, config_model, problems, stack_run, yaml_load
 
 from planner import cost
+from planner.__main__ import main as planner_main
 from preview import summary
 from preview.sections import serving
 
@@ -69,3 +70,29 @@ def test_a_release_channels_cluster_gets_the_channels_version() -> None:
     assert (cfg.cluster.min_master_version, cfg.cluster.release_channel) == (None, "REGULAR")
     (claim,) = cost.stack_costs(cfg)["filestore"]["claims"]
     assert claim["billedGiB"] == 100
+
+
+def test_the_catalogs_prices_are_us_central1s() -> None:
+    """data/gpu_catalog.yaml's price sources: "PRICES ARE ESTIMATES in USD for us-central1 list prices"."""
+    with open(PROJECT_DIR / "data" / "gpu_catalog.yaml", encoding="utf-8") as fh:
+        assert yaml_load(fh)["pricedRegions"] == ["us-central1"]
+
+
+def test_the_planner_names_a_region_priced_as_another(capsys: pytest.CaptureFixture[str]) -> None:
+    """asia-southeast1's tables printed us-central1's prices as if they were its own."""
+    assert planner_main(["--model", "Qwen2.5-7B", "--mode", "inference", "--region", "asia-southeast1"]) == 0
+    assert "Prices are estimates in USD, asia-southeast1 priced as us-central1 (data/gpu_catalog.yaml" in \
+        capsys.readouterr().out
+    assert planner_main(["--model", "Qwen2.5-7B", "--mode", "inference"]) == 0
+    assert "Prices are estimates in USD, us-central1 list prices (data/gpu_catalog.yaml" in capsys.readouterr().out
+
+
+def test_a_stack_outside_the_priced_regions_says_whose_prices_it_shows() -> None:
+    """dev is in us-west1: its costs were us-central1's, called 'list prices of one region'."""
+    west = cost.stack_costs(config_model(changed("dev")))
+    assert (west["prices"], west["pricedAs"]) == ("us-west1 priced as us-central1", "us-central1")
+    assert "(list-price estimates, us-west1 priced as us-central1; see Estimated cost)." in cost.headline(west)
+    assert ": us-west1 priced as us-central1; disks, network egress" in cost.costs_markdown(west)
+    central = cost.stack_costs(config_model(changed("finetune")))
+    assert (central["prices"], "pricedAs" in central) == ("us-central1 list prices", False)
+    assert "(list-price estimates; see Estimated cost)." in cost.headline(central)
