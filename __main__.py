@@ -13,11 +13,12 @@ from components.container_image import ContainerImage, ContainerImageArgs
 from components.fabric_network import FabricNetwork, FabricNetworkArgs
 from components.gke_cluster import GkeCluster, GkeClusterArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
+from components.metrics_adapter import MetricsAdapter, MetricsAdapterArgs
 from components.network import Network, NetworkArgs
 from components.node_identity import NodeIdentity, NodeIdentityArgs
 from components.storage import Storage, StorageArgs
 from components.vertex import VertexTraining, VertexTrainingArgs
-from model import capacity, catalog, fabric, versions
+from model import capacity, catalog, fabric, serving_metrics, versions
 from planner import cost, recovery
 from planner.capacity_plan import capacity_plan
 from workloads import first_up, kinds
@@ -132,6 +133,11 @@ if target is not None:
     kueue = Kueue("kueue", KueueArgs(config=cfg.kueue, pools=flavor_pools(cfg)),
                   pulumi.ResourceOptions(provider=target, depends_on=[operator] if operator else None)) \
         if cfg.kueue.install and cluster is not None else None
+    # The custom metrics API for servers that scale on vLLM's queue: one adapter per cluster (its HPAs need not wait
+    # for it: they read no metric until it answers, and then scale).
+    if cluster is not None and serving_metrics.needs_adapter(cfg):
+        MetricsAdapter("metrics-adapter", MetricsAdapterArgs(
+            project=cfg.project, identity_pool_ready=[cluster.cluster]), on_target)
     # NCCL tests: bus bandwidth across a fabric pool's nodes, once its pools, fabric and image read grant exist; the
     # first thing on their pools: what would compete with one for its nodes waits for its Job to complete
     # (workloads/first_up.py).

@@ -125,7 +125,9 @@ class GcsFuseConfig(msgspec.Struct, frozen=True):
 class AutoscalingConfig(msgspec.Struct, frozen=True):
     enabled: bool
     max_replicas: int
-    cpu_utilization: int
+    metric: str  # `waiting` or `running`: which of vLLM's gauges (model/serving_metrics.py)
+    target: int | None = None  # None: the metric's default (model/serving_metrics.py target)
+    cpu_utilization: int | None = None  # refused when set: kept in the schema to say why
 
 
 class OpenAiConfig(msgspec.Struct, frozen=True):

@@ -21,7 +21,9 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Custom resource API groups the stack creates, and what admits them: the stack's own installs (checked below), or
 # GKE itself, whose controllers come with the cluster (the Kubernetes provider is created after the cluster).
 STACK_ADMITTED = {"kubeflow.org", "kueue.x-k8s.io"}
-GKE_ADMITTED = {"cloud.google.com", "networking.gke.io"}
+# monitoring.googleapis.com: Managed Service for Prometheus' PodMonitoring, whose CRD and operator come with the
+# cluster's managed collection (components/gke_cluster.py).
+GKE_ADMITTED = {"cloud.google.com", "networking.gke.io", "monitoring.googleapis.com"}
 CORE_GROUPS = {"core", "apps", "batch", "networking.k8s.io", "policy", "autoscaling", "helm.sh", "yaml"}
 
 

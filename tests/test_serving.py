@@ -32,6 +32,10 @@ CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 PDB = "kubernetes:policy/v1:PodDisruptionBudget"
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 HPA = "kubernetes:autoscaling/v2:HorizontalPodAutoscaler"
+# Managed Prometheus' collectors on the API port, where vLLM serves /metrics (tests/test_serving_metrics.py).
+COLLECTOR_RULE = {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gmp-system"}},
+                            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "collector"}}}],
+                  "ports": [{"port": 8000, "protocol": "TCP"}]}
 SECRET = "kubernetes:core/v1:Secret"
 CANARY = "hf_serving_canary_token"
 W = "workloads.chat"
@@ -41,7 +45,7 @@ VARIANT = {
     f"{W}.serving.modelPath": "models/Qwen2.5-7B-Instruct",
     f"{W}.gcsFuse.enabled": True,
     "storage.enabled": True,
-    f"{W}.serving.autoscaling": {"enabled": True, "maxReplicas": 2, "cpuUtilization": 70},
+    f"{W}.serving.autoscaling": {"enabled": True, "maxReplicas": 2, "metric": "running"},
     f"{W}.serving.service": "InternalLoadBalancer",
     f"{W}.serving.allowFrom": [{"cidr": "10.0.0.0/8"}, {"namespace": "apps", "podLabels": {"app": "ui"}}],
 }
@@ -91,10 +95,11 @@ def test_every_server_object_is_a_valid_kubernetes_object(serve: RunResult, vari
     kinds = set()
     for run in (serve, variant, mii):
         for doc in server_objects(run):
-            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+            if doc["kind"] != "PodMonitoring":  # a CRD's object: its schema in tests/test_serving_metrics.py
+                kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
             kinds.add(doc["kind"])
     assert kinds == {"Namespace", "ConfigMap", "Secret", "ServiceAccount", "Deployment", "Service",
-                     "PodDisruptionBudget", "NetworkPolicy", "HorizontalPodAutoscaler"}
+                     "PodDisruptionBudget", "NetworkPolicy", "HorizontalPodAutoscaler", "PodMonitoring"}
 
 
 def test_vllm_serves_the_model_with_the_planners_values(serve: RunResult) -> None:
@@ -191,14 +196,15 @@ def test_service_pdb_and_network_policy(serve: RunResult) -> None:
     assert np["podSelector"] == {"matchLabels": selector}
     assert np["policyTypes"] == ["Ingress"]
     assert np["ingress"] == [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}],
-                              "ports": [{"port": 8000, "protocol": "TCP"}]}]
+                              "ports": [{"port": 8000, "protocol": "TCP"}]}, COLLECTOR_RULE]
     assert serve.by_type(HPA) == []
 
 
 def test_no_sources_admit_nobody_and_a_protected_cluster_protects_the_server() -> None:
     run = engine.run_program(*engine.engine_config_from_yaml(changed("serve", {
         f"{W}.serving.allowFrom": [], "cluster.deletionProtection": True})), stack="serve")
-    assert run.one(NETPOL).inputs["spec"].get("ingress", []) == []
+    # Nobody but Managed Prometheus' collectors, which scrape vLLM's /metrics.
+    assert run.one(NETPOL).inputs["spec"].get("ingress", []) == [COLLECTOR_RULE]
     assert run.one(DEPLOYMENT).protect and run.one(SERVICE).protect
     assert not run.one(PDB).protect  # a budget holds nothing
 
@@ -231,7 +237,10 @@ def test_variant_autoscaler_load_balancer_bucket_and_token(variant: RunResult) -
     hpa = variant.one(HPA).inputs["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 2)
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "chat"}
-    assert hpa["metrics"][0]["resource"]["target"] == {"type": "Utilization", "averageUtilization": 70}
+    # vLLM's running requests per replica above the serve stack's model.batchSize 8 (the sequences it was sized for).
+    assert hpa["metrics"] == [{"type": "Pods", "pods": {
+        "metric": {"name": "prometheus.googleapis.com|vllm:num_requests_running|gauge"},
+        "target": {"type": "AverageValue", "averageValue": "8"}}}]
     # maxReplicas 2 takes both nodes of the pool: no node to surge onto.
     assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     svc = variant.one(SERVICE).inputs

@@ -3,9 +3,11 @@
 The component creates the workload's Namespace, a ConfigMap with MII's entry script (workloads/scripts/serve.py),
 a Secret with the Hugging Face token when the stack has one, a Deployment (one pod per replica, the model
 tensor-parallel over the GPUs of its node), a Service, a PodDisruptionBudget, a NetworkPolicy that admits only the
-sources in `serving.allowFrom`, and optionally a HorizontalPodAutoscaler. The pod template is a plain dict rendered
-by `pod_template` (validated in tests as a core/v1 Pod); every other object is built from pulumi_kubernetes' typed
-Args.
+sources in `serving.allowFrom` (and, for vLLM, Managed Prometheus' collectors), for vLLM a PodMonitoring of its
+`/metrics`, and optionally a HorizontalPodAutoscaler on vLLM's waiting or running requests
+(workloads/serving_metrics.py). The pod template, the PodMonitoring and the autoscaler's spec are plain dicts
+(validated in tests: a core/v1 Pod, the PodMonitoring CRD's schema, autoscaling/v2); every other object is built
+from pulumi_kubernetes' typed Args.
 
 Engines (model/serving_engines.py, data/serving.yaml):
 - vLLM: its OpenAI-compatible server (`python -m vllm.entrypoints.openai.api_server`) on the Service's port, with
@@ -40,7 +42,7 @@ import pulumi_kubernetes as k8s
 from model import serving_engines
 from model.serving_engines import MII, VLLM, mii_facts, vllm_facts
 from model.types import AllowedSource, FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig
-from workloads import gcs_fuse, pod_security
+from workloads import gcs_fuse, pod_security, serving_metrics
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
@@ -543,6 +545,7 @@ class ModelServer(pulumi.ComponentResource):
                 max_unavailable=1, selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector(w))),
             opts=child)
         self.network_policy: k8s.networking.v1.NetworkPolicy = self._network_policy(name, w, ns)
+        self.pod_monitoring = self._pod_monitoring(name, w, ns) if serving_metrics.scraped(w) else None
         self.autoscaler = self._autoscaler(name, w, ns) if w.serving.autoscaling.enabled else None
         lb_ip = self.service.status.apply(_ingress_ip) if w.serving.service == "InternalLoadBalancer" else None
         src = args.source
@@ -552,6 +555,7 @@ class ModelServer(pulumi.ComponentResource):
             **({"baseModel": src.served_name, "adapters": {a.name: a.path for a in src.adapters}}
                if src.adapters else {}),
             "gpusPerReplica": args.placement.per_worker, "replicas": w.serving.replicas,
+            "scaling": serving_metrics.scaling_text(w),
             "endpoint": endpoint(w), "portForward": port_forward_command(w), "prompt": prompt_command(w, src),
             **({"waitsFor": src.markers_text} if src.waits else {}),
             **({"loadBalancerIp": lb_ip} if lb_ip is not None else {}),
@@ -644,6 +648,11 @@ class ModelServer(pulumi.ComponentResource):
         ports = [k8s.networking.v1.NetworkPolicyPortArgs(port=p["port"], protocol="TCP") for p in service_ports(w)]
         ingress = [k8s.networking.v1.NetworkPolicyIngressRuleArgs(from_=[_peer_args(p) for p in peers], ports=ports)] \
             if peers else []
+        if serving_metrics.scraped(w):
+            # Managed Prometheus' collectors scrape /metrics on the API port (vLLM serves both on one port).
+            ingress.append(k8s.networking.v1.NetworkPolicyIngressRuleArgs(
+                from_=[_peer_args(serving_metrics.collector_peer())],
+                ports=[k8s.networking.v1.NetworkPolicyPortArgs(port=served_port(w), protocol="TCP")]))
         return k8s.networking.v1.NetworkPolicy(
             f"{name}-netpol",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
@@ -655,22 +664,24 @@ class ModelServer(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
+    def _pod_monitoring(self, name: str, w: ServeWorkloadConfig,
+                        ns: pulumi.Output[str]) -> k8s.apiextensions.CustomResource:
+        """Managed Prometheus scrapes the server's /metrics (its CRD comes with the cluster's managed collection)."""
+        obj = serving_metrics.pod_monitoring(w, selector(w))
+        return k8s.apiextensions.CustomResource(
+            f"{name}-metrics", api_version=obj["apiVersion"], kind=obj["kind"],
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
+            spec=obj["spec"], opts=pulumi.ResourceOptions(parent=self))
+
     def _autoscaler(self, name: str, w: ServeWorkloadConfig,
                     ns: pulumi.Output[str]) -> k8s.autoscaling.v2.HorizontalPodAutoscaler:
-        a = w.serving.autoscaling
+        """On vLLM's queue (or batch) per replica, read through the custom metrics API (the adapter the stack
+        installs: components/metrics_adapter.py); it names the Deployment and need not wait for it."""
         return k8s.autoscaling.v2.HorizontalPodAutoscaler(
             f"{name}-hpa",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
-            spec=k8s.autoscaling.v2.HorizontalPodAutoscalerSpecArgs(
-                scale_target_ref=k8s.autoscaling.v2.CrossVersionObjectReferenceArgs(
-                    api_version="apps/v1", kind="Deployment", name=w.name),
-                min_replicas=w.serving.replicas, max_replicas=max(a.max_replicas, w.serving.replicas),
-                metrics=[k8s.autoscaling.v2.MetricSpecArgs(
-                    type="Resource", resource=k8s.autoscaling.v2.ResourceMetricSourceArgs(
-                        name="cpu", target=k8s.autoscaling.v2.MetricTargetArgs(
-                            type="Utilization", average_utilization=a.cpu_utilization)))],
-            ),
-            opts=pulumi.ResourceOptions(parent=self),  # it names the Deployment; it need not wait for it
+            spec=serving_metrics.autoscaler_spec(w),
+            opts=pulumi.ResourceOptions(parent=self),
         )
 
 

@@ -30,7 +30,9 @@ def section(run: RunResult) -> list[Section]:
     for name, s in servers.items():
         price = _node_price(run.outputs.get("costs"), s.get("pool"))
         cost = f"${price:.2f} (pool {s['pool']})" if price is not None else "unknown"
-        rows.append(f"| {name} | {s['model']} | {s['gpusPerReplica']} | {s['replicas']} | {cost} | "
+        # How it scales: a fixed count, or the autoscaler's bounds and what it reads (workloads/serving_metrics.py).
+        replicas = s.get("scaling") or s["replicas"]
+        rows.append(f"| {name} | {s['model']} | {s['gpusPerReplica']} | {replicas} | {cost} | "
                     f"`{s['endpoint']}` |")
         if s.get("waitsFor"):  # a model training writes: the server starts once the marker is there
             verb = "exist" if " and " in s["waitsFor"] else "exists"

@@ -514,6 +514,26 @@ def check_serve_allow_from(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
                                       src.pod_labels)]
 
 
+def check_serve_autoscaling(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """The autoscaler reads vLLM's own load (data/serving_metrics.yaml): no CPU autoscaler on a GPU server, and
+    none for MII, which reports no load."""
+    a, key = w.serving.autoscaling, ("workloads", w.name, "serving", "autoscaling")
+    problems = []
+    if a.cpu_utilization is not None:
+        problems.append(
+            f"{at(*key, 'cpuUtilization')}: refused: the server runs the model on its GPUs, so its CPU use does not "
+            "follow its load (and the pod requests nearly all of the node's CPUs), and a CPU autoscaler on it scales "
+            "late or never (GKE's best practices for LLM inference on GPUs: not CPU alone). Leave cpuUtilization out; "
+            f"the autoscaler scales on vLLM's own queue: {at(*key, 'metric')} waiting (the default) or running, "
+            f"{at(*key, 'target')} per replica")
+    if a.enabled and w.serving.engine == MII:
+        problems.append(
+            f"{at(*key, 'enabled')}: DeepSpeed-MII reports no load (no /metrics), and CPU use says nothing of a GPU "
+            f"server's, so nothing could scale it; set {at('workloads', w.name, 'serving', 'engine')}: vllm (it "
+            f"scales on its waiting or running requests), or a fixed {at('workloads', w.name, 'serving', 'replicas')}")
+    return problems
+
+
 # --- warnings: what deploys but deserves a reviewer's eye --------------------------------------------------------
 
 def warn_quantised_checkpoint(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
@@ -554,7 +574,7 @@ def warn_autoscaling_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]
     return [f"{at('workloads', w.name, 'serving', 'autoscaling', key)}: not used: "
             f"{at('workloads', w.name, 'serving', 'autoscaling', 'enabled')} is false, so no HorizontalPodAutoscaler "
             f"is made and serving.replicas ({w.serving.replicas}) pods run" for key in
-            changed_keys(scaling, defaults, ("enabled",))]
+            changed_keys(scaling, defaults, ("enabled", "cpuUtilization"))]  # cpuUtilization: refused
 
 
 def warn_lora_keys_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
@@ -592,7 +612,7 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
     rules=(check_serve_accelerator, check_serve_engine_gpu, check_serve_model_block, check_serve_model_source,
            check_serve_from_workload, check_serve_adapters, check_serve_adapter_engine, check_serve_lora_rank,
            check_serve_model_identity, check_serve_tensor_parallel, check_serve_fits, check_serve_replicas,
-           check_serve_ports, check_serve_allow_from),
+           check_serve_autoscaling, check_serve_ports, check_serve_allow_from),
     build=build,
     warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_autoscaling_unused,
               warn_lora_keys_unused, warn_openai_port_unused),
