@@ -715,6 +715,21 @@ def completion_problems(answer: dict[str, Any], reference: dict[str, Any], max_t
     return problems
 
 
+def metrics_problems(text: str) -> list[str]:
+    """What vLLM's /metrics (Prometheus' text format) lacks of the gauges the autoscaler reads, each typed gauge
+    with a sample (data/serving_metrics.yaml)."""
+    from model import serving_metrics
+
+    problems = []
+    for name in serving_metrics.load().metrics.values():
+        quoted = re.escape(name)
+        if not re.search(rf"^# TYPE {quoted} gauge$", text, re.MULTILINE):
+            problems.append(f"no gauge {name}")
+        elif not re.search(rf"^{quoted}(\{{[^}}]*\}})? \S+$", text, re.MULTILINE):
+            problems.append(f"{name} has no sample")
+    return problems
+
+
 class Phases:
     """Each phase's wall time, printed as it ends."""
 
@@ -874,6 +889,15 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     problems = completion_problems(answer, reference, FINETUNE_MAX_TOKENS)
     fail_unless(not problems, "; ".join(problems))
     phases.end("prompt answered")
+
+    # 5. vLLM's /metrics on the API port, what Managed Prometheus scrapes: the queue and batch the autoscaler reads.
+    scrape = ("import urllib.request as u; "
+              f"print(u.urlopen('http://127.0.0.1:{VLLM_PORT}/metrics', timeout=5).read().decode())")
+    scraped = cluster.run(launcher, ["/usr/bin/python3", "-c", scrape], env=IMAGE_ENV, timeout=30)
+    fail_unless(scraped.returncode == 0, f"GET /metrics: {scraped.stderr.strip()[-800:]}; vLLM log {server_log}")
+    missing = metrics_problems(scraped.stdout)
+    fail_unless(not missing, f"vLLM's /metrics: {'; '.join(missing)}")
+    phases.end("/metrics has the autoscaler's gauges")
     text = answer["choices"][0].get("text", "")
     stopped = on_term.group(1) if on_term else saved_step
     return (f"kind finetune: LoRA under ZeRO-3 on {len(workers)} hosts, preempted at step {stopped} "

@@ -218,3 +218,31 @@ def test_vllm_exports_the_gauges_the_autoscaler_reads() -> None:
     instrumentator = (VLLM / "entrypoints" / "serve" / "instrumentator" / "metrics.py").read_text()
     assert 'Mount("/metrics", make_asgi_app(registry=registry))' in instrumentator  # on the API server itself
 
+
+def _e2e_run() -> Any:
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(PROJECT_DIR / "e2e"))
+    spec = importlib.util.spec_from_file_location("e2e_run_metrics", PROJECT_DIR / "e2e" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_e2e_checks_the_gauges_on_a_served_model() -> None:
+    """`make e2e` scrapes vLLM's CPU build's /metrics after its prompt; what it accepts, in prometheus_client's
+    text format (as vLLM's registry writes it: `# TYPE <name> gauge`, then a labelled sample)."""
+    e2e = _e2e_run()
+
+    def gauge(name: str, sample: bool = True, kind: str = "gauge") -> str:
+        return (f"# HELP {name} h\n# TYPE {name} {kind}\n"
+                + (f'{name}{{engine="0",model_name="/gcs/models/ds-e2e"}} 0.0\n' if sample else ""))
+
+    waiting, running = "vllm:num_requests_waiting", "vllm:num_requests_running"
+    assert e2e.metrics_problems(gauge(waiting) + gauge(running)) == []
+    assert e2e.metrics_problems(gauge(running)) == [f"no gauge {waiting}"]
+    assert e2e.metrics_problems(gauge(waiting, kind="counter") + gauge(running)) == [f"no gauge {waiting}"]
+    assert e2e.metrics_problems(gauge(waiting) + gauge(running, sample=False)) == [f"{running} has no sample"]
