@@ -23,13 +23,25 @@ from model.suggest import did_you_mean
 from policy.rules import POLICIES
 from preview import diff, manifests, plan, policy_check, stackfile, summary, tree
 from preview.engine import PROJECT_DIR, RunResult, engine_config_from_yaml, run_program, stack_file, stacks
-from preview.sections import capacity, cost, fabric, pods, recovery, render_files, render_sections, serving, vertex
+from preview.sections import (
+    capacity,
+    cost,
+    fabric,
+    pods,
+    recovery,
+    render_files,
+    render_sections,
+    serving,
+    training,
+    vertex,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 # The summary's sections after the built-in ones, and the files written beside plan.json, in this order
 # (preview/sections/): a new one is added here, nothing is found by name.
-SECTIONS = (fabric.section, cost.section, capacity.section, recovery.section, vertex.section, serving.section)
+SECTIONS = (fabric.section, cost.section, capacity.section, recovery.section, vertex.section, training.section,
+            serving.section)
 FILES = (vertex.files, pods.files)
 
 

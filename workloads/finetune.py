@@ -54,6 +54,16 @@ def dataset_arg(w: FinetuneWorkloadConfig) -> str:
     return f.dataset if f.dataset else in_bucket(w, f.dataset_path or "")
 
 
+def where_to_look(w: FinetuneWorkloadConfig) -> dict[str, str]:
+    """What a person needs to start and follow the run (the preview's "Training" section): where the data goes in
+    the bucket (or the Hugging Face dataset the ranks download), the launcher Job whose log is the run's output (the
+    MPI operator names it <job>-launcher), and where the model lands, in the bucket or on the claim."""
+    f = w.finetune
+    data = {"datasetInBucket": f.dataset_path} if f.dataset_path else {"datasetHub": f.dataset or ""}
+    lands = {"modelInBucket": w.model_folder} if w.gcs_fuse.enabled else {"modelOnClaim": w.model_dir}
+    return {**data, **lands, "launcherJob": f"{w.name}-launcher"}
+
+
 def _number(value: float) -> str:
     """A float argument as the script's argparse reads it: 1.0 -> 1, 0.0003 -> 0.0003."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))

@@ -236,7 +236,8 @@ def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi
         launch=finetune.launch(w, has_token=platform.hf_token is not None),
         gcs_mount_options=gcs_fuse.mount_options(CHECKPOINT_PROFILE),
         admitted_by=platform.mpijob_admitted_by(queue is not None)), opts)
-    outputs = {"checkpointDir": w.checkpoint_dir, "modelDir": w.model_dir, "model": finetune.model_arg(w)}
+    outputs = {"checkpointDir": w.checkpoint_dir, "modelDir": w.model_dir, "model": finetune.model_arg(w),
+               **finetune.where_to_look(w)}
     summary = job.summary.apply(lambda s: {**s, **outputs})
     return Built(job, summary, queued_namespace=job.namespace.metadata.name if queue else None)
 

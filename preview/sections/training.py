@@ -1,0 +1,100 @@
+"""The "Training" section: each `finetune` workload (the `workloads` output) with its run's time and cost (the
+`costs` output's `runs`) and the next steps, in order, as the "Serving" section gives a server's: `pulumi up`, the
+data uploaded where the run reads it, the run's log followed, TensorBoard where the stack deploys one, and where the
+model lands."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import PurePosixPath
+from typing import Any
+
+from planner.run_estimate import format_hours
+from preview.engine import RunResult
+from preview.sections import Section
+
+KIND = "finetune"
+TENSORBOARD = "tensorboard"  # a workload summary of this kind: a TensorBoard server (issue 29 item 2)
+SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")  # a datasetPath with one is a file, else a folder
+
+
+def _bucket(stack: str) -> str:
+    return f"gs://$(pulumi stack output bucket -s {shlex.quote(stack)})"
+
+
+def _upload(stack: str, path: str) -> str:
+    """`gcloud storage cp` of the local file (or folder) to the bucket path the run reads."""
+    p = PurePosixPath(path)
+    if p.suffix.lower() in SUFFIXES:
+        return f"gcloud storage cp {shlex.quote(p.name)} {_bucket(stack)}/{path}"
+    parent = f"{p.parent}/" if str(p.parent) != "." else ""
+    return f"gcloud storage cp --recursive {shlex.quote(p.name)} {_bucket(stack)}/{parent}"
+
+
+def _run(costs: Any, name: str) -> str:
+    """`about 1.8–3.9 h, $6.56–$14.37 (spot)`, from the `costs` output; what is missing otherwise."""
+    r = ((costs or {}).get("runs") or {}).get(name) if isinstance(costs, dict) else None
+    if not isinstance(r, dict):
+        return "—"
+    if "missing" in r:
+        return "unknown: see Estimated cost"
+    pays = r["pays"]
+    fast, slow = r["perRun"][pays]["fast"], r["perRun"][pays]["slow"]
+    return (f"about {format_hours(r['hours']['fast'])}–{format_hours(r['hours']['slow'])} h, ${fast:,.2f}–${slow:,.2f} "
+            f"({'spot' if pays == 'spot' else 'on-demand'})")
+
+
+def _tensorboards(workloads: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in workloads.values() if isinstance(s, dict) and s.get("kind") == TENSORBOARD]
+
+
+def _steps(stack: str, name: str, s: dict[str, Any], tensorboards: list[dict[str, Any]]) -> list[str]:
+    """The run's next steps, each a command with what it is for."""
+    lines = [f"# {name}"]
+    if s.get("datasetInBucket"):
+        lines += [f"# the launcher waits for {s['datasetInBucket']} in the bucket: upload it once pulumi up has "
+                  "created the bucket", _upload(stack, s["datasetInBucket"])]
+    elif s.get("datasetHub"):
+        lines.append(f"# the data: the ranks download {s['datasetHub']} from Hugging Face (its train split)")
+    lines += ["# the run's output (DeepSpeed's launcher, every rank's lines): the loading, the loss at each logging "
+              "step, the saves",
+              f"kubectl logs -n {s['namespace']} -f job/{s['launcherJob']}"]
+    for tb in tensorboards:
+        lines += [f"# TensorBoard ({tb.get('job') or tb.get('deployment') or 'server'}): the run's loss and speed",
+                  *([f"{tb['portForward']} &"] if tb.get("portForward") else []),
+                  *([f"# then open {tb['url']}"] if tb.get("url") else [])]
+    if not tensorboards:
+        lines.append("# TensorBoard: not in this stack yet (coming: a server of the bucket's logs/ that the stack "
+                     "deploys, issue 29 item 2); the launcher's log is the view meanwhile")
+    if s.get("modelInBucket"):
+        folder = s["modelInBucket"]
+        lines += [f"# the result: {folder}/ in the bucket, complete once its marker .complete is there",
+                  f"gcloud storage ls {_bucket(stack)}/{folder}/"]
+    elif s.get("modelOnClaim"):
+        lines.append(f"# the result: {s['modelOnClaim']} on the claim {s.get('claim', '')}, complete once its marker "
+                     ".complete is there")
+    return lines
+
+
+def section(run: RunResult) -> list[Section]:
+    """Each finetune workload: its model, GPUs, the run's estimate and where the model lands, then the next steps:
+    `pulumi up`, the data uploaded, the log followed, TensorBoard, the result."""
+    workloads = run.outputs.get("workloads") or {}
+    trainers = {name: s for name, s in workloads.items() if isinstance(s, dict) and s.get("kind") == KIND}
+    if not trainers:
+        return []
+    rows = ["| workload | model | GPUs | data | run (estimate) | model lands in |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    steps = [f"pulumi up -s {shlex.quote(run.stack)}   # the cluster, the bucket and the job; the GPU nodes come "
+             "up when the job's pods ask for them"]
+    tensorboards = _tensorboards(workloads)
+    for name, s in trainers.items():
+        gpus = f"{s.get('workers')} worker(s) x {s.get('acceleratorsPerWorker')} (pool {s.get('pool')})"
+        data = f"`{s['datasetInBucket']}` (bucket)" if s.get("datasetInBucket") else f"`{s.get('datasetHub', '')}`"
+        lands = f"`{s['modelInBucket']}/` (bucket)" if s.get("modelInBucket") else f"`{s.get('modelOnClaim', '')}`"
+        rows.append(f"| {name} | {s.get('model', '')} | {gpus} | {data} | {_run(run.outputs.get('costs'), name)} | "
+                    f"{lands} |")
+        steps += ["", *_steps(run.stack, name, s, tensorboards)]
+    body = "\n".join(rows) + ("\n\nNext steps (README, \"Fine-tune and serve your own model\"):\n\n```sh\n"
+                              + "\n".join(steps) + "\n```")
+    return [("Training", body)]
