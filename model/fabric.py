@@ -62,10 +62,43 @@ class Installer(msgspec.Struct, frozen=True):
     image: str
 
 
+class NcclPassLine(msgspec.Struct, frozen=True):
+    """The bus bandwidth a machine type's NCCL test must reach (data/gpu_fabric.yaml passLines): the average busbw
+    of `benchmark` over min_bytes..max_bytes (doubling), as Google's daily test computes it on its nodes."""
+
+    machine_type: str
+    benchmark: str
+    average_gbps: float
+    min_bytes: str  # a size as the stack config writes one (1Mi, 8Gi, 8)
+    max_bytes: str
+    nodes: int  # the nodes Google's line was measured on
+    source: str
+    example_average_gbps: float | None = None  # Google's published run on those nodes, where there is one
+    example_bytes: int | None = None
+    example_gbps: float | None = None  # its busbw at example_bytes
+
+    def flag(self) -> str:
+        """nccl_bench.py's --pass-line: BENCHMARK:GBPS:MIN:MAX."""
+        return f"{self.benchmark}:{self.average_gbps:g}:{self.min_bytes}:{self.max_bytes}"
+
+    def summary(self) -> str:
+        return (f"{self.benchmark} average bus bandwidth >= {self.average_gbps:g} GB/s over {self.min_bytes}.."
+                f"{self.max_bytes} bytes ({self.source}, {self.nodes} nodes)")
+
+    def note(self) -> str:
+        """Where the line comes from, and what Google measured, for the test's failure message."""
+        text = f"{self.machine_type}: {self.source}, {self.nodes} nodes"
+        if self.example_average_gbps is not None and self.example_bytes is not None:
+            text += (f"; Google's example run averaged {self.example_average_gbps:g} GB/s, {self.example_gbps:g} GB/s "
+                     f"at {self.example_bytes} bytes")
+        return text
+
+
 class NcclTestSpec(msgspec.Struct, frozen=True):
     image: str
     binaries: str
     reference_bus_bandwidth: str
+    pass_lines: dict[str, NcclPassLine] = {}  # machine type -> its line
 
 
 class Fabric(msgspec.Struct, frozen=True):
@@ -149,12 +182,21 @@ def _fabric(name: str, raw: dict) -> Fabric:
         nccl_env={k: str(v) for k, v in raw["ncclEnv"].items()},
         nccl_profile=str(raw.get("ncclProfile") or ""),
         min_gke_versions=tuple(raw["minGkeVersions"]),
-        nccl_test=NcclTestSpec(test["image"], test["binaries"], test["referenceBusBandwidth"]),
+        nccl_test=NcclTestSpec(test["image"], test["binaries"], test["referenceBusBandwidth"],
+                               {machine: _pass_line(machine, line) for machine, line in test["passLines"].items()}),
         nccl_network=str(raw["ncclNetwork"]),
         rank_devices=str((raw.get("rankNeeds") or {}).get("devices") or ""),
         nccl_minimum=_version_text(raw["nccl"].get("minimum")),
         nccl_qualified=_version_text(raw["nccl"].get("qualified")),
     )
+
+
+def _pass_line(machine_type: str, raw: dict) -> NcclPassLine:
+    return NcclPassLine(
+        machine_type=machine_type, benchmark=raw["benchmark"], average_gbps=float(raw["averageGBps"]),
+        min_bytes=str(raw["minBytes"]), max_bytes=str(raw["maxBytes"]), nodes=int(raw["nodes"]), source=raw["source"],
+        example_average_gbps=raw.get("exampleAverageGBps"), example_bytes=raw.get("exampleBytes"),
+        example_gbps=raw.get("exampleGBps"))
 
 
 def _version_text(value: object) -> str | None:
@@ -222,6 +264,12 @@ def pool_fabric(pool: NodePoolConfig) -> Fabric | None:
     if not pool.fabric.enabled:
         return None
     return load().for_machine(pool.machine_type)
+
+
+def pass_line(pool: NodePoolConfig) -> NcclPassLine | None:
+    """The bus bandwidth an NCCL test on the pool must reach: its fabric's line for its machine type."""
+    f = pool_fabric(pool)
+    return f.nccl_test.pass_lines.get(pool.machine_type) if f else None
 
 
 def pool_zones(m: StackConfig, pool: NodePoolConfig) -> list[str]:

@@ -131,10 +131,38 @@ def h100_with(changes: dict[str, Any]) -> RunResult:
     return stack_run("h100", changes)
 
 
-def test_a_test_with_room_beside_the_job_runs_side_by_side() -> None:
-    """maxNodes 4: both fit at once, so no ordering (a dependency not needed) and `pulumi up` does not wait."""
+def test_training_waits_for_its_pools_test_even_with_room_beside_it() -> None:
+    """maxNodes 4: both fit at once, yet the training is created only once the test passed (issue 31.3: a fabric below
+    its pass line must stop the training, not race it), so `pulumi up` awaits the test."""
     pools = stack_yaml("h100")["deepspeed-stack:nodePools"]
     run = h100_with({"deepspeed-stack:nodePools": [{**pools[0], "maxNodes": 4}]})
+    test_job = run.one(JOB)
+    assert test_job.urn in run.one(TRAINING_JOB, "smoke").dependencies
+    assert test_job.urn in ordered_after(run, run.one(MPIJOB))
+    assert "pulumi.com/skipAwait" not in test_job.inputs["metadata"]["annotations"]
+    assert test_job.custom_timeouts == {"create": "4200s", "update": "4200s"}
+
+
+def test_a_test_with_room_beside_what_it_does_not_gate_runs_side_by_side() -> None:
+    """No dependency that is not needed: a model server with room beside the test, and a training on a pool the test
+    does not measure, start without waiting for it; with nothing after it, `pulumi up` does not await the test."""
+    from conftest import model
+
+    from workloads import first_up
+
+    serve = {"kind": "serve", "pool": "h100", "serving": {"model": "Qwen/Qwen2.5-72B-Instruct"},
+             "model": {"name": "Qwen2.5-72B", "mode": "inference", "sequenceLength": 4096}}
+    m = model("h100", {"nodePools[0].maxNodes": 4, "workloads.chat": serve})
+    assert first_up.tests_before_workload(m, m.workloads["chat"]) == []
+    assert first_up.tests_before_workload(m, m.workloads["smoke"]) == ["bandwidth"]  # training: gated
+    pools = stack_yaml("h100")["deepspeed-stack:nodePools"]
+    two_pools = [*pools, {**pools[0], "name": "other"}]
+    two = model("h100", {"nodePools": two_pools, "workloads.smoke.pool": "other"})
+    assert first_up.tests_before_workload(two, two.workloads["smoke"]) == []
+    assert first_up.awaited_tests(two) == set()
+    smoke = stack_yaml("h100")["deepspeed-stack:workloads"]["smoke"]
+    run = h100_with({"deepspeed-stack:nodePools": two_pools,
+                     "deepspeed-stack:workloads": {"smoke": {**smoke, "pool": "other"}}})
     test_job = run.one(JOB)
     assert test_job.urn not in ordered_after(run, run.one(MPIJOB))
     assert test_job.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"

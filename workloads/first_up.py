@@ -8,7 +8,15 @@ the first thing to run on a new pool, so it goes first: what competes with it de
 `pulumi up` then awaits until it completes (pulumi-kubernetes' Job await: Complete, or fail at once on Failed;
 customTimeouts beyond the Job's own deadline), and a failed test stops the training from being created on a fabric
 the test found broken. Tests that compete with each other run in name order. Pairs with room for both run side by
-side (no dependency they do not need).
+side (no dependency they do not need), with one exception: training.
+
+A training workload (a DeepSpeed kind: helm, mpijob, finetune) on a pool an NCCL test measures waits for that test
+whether or not they compete for nodes (issue 31.3). The test fails below its machine type's pass line
+(workloads/scripts/nccl_bench.py, data/gpu_fabric.yaml), and a fabric that slow, or one NCCL did not use at all, makes
+every step of a multi-node job wait on its collectives: on A3 Mega, 16 GPUs billed at ~$188/h for a fraction of their
+work, for days. Started side by side, the training would already be running (and paying) when the test failed; ordered,
+a failed test stops `pulumi up` before the training is created. A model server (serve) is not held back: it does not
+train across nodes.
 
 Workloads among themselves: checks/cluster_wide.py refuses those that together need more nodes than their pool has.
 """
@@ -16,6 +24,7 @@ Workloads among themselves: checks/cluster_wide.py refuses those that together n
 from __future__ import annotations
 
 from model.types import StackConfig, WorkloadConfig
+from model.workload_types import DeepSpeedWorkloadConfig
 
 
 def capacity(cfg: StackConfig, pools: set[str]) -> int:
@@ -40,11 +49,23 @@ def nccl_test_needs(cfg: StackConfig, name: str) -> tuple[set[str], int]:
     return set(t.pools), t.nodes
 
 
+def trains(w: WorkloadConfig) -> bool:
+    """A DeepSpeed training workload (helm, mpijob, finetune): one whose speed the fabric decides."""
+    return isinstance(w, DeepSpeedWorkloadConfig)
+
+
+def gates(cfg: StackConfig, name: str, w: WorkloadConfig) -> bool:
+    """The test measures a pool the training workload's GPU pods may use: it must pass before they start."""
+    return trains(w) and bool(nccl_test_needs(cfg, name)[0] & workload_needs(w)[0])
+
+
 def tests_before_workload(cfg: StackConfig, w: WorkloadConfig) -> list[str]:
-    """The NCCL tests whose Jobs must complete before the workload is created."""
+    """The NCCL tests whose Jobs must complete before the workload is created: those that compete with it for nodes,
+    and, for training, every test of its pools."""
     if not w.on_nvidia:
         return []
-    return [name for name in sorted(cfg.nccl_tests) if competes(cfg, nccl_test_needs(cfg, name), workload_needs(w))]
+    return [name for name in sorted(cfg.nccl_tests)
+            if competes(cfg, nccl_test_needs(cfg, name), workload_needs(w)) or gates(cfg, name, w)]
 
 
 def tests_before_test(cfg: StackConfig, name: str) -> list[str]:

@@ -22,7 +22,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model import serving_engines
-from model.fabric import pool_fabric
+from model.fabric import pass_line, pool_fabric
 from model.types import NcclTestConfig, NodePoolConfig
 from workloads import fabric, pod_security
 from workloads.placement import GKE_ACCELERATOR_LABEL, NVIDIA_RESOURCE, fitted_cpu_memory
@@ -36,6 +36,7 @@ CONFIG_VOLUME = "nccl-test"
 MASTER_PORT = 29500
 IMAGE_USER = pod_security.NVIDIA_USER  # the stack's image (workloads/images/deepspeed)
 POOL_LABEL = "deepspeed-stack/pool"
+PASS_LINE_ANNOTATION = "deepspeed-stack/pass-line"
 ACTIVE_DEADLINE_SECONDS = 3600  # like Google's JobSet example: a stuck rendezvous does not hold 16 GPUs for ever
 # An awaited test: `pulumi up` waits past the Job's own deadline (which counts from its start), so that it reports
 # the Job's failure (DeadlineExceeded, or a failed rank) rather than a timeout of its own; pulumi-kubernetes' default
@@ -54,10 +55,14 @@ class NcclTestInputs(msgspec.Struct, frozen=True):
 
 def nccl_args(inputs: NcclTestInputs) -> list[str]:
     """What nccl_bench.py checks the NCCL torch ran against: the image's own, and the fabric's minimum and the
-    version Google qualifies its plugin with (data/gpu_fabric.yaml)."""
+    version Google qualifies its plugin with; and the bus bandwidth the machine type must reach (its pass line),
+    with where that line comes from (data/gpu_fabric.yaml). The pools share one fabric (checks/fabric.py) and,
+    mixed machine types aside, one line: the first pool's."""
     f = pool_fabric(inputs.pools[0])
+    line = pass_line(inputs.pools[0])
     pairs = [("--expect-nccl", inputs.nccl_version), ("--min-nccl", f.nccl_minimum if f else None),
-             ("--qualified-nccl", f.nccl_qualified if f else None)]
+             ("--qualified-nccl", f.nccl_qualified if f else None),
+             ("--pass-line", line.flag() if line else None), ("--pass-line-note", line.note() if line else None)]
     return [part for flag, value in pairs if value for part in (flag, value)]
 
 
@@ -146,6 +151,12 @@ def await_annotations(awaited: bool) -> dict[str, str]:
     return {} if awaited else {serving_engines.skip_await_annotation(): "true"}
 
 
+def pass_line_annotations(pool: NodePoolConfig) -> dict[str, str]:
+    """What the test must reach, on the Job for `kubectl describe` and the preview's GPU fabric section."""
+    line = pass_line(pool)
+    return {PASS_LINE_ANNOTATION: line.summary()} if line else {}
+
+
 def waiver_annotations(contract: fabric.PodContract | None) -> dict[str, str]:
     """checkov's skip annotations: the image's user, and the fabric daemon's waivers."""
     return pod_security.skip_annotations(pod_security.merge_waivers(
@@ -162,7 +173,8 @@ def job_manifest(inputs: NcclTestInputs, namespace: str, service: str) -> dict[s
         # else it leaves it running (nodes may first have to scale up): read its log.
         # The waivers on the Job (what a scan of the manifests reads) and on its pods (what a cluster's scan reads).
         "metadata": {"name": test.name, "namespace": namespace, "labels": labels(test),
-                     "annotations": {**await_annotations(inputs.awaited), **waiver_annotations(contract)}},
+                     "annotations": {**await_annotations(inputs.awaited), **waiver_annotations(contract),
+                                     **pass_line_annotations(inputs.pools[0])}},
         "spec": {
             "completionMode": "Indexed",
             "completions": test.nodes,
@@ -233,6 +245,7 @@ class NcclTest(pulumi.ComponentResource):
             "kind": "nccl-test", "namespace": namespace, "job": test.name, "pools": test.pools,
             "nodes": test.nodes, "benchmarks": test.benchmarks,
             "fabric": f.name if (f := pool_fabric(inputs.pools[0])) else None,
+            "passLine": line.summary() if (line := pass_line(inputs.pools[0])) else None,
             "logs": f"kubectl logs -n {test.namespace} job/{test.name}",
         })
         self.register_outputs({"job": test.name, "namespace": namespace})

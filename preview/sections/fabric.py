@@ -13,6 +13,8 @@ FABRIC_NETWORK = "deepspeed-stack:gcp:FabricNetwork"
 GPU_FABRIC = "deepspeed-stack:workloads:GpuFabric"
 CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
 K8S_NETWORK = "kubernetes:networking.gke.io/v1:Network"
+JOB = "kubernetes:batch/v1:Job"
+PASS_LINE = "deepspeed-stack/pass-line"  # workloads/nccl_test.py: the Job's pass line, as the test judges it
 
 
 def _children(run: RunResult, parent_type: str, child_type: str) -> dict[str, list]:
@@ -60,4 +62,19 @@ def section(run: RunResult) -> list[Section]:
         lines.append(f"- `{name}`: {len(networks)} Network(s) "
                      f"({', '.join(n.inputs['metadata']['name'] for n in networks)}); applies "
                      + ", ".join(_manifest(f.inputs["file"]) for f in files))
+    lines += _nccl_tests(run)
     return [("GPU fabric", "\n".join(lines))]
+
+
+def _nccl_tests(run: RunResult) -> list[str]:
+    """Each NCCL test's pass line, and what `pulumi up` creates only once the test passed (what depends on its Job)."""
+    out = []
+    for job in run.by_type(JOB):
+        line = ((job.inputs.get("metadata") or {}).get("annotations") or {}).get(PASS_LINE)
+        if line is None:
+            continue
+        after = sorted(r.name for r in run.resources if job.urn in r.dependencies)
+        out.append(f"- NCCL test `{job.inputs['metadata']['name']}`: must reach {line}, else it fails; "
+                   + (f"created only after it passed: {', '.join(f'`{a}`' for a in after)}" if after
+                      else "nothing waits for it (read its log)"))
+    return out

@@ -15,6 +15,12 @@ Then, on a fabric pool, every rank reads NCCL's own init lines (nccl_network.py,
 communicator on NCCL's Socket or IB transport instead of the fabric plugin's network means the plugin did not load,
 and the bandwidth measured would be TCP's over eth0. Every rank then exits 4 (rank 0 says how many failed), so
 the Job fails loudly instead of reporting a low figure.
+
+Last, the pass line (--pass-line, from data/gpu_fabric.yaml per machine type): the average bus bandwidth of one
+collective over Google's own message sizes, as Cluster Toolkit's daily tests require of the same machines. The
+collective is measured over those sizes too (beside the configured ones), rank 0 judges the figures as it printed
+them (`judge` reads nccl-tests' lines the same way), every rank learns the verdict, and below the line every rank
+exits 6: the Job fails, and the training that waits for it (workloads/first_up.py) is never created.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
@@ -31,6 +38,27 @@ BENCHMARKS = ("all_gather", "all_reduce", "reduce_scatter")
 ELEMENT_BYTES = 4  # float32, as nccl-tests' default
 EXIT_WRONG_NCCL = 3
 EXIT_NOT_ON_FABRIC = 4
+EXIT_BELOW_PASS_LINE = 6  # (5 is the smoke test's "not on the fabric")
+# nccl-tests aligns each rank's element count down to 16 bytes (4 floats); a message too small for that is a size-0
+# row with 0 GB/s, which its average counts: so do the rows here, to compare with Google's averages.
+ALIGN_ELEMENTS = 4
+SPLIT = ("all_gather", "reduce_scatter")  # collectives whose message is split over the ranks
+
+
+class PassLine(NamedTuple):
+    """The average bus bandwidth `benchmark` must reach over the message sizes min_bytes..max_bytes (doubling)."""
+
+    benchmark: str
+    gbps: float
+    min_bytes: int
+    max_bytes: int
+
+
+class Row(NamedTuple):
+    """One message size's result: its bus bandwidths in GB/s (out-of-place, and in-place in nccl-tests' lines)."""
+
+    size: int
+    busbw: tuple[float, ...]
 
 
 def parse_size(text: str) -> int:
@@ -41,14 +69,79 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * UNITS[(match.group(2) or "").upper()]
 
 
-def sizes(min_bytes: int, max_bytes: int, world: int) -> list[int]:
-    """Message sizes from min to max, doubling (nccl-tests -f 2), each a whole number of elements per rank."""
-    step = world * ELEMENT_BYTES
-    out, size = [], max(min_bytes, step)
+def nominal_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """min, 2 min, 4 min, ... up to max (nccl-tests -f 2), before alignment."""
+    out, size = [], max(min_bytes, 1)
     while size <= max_bytes:
-        out.append(size - size % step)
+        out.append(size)
         size *= 2
     return out
+
+
+def aligned(size: int, world: int, benchmark: str = "all_gather") -> int:
+    """The size nccl-tests runs for `size`: each rank's element count aligned down to ALIGN_ELEMENTS (0: too small)."""
+    step = ELEMENT_BYTES * ALIGN_ELEMENTS * (world if benchmark in SPLIT else 1)
+    return size - size % step
+
+
+def sizes(min_bytes: int, max_bytes: int, world: int, benchmark: str = "all_gather") -> list[int]:
+    """Message sizes from min to max, doubling, each a whole number of aligned elements per rank (or 0)."""
+    return [aligned(size, world, benchmark) for size in nominal_sizes(min_bytes, max_bytes)]
+
+
+def sweep(benchmark: str, configured: tuple[int, int], line: PassLine | None,
+          world: int) -> list[tuple[int, bool, bool]]:
+    """(size, in the configured range, in the pass line's range) for every size measured: the pass line's collective
+    also over the line's sizes, so its average is taken over the same sizes as Google's."""
+    mine = set(nominal_sizes(*configured))
+    judged = set(nominal_sizes(line.min_bytes, line.max_bytes)) if line and line.benchmark == benchmark else set()
+    return [(aligned(n, world, benchmark), n in mine, n in judged) for n in sorted(mine | judged)]
+
+
+def row_line(size: int, seconds: float, algbw: float, busbw: float) -> str:
+    return (f"{size:>14} {size // ELEMENT_BYTES:>12} {'float':>6} {seconds * 1e6:>10.1f} "
+            f"{algbw:>12.2f} {busbw:>12.2f}")
+
+
+def parse_rows(lines: Iterable[str]) -> list[Row]:
+    """The result rows among output lines: nccl-tests' (size count type redop root, then time algbw busbw #wrong
+    out-of-place and in-place) and this script's (size count type time algbw busbw); other lines are skipped."""
+    busbw_columns = {13: (7, 11), 6: (5,)}
+    rows = []
+    for line in lines:
+        fields = line.split()
+        columns = busbw_columns.get(len(fields))
+        if columns is None or not (fields[0].isdigit() and fields[1].isdigit()) or fields[2].isdigit():
+            continue
+        try:
+            rows.append(Row(int(fields[0]), tuple(float(fields[c]) for c in columns)))
+        except ValueError:
+            continue
+    return rows
+
+
+def average_busbw(rows: Sequence[Row]) -> float | None:
+    """nccl-tests' "Avg bus bandwidth": the mean of every busbw it printed (each size, out-of-place and in-place)."""
+    values = [bw for row in rows for bw in row.busbw]
+    return sum(values) / len(values) if values else None
+
+
+def judge(rows: Sequence[Row], line: PassLine, note: str = "") -> tuple[bool, str]:
+    """(passed, one line for the log): the rows' average bus bandwidth against the pass line."""
+    average = average_busbw(rows)
+    source = f" ({note})" if note else ""
+    if average is None:
+        return False, (f"no {line.benchmark} result from {line.min_bytes} to {line.max_bytes} bytes to judge against "
+                       f"the pass line of {line.gbps:g} GB/s{source}")
+    ok = average >= line.gbps
+    largest = rows[-1]
+    text = (f"{line.benchmark} average bus bandwidth {average:.2f} GB/s over {len(rows)} message sizes from "
+            f"{rows[0].size} to {largest.size} bytes, pass line {line.gbps:g} GB/s: "
+            f"{'passed' if ok else 'FAILED'}; at {largest.size} bytes {max(largest.busbw):.2f} GB/s{source}")
+    if not ok:
+        text += (". The fabric is slower than Google measures these machines: the training that waits for this test "
+                 "is not started (README, 'NCCL test: the first thing to run on a new pool')")
+    return ok, text
 
 
 def bus_factor(benchmark: str, world: int) -> float:
@@ -91,6 +184,22 @@ def check_nccl(ran: str, expected: str | None, minimum: str | None, qualified: s
     return ok, f"NCCL {ran}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def parse_pass_line(text: str) -> PassLine:
+    """`all_gather:30:8:8Gi` (the stack's --pass-line, data/gpu_fabric.yaml) -> PassLine."""
+    parts = text.split(":")
+    try:
+        if len(parts) != 4 or parts[0] not in BENCHMARKS:
+            raise ValueError
+        line = PassLine(parts[0], float(parts[1]), parse_size(parts[2]), parse_size(parts[3]))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(
+            f"expected BENCHMARK:GBPS:MIN:MAX such as all_gather:30:8:8Gi (BENCHMARK one of {', '.join(BENCHMARKS)}), "
+            f"got {text!r}") from None
+    if line.gbps <= 0 or line.min_bytes > line.max_bytes:
+        raise argparse.ArgumentTypeError(f"a pass line needs GBPS > 0 and MIN <= MAX, got {text!r}")
+    return line
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--benchmarks", default="all_gather,all_reduce",
@@ -102,6 +211,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--expect-nccl", help="the NCCL the image ships (fail on another)")
     parser.add_argument("--min-nccl", help="the oldest NCCL the fabric's plugin works with (fail below)")
     parser.add_argument("--qualified-nccl", help="the NCCL Google qualifies the fabric's plugin with (reported)")
+    parser.add_argument("--pass-line", type=parse_pass_line,
+                        help="BENCHMARK:GBPS:MIN:MAX: fail when BENCHMARK's average bus bandwidth over MIN..MAX is "
+                             "below GBPS")
+    parser.add_argument("--pass-line-note", default="", help="where the pass line comes from (for the log)")
     args = parser.parse_args(argv)
     args.benchmarks = [b for b in args.benchmarks.split(",") if b]
     unknown = [b for b in args.benchmarks if b not in BENCHMARKS]
@@ -187,24 +300,33 @@ def _run(args: argparse.Namespace, torch, dist, net, want: Sequence[str], log: s
             print(f"# nccl_bench: {line}", flush=True)
     if rank == 0:
         print(f"# nccl_bench: {world} ranks on {nodes} node(s), {nccl_line}", flush=True)
-    for benchmark in args.benchmarks:
-        busbws = []
+    line: PassLine | None = getattr(args, "pass_line", None)
+    passed = True
+    for benchmark in [*args.benchmarks, *([line.benchmark] if line and line.benchmark not in args.benchmarks else [])]:
+        mine, judged = [], []
         if rank == 0:
             print(f"# {benchmark}\n#{'size':>13} {'count':>12} {'type':>6} {'time(us)':>10} "
                   f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12}")
-        for size in sizes(args.min_bytes, args.max_bytes, world):
-            seconds = _time(torch, dist, benchmark, size, world, args.iters, args.warmup)
-            algbw, busbw = bandwidth(benchmark, size, seconds, world)
-            busbws.append(busbw)
+        for size, configured, in_line in sweep(benchmark, (args.min_bytes, args.max_bytes), line, world):
+            seconds = _time(torch, dist, benchmark, size, world, args.iters, args.warmup) if size else 0.0
+            algbw, busbw = bandwidth(benchmark, size, seconds, world) if size else (0.0, 0.0)
+            text = row_line(size, seconds, algbw, busbw)
+            mine += [text] if configured else []
+            judged += [text] if in_line else []
             if rank == 0:
-                print(f"{size:>14} {size // ELEMENT_BYTES:>12} {'float':>6} {seconds * 1e6:>10.1f} "
-                      f"{algbw:>12.2f} {busbw:>12.2f}", flush=True)
-        if rank == 0 and busbws:
-            print(f"# {benchmark} Avg bus bandwidth    : {sum(busbws) / len(busbws):.2f} GB/s")
-            print(f"# {benchmark} bus bandwidth at {sizes(args.min_bytes, args.max_bytes, world)[-1]} bytes: "
-                  f"{busbws[-1]:.2f} GB/s", flush=True)
+                print(text, flush=True)
+        rows = parse_rows(mine)
+        if rank == 0 and rows:
+            print(f"# {benchmark} Avg bus bandwidth    : {average_busbw(rows):.2f} GB/s")
+            print(f"# {benchmark} bus bandwidth at {rows[-1].size} bytes: {rows[-1].busbw[0]:.2f} GB/s", flush=True)
+        if line and benchmark == line.benchmark and rank == 0:
+            passed, verdict = judge(parse_rows(judged), line, getattr(args, "pass_line_note", ""))
+            print(f"# nccl_bench: {verdict}", file=sys.stdout if passed else sys.stderr, flush=True)
+    # Rank 0 judged: every rank learns the verdict, so every pod of the Job fails together.
+    failed = torch.zeros(1, device="cuda").fill_(0.0 if passed else 1.0)
+    dist.all_reduce(failed)
     dist.destroy_process_group()
-    return 0
+    return EXIT_BELOW_PASS_LINE if failed.item() > 0 else 0
 
 
 if __name__ == "__main__":
