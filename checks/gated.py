@@ -8,6 +8,7 @@ model ids its pods download (`hub_models`); without `hfToken` a gated one is ref
 from __future__ import annotations
 
 from checks.common import Check, at
+from model.config import secret_ways
 from model.gated_models import gated_family
 from model.types import StackConfig
 
@@ -27,8 +28,8 @@ def check_gated_models_have_a_token(m: StackConfig) -> list[str]:
                 f"{at('workloads', name, *key)}: {model_id} is gated on Hugging Face (data/gated_models.yaml: "
                 f"{family.family}) and the stack has no hfToken, so the download would fail with 401 and the "
                 f"pod crash-loop. Accept the model's terms at https://huggingface.co/{model_id} with your account, "
-                "then `pulumi config set --secret hfToken hf_...` (a read token of that account); or use a model "
-                f"that is not gated, e.g. {OPEN_EXAMPLE}")
+                f"then give the stack a read token of that account: {secret_ways('hfToken')}; or use a model that "
+                f"is not gated, e.g. {OPEN_EXAMPLE}")
     return problems
 
 

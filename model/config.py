@@ -86,24 +86,74 @@ def read_raw(cfg: dict[str, Any], secret_keys: set[str], problems: list[str]) ->
             problems.append(f"{key}: unknown key{_suggest(key, list(props))}")
             continue
         if props[key].get("x-secret") and full_key not in secret_keys:
-            problems.append(f"{key}: must be a secret; set it with `pulumi config set --secret {key}`")
+            problems.append(f"{key}: must be a secret, not plain text in the stack file; {secret_ways(key)}")
         if props[key].get("x-secret") and value == "":
             problems.append(f"{key}: is empty; set it, or remove it with `pulumi config rm {key}`")
         raw[key] = _decode(key, value, props[key], problems)
     return raw
 
 
+def secret_keys_of_schema() -> list[str]:
+    """The top-level keys that hold a secret (`x-secret`): hfToken, kubeconfig, registryPassword."""
+    return [key for key, prop in schema()["properties"].items() if prop.get("x-secret")]
+
+
+def secret_ways(key: str) -> str:
+    """Both ways to set a secret key: the Pulumi CLI's, and the stack file's offline form, which `make preview`
+    takes without the CLI (preview/engine.py reads any `{secure: ...}` value as a secret it never decrypts)."""
+    example = schema()["properties"][key].get("x-secret-example", "<value>")
+    return (f"set it with `pulumi config set --secret {key} {example}`, or, to preview without the Pulumi CLI, "
+            f"write `{PROJECT}:{key}: {{secure: <any text>}}` under `config:` in the stack file (the preview never "
+            f"reads the value; `pulumi up` needs the one `pulumi config set --secret` encrypts)")
+
+
+def misplaced_secret(path: list[Any], key: str) -> str:
+    """A top-level secret key written inside another key (`hfToken` under a workload): where it belongs."""
+    where = "a workload's" if len(path) == 2 and path[0] == "workloads" else f"`{key_path(path)}`'s"
+    return (f"{key_path([*path, key])}: {key} is a top-level key of the stack (one for all its workloads), not "
+            f"{where}; {secret_ways(key)}")
+
+
+def _nested_secret_keys(value: Any, path: list[Any], names: list[str]) -> list[str]:
+    """Where a top-level secret key's name appears inside a value (its paths' messages; never the value)."""
+    found: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found += [misplaced_secret(path, k)] if k in names else _nested_secret_keys(v, [*path, k], names)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found += _nested_secret_keys(v, [*path, i], names)
+    return found
+
+
 def plain_keys_set_as_secrets(cfg: dict[str, Any], secret_keys: set[str]) -> list[str]:
     """A secret anywhere in a key marks the whole key secret, but only hfToken and kubeconfig stay secret on
     their way to the cloud: any other value would land in plain text in resource inputs, plans and manifests.
-    Refused before anything else, so no message ever repeats such a value."""
+    Refused before anything else, so no message ever repeats such a value. A secret key of the stack written
+    inside another key (`workloads.tune.hfToken`) is told where it belongs."""
     props = schema()["properties"]
     prefix = f"{PROJECT}:"
-    return [f"{key[len(prefix):]}: is set as a secret, but the stack would write it in plain text into the "
-            "resources it creates; only hfToken and kubeconfig are kept secret. Set it without --secret (or, for "
-            "a credential such as a proxy password, keep it out of the stack)"
-            for key in sorted(secret_keys)
-            if key.startswith(prefix) and key in cfg and not props.get(key[len(prefix):], {}).get("x-secret")]
+    problems = []
+    for key in sorted(secret_keys):
+        name = key[len(prefix):]
+        if not key.startswith(prefix) or key not in cfg or props.get(name, {}).get("x-secret"):
+            continue
+        misplaced = _nested_secret_keys(_json_or_none(cfg[key]), [name], secret_keys_of_schema())
+        problems += misplaced or [
+            f"{name}: is set as a secret, but the stack would write it in plain text into the resources it "
+            "creates; only hfToken and kubeconfig are kept secret. Set it without --secret (or, for a credential "
+            "such as a proxy password, keep it out of the stack)"]
+    return problems
+
+
+def _json_or_none(value: Any) -> Any:
+    """An engine config value as its object or list (objects arrive JSON-encoded); None for anything else."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return None
 
 
 def kind_branches(node: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -178,7 +228,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
         kind = error.schema.get("x-kind")
         describe = (lambda extra: _not_of_kind(extra, kind, known)) if kind else \
             (lambda extra: f"unknown key{_suggest(extra, known)}")
-        return "\n".join(f"{key_path([*path, extra])}: {describe(extra)}" for extra in extras)
+        secrets = secret_keys_of_schema()
+        return "\n".join(misplaced_secret(path, extra) if extra in secrets else
+                         f"{key_path([*path, extra])}: {describe(extra)}" for extra in extras)
     if error.validator == "required":
         missing = error.message.split("'")[1]
         return f"{key_path([*path, missing])}: required key is missing"
@@ -209,7 +261,7 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 # The validator's packages: their installed versions are part of a verdict's cache key.
 VALIDATOR_PACKAGES = ("jsonschema", "jsonschema_specifications", "referencing", "rpds_py")
-SECRET_SCHEMA_KEYS = {"type", "x-secret", "description"}
+SECRET_SCHEMA_KEYS = {"type", "x-secret", "x-secret-example", "description"}  # none constrains the value
 
 
 @functools.cache

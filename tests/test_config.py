@@ -223,8 +223,9 @@ def test_prebuilt_image_must_be_pinned() -> None:
 
 
 def test_hf_token_must_be_a_secret() -> None:
-    assert only(problems("dev", {"hfToken": "hf_plain"})) == (
-        "hfToken: must be a secret; set it with `pulumi config set --secret hfToken`")
+    assert only(problems("dev", {"hfToken": "hf_plain"})).startswith(
+        "hfToken: must be a secret, not plain text in the stack file; set it with `pulumi config set --secret "
+        "hfToken hf_...`")  # the whole message: tests/test_first_hour_again.py
     assert problems("dev", {"hfToken": {"secure": "v1:abc"}}) == []
 
 

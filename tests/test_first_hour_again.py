@@ -4,6 +4,8 @@ sources and Google's docs, never from the code under test."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 from conftest import PROJECT_DIR, changed, config_model, problems, stack_run, yaml_load
@@ -11,6 +13,7 @@ from conftest import PROJECT_DIR, changed, config_model, problems, stack_run, ya
 from planner import cost
 from planner.__main__ import main as planner_main
 from preview import summary
+from preview.__main__ import main as preview_main
 from preview.sections import serving
 
 # --- item 4: the small ones ---------------------------------------------------------------------------------------
@@ -96,3 +99,58 @@ def test_a_stack_outside_the_priced_regions_says_whose_prices_it_shows() -> None
     central = cost.stack_costs(config_model(changed("finetune")))
     assert (central["prices"], "pricedAs" in central) == ("us-central1 list prices", False)
     assert "(list-price estimates; see Estimated cost)." in cost.headline(central)
+
+
+# --- item 2: secrets offline ---------------------------------------------------------------------------------------
+
+# Both ways to set a secret, as every message about one says them.
+TOKEN_WAYS = ("set it with `pulumi config set --secret hfToken hf_...`, or, to preview without the Pulumi CLI, write "
+              "`deepspeed-stack:hfToken: {secure: <any text>}` under `config:` in the stack file (the preview never "
+              "reads the value; `pulumi up` needs the one `pulumi config set --secret` encrypts)")
+
+
+def test_a_plain_text_token_names_both_ways_to_set_it() -> None:
+    """Was: "set it with `pulumi config set --secret`", which needs the Pulumi CLI the offline preview does without."""
+    assert problems("finetune", {"hfToken": "hf_plain"}) == [
+        f"hfToken: must be a secret, not plain text in the stack file; {TOKEN_WAYS}"]
+
+
+@pytest.mark.parametrize("value", ["hf_plain", {"secure": "v1:planted"}])
+def test_a_token_under_a_workload_is_told_it_is_a_top_level_key(value: object) -> None:
+    """Was "unknown key; did you mean `hfHome`?" (plain), or "workloads: is set as a secret, but the stack would
+    write it in plain text" (`pulumi config set --secret --path workloads.tune.hfToken`)."""
+    assert problems("finetune", {"workloads.tune.hfToken": value}) == [
+        "workloads.tune.hfToken: hfToken is a top-level key of the stack (one for all its workloads), not a "
+        f"workload's; {TOKEN_WAYS}"]
+
+
+def test_kubeconfig_elsewhere_shows_its_own_command() -> None:
+    assert problems("gaudi", {"kubernetes.kubeconfig": "apiVersion: v1"}) == [
+        "kubernetes.kubeconfig: kubeconfig is a top-level key of the stack (one for all its workloads), not "
+        "`kubernetes`'s; set it with `pulumi config set --secret kubeconfig \"$(cat ~/.kube/config)\"`, or, to "
+        "preview without the Pulumi CLI, write `deepspeed-stack:kubeconfig: {secure: <any text>}` under `config:` "
+        "in the stack file (the preview never reads the value; `pulumi up` needs the one `pulumi config set "
+        "--secret` encrypts)"]
+
+
+def test_a_gated_model_without_a_token_names_both_ways() -> None:
+    (found,) = problems("finetune", {"workloads.tune.finetune.model": "meta-llama/Llama-3.1-8B-Instruct",
+                                     "workloads.chat.model.name": "Llama-3.1-8B",
+                                     "workloads.chat.model.batchSize": 4})
+    assert found.startswith("workloads.tune.finetune.model: meta-llama/Llama-3.1-8B-Instruct is gated")
+    assert f"give the stack a read token of that account: {TOKEN_WAYS}; or use a model" in found
+
+
+def test_the_offline_form_as_the_messages_write_it_previews(tmp_path: Path) -> None:
+    """The line the messages give, pasted under `config:` of a gated stack, previews with `make preview`."""
+    text = (PROJECT_DIR / "Pulumi.finetune.yaml").read_text(encoding="utf-8")
+    text = text.replace("model: Qwen/Qwen2.5-7B-Instruct", "model: meta-llama/Llama-3.1-8B-Instruct")
+    # As the recipe's comment says for Llama: the server's model and a batch of 4 (its KV cache is twice Qwen's).
+    text = text.replace("        name: Qwen2.5-7B\n", "        name: Llama-3.1-8B\n")
+    text = text.replace("batchSize: 8", "batchSize: 4")
+    gated = tmp_path / "Pulumi.gated.yaml"
+    gated.write_text(text, encoding="utf-8")
+    assert preview_main(["--stack", "gated", "--stack-file", str(gated), "--out", str(tmp_path / "out")]) == 2
+    gated.write_text(text.replace("config:\n", "config:\n  deepspeed-stack:hfToken: {secure: <any text>}\n", 1),
+                     encoding="utf-8")
+    assert preview_main(["--stack", "gated", "--stack-file", str(gated), "--out", str(tmp_path / "out")]) == 0
