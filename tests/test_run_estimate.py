@@ -305,3 +305,14 @@ def test_write_puts_the_tokens_in_the_stack_and_its_header_agrees_with_the_previ
     assert (f"Estimated run: 30,000,000 tokens (TOKENS=10,000,000 x 3 epoch(s)): about 8.2–18 h, "
             f"${on_demand['fast']:,.2f}–${on_demand['slow']:,.2f} per run on-demand, ${spot['fast']:,.2f}–"
             f"${spot['slow']:,.2f} spot") in header
+
+
+def test_dataset_tokens_with_max_steps_warn_unread() -> None:
+    import checks
+    tune = "workloads.tune.finetune"
+    with_steps = {f"{tune}.epochs": DELETE, f"{tune}.maxSteps": 100}
+    assert checks.warnings(config_model(changed("finetune"))) == []  # epochs: read
+    assert checks.warnings(config_model(changed("finetune", with_steps))) == [
+        f"{tune}.datasetTokens: not used: with {tune}.maxSteps the run trains maxSteps x the global batch x "
+        "sequenceLength tokens, what the preview's estimate counts"]
+    assert checks.warnings(config_model(changed("finetune", {**with_steps, f"{tune}.datasetTokens": DELETE}))) == []

@@ -159,6 +159,16 @@ def warn_lora_unused(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
             "every parameter trains and no adapter is made" for key in changed_keys(lora, defaults, ("enabled",))]
 
 
+def warn_dataset_tokens_unread(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """`datasetTokens` counts the tokens of `epochs` passes; with `maxSteps` the run trains maxSteps x the global
+    batch, and the estimate reads that instead (planner/run_estimate.py)."""
+    f = w.finetune
+    if f.dataset_tokens is None or f.max_steps is None:
+        return []
+    return [f"{_key(w, 'finetune', 'datasetTokens')}: not used: with {_key(w, 'finetune', 'maxSteps')} the run "
+            "trains maxSteps x the global batch x sequenceLength tokens, what the preview's estimate counts"]
+
+
 def warn_command_replaces_finetune_keys(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
     """`launch.command` replaces the DeepSpeed command line, the one that passes the `finetune` keys."""
     if not w.launch.command:
@@ -249,5 +259,5 @@ KIND: Kind[FinetuneWorkloadConfig] = Kind(
            check_text_field_or_prompt, check_model_sequence_length, check_lora_combination,
            check_bucket_model_shape, check_sized_as_training, check_launch, check_mpijob_name, check_mpijob_storage),
     build=build,
-    warnings=(warn_lora_unused, warn_command_replaces_finetune_keys),
+    warnings=(warn_lora_unused, warn_command_replaces_finetune_keys, warn_dataset_tokens_unread),
 )
