@@ -142,6 +142,8 @@ def test_the_interval_says_it_is_minutes_and_which_flags_take_steps(prod: RunRes
     assert "It is in minutes, and no flag takes minutes: the scripts' `--checkpoint-every` (CHECKPOINT_EVERY_STEPS;" \
            " the fine-tune script's `--save-steps`) takes steps" in body
     assert "Steps = minutes x 60 / seconds per step" in body
+    # GKE's Spot VMs page: 30 s of notice, the first 15 s for non-system pods.
+    assert "A Spot VM stops 30 s after its notice and its pods get the first 15 s of it" in body
 
 
 def test_preview_section_absent_without_a_recovery_output() -> None:

@@ -54,6 +54,7 @@ def section(run: RunResult) -> list[Section]:
             "minutes: the scripts' `--checkpoint-every` (CHECKPOINT_EVERY_STEPS; the fine-tune script's "
             "`--save-steps`) takes steps, and a step's time is not known before a run. Steps = minutes x 60 / "
             "seconds per step; the smoke test's SMOKE_TEST_RESULT line gives it as micro_batch_per_gpu x "
-            "world_size / total_samples_per_second. A Spot VM stops about "
-            f"{recovery.SPOT_NOTICE_SECONDS} s after its notice whatever the grace period; a drain honours it.")
+            f"world_size / total_samples_per_second. A Spot VM stops {recovery.SPOT_NOTICE_SECONDS} s after its "
+            f"notice and its pods get the first {recovery.SPOT_USABLE_SECONDS} s of it, whatever their grace period; "
+            "a drain honours the grace period. Either way the workers' preStop hook passes the notice to the ranks.")
     return [("Preemption recovery", "\n".join(rows) + "\n\n" + flagged + ("\n" if flags else "") + note)]
