@@ -91,6 +91,19 @@ def yaml_load(stream: Any) -> Any:
     return yaml.load(stream, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+def load_file(path: Path, name: str) -> Any:
+    """A Python file of the project (a script, an e2e module) as a module named `name`, registered in sys.modules
+    (dataclasses look their module up there). The scripts import only the standard library above `main`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def reference(*parts: str) -> Path:
     """A file under ../shared/reference, or skip: the references are read in place, never copied."""
     path = SHARED.joinpath(*parts)

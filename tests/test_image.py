@@ -6,7 +6,6 @@ scripts run under bash in subprocesses, and smoke_test.py's helpers are imported
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -19,6 +18,7 @@ from types import ModuleType
 
 import msgspec
 import pytest
+from conftest import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_DIR = ROOT / "workloads" / "images" / "deepspeed"
@@ -351,11 +351,7 @@ def test_scripts_are_executable(parsed: list[tuple[str, str]]) -> None:
 @pytest.fixture(scope="module")
 def smoke() -> ModuleType:
     already = {name for name in ("torch", "deepspeed") if name in sys.modules}
-    spec = importlib.util.spec_from_file_location("deepspeed_smoke_test", SMOKE_TEST)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+    module = load_file(SMOKE_TEST, "deepspeed_smoke_test")
     for name in ("torch", "deepspeed"):
         assert name in already or name not in sys.modules, f"smoke_test.py imports {name} at module level"
     return module

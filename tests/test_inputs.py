@@ -6,18 +6,16 @@ under test."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DELETE, problems
+from conftest import DELETE, load_file, problems
 
 from model.config import kind_branches, schema
 
@@ -191,11 +189,7 @@ UNRECOGNIZED = "(every rank would stop with \"unrecognized arguments\"); its fla
 
 def _script_module(name: str) -> Any:
     """A project script as a module (above `main` it imports the standard library only)."""
-    spec = importlib.util.spec_from_file_location(f"deepspeed_stack_test_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPTS / f"{name}.py", f"deepspeed_stack_test_{name}")
 
 
 def _accepts(parse: Callable[[list[str]], Any], argv: list[str]) -> bool:

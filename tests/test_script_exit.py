@@ -9,14 +9,13 @@ used) with an atexit handler standing for the teardown: it must not run, and the
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROJECT_DIR
+from conftest import PROJECT_DIR, load_file
 
 SCRIPTS = PROJECT_DIR / "workloads" / "scripts"
 TEARDOWN = "TEARDOWN-RAN"
@@ -34,12 +33,7 @@ def _run_as_main(script: Path, *args: str, env: dict[str, str] | None = None,
 
 
 def _finetune() -> Any:
-    spec = importlib.util.spec_from_file_location("finetune_exit_under_test", SCRIPTS / "finetune.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPTS / "finetune.py", "finetune_exit_under_test")
 
 
 def test_finetune_help_reaches_a_pipe_and_the_teardown_never_runs() -> None:

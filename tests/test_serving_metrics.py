@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-from conftest import PROJECT_DIR, changed, config_model, problems, stack_run, validate_json
+from conftest import PROJECT_DIR, changed, config_model, load_file, problems, stack_run, validate_json
 
 from checks import warnings
 from preview import engine, manifests
@@ -220,16 +220,10 @@ def test_vllm_exports_the_gauges_the_autoscaler_reads() -> None:
 
 
 def _e2e_run() -> Any:
-    import importlib.util
     import sys
 
     sys.path.insert(0, str(PROJECT_DIR / "e2e"))
-    spec = importlib.util.spec_from_file_location("e2e_run_metrics", PROJECT_DIR / "e2e" / "run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(PROJECT_DIR / "e2e" / "run.py", "e2e_run_metrics")
 
 
 def test_make_e2e_checks_the_gauges_on_a_served_model() -> None:

@@ -3,7 +3,6 @@ stubbed in a subprocess), and the launcher-variable and checkpoint helpers the e
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE_TEST = ROOT / "workloads" / "scripts" / "smoke_test.py"
@@ -105,12 +105,7 @@ def test_bad_launcher_variables_exit_2_before_torch(stub_path: Path, tmp_path: P
 
 @pytest.fixture(scope="module")
 def smoke() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("deepspeed_smoke_test_run", SMOKE_TEST)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SMOKE_TEST, "deepspeed_smoke_test_run")
 
 
 def test_rank_env_from_the_deepspeed_launcher(smoke: ModuleType) -> None:

@@ -7,7 +7,6 @@ SIGTERM handler SIGKILLs its ranks 30 s later) and wait for their save, inside t
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROJECT_DIR, stack_run
+from conftest import PROJECT_DIR, load_file, stack_run
 
 SCRIPT = PROJECT_DIR / "workloads" / "scripts" / "stop_ranks.py"
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
@@ -26,11 +25,7 @@ GRACE = 120  # workloads/recovery.py TERMINATION_GRACE_SECONDS, restated: the po
 
 
 def _hook() -> Any:
-    spec = importlib.util.spec_from_file_location("stop_ranks_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPT, "stop_ranks_under_test")
 
 
 POD_NET = "net:[4026532801]"

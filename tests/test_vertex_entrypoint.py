@@ -4,7 +4,6 @@ vertex_start.sh driven with stand-ins for deepspeed, sshd, ssh and nvidia-smi (n
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
@@ -16,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_DIR = ROOT / "workloads" / "images" / "deepspeed"
@@ -43,12 +43,7 @@ TWO_POOLS = spec()
 
 @pytest.fixture(scope="module")
 def vc() -> ModuleType:
-    module_spec = importlib.util.spec_from_file_location("vertex_cluster", CLUSTER_PY)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module  # dataclasses look their module up there
-    module_spec.loader.exec_module(module)
-    return module
+    return load_file(CLUSTER_PY, "vertex_cluster")
 
 
 # --------------------------------------------------------------------------------------------
