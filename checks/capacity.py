@@ -6,7 +6,7 @@ Facts (minimum versions, the 7-day limit, the queued taint) come from data/capac
 
 from __future__ import annotations
 
-from checks.common import Check, at
+from checks.common import Check, at, or_list
 from model import capacity
 from model.types import NodePoolConfig, StackConfig
 
@@ -117,6 +117,27 @@ def check_queued_pool_workloads(m: StackConfig) -> list[str]:
             problems.append(f"{at('workloads', name, 'kind')}: {w.kind} workloads are not queued by Kueue, so "
                             f"nothing would request nodes of queued-provisioning pool {pool.name}; use kind: mpijob "
                             "or a pool without queued provisioning")
+    return problems
+
+
+def check_queued_pool_nccl_tests(m: StackConfig) -> list[str]:
+    """An NCCL test is a plain Job, which Kueue does not queue here (it queues MPIJobs), so no ProvisioningRequest
+    would ever ask for a queued-provisioning pool's nodes: the Job would wait out its deadline, and the training
+    gated on it (workloads/first_up.py) would never be created. The rule a workload meets there, for the test."""
+    problems = []
+    for name, t in m.nccl_tests.items():
+        for i, pool_name in enumerate(t.pools):
+            pool = m.pool(pool_name)
+            if pool is not None and pool.queued_provisioning:
+                others = [p.name for p in m.node_pools if not p.queued_provisioning
+                          and p.machine_type == pool.machine_type]
+                instead = or_list(others) if others else "e.g. a reservation or on-demand pool"
+                problems.append(
+                    f"{at('ncclTests', name, 'pools', i)}: {pool.name} has queued provisioning, whose nodes come "
+                    "only for a ProvisioningRequest Kueue makes for a queued MPIJob; the NCCL test is a plain Job "
+                    "Kueue does not queue, so nothing would ever request its nodes and it would wait out its "
+                    "deadline. Test a pool of the same machine type without queued provisioning "
+                    f"({instead}): same fabric, same pass line")
     return problems
 
 
@@ -252,6 +273,7 @@ CHECKS: list[Check] = [
     check_compact_placement_capacity,
     check_queued_pools_have_kueue,
     check_queued_pool_workloads,
+    check_queued_pool_nccl_tests,
     check_kueue_target,
     check_fallback_pool,
     check_compute_class_version,

@@ -383,3 +383,16 @@ def test_helm_workload_on_a_queued_pool_is_refused() -> None:
     found = dws_problems({"workloads.finetune.pool": "h100-dws", "workloads.finetune.fallbackPool": DELETE})
     assert "workloads.finetune.kind: helm workloads are not queued by Kueue, so nothing would request nodes of " \
            "queued-provisioning pool h100-dws; use kind: mpijob or a pool without queued provisioning" in found
+
+
+def test_nccl_test_on_a_queued_pool_is_refused() -> None:
+    """Issue 31.5: the test's Job is not queued by Kueue, so a queued-provisioning pool never gets nodes for it (the
+    rule a helm or serve workload on that pool meets, above); the reserved pool of the same machines is fine."""
+    tests = {"bandwidth": {"pools": ["h100-reserved", "h100-dws"], "nodes": 2}}
+    found = dws_problems({"ncclTests": tests})
+    assert found == [
+        "ncclTests.bandwidth.pools[1]: h100-dws has queued provisioning, whose nodes come only for a "
+        "ProvisioningRequest Kueue makes for a queued MPIJob; the NCCL test is a plain Job Kueue does not queue, so "
+        "nothing would ever request its nodes and it would wait out its deadline. Test a pool of the same machine type "
+        "without queued provisioning (h100-reserved): same fabric, same pass line"]
+    assert dws_problems({"ncclTests": {"bandwidth": {"pools": ["h100-reserved"], "nodes": 2}}}) == []
