@@ -2,7 +2,8 @@
 
 Meta's Llama, Mistral's and Google's Gemma repos ask each account to accept their terms; a pod that downloads one
 without a token gets 401 and crash-loops (data/gated_models.yaml, with sources). A workload's kind says which
-model ids its pods download (`hub_models`); without `hfToken` a gated one is refused before anything is created.
+model ids its pods download (`hub_models`: the kind's model keys, and the ids its script's arguments name); without
+`hfToken` a gated one is refused before anything is created.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from checks.common import Check, at
 from model.config import secret_ways
 from model.gated_models import gated_family
 from model.types import StackConfig
+from model.workload_types import hub_ids
 
 OPEN_EXAMPLE = "Qwen/Qwen2.5-7B-Instruct"  # Apache-2.0, not gated; its shape is in data/models.yaml
 
@@ -24,13 +26,28 @@ def check_gated_models_have_a_token(m: StackConfig) -> list[str]:
             family = gated_family(model_id)
             if family is None:
                 continue
+            # A script's argument may be a folder (relative to its working directory) that happens to look like an id.
+            folder = (f" (if {model_id} is a folder, not a Hugging Face id, give its absolute path)"
+                      if key[0] == "launch" else "")
             problems.append(
                 f"{at('workloads', name, *key)}: {model_id} is gated on Hugging Face (data/gated_models.yaml: "
                 f"{family.family}) and the stack has no hfToken, so the download would fail with 401 and the "
                 f"pod crash-loop. Accept the model's terms at https://huggingface.co/{model_id} with your account, "
                 f"then give the stack a read token of that account: {secret_ways('hfToken')}; or use a model that "
-                f"is not gated, e.g. {OPEN_EXAMPLE}")
+                f"is not gated, e.g. {OPEN_EXAMPLE}{folder}")
     return problems
 
 
-CHECKS: list[Check] = [check_gated_models_have_a_token]
+def check_vertex_job_downloads_no_gated_model(m: StackConfig) -> list[str]:
+    """The Vertex AI job's script gets no Hugging Face token from the stack (hfToken reaches the GKE pods only), so a
+    gated id in its arguments fails with 401 whatever the stack holds."""
+    if not m.vertex.enabled:
+        return []
+    return [f"{at('vertex', 'launch', 'args', j)}: {model_id} is gated on Hugging Face (data/gated_models.yaml: "
+            f"{family.family}), and the stack gives the Vertex AI job no token (hfToken reaches the GKE pods only), "
+            "so its download would fail with 401. Copy the model into the stack's bucket and pass its "
+            f"/gcs/<bucket>/... folder, or use a model that is not gated, e.g. {OPEN_EXAMPLE}"
+            for j, model_id in hub_ids(m.vertex.launch.args) if (family := gated_family(model_id)) is not None]
+
+
+CHECKS: list[Check] = [check_gated_models_have_a_token, check_vertex_job_downloads_no_gated_model]

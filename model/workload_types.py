@@ -9,11 +9,27 @@ accelerator, whether it runs as an MPIJob, what it mounts), as properties, so no
 
 from __future__ import annotations
 
+import re
+import shlex
 from typing import ClassVar
 
 import msgspec
 
 GS_SCHEME = "gs://"  # a Cloud Storage URI: gs://BUCKET/PATH
+# A Hugging Face repo id: OWNER/NAME, each of letters, digits, '-', '_', '.' (huggingface_hub's validate_repo_id);
+# a path (/data/..., ./x, ../x) or a URL (gs://...) is none.
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def hub_ids(tokens: list[str]) -> list[tuple[int, str]]:
+    """(index, id) of each script argument that names a Hugging Face repo id, alone or as `--flag=ID`: a training
+    script given one downloads it (finetune.py's --model, and the `--model_name_or_path` of most others)."""
+    found = []
+    for j, token in enumerate(tokens):
+        value = token.split("=", 1)[1] if token.startswith("-") and "=" in token else token
+        if HUB_ID.fullmatch(value):
+            found.append((j, value))
+    return found
 
 
 class AcceleratorConfig(msgspec.Struct, frozen=True):
@@ -296,6 +312,18 @@ class DeepSpeedWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):
     def mount_paths(self) -> tuple[str, ...]:
         return (self.deepspeed.nvme_path,)
 
+    def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
+        """The Hugging Face ids its script's arguments name (`launch.args`, or the words of `launch.command`): what
+        `make gpus MODE=training` writes (`--model meta-llama/...`) downloads that model on every rank."""
+        found = [(("launch", "args", j), model_id) for j, model_id in hub_ids(self.launch.args)]
+        if self.launch.command:
+            try:
+                words = shlex.split(self.launch.command)
+            except ValueError:  # an unbalanced quote: the words as written
+                words = self.launch.command.split()
+            found += [(("launch", "command"), model_id) for _, model_id in hub_ids(words)]
+        return tuple(found)
+
 
 class HelmWorkloadConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
     """kind helm: the Bitnami DeepSpeed chart (a client and SSH workers) on a GKE pool."""
@@ -381,8 +409,9 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
         return self.on_gaudi and self.gaudi.install_at_start
 
     def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
-        # Only Omnia's Gaudi trainer (no launch.command) downloads `training.model`.
-        return ((("training", "model"), self.training.model),) if self.on_gaudi and not self.launch.command else ()
+        # Only Omnia's Gaudi trainer (no launch.command) downloads `training.model`; any script its arguments' ids.
+        trainer = ((("training", "model"), self.training.model),) if self.on_gaudi and not self.launch.command else ()
+        return (*trainer, *super().hub_models())
 
     @property
     def runs_stack_gaudi_image(self) -> bool:
@@ -409,7 +438,8 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
 
     def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
         """The Hugging Face model ids its pods download, with their keys (a gated one needs hfToken)."""
-        return ((("finetune", "model"), self.finetune.model),) if self.finetune.model else ()
+        given = ((("finetune", "model"), self.finetune.model),) if self.finetune.model else ()
+        return (*given, *super().hub_models())
 
     @property
     def exports_adapter(self) -> bool:

@@ -25,6 +25,7 @@ from model import catalog as gpu_catalog
 from model.config import ConfigError
 from model.gated_models import gated_family
 from model.suggest import did_you_mean
+from model.workload_types import hub_ids
 from planner import run_estimate, stack_writer
 from planner.cost import SERVING, TRAINING, stack_costs
 from planner.requests import mode_request
@@ -56,8 +57,11 @@ def gated_model(candidate: stack_writer.Candidate) -> str | None:
     """The gated Hugging Face id (data/gated_models.yaml) a candidate's workload downloads, if any."""
     for w in (candidate.config.get("deepspeed-stack:workloads") or {}).values():
         model_id = (w.get("serving") or {}).get("model") or (w.get("finetune") or {}).get("model")
-        if isinstance(model_id, str) and gated_family(model_id) is not None:
-            return model_id
+        # MODE=training's MPIJob names the model in its script's arguments (--model ID): downloaded as well.
+        ids = [model_id, *(found for _, found in hub_ids([str(a) for a in (w.get("launch") or {}).get("args") or []]))]
+        gated = [i for i in ids if isinstance(i, str) and gated_family(i) is not None]
+        if gated:
+            return gated[0]
     return None
 
 

@@ -67,3 +67,78 @@ def test_the_data_file_says_how_each_entry_is_known() -> None:
         assert e["status"] in ("confirmed", "assumed"), e
         assert e["seen"] or e["status"] == "assumed", e  # a confirmed family names the repos seen gated
         assert all(gated_family(s) is not None for s in e["seen"]), e
+
+
+# --- issue 31.5: a gated model anywhere a workload downloads it, script arguments included -----------------------
+
+LLAMA_70B = "meta-llama/Llama-3.1-70B"
+FOLDER_HINT = f" (if {LLAMA_70B} is a folder, not a Hugging Face id, give its absolute path)"
+
+
+def _finetune_py(args: list[str], **more: object) -> list[str]:
+    """The h100 MPIJob running finetune.py with `args`: its gated-model problems."""
+    changes = {"workloads.smoke.launch.script": "finetune.py", "workloads.smoke.launch.args": args, **more}
+    return [p for p in problems("h100", changes) if "is gated" in p]
+
+
+def test_a_gated_model_in_an_mpijobs_script_arguments_needs_the_token() -> None:
+    (msg,) = _finetune_py(["--model", LLAMA_70B, "--dataset", "/data/train.jsonl"])
+    assert msg.startswith(f"workloads.smoke.launch.args[1]: {LLAMA_70B} is gated on Hugging Face (data/"
+                          "gated_models.yaml: Meta Llama (Llama 2, Llama 3/3.1/3.2/3.3, Code Llama under meta-llama/)) "
+                          "and the stack has no hfToken")
+    assert msg.endswith(FOLDER_HINT)
+    (msg,) = _finetune_py([f"--model={LLAMA_70B}", "--dataset", "/data/train.jsonl"])
+    assert msg.startswith(f"workloads.smoke.launch.args[0]: {LLAMA_70B} is gated")
+    # With the token, a folder on the claim, or an open model: nothing to refuse.
+    assert _finetune_py(["--model", LLAMA_70B], **{"hfToken": {"secure": "v1:planted"}}) == []
+    assert _finetune_py(["--model", f"/data/{LLAMA_70B}", "--dataset", "/data/train.jsonl"]) == []
+    assert _finetune_py(["--model", "Qwen/Qwen2.5-72B", "--dataset", "/data/train.jsonl"]) == []
+
+
+def test_a_gated_model_in_a_launch_command_needs_the_token() -> None:
+    changes = {"workloads.smoke.launch.command": f"python /data/train.py --model_name_or_path '{LLAMA_70B}'",
+               "workloads.smoke.launch.args": DELETE}
+    (msg,) = [p for p in problems("h100", changes) if "is gated" in p]
+    assert msg.startswith(f"workloads.smoke.launch.command: {LLAMA_70B} is gated") and msg.endswith(FOLDER_HINT)
+
+
+def test_the_planners_training_stack_is_checked_with_the_token_it_asks_for() -> None:
+    """`make gpus MODEL=Llama-3.1-70B MODE=training` writes an MPIJob of finetune.py with `--model <id>`: the writer
+    knows it downloads a gated model (its header asks for hfToken, and it checks the plan as it will run), and the
+    plan as written, without the token, is refused at the argument."""
+    from conftest import config_problems
+
+    from planner import stack_writer
+    from planner.requests import mode_request
+    from planner.sizing import resolve
+    from preview import write_stack
+
+    request = mode_request(stack_writer.TRAINING, resolve("Llama-3.1-70B"))
+    candidate = stack_writer.candidates(request, "us-central1", "big", writer=stack_writer.TRAINING)[0]
+    (workload,) = candidate.config["deepspeed-stack:workloads"].values()
+    assert workload["launch"]["args"][:2] == ["--model", LLAMA_70B]
+    assert write_stack.gated_model(candidate) == LLAMA_70B
+    (name,) = candidate.config["deepspeed-stack:workloads"]
+    gated = [p for p in config_problems(candidate.config) if "is gated" in p]
+    assert [p.split(":")[0] for p in gated] == [f"workloads.{name}.launch.args[1]"]
+
+
+@pytest.mark.parametrize(("args", "ids"), [
+    (["--model", "meta-llama/Llama-3.1-70B", "--seq-len", "2048"], [(1, "meta-llama/Llama-3.1-70B")]),
+    (["--model_name_or_path=Qwen/Qwen2.5-7B"], [(0, "Qwen/Qwen2.5-7B")]),
+    (["--dataset", "/data/x/train.jsonl", "--out", "./a/b", "gs://bucket/x", "--lr", "1e-5"], []),
+])
+def test_what_counts_as_a_hugging_face_id_in_arguments(args: list[str], ids: list[tuple[int, str]]) -> None:
+    from model.workload_types import hub_ids
+
+    assert hub_ids(args) == ids
+
+
+def test_the_vertex_job_gets_no_token_so_a_gated_model_in_its_arguments_is_refused() -> None:
+    args = ["--model", LLAMA_70B]
+    (msg,) = problems("vertex", {"vertex.launch.args": args})
+    assert msg.startswith(f"vertex.launch.args[1]: {LLAMA_70B} is gated on Hugging Face (data/gated_models.yaml: "
+                          "Meta Llama") and "the stack gives the Vertex AI job no token" in msg
+    # hfToken does not reach it: still refused.
+    assert problems("vertex", {"vertex.launch.args": args, "hfToken": {"secure": "v1:planted"}}) == [msg]
+    assert problems("vertex", {"vertex.launch.args": ["--model", "/gcs/bucket/models/llama"]}) == []
