@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import re
 
-from checks.common import Check
+from checks.common import Check, at, or_list
 from checks.platform import machine_problems
 from components.storage import CHECKPOINT_PREFIX
 from model import catalog as gpu_catalog
+from model import network_pricing
 from model.config import schema
 from model.suggest import did_you_mean
 from model.types import StackConfig
 from model.validators import bucket_name_problem
+from planner.recovery import stack_recovery
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -126,8 +128,47 @@ def warn_existing_bucket_lifecycle(m: StackConfig) -> list[str]:
             f"`gcloud storage buckets describe gs://{bucket} --format='default(lifecycle_config)'`)"]
 
 
+def _bucket_readers(m: StackConfig) -> list[str]:
+    """Who reads and writes the stack's bucket from GPUs in gcp:region: NVIDIA workloads that mount it (GCS FUSE)
+    and the Vertex AI job (its /gcs mount)."""
+    readers = [at("workloads", name) for name, w in sorted(m.workloads.items()) if w.on_nvidia and w.gcs_fuse.enabled]
+    return readers + (["the Vertex AI job (/gcs)"] if m.vertex.enabled else [])
+
+
+def warn_bucket_region(m: StackConfig) -> list[str]:
+    """A bucket in another location than the GPUs still works, but every checkpoint written and every read crosses
+    regions: billed per GiB (data/network_pricing.yaml) and slower than the region's own. With a 70B model's full
+    checkpoint near 1 TB, that is a bill per save; the warning names the rate and each workload's checkpoint at it."""
+    location = m.storage.location
+    readers = _bucket_readers(m)
+    if not (m.storage.enabled and location and readers and m.region):
+        return []
+    prices = network_pricing.load()
+    move = prices.transfer(location, m.region)
+    if move.scope == "same":
+        return []
+    if move.per_gib is not None:
+        rate = (f"${move.per_gib:g} per GiB each way (Cloud Storage's data transfer between locations on one "
+                f"continent, data/network_pricing.yaml; an assumption until confirmed)")
+    else:
+        rate = (f"intercontinental rates ({move.bucket_continent or '?'} to {move.region_continent or '?'}: Cloud "
+                "Storage's general network table, more than within a continent; not kept in "
+                "data/network_pricing.yaml)")
+    sizes = {name: run["checkpointGb"] for name, run in stack_recovery(m, 0).items()
+             if m.workloads[name].gcs_fuse.enabled}
+    saves = [f"{name}'s ({gb:,.0f} GB) about ${gb * 1e9 / 2**30 * move.per_gib:,.2f}" if gb >= 10 else
+             f"{name}'s ({gb:.2g} GB) about ${gb * 1e9 / 2**30 * move.per_gib:,.2f}"
+             for name, gb in sizes.items()] if move.per_gib is not None else []
+    holding = [name for name in [*prices.dual_regions, *prices.multi_regions] if prices.contains(name, m.region)]
+    return [f"storage.location: the bucket is in {location} and the GPUs in {m.region}, so what mounts it "
+            f"({', '.join(readers)}) reads and writes across regions, at {rate} and at inter-region bandwidth"
+            + (f"; one checkpoint costs {', '.join(saves)} to write" if saves else "")
+            + f". Leave storage.location unset (the bucket then goes to {m.region}) or set {m.region}"
+            + (f" (or {or_list(holding)}, which contain it)" if holding else "")]
+
+
 def warnings(m: StackConfig) -> list[str]:
-    return warn_existing_bucket_lifecycle(m)
+    return warn_existing_bucket_lifecycle(m) + warn_bucket_region(m)
 
 
 def check_soft_delete_days(m: StackConfig) -> list[str]:
