@@ -14,7 +14,6 @@ Requires root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and the `ip`, `unshare` and `nse
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -77,7 +76,6 @@ class Cluster:
     shared_mounts: Mapping[str, Path] = field(default_factory=dict)  # mount point -> source, on every host
     prefix: str = field(default_factory=lambda: f"dse2e{os.getpid() % 100000}")
     hosts: list[Host] = field(default_factory=list)
-    _created_mount_points: list[Path] = field(default_factory=list)
     _namespaces: list[str] = field(default_factory=list)
 
     @property
@@ -203,10 +201,12 @@ class Cluster:
             time.sleep(0.05)
 
     def _mount_point(self, point: Path) -> None:
-        """A mount point the image has (/app, /job, /gcs): created empty when absent, removed at the end."""
-        if not point.exists():
-            point.mkdir(parents=True)
-            self._created_mount_points.append(point)
+        """A mount point the image has (/app, /job, /gcs): created empty when absent, and left there. Removing it
+        at the end detached every bind mount on it in other runs' hosts (since Linux 3.18 an rmdir of a mount
+        point in another mount namespace unmounts it there): two `make e2e` runs on one machine (CI beside a
+        session's, or two sessions') lost their bucket mid-run (vLLM: "Repo id must be in the form ..." for a
+        /gcs folder that had been there)."""
+        point.mkdir(parents=True, exist_ok=True)
 
     def bind(self, host: Host, source: Path, point: str) -> None:
         """Mount `source` at `point` inside one host only (a pod's own volume)."""
@@ -316,10 +316,6 @@ class Cluster:
         for ns in reversed(self._namespaces):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
         self._namespaces.clear()
-        for point in reversed(self._created_mount_points):
-            with contextlib.suppress(OSError):
-                point.rmdir()
-        self._created_mount_points.clear()
 
 
 def _repo_entry(private_dir: str) -> str | None:
