@@ -24,6 +24,12 @@ Three hosts (e2e/hosts.py) run the stack's own files, rendered by the stack's ow
           as the kubelet does, as in recovery), saved on SIGTERM, relaunched, resumed,
           exported to MODEL_DIR with its marker; then vLLM's CPU build serves MODEL_DIR and send_prompt.py's
           greedy completion must be transformers' greedy tokens.
+- adapters: two LoRA runs of the `finetune` kind at once (two workloads of the dev stack on one base, each its
+          own answer, one worker each) export adapter-only folders (each under 5 % of the model's bytes); one
+          vLLM CPU server, with the stack's base and LoRA flags, lists the base and both adapters, and each
+          adapter's greedy tokens are transformers + peft's; workloads/scripts/evaluate.py (lm-eval on 20 held-out
+          records) scores base vs tuned, equal to transformers' exact matches, into evals/<workload>/results.json,
+          and an impossible gate keeps the served adapter served.
 
 Run as root after e2e/install.sh (the Makefile's `e2e` target does both); skips with a reason where
 network namespaces are not permitted. Every launch runs under a timeout; every process and namespace
@@ -907,6 +913,256 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
             f"Phases: {phases.summary()}")
 
 
+# --- adapters: two LoRA runs served by one vLLM, the evaluation and its gate -----------------------------------
+
+EVALUATE = ROOT / "workloads" / "scripts" / "evaluate.py"
+LORA_LLM = Path(__file__).resolve().parent / "lora_llm.py"
+ADAPTER_INPUTS = "e2e-adapters"  # the base model, both data sets and the held-out task, in the bucket
+# Two finetune workloads on the same base, each taught its own one-word answer; the server serves `no` (its
+# serving.fromWorkload) and `yes` (serving.adapters), and `yes` is evaluated and gated.
+ADAPTER_ANSWERS = {"no": "no", "yes": "yes"}
+GATED = "yes"
+ADAPTER_STEPS, ADAPTER_SAVE_STEPS = 20, 10
+# Rank 2 on every linear layer: the tiny Llama's adapter is then 4.3 % of its weights (a real 7B's rank-16 adapter
+# is about 0.5 %: its embeddings dominate); vLLM holds it in --max-lora-rank 8, its smallest rank above 1.
+ADAPTER_DS = {**FINETUNE_DS, "learningRate": 0.05}
+ADAPTER_MAX_SHARE = 0.05  # an adapter's weights, at most this share of the (merged) model's
+TASK_RECORDS = 20
+# One token: the tiny model learns its answer's token (`yes` is one in its tokenizer) within a few steps, but not to
+# stop after it (its logits stay small: RMSNorm and the output head's small initialisation), so longer replies are
+# `yesyes...`; a user's task generates until a newline or --max-tokens (default 32).
+EVAL_MAX_TOKENS = 1
+IMPOSSIBLE_GATE = 1.0  # the candidate would have to win on every record the served adapter loses on, and more
+# The bucket's mount (gcsFuse.mountPath) of this scenario's pods: a folder no other scenario mounts, so that a run of
+# older harness code beside this one (which removed /gcs at its end, unmounting it in every run) cannot take it away.
+ADAPTER_BUCKET_MOUNT = "/gcs-adapters"
+
+
+def adapter_pairs() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The 64 prompts' word pairs: 20 held out for the task (every third), the other 44 trained on."""
+    pairs = [(a, b) for a in NUMBERS for b in NUMBERS]
+    held = pairs[::3][:TASK_RECORDS]
+    return [p for p in pairs if p not in held], held
+
+
+def adapter_prompt(pair: tuple[str, str]) -> str:
+    return f"Is {pair[0]} next to {pair[1]}?"
+
+
+def adapter_assets(bucket: Path) -> None:
+    """Each workload's data (the same prompts, its own answer), the task (held-out prompts, GATED's answer) and the
+    base model, its tokenizer trained on every record (e2e/tiny_llm.py), uploaded to the bucket."""
+    base = bucket / ADAPTER_INPUTS
+    base.mkdir(parents=True, exist_ok=True)
+    train, held = adapter_pairs()
+    everything = []
+    for name, answer in ADAPTER_ANSWERS.items():
+        records = [{"prompt": adapter_prompt(p), "response": answer} for p in train]
+        everything += records
+        write(base / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    write(base / "task.jsonl", "".join(json.dumps({"prompt": adapter_prompt(p), "reference": ADAPTER_ANSWERS[GATED]})
+                                       + "\n" for p in held))
+    write(base / "all.jsonl", "".join(json.dumps(r) + "\n" for r in everything))
+    _venv_python(str(TINY_LLM), "make", str(base / "all.jsonl"), str(base / "base"))
+    _chown_dirs(bucket)
+
+
+def adapters_stack() -> Any:
+    """The dev stack with the two finetune workloads and their server, loaded and checked by the stack's own code:
+    the server's adapters, LoRA flags and markers are the stack's."""
+    import yaml
+
+    from checks import load
+    from preview.engine import engine_config_from_yaml, stack_file
+
+    with open(stack_file("dev"), encoding="utf-8") as handle:
+        config = copy.deepcopy(yaml.safe_load(handle)["config"])
+    config["deepspeed-stack:storage"] = {**config.get("deepspeed-stack:storage", {}), "enabled": True}
+    config["deepspeed-stack:mpiOperator"] = {**config.get("deepspeed-stack:mpiOperator", {}), "install": True}
+    gcs = {"enabled": True, "mountPath": ADAPTER_BUCKET_MOUNT}
+    workloads: dict[str, Any] = {}
+    for name in ADAPTER_ANSWERS:
+        workloads[name] = {
+            "kind": "finetune", "pool": "t4", "workers": 1, "namespace": f"e2e-{name}", "gcsFuse": gcs,
+            "storage": {"storageClass": "standard-rwx", "claimName": f"{name}-shared"},
+            "deepspeed": dict(ADAPTER_DS), "launch": {"script": "finetune.py", "args": FINETUNE_LAUNCH_ARGS},
+            "finetune": {"modelPath": f"{ADAPTER_INPUTS}/base", "datasetPath": f"{ADAPTER_INPUTS}/{name}.jsonl",
+                         "promptField": "prompt", "responseField": "response", "sequenceLength": 32,
+                         "maxSteps": ADAPTER_STEPS, "saveSteps": ADAPTER_SAVE_STEPS, "lora": {"rank": 2}},
+            "model": FINETUNE_KEYS["model"]}
+    names = list(ADAPTER_ANSWERS)
+    workloads["serve"] = {
+        "kind": "serve", "pool": "t4", "namespace": "e2e-serve", "gcsFuse": gcs,
+        "serving": {"fromWorkload": names[0], "adapters": names[1:]},
+        "model": {"parameters": 0.00015, "vocabulary": 512, "hidden": 64, "precision": "fp16", "mode": "inference",
+                  "sequenceLength": 256}}
+    config["deepspeed-stack:workloads"] = workloads
+    engine_config, secret_keys = engine_config_from_yaml(config)
+    return load(engine_config, set(secret_keys))
+
+
+def _exported_adapter(model_dir: Path, base: Path, name: str) -> str:
+    """MODEL_DIR holds an adapter (marker, files), its weights under ADAPTER_MAX_SHARE of the merged model's (a
+    merged model has the base's tensors: the base's safetensors size)."""
+    marker = json.loads((model_dir / ".complete").read_text())
+    fail_unless(marker.get("export") == "adapter" and marker.get("step") == ADAPTER_STEPS,
+                f"{name}'s marker {marker}: expected an adapter export at step {ADAPTER_STEPS}")
+    files = sorted(p.name for p in model_dir.iterdir())
+    fail_unless("adapter_config.json" in files and "adapter_model.safetensors" in files
+                and not [f for f in files if f.startswith("model")], f"{name}'s MODEL_DIR holds {files}")
+    share = (model_dir / "adapter_model.safetensors").stat().st_size / (base / "model.safetensors").stat().st_size
+    fail_unless(share < ADAPTER_MAX_SHARE, f"{name}'s adapter is {share:.1%} of the model's bytes")
+    return f"{name} {share:.1%}"
+
+
+def _models(cluster: nshosts.Cluster, host: nshosts.Host) -> list[str]:
+    probe = (f"import json, urllib.request as u; print(json.dumps([m['id'] for m in json.load(u.urlopen("
+             f"'http://127.0.0.1:{VLLM_PORT}/v1/models', timeout=10))['data']]))")
+    result = cluster.run(host, ["/usr/bin/python3", "-c", probe], env=IMAGE_ENV, timeout=30)
+    fail_unless(result.returncode == 0, f"/v1/models: {result.stderr.strip()[-500:]}")
+    return list(json.loads(result.stdout))
+
+
+def _ask(cluster: nshosts.Cluster, host: nshosts.Host, model: str, reference: dict[str, Any], log: Path) -> str:
+    """One greedy completion from `model` through the OpenAI API: transformers + peft's tokens."""
+    asked = cluster.run(host, ["/usr/bin/python3", str(SEND_PROMPT), "--openai", "--url",
+                               f"http://127.0.0.1:{VLLM_PORT}", "--model", model, "--temperature", "0",
+                               "--ignore-eos", "--token-ids", "--json", "--max-new-tokens",
+                               str(FINETUNE_MAX_TOKENS), adapter_prompt(("two", "three"))], env=IMAGE_ENV,
+                        timeout=60)
+    fail_unless(asked.returncode == 0, f"send_prompt.py --model {model}: {asked.stderr.strip()[-800:]}; log {log}")
+    answer = json.loads(asked.stdout)
+    problems = completion_problems(answer, reference, FINETUNE_MAX_TOKENS)
+    fail_unless(not problems, f"{model}: " + "; ".join(problems))
+    return str(answer["choices"][0].get("text", ""))
+
+
+def _evaluate(cluster: nshosts.Cluster, host: nshosts.Host, logs: Path, name: str, args: list[str]) -> dict[str, Any]:
+    """workloads/scripts/evaluate.py on the server's host, as the image's user, against the running server."""
+    log = logs / f"adapters-evaluate-{name}.log"
+    status, output = launch(cluster, host, " ".join(shlex.quote(a) for a in [str(VENV / "bin" / "python"),
+                                                                           str(EVALUATE), *args]), log,
+                            env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, timeout=LAUNCH_TIMEOUT)
+    fail_unless(status == 0, f"evaluate.py: exit {status} (log {log})")
+    line = [t for t in output.splitlines() if t.startswith("[evaluate] ") and " vs tuned " in t]
+    fail_unless(bool(line), f"evaluate.py printed no base vs tuned line (log {log})")
+    print(f"[e2e] adapters: {line[-1]}", flush=True)
+    return {"output": output}
+
+
+def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
+    from workloads import finetune
+    from workloads.mpijob import nvidia
+    from workloads.mpijob.shape import SSH_CLIENT_KEY
+    from workloads.placement import placement
+    from workloads.serving import lora_args, model_source
+
+    phases = Phases("adapters")
+    launcher = cluster.hosts[0]
+    m = adapters_stack()
+    server_w = m.workloads["serve"]
+    trainers = [m.workloads[n] for n in ADAPTER_ANSWERS]
+    mount = server_w.gcs_fuse.mount_path
+    bucket = cluster.work / "bucket-adapters"
+    adapter_assets(bucket)
+    for host in cluster.hosts:
+        cluster.bind(host, bucket, mount)
+    base = bucket / ADAPTER_INPUTS / "base"
+    phases.end("tiny Llama, two data sets and the task")
+
+    # 1. Two LoRA runs at once, the stack's finetune MPIJobs of one worker each (ZeRO-3 on its host: the two cores
+    #    train both in the time of one), each exporting its adapter alone. The jobs' ConfigMaps are the same files
+    #    (finetune.py, ds_config.json); each launcher has its own hostfile (its worker) and environment (MODEL_DIR).
+    rank_env = {"HF_HUB_OFFLINE": "1"}
+    wheres = [placement(m, w) for w in trainers]
+    jobs = [finetune.launch(w, has_token=False) for w in trainers]
+    files = [{k: v for k, v in nvidia.config_map_data(w, where, False, job).items() if k != SSH_CLIENT_KEY}
+             for w, where, job in zip(trainers, wheres, jobs, strict=True)]
+    fail_unless(all(f == files[0] for f in files), "the two jobs' ConfigMaps differ: they cannot share the hosts")
+    start_mpijob(cluster, logs, (trainers[0], wheres[0]), rank_env, jobs[0])
+    runs = []
+    for i, (w, where, job) in enumerate(zip(trainers, wheres, jobs, strict=True)):
+        script = nvidia.launcher_script(None, job)
+        fail_unless("--lora-export adapter" in script, "the MPIJob does not pass --lora-export adapter")
+        hostfile = f"{MPI_HOSTFILE}-{w.name}"
+        write(launcher.path(hostfile), mpijob_hostfile(WORKERS, where.per_worker).splitlines()[i] + "\n", owner=0)
+        env = {**nvidia.plain_env(w, where, job), "OMPI_MCA_orte_default_hostfile": hostfile}
+        log = logs / f"adapters-train-{w.name}.log"
+        runs.append((w, cluster.spawn(launcher, ["/bin/bash", "-c", script], log=log,
+                                      env={**IMAGE_ENV, **RANK_ENV, **env}), log))
+    for w, process, log in runs:
+        status, _output = wait_process(cluster, process, log, f"{w.name}'s run")
+        fail_unless(status == 0, f"{w.name}: exit {status} (log {log})")
+    cluster.stop_services()
+    sizes = [_exported_adapter(outside(w.model_dir, mount, bucket), base, w.name) for w in trainers]
+    phases.end("two LoRA runs at once, adapters exported")
+
+    # 2. One vLLM server: the stack's base and LoRA flags (serving.fromWorkload yes, serving.adapters [no]), with
+    #    runtime adapter loading for the evaluation; CPU flags as the finetune scenario's. References meanwhile.
+    source = model_source(m, server_w)
+    args = ["--model", source.ref, "--served-model-name", source.served_name, *lora_args(source),
+            "--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--distributed-executor-backend", "uni",
+            "--host", "0.0.0.0", "--port", str(VLLM_PORT)]
+    server_log = logs / "adapters-vllm.log"
+    server = cluster.spawn(launcher, [str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+                                      *args], log=server_log,
+                           env={**IMAGE_ENV, **VLLM_ENV, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"})
+    task = bucket / ADAPTER_INPUTS / "task.jsonl"
+    reference = json.loads(_venv_python(
+        str(LORA_LLM), "all", str(base), adapter_prompt(("two", "three")), str(FINETUNE_MAX_TOKENS), str(task),
+        str(EVAL_MAX_TOKENS), *(f"{w.name}={outside(w.model_dir, mount, bucket)}" for w in trainers),
+        timeout=300).strip().splitlines()[-1])
+    refs = reference["generate"]
+    gated = m.workloads[GATED]
+    expected = {"base": reference["score"]["base"], "tuned": reference["score"][gated.name]}
+    wait_for_vllm(cluster, launcher, server, server_log)
+    phases.end("vLLM healthy (transformers + peft references meanwhile)")
+
+    # 3. The base and both adapters listed; each adapter's greedy tokens are transformers + peft's.
+    listed = _models(cluster, launcher)
+    wanted = [source.served_name, *(w.name for w in trainers)]
+    fail_unless(sorted(listed) == sorted(wanted), f"/v1/models lists {listed}, expected {wanted}")
+    replies = {w.name: _ask(cluster, launcher, w.name, refs[w.name], server_log) for w in trainers}
+    phases.end("/v1/models and both adapters' tokens")
+
+    # 4. The evaluation of `yes`'s export (no gate): base vs tuned on the 20 held-out records, results.json beside
+    #    the model in the bucket; lm-eval's scores are transformers' exact matches, and the tuning shows.
+    evals = f"{mount}/evals/{gated.name}"
+    results = outside(f"{evals}/results.json", mount, bucket)
+    common = ["--url", f"http://127.0.0.1:{VLLM_PORT}", "--base", source.served_name, "--adapter", gated.name,
+              "--task", f"{mount}/{ADAPTER_INPUTS}/task.jsonl", "--results", f"{evals}/results.json",
+              "--max-tokens", str(EVAL_MAX_TOKENS)]
+    _evaluate(cluster, launcher, logs, "export", [*common, "--candidate", gated.model_dir])
+    first = json.loads(results.read_text())
+    scores = first["scores"]
+    fail_unless(first["records"] == TASK_RECORDS and first["served"] is True,
+                f"results.json {first}: expected {TASK_RECORDS} records, served")
+    fail_unless(abs(scores["base"] - expected["base"]) < 1e-9 and abs(scores["candidate"] - expected["tuned"]) < 1e-9,
+                f"lm-eval's scores {scores} != transformers' exact matches {expected}")
+    fail_unless(scores["candidate"] > scores["base"], f"the tuned adapter does not beat the base: {scores}")
+    fail_unless(_models(cluster, launcher).count(gated.name) == 1, "the served adapter is not listed once")
+
+    # 5. An impossible gate: a new candidate for `yes` (its half-way checkpoint standing in for a later export) is
+    #    not served, the reason in results.json and the log, and `yes` answers as before.
+    checkpoint = f"{gated.checkpoint_dir}/checkpoint-{ADAPTER_SAVE_STEPS}"
+    fail_unless(outside(checkpoint, mount, bucket).joinpath("adapter_model.safetensors").is_file(),
+                f"{checkpoint} holds no adapter")
+    gate = _evaluate(cluster, launcher, logs, "gate", [*common, "--candidate", checkpoint,
+                                                       "--min-improvement", str(IMPOSSIBLE_GATE)])
+    second = json.loads(results.read_text())
+    fail_unless(second["served"] is False and "not served" in second["reason"]
+                and "not served" in gate["output"], f"the impossible gate served the candidate: {second}")
+    fail_unless(gated.name in _models(cluster, launcher), f"{gated.name} is no longer served")
+    _ask(cluster, launcher, gated.name, refs[gated.name], server_log)
+    phases.end("evaluation and the gate")
+    return (f"two LoRA runs exported adapters ({', '.join(sizes)} of the model's bytes); one vLLM served "
+            f"{', '.join(wanted)}; {', '.join(f'{k} answered {v!r}' for k, v in replies.items())}, transformers + "
+            f"peft's tokens; lm-eval on {TASK_RECORDS} held-out records: base {scores['base']:.2f} vs tuned "
+            f"{scores['candidate']:.2f} (transformers' exact matches); an impossible gate "
+            f"(minImprovement {IMPOSSIBLE_GATE:g}) kept the served adapter: {second['reason']}. "
+            f"Phases: {phases.summary()}")
+
+
 # --- main ---------------------------------------------------------------------------------------------
 
 def host_names(workers: int) -> list[tuple[str, tuple[str, ...]]]:
@@ -927,10 +1183,11 @@ SCENARIOS: dict[str, Callable[[nshosts.Cluster, Path], str]] = {
     "vertex": scenario_vertex,
     "recovery": scenario_recovery,
     "finetune": scenario_finetune,
+    "adapters": scenario_adapters,
 }
 
 # What `make e2e` runs.
-DEFAULT_SCENARIOS = ("chart", "mpijob", "mpirun", "vertex", "recovery", "finetune")
+DEFAULT_SCENARIOS = ("chart", "mpijob", "mpirun", "vertex", "recovery", "finetune", "adapters")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

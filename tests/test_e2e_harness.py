@@ -96,7 +96,7 @@ def test_install_sh_installs_the_version_set() -> None:
     python = versions.load().python
     assert dict(item.split("=", 1) for item in out) == {
         name: python[name] for name in ("torch", "deepspeed", "transformers", "accelerate", "peft", "datasets",
-                                        "vllmCpu")}
+                                        "vllmCpu", "lmEval")}
     assert python["vllmCpu"] == python["vllm"]  # the CPU build of the release the image serves with
 
 
@@ -162,3 +162,29 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
     assert zero["stage"] == 3 and zero["stage3_param_persistence_threshold"] == "auto"
     assert ds["train_batch_size"] == 8 and "fp16" not in ds and "bf16" not in ds
     assert files["finetune.py"] == (ROOT / "workloads" / "scripts" / "finetune.py").read_text()
+
+
+def test_the_adapters_scenario_renders_the_stacks_server(e2e: ModuleType) -> None:
+    """Two finetune workloads of the dev stack and their server, as the stack's own checks load them: each run
+    exports an adapter, the server loads both on the base with vLLM's LoRA flags (issue 27 item 3)."""
+    from workloads import finetune
+    from workloads.serving import lora_args, model_source
+
+    m = e2e.adapters_stack()
+    server = m.workloads["serve"]
+    source = model_source(m, server)
+    assert (source.ref, source.served_name) == ("/gcs-adapters/e2e-adapters/base", "e2e-adapters/base")
+    assert lora_args(source) == ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--lora-modules",
+                                 "no=/gcs-adapters/models/no", "yes=/gcs-adapters/models/yes"]
+    args = finetune.script_args(m.workloads["no"])
+    assert args[args.index("--lora-rank"):args.index("--lora-target-modules")] == [
+        "--lora-rank", "2", "--lora-alpha", "32", "--lora-dropout", "0.05", "--lora-export", "adapter"]
+    assert m.workloads["no"].checkpoint_dir == "/gcs-adapters/checkpoints/no"
+    assert e2e.ADAPTER_SAVE_STEPS < e2e.ADAPTER_STEPS  # a checkpoint to stand in for the gated candidate
+
+
+def test_the_held_out_task_is_not_trained_on(e2e: ModuleType) -> None:
+    train, held = e2e.adapter_pairs()
+    assert len(held) == e2e.TASK_RECORDS == 20 and len(train) == 44 and not set(train) & set(held)
+    assert e2e.adapter_prompt(("two", "three")) == "Is two next to three?"
+    assert e2e.SCENARIOS["adapters"] is e2e.scenario_adapters and "adapters" in e2e.DEFAULT_SCENARIOS

