@@ -42,9 +42,12 @@ lint: $(STAMP)
 docs: $(STAMP)  ## regenerate the README's configuration reference from model/schema.yaml
 	$(BIN)/python -m model.docs --write README.md
 
-# WRITE=<stack>: write the cheapest plan the stack's checks accept (within BUDGET $/h) as Pulumi.<stack>.yaml.
-gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Llama-2-7B|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [VOCAB=.. HIDDEN=..|LARGEST=..] [TOKENS=N|DATA=file.jsonl [FIELDS=a,b]] [EPOCHS=n] [WRITE=<stack> [BUDGET=$/h]]
-	$(BIN)/python -m $(if $(WRITE),preview.write_stack --stack "$(WRITE)" $(if $(BUDGET),--budget $(BUDGET),),planner) \
+# WRITE=<stack>: write the cheapest plan the stack's checks accept (within BUDGET $/h) as Pulumi.<stack>.yaml;
+# SERVE=0|1: without or with the server of the result (MODE=finetune: with, by default); FORCE=1 replaces the file.
+# DEEPSPEED_STACK_MAKE=1: the programs name arguments as these variables (BUDGET=, not --budget) in their errors.
+gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-Instruct|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [VOCAB=.. HIDDEN=..|LARGEST=..] [TOKENS=N|DATA=file.jsonl [FIELDS=a,b]] [EPOCHS=n] [WRITE=<stack> [BUDGET=$/h] [SERVE=0|1] [FORCE=1]]
+	DEEPSPEED_STACK_MAKE=1 $(BIN)/python -m $(if $(WRITE),preview.write_stack --stack "$(WRITE)" \
+		$(if $(BUDGET),--budget "$(BUDGET)",) $(if $(SERVE),--serve "$(SERVE)",) $(if $(filter-out 0,$(FORCE)),--force,),planner) \
 		$(if $(MODEL),--model "$(MODEL)",$(if $(PARAMETERS),--parameters $(PARAMETERS),)) \
 		$(if $(MODE),--mode $(MODE),) $(if $(PRECISION),--precision $(PRECISION),) \
 		$(if $(REGION),--region $(REGION),) $(if $(SEQ),--seq $(SEQ),) $(if $(BATCH),--batch $(BATCH),) \

@@ -32,21 +32,23 @@ def _network(value: str) -> ipaddress.IPv4Network | None:
 def check_region_in_catalog(m: StackConfig) -> list[str]:
     if m.cluster is None or not m.region:
         return []
-    regions = gpu_catalog.load().regions
-    if m.region not in regions:
-        return [f"gcp:region: {m.region} is not a region of data/gpu_catalog.yaml, which lists every region that "
-                f"offers one of its GPUs (known: {', '.join(regions)}){did_you_mean(m.region, regions)}"]
-    return []
+    problem = gpu_catalog.load().region_problem(m.region)
+    return [f"gcp:region: {m.region} is {problem}"] if problem else []
+
+
+def cluster_name_problem(name: str) -> str | None:
+    """Why GKE would refuse `name` for a cluster, as `cluster.name`'s message (the stack writer's too), or None."""
+    if not GKE_NAME.match(name) or len(name) > CLUSTER_NAME_MAX:
+        return (f"cluster.name: {name!r} is not a GKE cluster name (lowercase letters, digits and hyphens, "
+                f"starting with a letter, at most {CLUSTER_NAME_MAX} characters)")
+    return None
 
 
 def check_cluster_name(m: StackConfig) -> list[str]:
     if m.cluster is None:
         return []
-    name = m.cluster.name
-    if not GKE_NAME.match(name) or len(name) > CLUSTER_NAME_MAX:
-        return [f"cluster.name: {name!r} is not a GKE cluster name (lowercase letters, digits and hyphens, "
-                f"starting with a letter, at most {CLUSTER_NAME_MAX} characters)"]
-    return []
+    problem = cluster_name_problem(m.cluster.name)
+    return [problem] if problem else []
 
 
 def check_cluster_location(m: StackConfig) -> list[str]:

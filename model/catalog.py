@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgspec
 
+from model.suggest import did_you_mean
 from model.yamlio import load_yaml
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "data" / "gpu_catalog.yaml"
@@ -116,6 +117,13 @@ class Catalog(msgspec.Struct, frozen=True):
     filestore: Filestore = msgspec.field(default_factory=Filestore)
     vertex: VertexPricing = msgspec.field(default_factory=VertexPricing)
     priced_regions: tuple[str, ...] = ()  # the regions whose list prices these are
+
+    def region_problem(self, region: str) -> str | None:
+        """Why `region` is not one of the catalog's (`not a region of ...`, with the closest), or None."""
+        if region in self.regions:
+            return None
+        return (f"not a region of data/gpu_catalog.yaml, which lists every region that offers one of its GPUs "
+                f"(known: {', '.join(self.regions)}){did_you_mean(region, self.regions)}")
 
     def priced_as(self, region: str) -> str | None:
         """The region whose prices stand in for `region`'s: None where the catalog has `region`'s own."""

@@ -15,8 +15,7 @@ import msgspec
 
 from model import catalog as gpu_catalog
 from model import training_speed
-from model.suggest import did_you_mean
-from planner import run_estimate
+from planner import cli, run_estimate
 from planner.recommend import MAX_NODES, Option, Plan, recommend, short_name
 from planner.requests import mode_request
 from planner.sizing import BYTES_PER_PARAM, HEADROOM, Request, given_shape, model_names, resolve
@@ -25,10 +24,11 @@ DEFAULT_REGION = "us-central1"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m planner", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.Parser(prog="python -m planner", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="a known model (see --list) or a Hugging Face id listed in data/models.yaml")
+    what.add_argument("--model", help="a known model (see --list), its Hugging Face id or repository name "
+                                       "(Qwen2.5-7B-Instruct), case ignored")
     what.add_argument("--parameters", type=float, metavar="B", help="parameters in billions (unknown shape)")
     what.add_argument("--list", action="store_true", help="list the known models and exit")
     parser.add_argument("--mode", choices=["inference", "training", "finetune"],
@@ -54,15 +54,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default 1)")
     args = parser.parse_args(argv)
     if not args.list and args.mode is None:
-        parser.error("--mode inference|training|finetune is required")
+        parser.error(f"{cli.arg('--mode', 'inference|training|finetune')} is required")
     if args.seq < 1 or args.batch < 1 or args.top < 1 or args.max_nodes < 1:
         parser.error("--seq, --batch, --top and --max-nodes must be at least 1")
     if (args.tokens is not None or args.data is not None) and args.mode == "inference":
-        parser.error("--tokens/--data (TOKENS=, DATA=) estimate a training run: give --mode training or finetune")
+        parser.error(f"{cli.arg('--tokens')}/{cli.arg('--data')} estimate a training run: give "
+                     f"{cli.arg('--mode', 'training')} or finetune")
     if (args.tokens is not None and args.tokens <= 0) or args.epochs <= 0:
         parser.error("--tokens and --epochs must be more than 0")
     if args.fields and args.data is None:
-        parser.error("--fields (FIELDS=) names the fields of --data (DATA=)")
+        parser.error("--fields names the fields of --data")
     return args
 
 
@@ -207,10 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(model_names()))
         return 0
     cat = gpu_catalog.load()
-    if args.region not in cat.regions:
-        print(f"error: region {args.region} is not a region of data/gpu_catalog.yaml, which lists every region "
-              f"that offers one of its GPUs (known: {', '.join(cat.regions)}){did_you_mean(args.region, cat.regions)}",
-              file=sys.stderr)
+    if problem := cli.region_error(args.region, cat):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         model = given_shape(resolve(args.model, args.parameters), args.vocab, args.hidden, args.largest_layer)
@@ -221,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:
-        print(f"error: DATA={args.data}: {err.strerror or err}", file=sys.stderr)
+        print(f"error: {cli.arg('--data', args.data)}: {err.strerror or err}", file=sys.stderr)
         return 2
     print(render(request, args.region, plans, cat, tokens, args.top))
     return 0

@@ -280,15 +280,58 @@ class Estimate(msgspec.Struct, frozen=True):
 
 # --- the model catalog -------------------------------------------------------------------------------------------
 
+# What people type for a Hugging Face model: its repository name without the owner (`Qwen2.5-7B-Instruct`), and that
+# without the `-hf` of a converted checkpoint or a trailing version (`Llama-2-7b-chat`, `Mistral-7B-Instruct`).
+_HF_SUFFIX = re.compile(r"-hf$", re.IGNORECASE)
+_VERSION_SUFFIX = re.compile(r"-v\d+(\.\d+)*$", re.IGNORECASE)
+
+
+def typed_forms(hub_id: str) -> list[str]:
+    """The names a Hugging Face id is typed as, lowercased: `Qwen/Qwen2.5-7B-Instruct` -> `qwen2.5-7b-instruct`;
+    `meta-llama/Llama-2-7b-chat-hf` -> also `llama-2-7b-chat`; `mistralai/Mistral-7B-Instruct-v0.3` -> also
+    `mistral-7b-instruct`."""
+    repo = hub_id.rsplit("/", 1)[-1].lower()
+    unconverted = _HF_SUFFIX.sub("", repo)
+    return list(dict.fromkeys([repo, unconverted, _VERSION_SUFFIX.sub("", repo), _VERSION_SUFFIX.sub("", unconverted)]))
+
+
 @functools.cache
 def known_models(path: Path = MODELS_PATH) -> dict[str, dict[str, Any]]:
-    """data/models.yaml, keyed by lowercased name and alias."""
+    """data/models.yaml, keyed by lowercased name and alias, and by each alias's typed forms (`typed_forms`) where
+    only one entry has that form."""
     raw = load_yaml(path)["models"]
     out: dict[str, dict[str, Any]] = {}
+    typed: dict[str, set[str]] = {}
     for name, entry in raw.items():
         for key in (name, *entry.get("aliases", [])):
             out[key.lower()] = {**entry, "name": name}
+        for alias in entry.get("aliases", []):
+            for form in typed_forms(alias):
+                typed.setdefault(form, set()).add(name)
+    for form, names in typed.items():
+        if len(names) == 1 and form not in out:
+            (name,) = names
+            out[form] = {**raw[name], "name": name}
     return out
+
+
+def hub_id(typed: str | None) -> str | None:
+    """The Hugging Face id a typed model name means: the id itself; the alias whose repository name it is (a
+    converted `-hf` checkpoint before Meta's own format of the same name); else the newest alias it is a typed form
+    of (the last listed). None for a size or a name no alias has (`Qwen2.5-7B` has its own: `Qwen/Qwen2.5-7B`):
+    the writer then takes the entry's id."""
+    if not typed:
+        return None
+    if "/" in typed:
+        return typed
+    entry = known_models().get(typed.lower())
+    ids = [a for a in (entry or {}).get("aliases", []) if "/" in a]
+    exact = [a for a in ids if a.rsplit("/", 1)[-1].lower() == typed.lower()]
+    if exact:
+        converted = f"{exact[0]}-hf"
+        return next((a for a in ids if a.lower() == converted.lower()), exact[0])
+    forms = [a for a in ids if typed.lower() in typed_forms(a)]
+    return forms[-1] if forms else None
 
 
 def _model_spellings() -> list[str]:

@@ -2,10 +2,11 @@
 
 `candidates()` turns every (strategy, option) of `recommend()` into a stack config: one GKE cluster with a private
 system pool, one GPU pool shaped like the option (one zone: NCCL across zones is slow and billed), and the workload
-of the mode: `training` an MPIJob running workloads/scripts/finetune.py (full-parameter, the Hugging Face Trainer)
-on the option's nodes with the ZeRO stage and offload the planner sized; `inference` a `serve` workload on one
-node; `finetune` the finetune kind with LoRA (sized as LoRA: the request's `lora`), its data, checkpoints and result
-in the stack's bucket.
+of the mode: `training` and `finetune` the finetune kind (workloads/scripts/finetune.py, the Hugging Face Trainer
+under the ZeRO stage and offload the planner sized) on the option's nodes, every parameter or LoRA (sized as LoRA:
+the request's `lora`), its data, checkpoints and result in the stack's bucket, where the launcher waits for the
+data; `inference` a `serve` workload on one node. With `serve`, a trainer's stack also gets the server of its result
+(a `serve` workload of `serving.fromWorkload`, on a pool of its own sized by the inference plan).
 `render()` writes it with the plan, the ds_config choices and the reasons as YAML comments.
 
 Which candidate is written is decided above this layer (preview/write_stack.py): the cheapest whose config the
@@ -15,6 +16,7 @@ stack's own checks accept, so what is written previews.
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -32,29 +34,33 @@ from planner.sizing import BYTES_PER_PARAM, GB, HEADROOM, Estimate, Request, Str
 TRAINING, INFERENCE = "training", "inference"
 PROJECT_PLACEHOLDER = "my-gcp-project"
 MODEL_PLACEHOLDER = "your-org/your-model"  # a bare size (`MODEL=34B`) names no Hugging Face model
-DATASET = "/data/datasets/train.jsonl"  # on the MPIJob's shared claim (storage.mountPath /data)
-SCRIPT = "finetune.py"  # workloads/scripts: the Hugging Face Trainer under DeepSpeed (the fine-tuning contract)
-# Checkpoints finetune.py keeps (its --save-total-limit default) and what one holds: the model states of mixed-precision
-# Adam, 16 bytes a parameter (DeepSpeed's estimators; planner/sizing.py), written once for all ranks.
-CHECKPOINTS_KEPT = 2
-CHECKPOINT_BYTES_PER_PARAM = 16
+TRAINER, SERVER = "train", "serve"  # the written workloads' names
 COMMENT_WIDTH = 112
+LIST_ITEM = re.compile(r"^ *(\d+\.|-) ")  # a numbered or bulleted line of a header: its continuation hangs under it
 DEFAULT_BOOT_DISK = "pd-balanced"  # model/schema.yaml nodePools[].diskType's default
 
 
 class Candidate(msgspec.Struct, frozen=True):
-    """One option as a stack: its config (the stack file's `config:` map) and the comments that explain it."""
+    """One option as a stack: its config (the stack file's `config:` map) and the comments that explain it;
+    `server`: the option of the server of the result, when the stack also serves what it trains."""
 
     mode: str
     strategy: Strategy
     option: Option
     config: dict[str, Any]
     reasons: list[str] = msgspec.field(default_factory=list)
+    server: Option | None = None
 
     @property
     def label(self) -> str:
         how = "" if self.mode == INFERENCE else f"{self.strategy.label} on "
-        return f"{how}{self.option.describe()}"
+        served = f" + a server on {self.server.describe()}" if self.server else ""
+        return f"{how}{self.option.describe()}{served}"
+
+
+def cluster_name(stack: str) -> str:
+    """The cluster a written stack creates: `deepspeed-<stack>`, cut to GKE's 40 characters."""
+    return f"deepspeed-{stack}"[:40].rstrip("-")
 
 
 def hf_id(model_name: str) -> str | None:
@@ -97,7 +103,7 @@ def _platform(stack: str, region: str, option: Option, nodes: int) -> dict[str, 
         "gcp:project": PROJECT_PLACEHOLDER,
         "gcp:region": region,
         "deepspeed-stack:cluster": {
-            "name": f"deepspeed-{stack}"[:40].rstrip("-"),
+            "name": cluster_name(stack),
             "releaseChannel": "REGULAR",
             "privateNodes": True,
             # A private cluster admits only its own new VPC: `pulumi up` reaches it through the fleet's Connect
@@ -130,23 +136,17 @@ def _model_block(request: Request, mode: str) -> dict[str, Any]:
     return block
 
 
-def _training(request: Request, strategy: Strategy, option: Option, model_id: str) -> tuple[dict[str, Any], list[str]]:
-    """An MPIJob of finetune.py: a worker per node with all of its GPUs; the launcher on the system pool."""
-    params = request.model.parameters
-    weights = params * BYTES_PER_PARAM[request.precision]
-    claim = weights + CHECKPOINTS_KEPT * params * CHECKPOINT_BYTES_PER_PARAM
+def _job(request: Request, strategy: Strategy, option: Option) -> tuple[dict[str, Any], list[str]]:
+    """What a trainer's MPIJob is made of: a worker per node with all of its GPUs, the ds_config of the plan, the
+    claim for the download (HF_HOME); the launcher on the system pool."""
+    weights = request.model.parameters * BYTES_PER_PARAM[request.precision]
     workers, gpus = option.nodes, option.gpus_per_node
     offload = "cpu"
     workload = {
-        "kind": "mpijob",
-        "namespace": "train",
+        "namespace": TRAINER,
         "pool": pool_name(option.gpu_type),
         "workers": workers,
-        # --gradient-checkpointing: the plan's activations are sized with every layer recomputed.
-        "launch": {"script": SCRIPT,
-                   "args": ["--model", model_id, "--dataset", DATASET, "--seq-len", str(request.sequence_length),
-                            "--gradient-checkpointing"]},
-        "storage": {"claimName": "train-shared", "storageClass": "standard-rwx", "size": _gib(claim, 100),
+        "storage": {"claimName": f"{TRAINER}-shared", "storageClass": "standard-rwx", "size": _gib(weights, 100),
                     "accessMode": "ReadWriteMany", "mountPath": "/data"},
         "hfHome": "/data/huggingface",
         "deepspeed": {
@@ -166,16 +166,11 @@ def _training(request: Request, strategy: Strategy, option: Option, model_id: st
         f"({_parts(est)}), {HEADROOM:.0%} kept free",
         f"workers: {workers} (one per node, {gpus} GPU(s) each); trainBatchSize {workers} x {gpus} x micro batch "
         f"{request.batch_size} x 1 accumulation step",
-        f"storage: {_gib(claim, 100)} of Filestore Basic HDD (standard-rwx) for the model download ({weights / GB:.0f} "
-        f"GB) and {CHECKPOINTS_KEPT} checkpoints of {params * CHECKPOINT_BYTES_PER_PARAM / GB:.0f} GB",
-        f"launch: {SCRIPT} trains every parameter of {model_id}; put the dataset at {DATASET} on the claim (or pass "
-        "a Hugging Face dataset id)",
     ]
     if est.cpu_gb_per_node:
         reasons.insert(1, f"offload: DeepSpeed's estimate {est.cpu_gb_per_node:.0f} GB of CPU memory per node, of "
                           f"{option.machine_memory_gb:g} GB on a {option.machine_type}")
-    return {"deepspeed-stack:mpiOperator": {"install": True, "version": "v0.8.0"},
-            "deepspeed-stack:workloads": {"train": workload}}, reasons
+    return {"deepspeed-stack:mpiOperator": {"install": True, "version": "v0.8.0"}, **workload}, reasons
 
 
 def _inference(request: Request, strategy: Strategy, option: Option, model_id: str) -> tuple[dict[str, Any], list[str]]:
@@ -217,17 +212,15 @@ def _lora_keys(request: Request) -> dict[str, Any]:
 
 def _finetune(request: Request, strategy: Strategy, option: Option, model_id: str) -> tuple[dict[str, Any], list[str]]:
     """The finetune kind on the plan sized for what it trains (LoRA's adapters on the frozen model, as
-    `make gpus MODE=finetune` asks; every parameter for a request without LoRA): the pool, workers and ds_config
-    of the plan; data, checkpoints and the result in the stack's bucket, the claim only for the download."""
-    config, reasons = _training(request, strategy, option, model_id)
-    job = config["deepspeed-stack:workloads"]["train"]
-    job.pop("launch")  # the kind's own launch: finetune.py with the keys below as its arguments
+    `make gpus MODE=finetune` asks; every parameter for a request without LoRA, MODE=training): the pool, workers and
+    ds_config of the plan; data, checkpoints and the result in the stack's bucket, the claim only for the download."""
+    job, reasons = _job(request, strategy, option)
+    operator = job.pop("deepspeed-stack:mpiOperator")
     weights = request.model.parameters * BYTES_PER_PARAM[request.precision]
-    job["storage"]["size"] = _gib(weights, 100)  # HF_HOME only: checkpoints go to the bucket
-    job.update(kind=FINETUNE, gcsFuse={"enabled": True, "mountPath": "/gcs"},
-               finetune={"model": model_id, "datasetPath": BUCKET_DATASET, "sequenceLength": request.sequence_length,
-                         "epochs": 1, "gradientCheckpointing": request.gradient_checkpointing,
-                         "lora": _lora_keys(request)})
+    workload = {"kind": FINETUNE, **job, "gcsFuse": {"enabled": True, "mountPath": "/gcs"},
+                "finetune": {"model": model_id, "datasetPath": BUCKET_DATASET,
+                             "sequenceLength": request.sequence_length, "epochs": 1,
+                             "gradientCheckpointing": request.gradient_checkpointing, "lora": _lora_keys(request)}}
     checkpoint = recovery.checkpoint_bytes(request.trained_parameters, request.precision, exported=True)
     if request.lora is not None:
         what = (f"finetune: {request.training_label} on {model_id}, sized as such: only the adapters have "
@@ -235,19 +228,22 @@ def _finetune(request: Request, strategy: Strategy, option: Option, model_id: st
                 "MODE=training` sizes that)")
     else:
         what = f"finetune: every parameter of {model_id} ({request.training_label})"
-    reasons = [r for r in reasons if not r.startswith(("launch:", "storage:"))] + [
+    reasons += [
         what,
         f"storage: {_gib(weights, 100)} of Filestore Basic HDD (standard-rwx) for the model download "
         f"({weights / GB:.0f} GB); checkpoints ({checkpoint / GB:.2f} GB each: what trains, its optimizer states "
-        "and the Trainer's copy) go to the bucket's checkpoints/train/",
+        f"and the Trainer's copy) go to the bucket's checkpoints/{TRAINER}/",
         f"finetune.datasetPath: upload your JSONL to gs://<the bucket output>/{BUCKET_DATASET} after `pulumi up` "
-        "(the launcher waits for it); the model lands in models/train/ in the bucket"]
-    return {"deepspeed-stack:storage": {"enabled": True}, **config}, reasons
+        f"(the launcher waits for it); the model lands in models/{TRAINER}/ in the bucket"]
+    return {"deepspeed-stack:storage": {"enabled": True}, "deepspeed-stack:mpiOperator": operator,
+            "deepspeed-stack:workloads": {TRAINER: workload}}, reasons
 
 
 # The workload each mode writes. `finetune`'s Request is a training one with LoRA (planner/requests.py
-# mode_request), written as the kind.
-WORKLOADS: dict[str, WorkloadWriter] = {TRAINING: _training, INFERENCE: _inference, FINETUNE: _finetune}
+# mode_request); both are written as the finetune kind, whose launcher waits for the data in the bucket (an MPIJob
+# of finetune.py would start before anyone could put the data on its claim, and fail).
+WORKLOADS: dict[str, WorkloadWriter] = {TRAINING: _finetune, INFERENCE: _inference, FINETUNE: _finetune}
+SERVER_OPTIONS = 3  # the cheapest server options tried with each trainer (a LoRA adapter adds to the plain plan)
 
 
 def _model_reasons(model_id: str) -> list[str]:
@@ -276,13 +272,42 @@ def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catal
     return out
 
 
+def with_server(trainer: Candidate, server: Candidate) -> Candidate:
+    """The trainer's stack with the server of its result: the server's pool (its own name; on-demand, as every
+    written pool), and a `serve` workload of MODEL_DIR (`serving.fromWorkload`) read through the bucket."""
+    config = dict(trainer.config)
+    (pool,) = server.config["deepspeed-stack:nodePools"]
+    pool = {**pool, "name": f"{pool['name']}-{SERVER}"}
+    config["deepspeed-stack:nodePools"] = [*config["deepspeed-stack:nodePools"], pool]
+    (serve,) = server.config["deepspeed-stack:workloads"].values()
+    serving = {k: v for k, v in serve["serving"].items() if k != "model"}
+    serve = {**serve, "pool": pool["name"], "serving": {"fromWorkload": TRAINER, **serving},
+             "gcsFuse": {"enabled": True, "mountPath": "/gcs"}}
+    config["deepspeed-stack:workloads"] = {**config["deepspeed-stack:workloads"], SERVER: serve}
+    reasons = [*trainer.reasons,
+               f"{SERVER}: the server of the result (serving.fromWorkload: {TRAINER}), on pool {pool['name']}: "
+               f"{server.reasons[0].removeprefix('serving: ')}; its pod waits in Init for models/{TRAINER}/.complete "
+               "in the bucket, which training writes last, its node up meanwhile (SERVE=0 writes training only)"]
+    return msgspec.structs.replace(trainer, config=config, reasons=reasons, server=server.option)
+
+
+def with_servers(trainers: list[Candidate], servers: list[Candidate]) -> list[Candidate]:
+    """Each trainer with each of the cheapest servers, cheapest pair first (on-demand, then spot $/h)."""
+    pairs = [with_server(t, s) for t in trainers for s in servers[:SERVER_OPTIONS]]
+    return sorted(pairs, key=lambda c: (round(c.option.on_demand + c.server.on_demand, 6),  # type: ignore[union-attr]
+                                        round(c.option.spot + c.server.spot, 6)))  # type: ignore[union-attr]
+
+
 def _block(key: str, value: Any) -> str:
     return yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False, width=100).rstrip("\n")
 
 
 def _comment(text: str, indent: str = "") -> list[str]:
+    """`text` as comment lines; a continued line hangs under the text of a list item (`  1. `, `  - `)."""
     wrapped = textwrap.wrap(text, COMMENT_WIDTH - len(indent), break_on_hyphens=False, break_long_words=False)
-    return [f"# {indent}{wrapped[0]}", *(f"# {indent}  {w}" for w in wrapped[1:])] if wrapped else ["#"]
+    item = LIST_ITEM.match(text)
+    hang = " " * (len(item.group()) if item else 2)
+    return [f"# {indent}{wrapped[0]}", *(f"# {indent}{hang}{w}" for w in wrapped[1:])] if wrapped else ["#"]
 
 
 def render(candidate: Candidate, header: list[str]) -> str:
@@ -299,10 +324,11 @@ def render(candidate: Candidate, header: list[str]) -> str:
 
 
 def summary_line(candidate: Candidate) -> str:
-    o = candidate.option
-    return (f"{candidate.label} in {o.zones[0]}, ${o.on_demand:,.2f}/h on-demand for the GPU nodes "
-            f"(${o.spot:,.2f}/h spot)")
+    o, server = candidate.option, candidate.server
+    on_demand, spot = o.on_demand + (server.on_demand if server else 0), o.spot + (server.spot if server else 0)
+    return (f"{candidate.label} in {o.zones[0]}, ${on_demand:,.2f}/h on-demand for the GPU nodes "
+            f"(${spot:,.2f}/h spot)")
 
 
-__all__ = ["FINETUNE", "INFERENCE", "TRAINING", "WORKLOADS", "Candidate", "candidates", "hf_id", "pool_name", "render",
-           "short_name", "summary_line"]
+__all__ = ["FINETUNE", "INFERENCE", "SERVER", "TRAINER", "TRAINING", "WORKLOADS", "Candidate", "candidates",
+           "cluster_name", "hf_id", "pool_name", "render", "short_name", "summary_line", "with_server", "with_servers"]

@@ -8,6 +8,11 @@ and the first they accept, within the budget, is written to Pulumi.<stack>.yaml 
 Cheaper options the checks refused are listed in the file with the first reason. It sits in the preview layer
 because it runs the checks; the plan itself is the planner's.
 
+`--serve 1` (SERVE=1; the default for MODE=finetune, the fine-tune-and-serve journey: a model nobody can query is
+half the job) adds the server of the result: each trainer with each of the cheapest servers the inference plan
+gives, cheapest pair first, within the budget with both running (the server's node is up, waiting, while it
+trains). `--serve 0` writes the trainer alone.
+
 Exit codes: 0 written; 2 a usage error, an unknown model, or no option the checks accept within the budget.
 """
 
@@ -15,21 +20,23 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import sys
 from pathlib import Path
 
 import msgspec
 
 from checks import load
+from checks.platform import cluster_name_problem
 from model import catalog as gpu_catalog
-from model.config import ConfigError
+from model.config import ConfigError, secret_ways
 from model.gated_models import gated_family
 from model.suggest import did_you_mean
 from model.workload_types import hub_ids
-from planner import run_estimate, stack_writer
+from planner import cli, run_estimate, stack_writer
 from planner.cost import SERVING, TRAINING, stack_costs
 from planner.requests import mode_request
-from planner.sizing import BYTES_PER_PARAM, Request, given_shape, resolve
+from planner.sizing import BYTES_PER_PARAM, Request, given_shape, hub_id, resolve
 from preview.engine import PROJECT_DIR, SECRET, engine_config_from_yaml
 
 MAX_TRIES = 60  # candidates loaded through the checks before giving up (each load is a few tens of ms)
@@ -46,7 +53,9 @@ class Choice(msgspec.Struct, frozen=True):
     floor_per_hour: float
     refused: list[tuple[stack_writer.Candidate, str]]
     gated_model: str | None = None  # a gated Hugging Face id the pods download: the user's token comes first
-    spot_per_hour: float = 0.0  # the same stack with its GPU nodes at the spot price (a run's other price)
+    spot_per_hour: float = 0.0  # the training run's $/h with its GPU nodes at the spot price (its other price)
+    serving_per_hour: float | None = None  # with a server of the result: the stack's $/h serving alone
+    training_per_hour: float | None = None  # with a server: the stack's $/h training alone (what a run costs)
 
 
 def _problem_line(problem: str, limit: int = 220) -> str:
@@ -57,7 +66,7 @@ def gated_model(candidate: stack_writer.Candidate) -> str | None:
     """The gated Hugging Face id (data/gated_models.yaml) a candidate's workload downloads, if any."""
     for w in (candidate.config.get("deepspeed-stack:workloads") or {}).values():
         model_id = (w.get("serving") or {}).get("model") or (w.get("finetune") or {}).get("model")
-        # MODE=training's MPIJob names the model in its script's arguments (--model ID): downloaded as well.
+        # An MPIJob names the model in its script's arguments (--model ID): downloaded as well.
         ids = [model_id, *(found for _, found in hub_ids([str(a) for a in (w.get("launch") or {}).get("args") or []]))]
         gated = [i for i in ids if isinstance(i, str) and gated_family(i) is not None]
         if gated:
@@ -80,14 +89,33 @@ def with_tokens(candidate: stack_writer.Candidate, tokens: run_estimate.GivenTok
     return msgspec.structs.replace(candidate, config=config)
 
 
+def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catalog | None, model_id: str | None,
+               writer: str | None, serve: bool) -> list[stack_writer.Candidate]:
+    """The writer's candidates, cheapest first; with `serve`, each trainer with the server of its result, sized by
+    the inference plan of the same model (`make gpus MODE=inference` with the same SEQ, BATCH and PRECISION)."""
+    trainers = stack_writer.candidates(request, region, stack, cat, model_id=model_id, writer=writer)
+    if not serve:
+        return trainers
+    served = mode_request(stack_writer.INFERENCE, request.model, request.precision, request.sequence_length,
+                          request.batch_size)
+    servers = stack_writer.candidates(served, region, stack, cat, model_id=model_id, writer=stack_writer.INFERENCE)
+    return stack_writer.with_servers(trainers, servers)
+
+
+def running_cost(costs: dict, candidate: stack_writer.Candidate, mode: str) -> float:
+    """$/h with what the stack runs at once: the trainer and the server of its result (its node up, waiting) when
+    it has one, else the workload of the mode."""
+    return costs["running"]["all" if candidate.server else ROLE[mode]]["perHour"]
+
+
 def choose(request: Request, region: str, stack: str, budget: float | None = None,
            cat: gpu_catalog.Catalog | None = None, model_id: str | None = None, writer: str | None = None,
-           tokens: run_estimate.GivenTokens | None = None) -> Choice:
-    """The cheapest candidate whose config the checks accept and whose $/h with the workload running is within
-    `budget` (None: any). `tokens`: the run's, written into a finetune workload's keys."""
+           tokens: run_estimate.GivenTokens | None = None, serve: bool = False) -> Choice:
+    """The cheapest candidate whose config the checks accept and whose $/h with the workload running (with its
+    server too, `serve`) is within `budget` (None: any). `tokens`: the run's, written into a finetune workload's
+    keys."""
     refused: list[tuple[stack_writer.Candidate, str]] = []
-    for candidate in stack_writer.candidates(request, region, stack, cat, model_id=model_id,
-                                                        writer=writer)[:MAX_TRIES]:
+    for candidate in candidates(request, region, stack, cat, model_id, writer, serve)[:MAX_TRIES]:
         candidate = with_tokens(candidate, tokens)
         config, secret_keys = engine_config_from_yaml(candidate.config)
         gated = gated_model(candidate)
@@ -100,13 +128,18 @@ def choose(request: Request, region: str, stack: str, budget: float | None = Non
             refused.append((candidate, _problem_line(err.problems[0])))
             continue
         costs = stack_costs(model, cat)
-        running = costs["running"][ROLE[request.mode]]["perHour"]
+        running = running_cost(costs, candidate, request.mode)
         if budget is not None and running > budget:
-            refused.append((candidate, f"${running:,.2f}/h with the workload running, over the budget "
-                                       f"${budget:,.2f}/h"))
+            what = (f"training and its server running ({cli.arg('--serve', 0)}: training alone)" if candidate.server
+                    else "the workload running")
+            refused.append((candidate, f"${running:,.2f}/h with {what}, over the budget ${budget:,.2f}/h"))
             continue
-        spot = running - candidate.option.on_demand + candidate.option.spot  # the writer's pools are on-demand
-        return Choice(candidate, running, costs["floorPerHour"], refused, gated, round(spot, 4))
+        # A run is priced as `make preview` prices it: the training alone (the server is the serving's cost).
+        training = costs["running"][ROLE[request.mode]]["perHour"]
+        spot = training - candidate.option.on_demand + candidate.option.spot  # the writer's pools are on-demand
+        serving = costs["running"][SERVING]["perHour"] if candidate.server else None
+        return Choice(candidate, running, costs["floorPerHour"], refused, gated, round(spot, 4), serving,
+                      training if candidate.server else None)
     reasons = "; ".join(f"{c.label}: {why}" for c, why in refused[:3]) or "the planner found no option"
     raise NoPlanError(f"no plan for {request.model.name} in {region} that the stack's checks accept"
                  f"{' within the budget' if budget is not None else ''} ({reasons})")
@@ -120,11 +153,53 @@ def run_line(choice: Choice, request: Request, tokens: run_estimate.GivenTokens 
     if tokens is None or request.mode != "training" or top is None:
         return []
     e = run_estimate.estimate(tokens.total, request, c.strategy, c.option.gpus, top)
-    on_demand, spot = (e.cost(rate) for rate in (choice.running_per_hour, choice.spot_per_hour))
+    training = choice.training_per_hour if choice.training_per_hour is not None else choice.running_per_hour
+    on_demand, spot = (e.cost(rate) for rate in (training, choice.spot_per_hour))
     return [f"Estimated run: {tokens.total:,.0f} tokens ({tokens.said}): about {run_estimate.hours_range(e)}, "
             f"${on_demand[0]:,.2f}–${on_demand[1]:,.2f} per run on-demand, ${spot[0]:,.2f}–${spot[1]:,.2f} spot, at "
             f"an assumed MFU of {run_estimate.mfu_range(e)} (data/training_speed.yaml; `make gpus` without WRITE= "
             "ranks every option by cost per run)."]
+
+
+def _cost_line(choice: Choice, region: str, stack: str, cat: gpu_catalog.Catalog) -> str:
+    where = (f"estimates, {cat.prices_of(region)}, from data/gpu_catalog.yaml, {cat.date}; `make preview "
+             f"STACK={stack}` shows the breakdown")
+    if choice.serving_per_hour is None:
+        return (f"Estimated cost: ${choice.running_per_hour:,.2f}/h with the workload running, "
+                f"${choice.floor_per_hour:,.2f}/h at rest ({where}).")
+    return (f"Estimated cost: ${choice.running_per_hour:,.2f}/h while it trains, with the server's node up and "
+            f"waiting; ${choice.serving_per_hour:,.2f}/h serving alone; ${choice.floor_per_hour:,.2f}/h at rest "
+            f"({where}).")
+
+
+def next_steps(choice: Choice, stack: str) -> list[str]:
+    """What to do with the written file, in order: every step a newcomer needs, each command as it is typed; the
+    data's way into the bucket path the stack reads, and the server's way to a prompt."""
+    workloads = choice.candidate.config.get("deepspeed-stack:workloads") or {}
+    steps = ["Set gcp:project below (your project id).",
+             f"`pulumi stack init {stack}` creates the stack in your Pulumi backend; this file is its config."]
+    if choice.gated_model:
+        steps.append(f"`pulumi config set --secret hfToken hf_... -s {stack}`: {choice.gated_model} is gated (above).")
+    steps += [f"`make preview STACK={stack}` checks it offline and shows what `pulumi up` creates and costs.",
+              f"`pulumi up -s {stack}`."]
+    for name, w in workloads.items():
+        data = (w.get("finetune") or {}).get("datasetPath")
+        if data:
+            steps.append(f"Your data (JSON lines, each record's `text` learned; or set finetune.promptField and "
+                         f"responseField) where the stack reads it (workloads.{name}.finetune.datasetPath, in the "
+                         "bucket `pulumi up` created): "
+                         f"`gcloud storage cp train.jsonl gs://$(pulumi stack output bucket -s {stack})/{data}`; "
+                         f"the launcher waits for it. Follow the run: `kubectl logs -n {w['namespace']} -f "
+                         f"job/{name}-launcher`.")
+    for name, w in workloads.items():
+        if w.get("kind") == "serve":
+            trainer = w["serving"].get("fromWorkload")
+            waits = f" once {trainer} has written its model (the server's pod waits in Init until then)" if trainer \
+                else ""
+            steps.append(f"A prompt{waits}: `kubectl -n {w['namespace']} port-forward svc/{name} 8000:8000 &`, then "
+                         "`python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model "
+                         f"{trainer or w['serving']['model']} \"What is DeepSpeed?\"`.")
+    return ["Next:", *(f"  {i}. {step}" for i, step in enumerate(steps, 1))]
 
 
 def header(choice: Choice, request: Request, region: str, stack: str, command: str,
@@ -139,9 +214,7 @@ def header(choice: Choice, request: Request, region: str, stack: str, command: s
         f"{request.sequence_length} x batch {request.batch_size}, {region}.",
         f"Plan: {stack_writer.summary_line(c)}; the cheapest option that holds it with "
         f"{stack_writer.HEADROOM:.0%} of each GPU free and that the stack's checks accept.",
-        f"Estimated cost: ${choice.running_per_hour:,.2f}/h with the workload running, ${choice.floor_per_hour:,.2f}/h "
-        f"at rest (estimates, {cat.prices_of(region)}, from data/gpu_catalog.yaml, "
-        f"{cat.date}; `make preview STACK={stack}` shows the breakdown).",
+        _cost_line(choice, region, stack, cat),
         *run_line(choice, request, tokens, cat),
     ]
     if choice.refused:
@@ -151,17 +224,18 @@ def header(choice: Choice, request: Request, region: str, stack: str, command: s
             lines.append(f"  - and {len(choice.refused) - 5} more")
     if choice.gated_model:
         lines.append(f"{choice.gated_model} is gated on Hugging Face (data/gated_models.yaml): accept its terms on "
-                     f"https://huggingface.co/{choice.gated_model}, then `pulumi config set --secret hfToken hf_... "
-                     f"-s {stack}`; without it the preview refuses the stack.")
-    lines.append(f"Next: set gcp:project below, then `make preview STACK={stack}`, then `pulumi up -s {stack}`.")
-    return lines
+                     f"https://huggingface.co/{choice.gated_model} with your account, then give the stack a read "
+                     f"token of it; without one the preview refuses the stack. {secret_ways('hfToken')[0].upper()}"
+                     f"{secret_ways('hfToken')[1:]}.")
+    return lines + next_steps(choice, stack)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m preview.write_stack", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.Parser(prog="python -m preview.write_stack", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="a known model (python -m planner --list), a Hugging Face id, or a size (7B)")
+    what.add_argument("--model", help="a known model (python -m planner --list), a Hugging Face id or its repository "
+                                      "name (Qwen2.5-7B-Instruct), or a size (7B)")
     what.add_argument("--parameters", type=float, metavar="B", help="parameters in billions (unknown shape)")
     parser.add_argument("--mode", required=True, help="training, finetune (LoRA, the finetune kind) or inference")
     parser.add_argument("--stack", required=True, help="the stack to write: Pulumi.<stack>.yaml")
@@ -179,6 +253,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, help="a local copy of the data, its tokens counted (characters / 4)")
     parser.add_argument("--fields", help="with --data: the records' fields that train, comma-separated")
     parser.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default 1)")
+    parser.add_argument("--serve", choices=["0", "1"], help="1: also the server of the result (the default for "
+                                                            "finetune); 0: the trainer alone")
     parser.add_argument("--force", action="store_true", help="replace an existing Pulumi.<stack>.yaml")
     parser.add_argument("--dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -194,35 +270,56 @@ def _command(args: argparse.Namespace) -> str:
     return "make gpus " + " ".join([*parts, f"WRITE={args.stack}"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def usage_problem(args: argparse.Namespace, cat: gpu_catalog.Catalog) -> str | None:
+    """What is wrong with the arguments themselves, before any planning: the mode, the server, the stack's name
+    (it names the cluster: the checks' own message), an existing file, the region (the planner's message)."""
     if args.mode not in stack_writer.WORKLOADS:
-        hint = did_you_mean(args.mode, stack_writer.WORKLOADS)
-        print(f"error: MODE={args.mode}: write knows {', '.join(stack_writer.WORKLOADS)}{hint}", file=sys.stderr)
-        return 2
+        return (f"{cli.arg('--mode', args.mode)}: write knows {', '.join(stack_writer.WORKLOADS)}"
+                f"{did_you_mean(args.mode, stack_writer.WORKLOADS)}")
+    if args.serve == "1" and args.mode == stack_writer.INFERENCE:
+        return (f"{cli.arg('--serve', 1)} adds the server of what a training stack writes; "
+                f"{cli.arg('--mode', args.mode)} writes a server already")
+    if problem := cluster_name_problem(stack_writer.cluster_name(args.stack)):
+        name = re.sub(r"[^a-z0-9-]+", "-", args.stack.lower()).strip("-")
+        return (f"{cli.arg('--stack', args.stack)}: the stack's cluster is named after it (deepspeed-<stack>), and "
+                f"{problem}; e.g. {cli.arg('--stack', name)}")
     path = args.dir / f"Pulumi.{args.stack}.yaml"
     if path.exists() and not args.force:
-        print(f"error: {path.name} exists; choose another WRITE= name (or pass --force to replace it)", file=sys.stderr)
-        return 2
+        return (f"{path.name} exists; choose another {cli.arg('--stack')} name (or "
+                f"{cli.arg('--force')} to replace it)")
+    return cli.region_error(args.region, cat)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     cat = gpu_catalog.load()
+    if problem := usage_problem(args, cat):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    path = args.dir / f"Pulumi.{args.stack}.yaml"
+    serve = args.serve == "1" if args.serve is not None else args.mode == stack_writer.FINETUNE
     try:
         model = given_shape(resolve(args.model, args.parameters), args.vocab, args.hidden, args.largest_layer)
         request = mode_request(args.mode, model, args.precision, args.seq, args.batch)
-        # A Hugging Face id as MODEL is what the pods download; a name or a size takes data/models.yaml's id.
-        model_id = args.model if args.model and "/" in args.model else None
+        # The Hugging Face id MODEL names (an id, or a repository name such as Qwen2.5-7B-Instruct) is what the pods
+        # download; an entry's name or a size takes data/models.yaml's id.
+        model_id = hub_id(args.model)
         tokens = run_estimate.given_tokens(args.tokens, args.data, args.fields, args.epochs)
-        choice = choose(request, args.region, args.stack, args.budget, cat, model_id, writer=args.mode, tokens=tokens)
+        choice = choose(request, args.region, args.stack, args.budget, cat, model_id, writer=args.mode, tokens=tokens,
+                        serve=serve)
     except (ValueError, NoPlanError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {cli.in_user_terms(str(err))}", file=sys.stderr)
         return 2
     except OSError as err:
-        print(f"error: DATA={args.data}: {err.strerror or err}", file=sys.stderr)
+        print(f"error: {cli.arg('--data', args.data)}: {err.strerror or err}", file=sys.stderr)
         return 2
     text = stack_writer.render(choice.candidate, header(choice, request, args.region, args.stack, _command(args), cat,
                                                         tokens))
     path.write_text(text, encoding="utf-8")
-    print(f"wrote {path.name}: {stack_writer.summary_line(choice.candidate)}; ${choice.running_per_hour:,.2f}/h with "
-          f"the workload running. Next: make preview STACK={args.stack}")
+    running = "while it trains, with the server's node up" if choice.candidate.server else "with the workload running"
+    print(f"wrote {path.name}: {stack_writer.summary_line(choice.candidate)}; ${choice.running_per_hour:,.2f}/h "
+          f"{running}. Next steps are at the top of the file: `pulumi stack init {args.stack}`, then "
+          f"`make preview STACK={args.stack}`")
     return 0
 
 

@@ -251,7 +251,8 @@ def test_make_gpus_finetune_writes_the_lora_plan(tmp_path: Any) -> None:
     """`make gpus MODEL=Qwen2.5-7B MODE=finetune WRITE=ft`: LoRA on a 7B model fits one L4 at ZeRO-0 (the bf16 base
     15.24 GB whole, the adapters' 20 bytes, activations at batch 1), where full fine-tuning needed 2 x L4 with the
     optimizer offloaded; the claim holds the download only, checkpoints go to the bucket."""
-    assert planner_write(["--model", "Qwen2.5-7B", "--mode", "finetune", "--stack", "ft", "--dir", str(tmp_path)]) == 0
+    assert planner_write(["--model", "Qwen2.5-7B", "--mode", "finetune", "--stack", "ft", "--serve", "0",  # SERVE=0
+                          "--dir", str(tmp_path)]) == 0
     text = (tmp_path / "Pulumi.ft.yaml").read_text(encoding="utf-8")
     config = yaml_load(text)["config"]
     (w,) = config["deepspeed-stack:workloads"].values()

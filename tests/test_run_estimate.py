@@ -268,18 +268,21 @@ def test_make_gpus_finetune_counts_a_local_data_file(capsys: pytest.CaptureFixtu
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--mode", "inference", "--tokens", "1e6"], "estimate a training run: give --mode training or finetune"),
-    (["--mode", "training", "--tokens", "0"], "--tokens and --epochs must be more than 0"),
-    (["--mode", "training", "--fields", "text"], "--fields (FIELDS=) names the fields of --data"),
+    (["--mode", "inference", "--tokens", "1e6"], "estimate a training run: give MODE=training or finetune"),
+    (["--mode", "training", "--tokens", "0"], "TOKENS= and EPOCHS= must be more than 0"),
+    (["--mode", "training", "--fields", "text"], "FIELDS= names the fields of DATA="),
 ])
-def test_make_gpus_refuses_tokens_it_cannot_use(capsys: pytest.CaptureFixture[str], argv: list[str],
-                                                says: str) -> None:
+def test_make_gpus_refuses_tokens_it_cannot_use(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                                argv: list[str], says: str) -> None:
+    monkeypatch.setenv("DEEPSPEED_STACK_MAKE", "1")  # as the Makefile runs it: the messages name make's variables
     with pytest.raises(SystemExit) as exit_info:
         _gpus(capsys, "--model", "Llama-2-7B", *argv)
     assert exit_info.value.code == 2 and says in capsys.readouterr().err
 
 
-def test_make_gpus_data_it_cannot_read_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_make_gpus_data_it_cannot_read_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPSPEED_STACK_MAKE", "1")
     code, _, err = _gpus(capsys, "--model", "Llama-2-7B", "--mode", "training", "--data", str(tmp_path / "none.jsonl"))
     assert code == 2 and err.startswith(f"error: DATA={tmp_path / 'none.jsonl'}: No such file")
 
@@ -296,7 +299,7 @@ def test_write_puts_the_tokens_in_the_stack_and_its_header_agrees_with_the_previ
     assert text.startswith("# est: written by `make gpus MODEL=Qwen2.5-7B MODE=finetune TOKENS=10000000 EPOCHS=3 "
                            "WRITE=est`")
     config = yaml_load(text)["config"]
-    (workload,) = config["deepspeed-stack:workloads"].values()
+    workload = config["deepspeed-stack:workloads"]["train"]  # and its server, `serve` (SERVE=1, finetune's default)
     assert (workload["finetune"]["datasetTokens"], workload["finetune"]["epochs"]) == (10_000_000, 3)
     run = cost.stack_costs(config_model(config))["runs"]["train"]
     assert run["hours"] == pytest.approx({"fast": 8.214, "slow": 17.993}, abs=1e-2)  # 8.214 x 0.46 / 0.21

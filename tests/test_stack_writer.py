@@ -56,9 +56,13 @@ def test_grid_round_trips_through_write_and_load(model: str, mode: str) -> None:
     (workload,) = config["deepspeed-stack:workloads"].values()
     assert workload["model"]["mode"] == mode and workload["pool"] == pool["name"]
     if mode == stack_writer.TRAINING:
-        assert workload["kind"] == "mpijob" and workload["workers"] == option.nodes
+        # The finetune kind training every parameter: its launcher waits for the data in the bucket (an MPIJob of
+        # finetune.py with its data on a claim started before anyone could put the data there).
+        assert workload["kind"] == "finetune" and workload["workers"] == option.nodes
+        assert workload["finetune"]["lora"] == {"enabled": False}
+        assert workload["finetune"]["datasetPath"] == "data/train.jsonl" and workload["gcsFuse"]["enabled"] is True
         # The plan's activations are sized with every layer recomputed: finetune.py is told to.
-        assert "--gradient-checkpointing" in workload["launch"]["args"]
+        assert workload["finetune"]["gradientCheckpointing"] is True
         ds = workload["deepspeed"]
         assert ds["zeroStage"] == strategy.zero_stage
         assert (ds["offloadOptimizer"] != "none", ds["offloadParams"] != "none") == \
@@ -118,7 +122,7 @@ def test_a_written_stack_previews(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert ws.main(args) == 0
     out = capsys.readouterr().out
     path = tmp_path / "Pulumi.llama8b.yaml"
-    assert out.startswith("wrote Pulumi.llama8b.yaml: ") and "Next: make preview STACK=llama8b" in out
+    assert out.startswith("wrote Pulumi.llama8b.yaml: ") and "`make preview STACK=llama8b`" in out
     text = path.read_text(encoding="utf-8")
     assert text.startswith("# llama8b: written by `make gpus MODEL=Llama-3.1-8B MODE=inference WRITE=llama8b`")
     assert "`pulumi config set --secret hfToken hf_... -s llama8b`" in text
@@ -213,4 +217,5 @@ def test_finetune_grid_writes_the_finetune_kind_and_loads(model: str) -> None:
 def test_write_finetune_mode_writes_a_file(tmp_path: Path) -> None:
     assert ws.main(["--model", "Llama-2-7B", "--mode", "finetune", "--stack", "ft", "--dir", str(tmp_path)]) == 0
     config = yaml_load((tmp_path / "Pulumi.ft.yaml").read_text())["config"]
-    assert [w["kind"] for w in config["deepspeed-stack:workloads"].values()] == ["finetune"]
+    # The server of the result comes with it (SERVE=1, finetune's default).
+    assert [w["kind"] for w in config["deepspeed-stack:workloads"].values()] == ["finetune", "serve"]
