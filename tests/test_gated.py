@@ -103,9 +103,10 @@ def test_a_gated_model_in_a_launch_command_needs_the_token() -> None:
 
 
 def test_the_planners_training_stack_is_checked_with_the_token_it_asks_for() -> None:
-    """`make gpus MODEL=Llama-3.1-70B MODE=training` writes an MPIJob of finetune.py with `--model <id>`: the writer
-    knows it downloads a gated model (its header asks for hfToken, and it checks the plan as it will run), and the
-    plan as written, without the token, is refused at the argument."""
+    """`make gpus MODEL=Llama-3.1-70B MODE=training` writes the finetune kind training every parameter of the id
+    (issue 28.3; it wrote an MPIJob of finetune.py with `--model <id>`): the writer knows it downloads a gated model
+    (its header asks for hfToken, and it checks the plan as it will run), and the plan as written, without the
+    token, is refused at the key that names it."""
     from conftest import config_problems
 
     from planner import stack_writer
@@ -116,11 +117,11 @@ def test_the_planners_training_stack_is_checked_with_the_token_it_asks_for() -> 
     request = mode_request(stack_writer.TRAINING, resolve("Llama-3.1-70B"))
     candidate = stack_writer.candidates(request, "us-central1", "big", writer=stack_writer.TRAINING)[0]
     (workload,) = candidate.config["deepspeed-stack:workloads"].values()
-    assert workload["launch"]["args"][:2] == ["--model", LLAMA_70B]
+    assert (workload["kind"], workload["finetune"]["model"]) == ("finetune", LLAMA_70B)
     assert write_stack.gated_model(candidate) == LLAMA_70B
     (name,) = candidate.config["deepspeed-stack:workloads"]
     gated = [p for p in config_problems(candidate.config) if "is gated" in p]
-    assert [p.split(":")[0] for p in gated] == [f"workloads.{name}.launch.args[1]"]
+    assert [p.split(":")[0] for p in gated] == [f"workloads.{name}.finetune.model"]
 
 
 @pytest.mark.parametrize(("args", "ids"), [
