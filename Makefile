@@ -44,8 +44,9 @@ docs: $(STAMP)  ## regenerate the README's configuration reference from model/sc
 
 # WRITE=<stack>: write the cheapest plan the stack's checks accept (within BUDGET $/h) as Pulumi.<stack>.yaml;
 # SERVE=0|1: without or with the server of the result (MODE=finetune: with, by default); FORCE=1 replaces the file.
+# GPUS=16xH100-MEGA (or 2xa3-megagpu-8g): plan on the capacity you hold only; TOP=n: options per table (not with WRITE).
 # DEEPSPEED_STACK_MAKE=1: the programs name arguments as these variables (BUDGET=, not --budget) in their errors.
-gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-Instruct|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [VOCAB=.. HIDDEN=..|LARGEST=..] [TOKENS=N|DATA=file.jsonl [FIELDS=a,b]] [EPOCHS=n] [WRITE=<stack> [BUDGET=$/h] [SERVE=0|1] [FORCE=1]]
+gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-Instruct|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [GPUS=16xH100-MEGA] [TOP=n] [VOCAB=.. HIDDEN=..|LARGEST=..] [TOKENS=N|DATA=file.jsonl [FIELDS=a,b]] [EPOCHS=n] [WRITE=<stack> [BUDGET=$/h] [SERVE=0|1] [FORCE=1]]
 	DEEPSPEED_STACK_MAKE=1 $(BIN)/python -m $(if $(WRITE),preview.write_stack --stack "$(WRITE)" \
 		$(if $(BUDGET),--budget "$(BUDGET)",) $(if $(SERVE),--serve "$(SERVE)",) $(if $(filter-out 0,$(FORCE)),--force,),planner) \
 		$(if $(MODEL),--model "$(MODEL)",$(if $(PARAMETERS),--parameters $(PARAMETERS),)) \
@@ -53,7 +54,7 @@ gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-I
 		$(if $(REGION),--region $(REGION),) $(if $(SEQ),--seq $(SEQ),) $(if $(BATCH),--batch $(BATCH),) \
 		$(if $(VOCAB),--vocab $(VOCAB),) $(if $(HIDDEN),--hidden $(HIDDEN),) $(if $(LARGEST),--largest-layer $(LARGEST),) \
 		$(if $(TOKENS),--tokens $(TOKENS),) $(if $(DATA),--data "$(DATA)",) $(if $(FIELDS),--fields "$(FIELDS)",) \
-		$(if $(EPOCHS),--epochs $(EPOCHS),)
+		$(if $(EPOCHS),--epochs $(EPOCHS),) $(if $(GPUS),--gpus "$(GPUS)",) $(if $(WRITE),,$(if $(TOP),--top $(TOP),))
 
 # checkov lives in a venv of its own (it pins many packages of its own); not part of requirements.txt.
 CHECKOV_VENV ?= /tmp/checkov-venv

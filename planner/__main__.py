@@ -16,6 +16,7 @@ import msgspec
 from model import catalog as gpu_catalog
 from model import training_speed
 from planner import cli, run_estimate
+from planner.held import Held, parse_held
 from planner.recommend import MAX_NODES, Option, Plan, recommend, short_name
 from planner.requests import mode_request
 from planner.sizing import BYTES_PER_PARAM, HEADROOM, Request, given_shape, model_names, resolve
@@ -43,6 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
     parser.add_argument("--batch", type=int, default=1, help="sequences at once (default 1)")
     parser.add_argument("--top", type=int, default=5, help="options per plan (default 5)")
+    parser.add_argument("--gpus", metavar="HELD",
+                        help="the capacity you hold, e.g. 16xH100-MEGA or 2xa3-megagpu-8g: plan on it only (every "
+                             "held node used: a reservation is paid whether they work or not)")
     parser.add_argument("--max-nodes", type=int, default=MAX_NODES, help=f"nodes per option (default {MAX_NODES})")
     tokens = parser.add_mutually_exclusive_group()
     tokens.add_argument("--tokens", type=float, metavar="N",
@@ -162,8 +166,19 @@ def _describe(p: Priced) -> str:
     return f"{p.plan} on {p.option.describe()}"
 
 
+def _held_note(held: Held | None, request: Request) -> list[str]:
+    if held is None:
+        return []
+    if request.mode == "inference":
+        nodes = "one node per replica (a server spans no nodes)"
+    else:
+        nodes = ("all of them in every option (a reservation is paid whether its nodes work or not)"
+                 if held.count is not None else "any number of them")
+    return [f"On the capacity you hold only (GPUS={held.spec}): {held.describe()}, {nodes}."]
+
+
 def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Catalog,
-           tokens: run_estimate.GivenTokens | None = None, top: int = 5) -> str:
+           tokens: run_estimate.GivenTokens | None = None, top: int = 5, held: Held | None = None) -> str:
     """The plans' tables, cheapest per hour first; given the run's tokens (and how they were counted), each option's
     hours and $ per run, and the options by $ per run."""
     model = request.model
@@ -172,13 +187,15 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
     lines = [f"{model.name}: {model.billions:.2f}B parameters ({shape}), {request.precision} {request.mode}{how}, "
              f"sequence {request.sequence_length} x batch {request.batch_size}, region {region}",
              f"Options keep {HEADROOM:.0%} of each GPU's memory free. Prices are estimates in {cat.currency}, "
-             f"{cat.prices_of(region)} (data/gpu_catalog.yaml, {cat.date}).", *_serving_note(request), ""]
+             f"{cat.prices_of(region)} (data/gpu_catalog.yaml, {cat.date}).", *_serving_note(request),
+             *_held_note(held, request), ""]
     found = priced(request, plans, tokens.total, cat) if tokens else []
     runs = {(p.plan, id(p.option)): p for p in found}
     for plan in plans:
         lines.append(f"## {plan.strategy.label}")
         if not plan.options:
-            lines += ["  nothing in the catalog holds it in this region", ""]
+            lines += [f"  the held {held.describe()} cannot hold it this way" if held else
+                      "  nothing in the catalog holds it in this region", ""]
             continue
         per_run = f"  {'hours per run':>12} {'on-demand $ per run':>20}" if tokens else ""
         lines.append(f"  {'GPUs':<18} {'machines':<22} {'GB per GPU':>11} {'on-demand $/h':>14} {'spot $/h':>9}"
@@ -214,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = given_shape(resolve(args.model, args.parameters), args.vocab, args.hidden, args.largest_layer)
         request = mode_request(args.mode, model, args.precision, args.seq, args.batch)
-        plans = recommend(request, args.region, cat, max_nodes=args.max_nodes, top=args.top)
+        held = parse_held(args.gpus, cat) if args.gpus else None
+        plans = recommend(request, args.region, cat, max_nodes=args.max_nodes, top=args.top, held=held)
         tokens = run_tokens(args)
     except ValueError as err:  # an unknown model (UnknownModelError), int8/int4 training, unreadable DATA
         print(f"error: {err}", file=sys.stderr)
@@ -222,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"error: {cli.arg('--data', args.data)}: {err.strerror or err}", file=sys.stderr)
         return 2
-    print(render(request, args.region, plans, cat, tokens, args.top))
+    print(render(request, args.region, plans, cat, tokens, args.top, held))
     return 0
 
 

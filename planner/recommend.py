@@ -18,6 +18,7 @@ import msgspec
 from model import catalog as gpu_catalog
 from model import versions
 from model.node_memory import planned_process_memory_gb
+from planner.held import Held
 from planner.sizing import HEADROOM, Estimate, Request, Strategy, estimate
 
 MAX_NODES = 32
@@ -105,19 +106,21 @@ def splits(request: Request, gpus_per_node: int) -> bool:
 
 def cheapest_for_gpu(request: Request, strategy: Strategy, cat: gpu_catalog.Catalog, gpu_type: str,
                      zones: tuple[str, ...], max_nodes: int = MAX_NODES,
-                     headroom: float | None = None) -> Option | None:
+                     headroom: float | None = None, held: Held | None = None) -> Option | None:
     """The cheapest shape x nodes of this GPU type that holds the model; more nodes of a shape only cost more,
     so each shape stops at the fewest nodes that fit. Inference: one node whose GPUs the model splits over.
-    `headroom`: the share of each GPU kept free (default: the request's, HEADROOM or the engine's)."""
+    `headroom`: the share of each GPU kept free (default: the request's, HEADROOM or the engine's). `held`: the
+    capacity the user holds: only its shapes, and (training) all of its nodes, which are paid for either way."""
     gpu, best = cat.gpus[gpu_type], None
     headroom = request.headroom if headroom is None else headroom
     if request.mode == "inference":
         max_nodes = 1  # a replica is one node (data/serving.yaml: neither engine spans nodes here)
     for shape in gpu.shapes:
-        if not splits(request, shape.gpus):
+        if not splits(request, shape.gpus) or (held is not None and not held.takes(shape.machine_type, shape.gpus)):
             continue
         pod_gb = planned_process_memory_gb(shape.machine_type, shape.vcpus, shape.memory_gb)
-        for nodes in range(1, max_nodes + 1):
+        held_nodes = held.nodes(shape.gpus) if held is not None and request.mode != "inference" else None
+        for nodes in [held_nodes] if held_nodes else range(1, max_nodes + 1):
             est = estimate(request, strategy, shape.gpus, nodes)
             if fits(est, gpu.memory_gb, pod_gb, headroom):
                 option = Option(gpu_type, gpu.display_name, shape.machine_type, nodes, shape.gpus, zones,
@@ -130,17 +133,18 @@ def cheapest_for_gpu(request: Request, strategy: Strategy, cat: gpu_catalog.Cata
 
 
 def recommend(request: Request, region: str, cat: gpu_catalog.Catalog | None = None, max_nodes: int = MAX_NODES,
-              top: int = 10, headroom: float | None = None) -> list[Plan]:
-    """One plan per strategy (inference, or each ZeRO variant), each with up to `top` options, cheapest first."""
+              top: int = 10, headroom: float | None = None, held: Held | None = None) -> list[Plan]:
+    """One plan per strategy (inference, or each ZeRO variant), each with up to `top` options, cheapest first;
+    with `held`, on the capacity the user holds only (planner/held.py)."""
     cat = cat or gpu_catalog.load()
     plans = []
     for strategy in request.strategies():
         options = []
         for gpu_type in cat.gpus:
             zones = cat.zones(gpu_type, region)
-            if not zones or not usable(cat, gpu_type, request):
+            if not zones or not usable(cat, gpu_type, request) or (held is not None and gpu_type != held.gpu_type):
                 continue
-            option = cheapest_for_gpu(request, strategy, cat, gpu_type, zones, max_nodes, headroom)
+            option = cheapest_for_gpu(request, strategy, cat, gpu_type, zones, max_nodes, headroom, held)
             if option is not None:
                 options.append(option)
         plans.append(Plan(strategy, sorted(options, key=Option.sort_key)[:top]))

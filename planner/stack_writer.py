@@ -28,6 +28,7 @@ from model import catalog as gpu_catalog
 from model import machine_disks
 from model.suggest import closest
 from planner import recovery
+from planner.held import Held
 from planner.recommend import MAX_NODES, Option, recommend, short_name
 from planner.sizing import BYTES_PER_PARAM, GB, HEADROOM, Estimate, Request, Strategy, known_models
 
@@ -254,14 +255,17 @@ def _model_reasons(model_id: str) -> list[str]:
 
 
 def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catalog | None = None,
-               top: int = 50, model_id: str | None = None, writer: str | None = None) -> list[Candidate]:
+               top: int = 50, model_id: str | None = None, writer: str | None = None,
+               held: Held | None = None) -> list[Candidate]:
     """Every option the planner recommends, as a stack config, cheapest first (on-demand, then spot $/h).
     Inference stays on one node: a `serve` workload runs one replica per node. `model_id`: the Hugging Face id
-    (default: from data/models.yaml). `writer`: the WORKLOADS entry (default: the request's mode)."""
+    (default: from data/models.yaml). `writer`: the WORKLOADS entry (default: the request's mode). `held`: the
+    capacity the user holds (GPUS=): its options only."""
     cat = cat or gpu_catalog.load()
     model_id = model_id or hf_id(request.model.name) or MODEL_PLACEHOLDER
     write = WORKLOADS[writer or request.mode]
-    plans = recommend(request, region, cat, max_nodes=1 if request.mode == INFERENCE else MAX_NODES, top=top)
+    plans = recommend(request, region, cat, max_nodes=1 if request.mode == INFERENCE else MAX_NODES, top=top,
+                      held=held)
     ranked = sorted(((p.strategy, o) for p in plans for o in p.options), key=lambda so: so[1].sort_key())
     out = []
     for strategy, option in ranked:

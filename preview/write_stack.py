@@ -35,6 +35,7 @@ from model.suggest import did_you_mean
 from model.workload_types import hub_ids
 from planner import cli, run_estimate, stack_writer
 from planner.cost import SERVING, TRAINING, stack_costs
+from planner.held import Held, parse_held
 from planner.requests import mode_request
 from planner.sizing import BYTES_PER_PARAM, Request, given_shape, hub_id, resolve
 from preview.engine import PROJECT_DIR, SECRET, engine_config_from_yaml
@@ -90,10 +91,11 @@ def with_tokens(candidate: stack_writer.Candidate, tokens: run_estimate.GivenTok
 
 
 def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catalog | None, model_id: str | None,
-               writer: str | None, serve: bool) -> list[stack_writer.Candidate]:
+               writer: str | None, serve: bool, held: Held | None = None) -> list[stack_writer.Candidate]:
     """The writer's candidates, cheapest first; with `serve`, each trainer with the server of its result, sized by
-    the inference plan of the same model (`make gpus MODE=inference` with the same SEQ, BATCH and PRECISION)."""
-    trainers = stack_writer.candidates(request, region, stack, cat, model_id=model_id, writer=writer)
+    the inference plan of the same model (`make gpus MODE=inference` with the same SEQ, BATCH and PRECISION).
+    `held`: the capacity the user holds (GPUS=), where the trainer plans; the server has a pool of its own."""
+    trainers = stack_writer.candidates(request, region, stack, cat, model_id=model_id, writer=writer, held=held)
     if not serve:
         return trainers
     served = mode_request(stack_writer.INFERENCE, request.model, request.precision, request.sequence_length,
@@ -110,12 +112,12 @@ def running_cost(costs: dict, candidate: stack_writer.Candidate, mode: str) -> f
 
 def choose(request: Request, region: str, stack: str, budget: float | None = None,
            cat: gpu_catalog.Catalog | None = None, model_id: str | None = None, writer: str | None = None,
-           tokens: run_estimate.GivenTokens | None = None, serve: bool = False) -> Choice:
+           tokens: run_estimate.GivenTokens | None = None, serve: bool = False, held: Held | None = None) -> Choice:
     """The cheapest candidate whose config the checks accept and whose $/h with the workload running (with its
     server too, `serve`) is within `budget` (None: any). `tokens`: the run's, written into a finetune workload's
-    keys."""
+    keys. `held`: the capacity the user holds (GPUS=): the training plans on it only."""
     refused: list[tuple[stack_writer.Candidate, str]] = []
-    for candidate in candidates(request, region, stack, cat, model_id, writer, serve)[:MAX_TRIES]:
+    for candidate in candidates(request, region, stack, cat, model_id, writer, serve, held)[:MAX_TRIES]:
         candidate = with_tokens(candidate, tokens)
         config, secret_keys = engine_config_from_yaml(candidate.config)
         gated = gated_model(candidate)
@@ -141,8 +143,9 @@ def choose(request: Request, region: str, stack: str, budget: float | None = Non
         return Choice(candidate, running, costs["floorPerHour"], refused, gated, round(spot, 4), serving,
                       training if candidate.server else None)
     reasons = "; ".join(f"{c.label}: {why}" for c, why in refused[:3]) or "the planner found no option"
-    raise NoPlanError(f"no plan for {request.model.name} in {region} that the stack's checks accept"
-                 f"{' within the budget' if budget is not None else ''} ({reasons})")
+    on_held = f" on the held {held.describe()} ({cli.arg('--gpus', held.spec)})" if held else ""
+    raise NoPlanError(f"no plan for {request.model.name} in {region}{on_held} that the stack's checks accept"
+                      f"{' within the budget' if budget is not None else ''} ({reasons})")
 
 
 def run_line(choice: Choice, request: Request, tokens: run_estimate.GivenTokens | None,
@@ -203,7 +206,8 @@ def next_steps(choice: Choice, stack: str) -> list[str]:
 
 
 def header(choice: Choice, request: Request, region: str, stack: str, command: str,
-           cat: gpu_catalog.Catalog, tokens: run_estimate.GivenTokens | None = None) -> list[str]:
+           cat: gpu_catalog.Catalog, tokens: run_estimate.GivenTokens | None = None,
+           held: Held | None = None) -> list[str]:
     c, model = choice.candidate, request.model
     shape = "shape from data/models.yaml" if model.shape_known else "shape unknown: the planner's upper bounds"
     today = datetime.date.today().isoformat()
@@ -212,7 +216,8 @@ def header(choice: Choice, request: Request, region: str, stack: str, command: s
         f"{model.name}: {model.billions:.2f}B parameters ({shape}), {request.precision} {request.mode}"
         f"{f' ({request.training_label})' if request.mode == 'training' else ''}, sequence "
         f"{request.sequence_length} x batch {request.batch_size}, {region}.",
-        f"Plan: {stack_writer.summary_line(c)}; the cheapest option that holds it with "
+        f"Plan: {stack_writer.summary_line(c)}; the cheapest option "
+        f"{f'on the capacity you hold ({held.describe()}, every node used) ' if held else ''}that holds it with "
         f"{stack_writer.HEADROOM:.0%} of each GPU free and that the stack's checks accept.",
         _cost_line(choice, region, stack, cat),
         *run_line(choice, request, tokens, cat),
@@ -255,6 +260,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default 1)")
     parser.add_argument("--serve", choices=["0", "1"], help="1: also the server of the result (the default for "
                                                             "finetune); 0: the trainer alone")
+    parser.add_argument("--gpus", metavar="HELD", help="the capacity you hold (16xH100-MEGA, 2xa3-megagpu-8g): plan on "
+                                                       "it only")
     parser.add_argument("--force", action="store_true", help="replace an existing Pulumi.<stack>.yaml")
     parser.add_argument("--dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -265,7 +272,7 @@ def _command(args: argparse.Namespace) -> str:
     parts += [f"{k}={v}" for k, v in (("PRECISION", args.precision if args.precision != "bf16" else None),
                                       ("REGION", args.region if args.region != "us-central1" else None),
                                       ("BUDGET", args.budget), ("TOKENS", args.tokens and f"{args.tokens:.0f}"),
-                                      ("DATA", args.data), ("FIELDS", args.fields),
+                                      ("DATA", args.data), ("FIELDS", args.fields), ("GPUS", args.gpus),
                                       ("EPOCHS", f"{args.epochs:g}" if args.epochs != 1 else None)) if v is not None]
     return "make gpus " + " ".join([*parts, f"WRITE={args.stack}"])
 
@@ -305,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         # download; an entry's name or a size takes data/models.yaml's id.
         model_id = hub_id(args.model)
         tokens = run_estimate.given_tokens(args.tokens, args.data, args.fields, args.epochs)
+        held = parse_held(args.gpus, cat) if args.gpus else None
         choice = choose(request, args.region, args.stack, args.budget, cat, model_id, writer=args.mode, tokens=tokens,
-                        serve=serve)
+                        serve=serve, held=held)
     except (ValueError, NoPlanError) as err:
         print(f"error: {cli.in_user_terms(str(err))}", file=sys.stderr)
         return 2
@@ -314,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {cli.arg('--data', args.data)}: {err.strerror or err}", file=sys.stderr)
         return 2
     text = stack_writer.render(choice.candidate, header(choice, request, args.region, args.stack, _command(args), cat,
-                                                        tokens))
+                                                        tokens, held))
     path.write_text(text, encoding="utf-8")
     running = "while it trains, with the server's node up" if choice.candidate.server else "with the workload running"
     print(f"wrote {path.name}: {stack_writer.summary_line(choice.candidate)}; ${choice.running_per_hour:,.2f}/h "
