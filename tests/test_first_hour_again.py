@@ -219,7 +219,7 @@ def test_argument_errors_name_make_variables_under_make(under_make: None, capsys
     assert _fail(planner_main, ["--model", "7B"], capsys).splitlines()[-1] == \
         "make gpus: error: MODE=inference|training|finetune is required"
     assert _fail(planner_main, ["--model", "7B", "--mode", "training", "--seq", "0"], capsys).splitlines()[-1] == \
-        "make gpus: error: SEQ=, BATCH=, --top and --max-nodes must be at least 1"
+        "make gpus: error: SEQ=, BATCH=, TOP= and --max-nodes must be at least 1"
 
 
 def test_argument_errors_name_flags_when_run_directly(capsys: pytest.CaptureFixture[str]) -> None:
