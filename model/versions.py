@@ -28,6 +28,7 @@ PYTHON_BUILD_ARGS = {
     "DATASETS_VERSION": "datasets",
     "VLLM_VERSION": "vllm",
     "DEEPSPEED_MII_VERSION": "deepspeedMii",
+    "TENSORBOARD_VERSION": "tensorboard",
 }
 OP_ARCHS_BUILD_ARG = "TORCH_CUDA_ARCH_LIST"
 

@@ -96,7 +96,7 @@ def test_install_sh_installs_the_version_set() -> None:
     python = versions.load().python
     assert dict(item.split("=", 1) for item in out) == {
         name: python[name] for name in ("torch", "deepspeed", "transformers", "accelerate", "peft", "datasets",
-                                        "vllmCpu", "lmEval")}
+                                        "vllmCpu", "lmEval", "tensorboard")}
     assert python["vllmCpu"] == python["vllm"]  # the CPU build of the release the image serves with
 
 

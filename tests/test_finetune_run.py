@@ -254,6 +254,11 @@ class FakeTrainer:
                 break
 
 
+def _passes_control(self: Any, args: Any, state: Any, control: Any, **_: Any) -> Any:
+    """The base TrainerCallback's hook, as the fake Trainer's loop calls it: control unchanged."""
+    return control
+
+
 class Fakes:
     """The modules finetune.py imports inside its functions, put in sys.modules; every call that matters is an
     event, in order."""
@@ -305,7 +310,7 @@ class Fakes:
                               unset_hf_deepspeed_config=lambda: fakes.events.append(("unset_hf_deepspeed_config",)))
         integrations = module("transformers.integrations", deepspeed=hf_deepspeed)
         transformers = module("transformers", integrations=integrations, TrainingArguments=TrainingArguments,
-                              TrainerCallback=type("TrainerCallback", (), {}),
+                              TrainerCallback=type("TrainerCallback", (), {"on_step_end": _passes_control}),
                               AutoTokenizer=SimpleNamespace(from_pretrained=tokenizer_from_pretrained),
                               AutoModelForCausalLM=SimpleNamespace(from_pretrained=model_from_pretrained),
                               Trainer=lambda **kwargs: FakeTrainer(fakes, **kwargs))

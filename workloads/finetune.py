@@ -21,6 +21,7 @@ from workloads.mpijob.nvidia import NvidiaLaunch, output_env
 from workloads.mpijob.shape import CONFIG_DIR, DS_CONFIG_KEY, HF_TOKEN_KEY, TOKEN_DIR, TOKEN_VOLUME, token_secret_name
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "finetune.py"
+PROGRESS = SCRIPT.with_name("finetune_progress.py")  # its progress callback, shipped beside it (it imports it)
 TOKEN_PATH_ENV = "HF_TOKEN_PATH"  # the contract: the ranks read a gated model's token from this file
 # A worker whose sshd died restarts in place, and the launcher (OnFailure, up to runPolicy.backoffLimit) resumes the
 # run from the newest checkpoint: the script finds it by itself (workloads/recovery.py).
@@ -122,10 +123,17 @@ def env(w: FinetuneWorkloadConfig, has_token: bool) -> dict[str, str]:
     return out
 
 
-def launch(w: FinetuneWorkloadConfig, has_token: bool) -> NvidiaLaunch:
+def files(w: FinetuneWorkloadConfig) -> dict[str, str]:
+    """What the job's ConfigMap ships for the ranks: the script (the project's or yours under workloads/scripts/user)
+    and finetune_progress.py beside it; nothing for a script of the bucket or the image, or `launch.command`."""
+    shipped = script_source.source(w).files
+    return {**shipped, PROGRESS.name: PROGRESS.read_text(encoding="utf-8")} if shipped else {}
+
+
+def launch(w: FinetuneWorkloadConfig, has_token: bool, run_env: dict[str, str] | None = None) -> NvidiaLaunch:
     """What the MPIJob runs (workloads/mpijob/nvidia.py renders the rest): the script on every rank with its
     arguments; the launcher has the token's file already (the shape mounts it), the workers, where the ranks run,
-    get it here."""
+    get it here. `run_env`: the progress callback's facts and TensorBoard's folder (workloads/finetune_progress.py)."""
     script = script_source.source(w)
     worker_volumes, worker_mounts = [], []
     if has_token:
@@ -134,7 +142,8 @@ def launch(w: FinetuneWorkloadConfig, has_token: bool) -> NvidiaLaunch:
                                                                 "defaultMode": 0o440}})
         worker_mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
     return NvidiaLaunch(
-        rank_command=[script.path, *script_args(w)], env=env(w, has_token), files=script.files, hf_trainer=True,
+        rank_command=[script.path, *script_args(w)], env={**env(w, has_token), **(run_env or {})}, files=files(w),
+        hf_trainer=True,
         command=w.launch.command, worker_volumes=worker_volumes, worker_mounts=worker_mounts,
         worker_restart_policy=WORKER_RESTART_POLICY, wait_for=bucket_inputs(w))
 

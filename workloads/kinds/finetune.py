@@ -25,7 +25,7 @@ import pulumi
 from model.config import workload_default
 from model.types import FinetuneWorkloadConfig, StackConfig
 from model.validators import at
-from workloads import finetune, gcs_fuse
+from workloads import finetune, finetune_progress, gcs_fuse
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.mpijob import check_mpijob_name, check_mpijob_storage
 from workloads.kinds.shared import changed_keys, launcher_flags, script_flag_problems
@@ -243,10 +243,11 @@ def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi
         config=w, placement=placement(cfg, w), stack_image=platform.image, hf_token=platform.hf_token,
         claim_depends_on=platform.claim_depends_on, bucket=platform.bucket,
         operator_version=cfg.mpi_operator.version, retain_on_delete=not platform.own_cluster, queue=queue,
-        launch=finetune.launch(w, has_token=platform.hf_token is not None),
+        launch=finetune.launch(w, has_token=platform.hf_token is not None, run_env=finetune_progress.run_env(cfg, w)),
         gcs_mount_options=gcs_fuse.mount_options(CHECKPOINT_PROFILE),
         admitted_by=platform.mpijob_admitted_by(queue is not None)), opts)
     outputs = {"checkpointDir": w.checkpoint_dir, "modelDir": w.model_dir, "model": finetune.model_arg(w),
+               "logsDir": finetune_progress.logs_dir(w),
                **finetune.where_to_look(w)}
     summary = job.summary.apply(lambda s: {**s, **outputs})
     return Built(job, summary, queued_namespace=job.namespace.metadata.name if queue else None)

@@ -539,6 +539,25 @@ def _tokenized(args: argparse.Namespace, tokenizer: Any, token: str | None) -> A
     return kept
 
 
+def _progress_callbacks(args: argparse.Namespace) -> list[Any]:
+    """Progress and metrics (finetune_progress.py, shipped beside this file), then TensorBoard's writer where
+    TENSORBOARD_LOGGING_DIR names its folder: in that order, so the tokens/s and MFU the first adds to the logs are
+    written with the loss."""
+    import importlib
+
+    folder = str(Path(__file__).parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    progress = importlib.import_module("finetune_progress")
+    out = [progress.progress_callback(progress.RunFacts.from_env(os.environ), args.checkpoint_dir, args.model_dir,
+                                      say)]
+    if os.environ.get("TENSORBOARD_LOGGING_DIR", "").strip():
+        from transformers.integrations import TensorBoardCallback
+
+        out.append(TensorBoardCallback())
+    return out
+
+
 def _collator(pad_id: int) -> Any:
     import torch
 
@@ -645,8 +664,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         save_total_limit=args.save_total_limit,
         logging_steps=args.logging_steps,
         seed=args.seed,
-        report_to="none",
+        report_to="none",  # TensorBoard's writer is among the callbacks below, after the progress callback
         disable_tqdm=True,  # one line per logging step (the log dicts), not progress bars in a pod log
+        include_num_input_tokens_seen="non_padding",  # every rank's tokens, summed: tokens/s and MFU
         gradient_checkpointing=args.gradient_checkpointing,
         use_cpu=cpu and not cpu_deepspeed,
         accelerator_config={"use_configured_state": cpu_deepspeed},
@@ -668,7 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = _lora(model, args)
     callback = _stop_callback(stop)
     trainer = Trainer(model=model, args=training, train_dataset=data, data_collator=_collator(tokenizer.pad_token_id),
-                      processing_class=tokenizer, callbacks=[callback])
+                      processing_class=tokenizer, callbacks=[*_progress_callbacks(args), callback])
     resume = newest_checkpoint(args.checkpoint_dir)
     say(f"rank {training.process_index}/{training.world_size}: {len(data)} samples, ZeRO-{zero_stage(ds)}, "
         f"{precision}{', LoRA' if args.lora else ''}; " + (f"resuming from {resume}" if resume else "from the start"))

@@ -1,0 +1,195 @@
+"""finetune_progress.py's arithmetic and files, against values computed by hand; its callback under a stand-in
+TrainerCallback and a stand-in clock (no transformers, no sleeping)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+from conftest import load_file
+
+SCRIPT = Path(__file__).resolve().parent.parent / "workloads" / "scripts" / "finetune_progress.py"
+
+
+@pytest.fixture(scope="module")
+def fp() -> Any:
+    return load_file(SCRIPT, "finetune_progress_under_test")
+
+
+def test_percentage_rounds_down_and_reaches_100_only_at_the_end(fp: Any) -> None:
+    assert fp.progress_percentage(20, 40) == 50
+    assert fp.progress_percentage(39, 40) == 97  # 97.5 rounded down
+    assert fp.progress_percentage(40, 40) == 100
+    assert fp.progress_percentage(0, 0) == 0
+
+
+def test_eta_is_the_steps_left_at_this_sessions_pace(fp: Any) -> None:
+    # Resumed at step 5, at step 20 after 30 s: 2 s a step, 20 steps left -> 40 s.
+    assert fp.eta_seconds(20, 40, 5, 30.0) == pytest.approx(40.0)
+    assert fp.eta_seconds(40, 40, 5, 70.0) == 0.0
+    assert fp.eta_seconds(5, 40, 5, 3.0) is None  # no step done yet this session
+
+
+def test_mfu_counts_the_model_flops_over_every_gpus_peak(fp: Any) -> None:
+    # Llama-2-7B (6.74e9 parameters) in full: 6N = 4.044e10 FLOPs a token; 8 x A100 (312 dense bf16 TFLOPS) at
+    # 24,000 tokens/s: 24,000 x 4.044e10 / (8 x 312e12) = 9.7056e14 / 2.496e15 = 0.388846...
+    assert fp.mfu(24_000, 6 * 6.74e9, 8, 312.0) == pytest.approx(0.3888461538)
+
+
+def test_run_facts_read_positive_numbers_and_leave_out_the_rest(fp: Any) -> None:
+    facts = fp.RunFacts.from_env({"FINETUNE_PEAK_TFLOPS": "65", "FINETUNE_MODEL_FLOPS": "2.8e10",
+                                  "FINETUNE_PRICE_PER_HOUR": "abc"})
+    assert (facts.peak_tflops, facts.flops_per_token, facts.price_per_hour) == (65.0, 2.8e10, None)
+    assert fp.RunFacts.from_env({"FINETUNE_PEAK_TFLOPS": "0"}).peak_tflops is None
+
+
+def test_progress_file_has_kubeflow_trainer_status_fields(fp: Any) -> None:
+    s = fp.Snapshot(step=20, steps=40, elapsed=61.23456, eta=40.4, loss=1.25, tokens_per_second=1234.5, mfu=0.0312)
+    now = datetime.datetime(2026, 11, 27, 12, 0, 5, tzinfo=datetime.UTC)
+    assert fp.trainer_status(s, now) == {
+        "progressPercentage": 50, "estimatedRemainingSeconds": 40, "lastUpdatedTime": "2026-11-27T12:00:05Z",
+        "metrics": [{"name": "loss", "value": "1.25"}, {"name": "tokens_per_second", "value": "1234.5"},
+                    {"name": "mfu", "value": "0.0312"}],
+        "step": 20, "steps": 40, "elapsedSeconds": 61.235}
+    unknown = fp.Snapshot(0, 40, 0.0, None, None, None, None)
+    assert "estimatedRemainingSeconds" not in fp.trainer_status(unknown, now)
+
+
+def test_run_record_prices_the_hours_trained(fp: Any) -> None:
+    # 2 h 15 min at $3.71/h: 2.25 x 3.71 = $8.3475.
+    assert fp.run_record(8100.0, 3.71, 40, 2) == {"trainingHours": 2.25, "pricePerHour": 3.71, "cost": 8.3475,
+                                                 "step": 40, "worldSize": 2}
+    assert "cost" not in fp.run_record(8100.0, None, 40, 2)
+
+
+def test_write_atomic_replaces_the_file_whole_and_leaves_no_temporary(fp: Any, tmp_path: Path) -> None:
+    path = tmp_path / "ckpt" / "progress.json"
+    fp.write_atomic(path, {"step": 1})
+    fp.write_atomic(path, {"step": 2})
+    assert json.loads(path.read_text()) == {"step": 2}
+    assert [p.name for p in path.parent.iterdir()] == ["progress.json"]
+
+
+def test_previous_elapsed_only_on_a_resume(fp: Any, tmp_path: Path) -> None:
+    path = tmp_path / "progress.json"
+    path.write_text(json.dumps({"elapsedSeconds": 12.5}))
+    assert fp.previous_elapsed(path, 5) == 12.5
+    assert fp.previous_elapsed(path, 0) == 0.0  # a fresh run: an old run's file is not this one's
+    assert fp.previous_elapsed(tmp_path / "none.json", 5) == 0.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _callback(fp: Any, tmp_path: Path, clock: Clock, said: list[str]) -> Any:
+    transformers = ModuleType("transformers")
+    transformers.TrainerCallback = type("TrainerCallback", (), {})  # type: ignore[attr-defined]
+    sys.modules["transformers"] = transformers
+    try:
+        facts = fp.RunFacts(peak_tflops=0.001, flops_per_token=600_000.0, price_per_hour=2.0)
+        return fp.progress_callback(facts, str(tmp_path / "ckpt"), str(tmp_path / "model"), said.append, clock)
+    finally:
+        del sys.modules["transformers"]
+
+
+def test_callback_adds_rates_to_the_logs_writes_progress_and_the_runs_cost(fp: Any, tmp_path: Path) -> None:
+    clock, said = Clock(), []
+    cb = _callback(fp, tmp_path, clock, said)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "progress.json").write_text(json.dumps({"elapsedSeconds": 30.0}))  # the first attempt's
+    args = SimpleNamespace(world_size=2, process_index=0)
+    state = SimpleNamespace(global_step=5, max_steps=40, num_input_tokens_seen=1000, is_world_process_zero=True)
+    cb.on_train_begin(args, state, None)
+    clock.now, state.global_step, state.num_input_tokens_seen = 110.0, 10, 3000
+    logs = {"loss": 2.5}
+    cb.on_log(args, state, None, logs=logs)
+    # 2,000 tokens in 10 s = 200 tokens/s; MFU 200 x 600,000 / (2 x 0.001e12) = 0.06; ETA 30 steps x 2 s = 60 s.
+    assert logs == {"loss": 2.5, "tokens_per_second": 200.0, "tokens_per_second_per_gpu": 100.0,
+                    "mfu": pytest.approx(0.06)}
+    assert said == ["rank 0: step 10/40 (25 %), 200 tokens/s (100 per GPU), MFU 6.00%, ETA 60 s, loss 2.5"]
+    progress = json.loads((tmp_path / "ckpt" / "progress.json").read_text())
+    assert (progress["progressPercentage"], progress["estimatedRemainingSeconds"], progress["elapsedSeconds"]) == \
+        (25, 60, 40.0)
+    clock.now, state.global_step = 170.0, 40
+    cb.on_train_end(args, state, None)
+    final = json.loads((tmp_path / "ckpt" / "progress.json").read_text())
+    assert (final["progressPercentage"], final["estimatedRemainingSeconds"]) == (100, 0)
+    # 30 s before + 70 s now = 100 s = 0.027778 h, at $2/h: $0.0556.
+    assert json.loads((tmp_path / "model" / "run.json").read_text()) == {
+        "trainingHours": 0.027778, "pricePerHour": 2.0, "cost": 0.0556, "step": 40, "worldSize": 2}
+
+
+def test_callback_on_another_rank_logs_but_writes_nothing(fp: Any, tmp_path: Path) -> None:
+    clock, said = Clock(), []
+    cb = _callback(fp, tmp_path, clock, said)
+    args = SimpleNamespace(world_size=2, process_index=1)
+    state = SimpleNamespace(global_step=0, max_steps=40, num_input_tokens_seen=0, is_world_process_zero=False)
+    cb.on_train_begin(args, state, None)
+    clock.now, state.global_step, state.num_input_tokens_seen = 105.0, 5, 1000
+    cb.on_log(args, state, None, logs={"loss": 3.0})
+    cb.on_log(args, state, None, logs={"train_runtime": 5.0})  # the run's summary: no window, nothing said
+    state.global_step = 40
+    cb.on_train_end(args, state, None)
+    assert said == ["rank 1: step 5/40 (12 %), 200 tokens/s (100 per GPU), MFU 6.00%, ETA 35 s, loss 3"]
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "model").exists()
+
+
+def test_a_stopped_run_records_no_cost(fp: Any, tmp_path: Path) -> None:
+    clock, said = Clock(), []
+    cb = _callback(fp, tmp_path, clock, said)
+    args = SimpleNamespace(world_size=1, process_index=0)
+    state = SimpleNamespace(global_step=0, max_steps=40, num_input_tokens_seen=0, is_world_process_zero=True)
+    cb.on_train_begin(args, state, None)
+    clock.now, state.global_step = 120.0, 7  # preempted at step 7
+    cb.on_train_end(args, state, None)
+    progress = json.loads((tmp_path / "ckpt" / "progress.json").read_text())
+    assert progress["progressPercentage"] == 17 and "estimatedRemainingSeconds" not in progress
+    assert not (tmp_path / "model" / "run.json").exists()
+
+
+# --- what the stack renders for it --------------------------------------------------------------------------------
+
+def _recipe_env(changes: dict[str, Any] | None = None) -> dict[str, str]:
+    from conftest import changed, config_model
+
+    from workloads import finetune_progress
+
+    cfg = config_model(changed("finetune", changes))
+    return finetune_progress.run_env(cfg, cfg.workloads["tune"])
+
+
+def test_the_recipe_gets_its_gpus_peak_the_models_flops_its_pools_price_and_logs_folder() -> None:
+    # Pulumi.finetune.yaml: Qwen2.5-7B (7.62e9 parameters, data/models.yaml) with LoRA: 4N = 3.048e10 FLOPs a token
+    # (PaLM's MFU counts no recomputation); L4 bf16 dense 121 TFLOPS (NVIDIA's datasheet, 242 with sparsity);
+    # 2 spot g2-standard-48 nodes at $1.60/h each (data/gpu_catalog.yaml) = $3.20/h.
+    assert _recipe_env() == {"FINETUNE_PEAK_TFLOPS": "121", "FINETUNE_MODEL_FLOPS": "3.048e+10",
+                             "FINETUNE_PRICE_PER_HOUR": "3.2", "TENSORBOARD_LOGGING_DIR": "/gcs/logs/tune"}
+
+
+def test_full_fine_tuning_counts_6n() -> None:
+    env = _recipe_env({"workloads.tune.finetune.lora.enabled": False,
+                       "workloads.tune.deepspeed.offloadOptimizer": "cpu"})  # full: needs offload to fit
+    assert env["FINETUNE_MODEL_FLOPS"] == "4.572e+10"  # 6 x 7.62e9
+
+
+def test_the_launch_carries_the_env_and_ships_the_callback_beside_the_script() -> None:
+    from conftest import changed, config_model
+
+    from workloads import finetune, finetune_progress
+
+    cfg = config_model(changed("finetune", None))
+    w = cfg.workloads["tune"]
+    launch = finetune.launch(w, has_token=False, run_env=finetune_progress.run_env(cfg, w))
+    assert launch.env["FINETUNE_PEAK_TFLOPS"] == "121" and launch.env["CHECKPOINT_DIR"] == "/gcs/checkpoints/tune"
+    assert sorted(launch.files) == ["finetune.py", "finetune_progress.py"]
+    assert launch.files["finetune_progress.py"] == SCRIPT.read_text(encoding="utf-8")

@@ -1,0 +1,63 @@
+"""What finetune.py's progress callback (workloads/scripts/finetune_progress.py) needs from the stack, in the ranks'
+environment: the GPU's peak dense TFLOPS in the run's precision and the model's FLOPs per token (MFU as the run's
+estimate defines it, planner/run_estimate.py: 6N full, 4N LoRA, without the recomputation, over
+data/gpu_catalog.yaml peakTflops), the run's pool's $/h (its nodes at the price it pays: the measured cost in
+MODEL_DIR/run.json), and TENSORBOARD_LOGGING_DIR, the folder of the run's TensorBoard event files: `logs/<workload>`
+under the output root (the bucket's mount with gcsFuse.enabled, else the claim). What the stack cannot say (a GPU
+without a peak, a model without a size, an unpriced machine) is left out: the run still logs what it can.
+"""
+
+from __future__ import annotations
+
+from model import catalog as gpu_catalog
+from model.types import FinetuneWorkloadConfig, StackConfig
+from planner import cost, run_estimate
+from planner.requests import workload_request
+
+PEAK_ENV = "FINETUNE_PEAK_TFLOPS"  # finetune_progress.PEAK_ENV, and the two below
+FLOPS_ENV = "FINETUNE_MODEL_FLOPS"  # per token trained (a name with TOKEN in it reads as a secret to the policy)
+PRICE_ENV = "FINETUNE_PRICE_PER_HOUR"
+LOGS_ENV = "TENSORBOARD_LOGGING_DIR"  # transformers' TensorBoardCallback reads its folder from it
+LOGS_FOLDER = "logs"
+
+
+def logs_folder(w: FinetuneWorkloadConfig) -> str:
+    """The run's TensorBoard folder relative to the output root: `logs/<workload>`."""
+    return f"{LOGS_FOLDER}/{w.name}"
+
+
+def logs_dir(w: FinetuneWorkloadConfig) -> str:
+    return f"{w.output_root.rstrip('/')}/{logs_folder(w)}"
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def model_flops(w: FinetuneWorkloadConfig) -> float | None:
+    """The model's FLOPs per token trained, as the run's estimate counts them; None where its size is unknown."""
+    request = workload_request(w)
+    if request is None:
+        return None
+    flops, _executed = run_estimate.flops_per_token(request.model.parameters, request.lora is not None,
+                                                    request.gradient_checkpointing)
+    return flops
+
+
+def run_env(cfg: StackConfig, w: FinetuneWorkloadConfig, cat: gpu_catalog.Catalog | None = None) -> dict[str, str]:
+    cat = cat or gpu_catalog.load()
+    out = {LOGS_ENV: logs_dir(w)}
+    pool = cfg.pool(w.pool) if w.pool else None
+    if pool is None:
+        return out
+    peak = run_estimate.peak(cat, pool.gpu.type, w.deepspeed.precision)
+    if peak is not None:
+        out[PEAK_ENV] = _number(peak)
+    flops = model_flops(w)
+    if flops is not None:
+        out[FLOPS_ENV] = _number(flops)
+    priced = next((p for p in cost.pool_costs(cfg, cat) if p.name == pool.name), None)
+    if priced is not None and priced.known:
+        nodes = min(priced.max_nodes, max(priced.min_nodes, w.workers))
+        out[PRICE_ENV] = _number(priced.pays(nodes))
+    return out

@@ -1,0 +1,230 @@
+"""finetune.py's progress and metrics while it runs: tokens per second and MFU on every rank, a progress file and
+the run's measured cost on rank 0.
+
+- Every logging step each rank prints `step S/M (P %), T tokens/s (T/W per GPU), MFU X %, ETA E s, loss L`, and the
+  Trainer's logs get `tokens_per_second`, `tokens_per_second_per_gpu` and `mfu` beside the loss, so that its
+  TensorBoard writer (report_to tensorboard, TENSORBOARD_LOGGING_DIR) records them with it.
+- Rank 0 writes CHECKPOINT_DIR/progress.json at each logging step and at the end, atomically (a temporary file, then
+  a rename): the shape of Kubeflow Trainer's TrainJob `status.trainerStatus` (KEP-2779, kubeflow/trainer PR #2905
+  and docs/user-guides/trainjob-progress.md: progressPercentage 0-100, estimatedRemainingSeconds, metrics as
+  name/value strings, lastUpdatedTime), plus the step, the steps and the training seconds so far.
+- When the run finishes, rank 0 writes MODEL_DIR/run.json: the training hours (every attempt's, carried over a
+  restart through progress.json) times the stack's $/h while it trains (FINETUNE_PRICE_PER_HOUR).
+
+MFU is the planner's definition (planner/run_estimate.py): the model's FLOPs per token (6N full, 4N LoRA, without
+the recomputation of gradient checkpointing; FINETUNE_MODEL_FLOPS, rendered by the stack from the same function)
+x tokens per second over the GPUs x their peak dense TFLOPS in the run's precision (FINETUNE_PEAK_TFLOPS, from
+data/gpu_catalog.yaml peakTflops). Tokens are the non-padding tokens of every rank's batches, which the Trainer
+counts across the ranks (include_num_input_tokens_seen); a rank's share is the total over the world size.
+
+Above `progress_callback` everything is plain Python (unit-tested by hand: tests/test_finetune_progress.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROGRESS_FILE = "progress.json"  # beside the checkpoints
+RUN_FILE = "run.json"  # beside the model
+PEAK_ENV = "FINETUNE_PEAK_TFLOPS"
+FLOPS_ENV = "FINETUNE_MODEL_FLOPS"
+PRICE_ENV = "FINETUNE_PRICE_PER_HOUR"
+TERA = 1e12
+SECONDS_PER_HOUR = 3600
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the stack tells the ranks about the run (None: not given, and what needs it is left out)."""
+
+    peak_tflops: float | None = None  # per GPU, in the run's precision
+    flops_per_token: float | None = None  # the model's FLOPs per token trained (MFU's numerator)
+    price_per_hour: float | None = None  # the stack's $/h while the run trains
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> RunFacts:
+        return cls(_positive(environ, PEAK_ENV), _positive(environ, FLOPS_ENV), _positive(environ, PRICE_ENV))
+
+
+def _positive(environ: Mapping[str, str], name: str) -> float | None:
+    """A positive number from the environment; None when unset or not one (a metric is left out, not the run)."""
+    try:
+        value = float(environ.get(name, "").strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def progress_percentage(step: int, steps: int) -> int:
+    """Whole percent done, rounded down (100 only at the last step)."""
+    if steps <= 0:
+        return 0
+    return min(100, max(0, step * 100 // steps))
+
+
+def eta_seconds(step: int, steps: int, start_step: int, elapsed: float) -> float | None:
+    """Seconds left at this session's pace: the steps left x the seconds per step since it began at `start_step`;
+    None before a step is done."""
+    done = step - start_step
+    if done <= 0 or elapsed <= 0:
+        return None
+    return max(0, steps - step) * elapsed / done
+
+
+def per_second(amount: float, seconds: float) -> float | None:
+    return amount / seconds if seconds > 0 else None
+
+
+def mfu(tokens_per_second: float, flops_per_token: float, gpus: int, peak_tflops: float) -> float:
+    """The share of the GPUs' peak that the model's FLOPs reach."""
+    return tokens_per_second * flops_per_token / (gpus * peak_tflops * TERA)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The run as rank 0 saw it at one logging step."""
+
+    step: int
+    steps: int
+    elapsed: float  # training seconds in all, every attempt's
+    eta: float | None
+    loss: float | None
+    tokens_per_second: float | None
+    mfu: float | None
+
+
+def trainer_status(s: Snapshot, now: datetime.datetime) -> dict[str, Any]:
+    """progress.json: Kubeflow Trainer's trainerStatus fields (metrics' values are strings there), and ours."""
+    metrics = [(name, value) for name, value in (("loss", s.loss), ("tokens_per_second", s.tokens_per_second),
+                                                 ("mfu", s.mfu)) if value is not None]
+    out: dict[str, Any] = {"progressPercentage": progress_percentage(s.step, s.steps),
+                           "metrics": [{"name": n, "value": f"{v:.6g}"} for n, v in metrics],
+                           "lastUpdatedTime": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           "step": s.step, "steps": s.steps, "elapsedSeconds": round(s.elapsed, 3)}
+    if s.eta is not None:
+        out["estimatedRemainingSeconds"] = round(s.eta)
+    return out
+
+
+def run_record(elapsed: float, price_per_hour: float | None, step: int, world_size: int) -> dict[str, Any]:
+    """run.json: the training time measured and what it cost at the stack's $/h (None: no price given)."""
+    hours = elapsed / SECONDS_PER_HOUR
+    out: dict[str, Any] = {"trainingHours": round(hours, 6), "step": step, "worldSize": world_size}
+    if price_per_hour is not None:
+        out["pricePerHour"] = price_per_hour
+        out["cost"] = round(hours * price_per_hour, 4)
+    return out
+
+
+def write_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """JSON written whole or not at all: a reader (or a copy of the bucket) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(data, sort_keys=True) + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def previous_elapsed(path: Path, resumed_step: int) -> float:
+    """The training seconds of the attempts before this one (progress.json's), when this one resumes; 0 else."""
+    if resumed_step <= 0:
+        return 0.0
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("elapsedSeconds", 0.0)
+    except (OSError, ValueError, AttributeError):
+        return 0.0
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def rank_line(rank: int, s: Snapshot, world_size: int) -> str:
+    parts = [f"rank {rank}: step {s.step}/{s.steps} ({progress_percentage(s.step, s.steps)} %)"]
+    if s.tokens_per_second is not None:
+        parts.append(f"{s.tokens_per_second:,.0f} tokens/s ({s.tokens_per_second / world_size:,.0f} per GPU)")
+    if s.mfu is not None:
+        parts.append(f"MFU {s.mfu:.2%}")
+    if s.eta is not None:
+        parts.append(f"ETA {s.eta:,.0f} s")
+    if s.loss is not None:
+        parts.append(f"loss {s.loss:.4g}")
+    return ", ".join(parts)
+
+
+# --- the Trainer's callback (transformers) ---------------------------------------------------------------------
+
+def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say: Any,
+                      clock: Any = time.monotonic) -> Any:
+    """The TrainerCallback: its on_log comes before the TensorBoard writer's (finetune.py puts it first), so the
+    values it adds to the logs are recorded with the loss."""
+    from transformers import TrainerCallback
+
+    progress_path, run_path = Path(checkpoint_dir) / PROGRESS_FILE, Path(model_dir) / RUN_FILE
+
+    class Progress(TrainerCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.began = self.last_time = 0.0
+            self.start_step = self.last_step = 0
+            self.last_tokens = 0
+            self.before = 0.0  # training seconds of earlier attempts
+            self.loss: float | None = None
+            self.last: Snapshot | None = None  # the last logging step's, whose rates the final file keeps
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            self.began = self.last_time = clock()
+            self.start_step = self.last_step = state.global_step
+            self.last_tokens = state.num_input_tokens_seen
+            self.before = previous_elapsed(progress_path, state.global_step)
+
+        def snapshot(self, state: Any, world: int) -> Snapshot:
+            now = clock()
+            tokens = per_second(state.num_input_tokens_seen - self.last_tokens, now - self.last_time)
+            use = None
+            if tokens is not None and facts.flops_per_token and facts.peak_tflops:
+                use = mfu(tokens, facts.flops_per_token, world, facts.peak_tflops)
+            eta = eta_seconds(state.global_step, state.max_steps, self.start_step, now - self.began)
+            self.last_time, self.last_tokens, self.last_step = now, state.num_input_tokens_seen, state.global_step
+            return Snapshot(state.global_step, state.max_steps, self.before + now - self.began, eta, self.loss,
+                            tokens, use)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **_: Any) -> None:
+            if logs is None or "loss" not in logs or state.global_step == self.last_step:
+                return  # an eval's or the run's summary log: no training window to measure
+            self.loss = float(logs["loss"])
+            s = self.snapshot(state, args.world_size)
+            if s.tokens_per_second is not None:
+                logs["tokens_per_second"] = s.tokens_per_second
+                logs["tokens_per_second_per_gpu"] = s.tokens_per_second / args.world_size
+            if s.mfu is not None:
+                logs["mfu"] = s.mfu
+            self.last = s
+            say(rank_line(args.process_index, s, args.world_size))
+            if state.is_world_process_zero:
+                write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.UTC)))
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if not state.is_world_process_zero:
+                return
+            elapsed = self.before + clock() - self.began
+            eta = 0.0 if state.global_step >= state.max_steps else None
+            last = self.last
+            s = Snapshot(state.global_step, state.max_steps, elapsed, eta, self.loss,
+                         last.tokens_per_second if last else None, last.mfu if last else None)
+            write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.UTC)))
+            if state.global_step >= state.max_steps:
+                write_atomic(run_path, run_record(elapsed, facts.price_per_hour, state.global_step,
+                                                  args.world_size))
+
+    return Progress()
