@@ -48,6 +48,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -688,6 +689,76 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven")
 LOSS_LINE = re.compile(r"\{'loss': '?([\d.]+)'?")
 RESUMED = re.compile(r"\[finetune\] rank 0/\d+: .* resuming from (\S+)")
+# The progress callback's facts (workloads/finetune_progress.py renders them from the pool on a cluster). Here the
+# ranks run on CPUs, which have no peak in data/gpu_catalog.yaml: a stand-in of 0.05 TFLOPS a rank (one x86 core's
+# fp32 FMA peak is of that order: 2.5 GHz x 2 FMA units x 8 lanes x 2 FLOPs = 0.08 TFLOPS; an assumption, not a
+# measurement), so MFU is computed the cluster's way against a stated figure; and a stand-in price of $1/h.
+E2E_PEAK_TFLOPS = 0.05
+E2E_PRICE_PER_HOUR = 1.0
+EVENT_TAGS = ("train/loss", "train/tokens_per_second", "train/mfu")  # TensorBoardCallback's names (train/ + key)
+ETA_TOLERANCE = 0.5  # the ETA at half-way within 50 % of the real remainder (issue 29 item 2)
+
+
+def e2e_run_env(w: Any) -> dict[str, str]:
+    """What the stack renders for the progress callback, with the CPU's stand-in peak and price."""
+    from workloads import finetune_progress
+
+    flops = finetune_progress.model_flops(w)
+    assert flops is not None, "the e2e workload's model block gives its size"
+    return {finetune_progress.LOGS_ENV: finetune_progress.logs_dir(w), finetune_progress.FLOPS_ENV: f"{flops:.6g}",
+            finetune_progress.PEAK_ENV: f"{E2E_PEAK_TFLOPS:g}", finetune_progress.PRICE_ENV: f"{E2E_PRICE_PER_HOUR:g}"}
+
+
+class ProgressWatch(threading.Thread):
+    """Polls CHECKPOINT_DIR/progress.json while a run trains: the first reading at half-way or past it."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path, self.half = path, None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set() and self.half is None:
+            try:
+                seen = json.loads(self.path.read_text())
+            except (OSError, ValueError):  # not yet written (the writer renames: never half a file)
+                seen = None
+            if seen and seen.get("progressPercentage", 0) >= 50:
+                self.half = seen
+            time.sleep(0.05)
+
+
+def progress_problems(half: dict[str, Any] | None, final: dict[str, Any]) -> list[str]:
+    """The progress file ends at 100 %, and its ETA at half-way was within ETA_TOLERANCE of the time that was in
+    fact left (the training seconds between the two readings)."""
+    problems = []
+    if final.get("progressPercentage") != 100 or final.get("estimatedRemainingSeconds") != 0:
+        problems.append(f"progress.json ends at {final.get('progressPercentage')} %, ETA "
+                        f"{final.get('estimatedRemainingSeconds')} s: expected 100 % and 0 s")
+    if half is None or "estimatedRemainingSeconds" not in half:
+        return [*problems, f"no ETA read at half-way ({half})"]
+    real = final["elapsedSeconds"] - half["elapsedSeconds"]
+    eta = half["estimatedRemainingSeconds"]
+    if abs(eta - real) > ETA_TOLERANCE * real:
+        problems.append(f"ETA at step {half.get('step')} ({half['progressPercentage']} %): {eta} s, but {real:.1f} s "
+                        f"were left (more than {ETA_TOLERANCE:.0%} off)")
+    return problems
+
+
+def event_problems(tags: set[str]) -> list[str]:
+    return [f"the TensorBoard event files have no {tag}" for tag in EVENT_TAGS if tag not in tags]
+
+
+EVENT_TAGS_SCRIPT = """
+import json, pathlib, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+tags = set()
+for path in sorted(pathlib.Path(sys.argv[1]).rglob("events.out.tfevents.*")):
+    events = EventAccumulator(str(path))
+    events.Reload()
+    tags |= {t for t in events.Tags()["scalars"] if events.Scalars(t)}
+print(json.dumps(sorted(tags)))
+"""
 
 
 def finetune_records() -> list[dict[str, str]]:
@@ -790,7 +861,7 @@ def finetune_workload() -> tuple[Any, Any, Any]:
 
     w, where = stack_workload("finetune", args=FINETUNE_LAUNCH_ARGS, script="finetune.py", deepspeed=FINETUNE_DS,
                               keys=FINETUNE_KEYS)
-    return w, where, finetune.launch(w, has_token=False)
+    return w, where, finetune.launch(w, has_token=False, run_env=e2e_run_env(w))
 
 
 def outside(path: str, mount: str, folder: Path) -> Path:
@@ -852,7 +923,10 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
 
     # 2. The job's pods come back: the same launch resumes from the newest checkpoint and exports the model.
     start_mpijob(cluster, logs, (w, where), rank_env, job_launch, claim)
+    watch = ProgressWatch(checkpoints / "progress.json")
+    watch.start()
     status, second = launch(cluster, launcher, script, logs / "finetune-2-resumed.log", env=env)
+    watch.done.set()
     cluster.stop_services()
     fail_unless(status == 0, f"resumed run: exit {status} (log {logs / 'finetune-2-resumed.log'})")
     fail_unless(resumed_from(second) == f"{w.checkpoint_dir}/{saved.name}",
@@ -868,6 +942,26 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     # runs, the last step at 0.88-0.93 of the first).
     fail_unless(len(losses) >= 2 and losses[-1] < 0.97 * losses[0], f"losses {losses}: the model did not learn")
     phases.end(f"resume from step {saved_step}, train to {FINETUNE_STEPS}, export")
+
+    # Progress and metrics: progress.json beside the checkpoints, the event files under logs/<workload>, run.json.
+    from workloads import finetune_progress
+
+    final = json.loads((checkpoints / "progress.json").read_text())
+    problems = progress_problems(watch.half, final)
+    logs_dir = outside(finetune_progress.logs_dir(w), w.gcs_fuse.mount_path, bucket)
+    tags = set(json.loads(_venv_python("-c", EVENT_TAGS_SCRIPT, str(logs_dir)).strip().splitlines()[-1]))
+    problems += event_problems(tags)
+    run = json.loads((model_dir / "run.json").read_text())
+    if run.get("cost") != round(run.get("trainingHours", 0) * E2E_PRICE_PER_HOUR, 4) or run.get("step") != \
+            FINETUNE_STEPS:
+        problems.append(f"run.json {run}: expected step {FINETUNE_STEPS} and hours x ${E2E_PRICE_PER_HOUR:g}/h")
+    rates = re.findall(r"rank (\d+): step \d+/\d+ .*tokens/s .*MFU", first + second)
+    if {int(r) for r in rates} != set(range(len(workers))):
+        problems.append(f"ranks logging tokens/s and MFU: {sorted({int(r) for r in rates})}, expected every rank")
+    fail_unless(not problems, "; ".join(problems))
+    phases.end(f"progress at step {watch.half['step']}: ETA {watch.half['estimatedRemainingSeconds']} s, real "
+               f"{final['elapsedSeconds'] - watch.half['elapsedSeconds']:.0f} s; events {', '.join(EVENT_TAGS)}; "
+               f"cost {run['trainingHours']:.4f} h = ${run['cost']}")
 
     # 3. vLLM's CPU build serves MODEL_DIR (a serve pod on the launcher's host); transformers' greedy tokens on the
     #    exported model are computed meanwhile, the reference vLLM's answer must equal.

@@ -154,8 +154,13 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
             "--dataset /gcs/e2e-finetune/data.jsonl") in script
     assert "--lora" in script and "--max-steps 40" in script and script.endswith("--logging-steps 5")
     # The contract's layout on the bucket's mount, in the environment every rank is sent.
-    assert launch.env == {"CHECKPOINT_DIR": "/gcs/checkpoints/ds-e2e", "MODEL_DIR": "/gcs/models/ds-e2e"}
-    assert {"CHECKPOINT_DIR", "MODEL_DIR"} <= set(nvidia.forwarded_env(w, where, False, launch))
+    # The progress callback's: LoRA's 4N FLOPs a token of the tiny Llama's 150k parameters (the model block's
+    # 0.00015 B) = 600,000; the CPU's stand-in peak and price; TensorBoard's folder under logs/ in the bucket.
+    assert launch.env == {"CHECKPOINT_DIR": "/gcs/checkpoints/ds-e2e", "MODEL_DIR": "/gcs/models/ds-e2e",
+                          "FINETUNE_MODEL_FLOPS": "600000", "FINETUNE_PEAK_TFLOPS": "0.05",
+                          "FINETUNE_PRICE_PER_HOUR": "1", "TENSORBOARD_LOGGING_DIR": "/gcs/logs/ds-e2e"}
+    assert {"CHECKPOINT_DIR", "MODEL_DIR", "FINETUNE_PEAK_TFLOPS", "TENSORBOARD_LOGGING_DIR"} <= set(
+        nvidia.forwarded_env(w, where, False, launch))
     files = nvidia.config_map_data(w, where, False, launch)
     ds = json.loads(files["ds_config.json"])
     zero = ds["zero_optimization"]
@@ -188,3 +193,22 @@ def test_the_held_out_task_is_not_trained_on(e2e: ModuleType) -> None:
     assert len(held) == e2e.TASK_RECORDS == 20 and len(train) == 44 and not set(train) & set(held)
     assert e2e.adapter_prompt(("two", "three")) == "Is two next to three?"
     assert e2e.SCENARIOS["adapters"] is e2e.scenario_adapters and "adapters" in e2e.DEFAULT_SCENARIOS
+
+
+def test_progress_problems_judge_the_eta_at_half_way_against_the_time_left(e2e: ModuleType) -> None:
+    final = {"progressPercentage": 100, "estimatedRemainingSeconds": 0, "elapsedSeconds": 100.0, "step": 40}
+    # At step 20, 60 s in: 40 s were left. An ETA of 59 s is 47.5 % off (within 50 %), 61 s 52.5 % (not).
+    half = {"progressPercentage": 50, "estimatedRemainingSeconds": 59, "elapsedSeconds": 60.0, "step": 20}
+    assert e2e.progress_problems(half, final) == []
+    late = {**half, "estimatedRemainingSeconds": 61}
+    assert e2e.progress_problems(late, final) == [
+        "ETA at step 20 (50 %): 61 s, but 40.0 s were left (more than 50% off)"]
+    assert e2e.progress_problems(half, {**final, "progressPercentage": 97, "estimatedRemainingSeconds": 3}) == [
+        "progress.json ends at 97 %, ETA 3 s: expected 100 % and 0 s"]
+    assert e2e.progress_problems(None, final) == ["no ETA read at half-way (None)"]
+
+
+def test_event_problems_name_each_missing_scalar(e2e: ModuleType) -> None:
+    assert e2e.event_problems({"train/loss", "train/tokens_per_second", "train/mfu", "train/epoch"}) == []
+    assert e2e.event_problems({"train/loss"}) == ["the TensorBoard event files have no train/tokens_per_second",
+                                                  "the TensorBoard event files have no train/mfu"]
