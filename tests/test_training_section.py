@@ -31,12 +31,19 @@ def _job(run: Any, name: str) -> dict[str, Any]:
 
 def test_the_recipes_steps_in_order(body: str) -> None:
     steps = [line for line in body.split("```sh\n", 1)[1].split("```")[0].splitlines() if line and line[0] != "#"]
-    assert [s.split()[0:3] for s in steps] == [["pulumi", "up", "-s"], ["gcloud", "storage", "cp"],
-                                               ["kubectl", "logs", "-n"], ["gcloud", "storage", "ls"]]
-    assert steps[1] == "gcloud storage cp train.jsonl gs://$(pulumi stack output bucket -s finetune)/data/train.jsonl"
-    assert steps[2] == "kubectl logs -n finetune -f job/tune-launcher"
-    assert steps[3] == "gcloud storage ls gs://$(pulumi stack output bucket -s finetune)/models/tune/"
-    assert "# TensorBoard: not in this stack yet" in body  # no TensorBoard server in the stack (yet)
+    bucket = "gs://$(pulumi stack output bucket -s finetune)"
+    assert steps == [
+        "pulumi up -s finetune   # the cluster, the bucket and the job; the GPU nodes come up when the job's pods ask "
+        "for them",
+        f"gcloud storage cp train.jsonl {bucket}/data/train.jsonl",
+        "kubectl logs -n finetune -f job/tune-launcher",
+        # CHECKPOINT_DIR=/gcs/checkpoints/tune, TENSORBOARD_LOGGING_DIR=/gcs/logs/tune, MODEL_DIR=/gcs/models/tune
+        f"gcloud storage cat {bucket}/checkpoints/tune/progress.json",
+        f"gcloud storage cp --recursive {bucket}/logs/tune . && tensorboard --logdir tune",
+        f"gcloud storage ls {bucket}/models/tune/",
+        f"gcloud storage cat {bucket}/models/tune/run.json"]
+    assert "# TensorBoard: no server in this stack (yet); the run's event files (loss, tokens/s, MFU) are in " \
+           "logs/tune/ of the bucket" in body
     assert "| tune | Qwen/Qwen2.5-7B-Instruct | 2 worker(s) x 4 (pool l4x4) | `data/train.jsonl` (bucket) | about " \
            "1.8–3.9 h, $6.56–$14.37 (spot) | `models/tune/` (bucket) |" in body
 
@@ -53,6 +60,13 @@ def test_the_commands_name_what_the_stack_creates() -> None:
     assert "/gcs/data/train.jsonl" in text  # the bucket at /gcs: data/train.jsonl in the bucket
     assert "/gcs/models/tune" in text
     assert run.outputs["workloads"]["tune"]["launcherJob"] == f"{job['metadata']['name']}-launcher"
+    # The progress file and the event files where the ranks are told to write them (the bucket at /gcs).
+    env = {e["name"]: e.get("value") for e in launcher["containers"][0]["env"]}
+    assert (env["CHECKPOINT_DIR"], env["TENSORBOARD_LOGGING_DIR"]) == ("/gcs/checkpoints/tune", "/gcs/logs/tune")
+    assert {k: run.outputs["workloads"]["tune"][k] for k in ("progressInBucket", "logsInBucket",
+                                                             "runRecordInBucket")} == {
+        "progressInBucket": "checkpoints/tune/progress.json", "logsInBucket": "logs/tune",
+        "runRecordInBucket": "models/tune/run.json"}
 
 
 def test_the_summary_puts_training_before_serving() -> None:
@@ -86,13 +100,23 @@ def test_data_and_result_where_the_run_has_them(keys: dict[str, str], wanted: st
         assert "# the result: /data/models/tune on the claim shared" in text
 
 
+def test_without_a_bucket_the_progress_and_event_files_are_named_on_the_claim() -> None:
+    keys = {"datasetHub": "d", "modelOnClaim": "/data/models/tune",
+            "progressFile": "/data/checkpoints/tune/progress.json", "logsDir": "/data/logs/tune"}
+    [(_, text)] = training.section(_fake({"tune": {**TUNE, **keys}}))
+    assert "# progress: /data/checkpoints/tune/progress.json on the claim, written by rank 0" in text
+    assert "# TensorBoard: no server in this stack (yet); the run's event files are in /data/logs/tune on the claim" \
+        in text
+    assert "gcloud storage" not in text
+
+
 def test_tensorboard_step_only_where_the_stack_deploys_one() -> None:
     board = {"kind": "tensorboard", "job": "board", "portForward": "kubectl -n ft port-forward svc/board 6006:6006",
              "url": "http://localhost:6006"}
     summaries = {"tune": {**TUNE, "datasetHub": "d", "modelInBucket": "models/tune"}, "board": board}
     [(_, text)] = training.section(_fake(summaries))
     assert "kubectl -n ft port-forward svc/board 6006:6006 &\n# then open http://localhost:6006" in text
-    assert "not in this stack yet" not in text
+    assert "no server in this stack" not in text
 
 
 def test_no_finetune_workload_no_section() -> None:

@@ -9,6 +9,8 @@ without a peak, a model without a size, an unpriced machine) is left out: the ru
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 from model import catalog as gpu_catalog
 from model.types import FinetuneWorkloadConfig, StackConfig
 from planner import cost, run_estimate
@@ -19,6 +21,8 @@ FLOPS_ENV = "FINETUNE_MODEL_FLOPS"  # per token trained (a name with TOKEN in it
 PRICE_ENV = "FINETUNE_PRICE_PER_HOUR"
 LOGS_ENV = "TENSORBOARD_LOGGING_DIR"  # transformers' TensorBoardCallback reads its folder from it
 LOGS_FOLDER = "logs"
+PROGRESS_FILE = "progress.json"  # finetune_progress.PROGRESS_FILE: beside the checkpoints
+RUN_FILE = "run.json"  # finetune_progress.RUN_FILE: beside the model
 
 
 def logs_folder(w: FinetuneWorkloadConfig) -> str:
@@ -28,6 +32,18 @@ def logs_folder(w: FinetuneWorkloadConfig) -> str:
 
 def logs_dir(w: FinetuneWorkloadConfig) -> str:
     return f"{w.output_root.rstrip('/')}/{logs_folder(w)}"
+
+
+def where_to_watch(w: FinetuneWorkloadConfig) -> dict[str, str]:
+    """The run's progress file, event files and cost record (the preview's "Training" section): in the bucket, by
+    their paths there, with gcsFuse.enabled; else the pods' paths on the claim."""
+    progress = f"{w.checkpoint_dir}/{PROGRESS_FILE}"
+    out = {"logsDir": logs_dir(w), "progressFile": progress, "runRecord": f"{w.model_dir}/{RUN_FILE}"}
+    if w.gcs_fuse.enabled:
+        root = PurePosixPath(w.output_root)
+        out |= {"progressInBucket": str(PurePosixPath(progress).relative_to(root)), "logsInBucket": logs_folder(w),
+                "runRecordInBucket": f"{w.model_folder}/{RUN_FILE}"}
+    return out
 
 
 def _number(value: float) -> str:

@@ -59,17 +59,32 @@ def _steps(stack: str, name: str, s: dict[str, Any], tensorboards: list[dict[str
     lines += ["# the run's output (DeepSpeed's launcher, every rank's lines): the loading, the loss at each logging "
               "step, the saves",
               f"kubectl logs -n {s['namespace']} -f job/{s['launcherJob']}"]
+    what = "percent, step of steps, ETA, last loss, tokens/s, MFU (Kubeflow Trainer's trainerStatus fields)"
+    if s.get("progressInBucket"):
+        lines += [f"# progress, written by rank 0 at each logging step: {what}",
+                  f"gcloud storage cat {_bucket(stack)}/{s['progressInBucket']}"]
+    elif s.get("progressFile"):
+        lines.append(f"# progress: {s['progressFile']} on the claim, written by rank 0 at each logging step: {what}")
     for tb in tensorboards:
         lines += [f"# TensorBoard ({tb.get('job') or tb.get('deployment') or 'server'}): the run's loss and speed",
                   *([f"{tb['portForward']} &"] if tb.get("portForward") else []),
                   *([f"# then open {tb['url']}"] if tb.get("url") else [])]
-    if not tensorboards:
-        lines.append("# TensorBoard: not in this stack yet (coming: a server of the bucket's logs/ that the stack "
-                     "deploys, issue 29 item 2); the launcher's log is the view meanwhile")
+    if not tensorboards and s.get("logsInBucket"):
+        folder = s["logsInBucket"]
+        lines += [f"# TensorBoard: no server in this stack (yet); the run's event files (loss, tokens/s, MFU) are in "
+                  f"{folder}/ of the bucket: view them on your machine",
+                  f"gcloud storage cp --recursive {_bucket(stack)}/{folder} . && tensorboard --logdir "
+                  f"{shlex.quote(PurePosixPath(folder).name)}"]
+    elif not tensorboards:
+        lines.append(f"# TensorBoard: no server in this stack (yet); the run's event files are in "
+                     f"{s.get('logsDir', 'logs/<workload>')} on the claim")
     if s.get("modelInBucket"):
         folder = s["modelInBucket"]
         lines += [f"# the result: {folder}/ in the bucket, complete once its marker .complete is there",
                   f"gcloud storage ls {_bucket(stack)}/{folder}/"]
+        if s.get("runRecordInBucket"):
+            lines += ["# what the run took and cost: its training hours x the pool's $/h, written when it finishes",
+                      f"gcloud storage cat {_bucket(stack)}/{s['runRecordInBucket']}"]
     elif s.get("modelOnClaim"):
         lines.append(f"# the result: {s['modelOnClaim']} on the claim {s.get('claim', '')}, complete once its marker "
                      ".complete is there")

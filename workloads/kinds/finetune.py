@@ -247,7 +247,7 @@ def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi
         gcs_mount_options=gcs_fuse.mount_options(CHECKPOINT_PROFILE),
         admitted_by=platform.mpijob_admitted_by(queue is not None)), opts)
     outputs = {"checkpointDir": w.checkpoint_dir, "modelDir": w.model_dir, "model": finetune.model_arg(w),
-               "logsDir": finetune_progress.logs_dir(w),
+               **finetune_progress.where_to_watch(w),
                **finetune.where_to_look(w)}
     summary = job.summary.apply(lambda s: {**s, **outputs})
     return Built(job, summary, queued_namespace=job.namespace.metadata.name if queue else None)
