@@ -193,3 +193,40 @@ def test_the_launch_carries_the_env_and_ships_the_callback_beside_the_script() -
     assert launch.env["FINETUNE_PEAK_TFLOPS"] == "121" and launch.env["CHECKPOINT_DIR"] == "/gcs/checkpoints/tune"
     assert sorted(launch.files) == ["finetune.py", "finetune_progress.py"]
     assert launch.files["finetune_progress.py"] == SCRIPT.read_text(encoding="utf-8")
+
+
+def _callbacks_with(monkeypatch: pytest.MonkeyPatch, tensorboard: Any, logs_dir: str | None) -> tuple[list, list]:
+    """finetune.py's _progress_callbacks under stand-in transformers modules; (callbacks, lines said)."""
+    ft = load_file(SCRIPT.with_name("finetune.py"), "finetune_for_progress_test")
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as on the cluster: the script's folder (undone after the test)
+    said: list[str] = []
+    monkeypatch.setattr(ft, "say", said.append)
+    transformers = ModuleType("transformers")
+    transformers.TrainerCallback = type("TrainerCallback", (), {})  # type: ignore[attr-defined]
+    integrations = ModuleType("transformers.integrations")
+    integrations.TensorBoardCallback = tensorboard  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "transformers", transformers)
+    monkeypatch.setitem(sys.modules, "transformers.integrations", integrations)
+    if logs_dir is None:
+        monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    else:
+        monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", logs_dir)
+    args = SimpleNamespace(checkpoint_dir="/c", model_dir="/m")
+    return ft._progress_callbacks(args), said
+
+
+def test_the_progress_callback_comes_before_tensorboards_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = type("TensorBoardCallback", (), {})
+    callbacks, said = _callbacks_with(monkeypatch, writer, "/gcs/logs/tune")
+    assert [type(c).__name__ for c in callbacks] == ["Progress", "TensorBoardCallback"] and said == []
+    callbacks, _ = _callbacks_with(monkeypatch, writer, None)
+    assert [type(c).__name__ for c in callbacks] == ["Progress"]
+
+
+def test_without_tensorboard_the_run_goes_on_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing() -> None:
+        raise RuntimeError("TensorBoardCallback requires tensorboard to be installed.")
+
+    callbacks, said = _callbacks_with(monkeypatch, missing, "/gcs/logs/tune")
+    assert [type(c).__name__ for c in callbacks] == ["Progress"]
+    assert said == ["no TensorBoard event files: TensorBoardCallback requires tensorboard to be installed."]

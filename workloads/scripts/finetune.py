@@ -554,7 +554,10 @@ def _progress_callbacks(args: argparse.Namespace) -> list[Any]:
     if os.environ.get("TENSORBOARD_LOGGING_DIR", "").strip():
         from transformers.integrations import TensorBoardCallback
 
-        out.append(TensorBoardCallback())
+        try:
+            out.append(TensorBoardCallback())
+        except RuntimeError as error:  # an image without tensorboard: the run goes on, the log says why
+            say(f"no TensorBoard event files: {error}")
     return out
 
 
