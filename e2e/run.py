@@ -659,7 +659,6 @@ def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
 
 # --- fine-tune, preempt, resume, export, serve -------------------------------------------------------------
 
-FINETUNE_SCRIPT = ROOT / "workloads" / "scripts" / "finetune.py"
 TINY_LLM = Path(__file__).resolve().parent / "tiny_llm.py"
 SEND_PROMPT = ROOT / "workloads" / "scripts" / "send_prompt.py"
 # ZeRO-3 in fp32 (DeepSpeed's CPU accelerator has no fp16); 2 ranks x 4 samples a step. A LoRA adapter learns a
@@ -671,8 +670,9 @@ FINETUNE_SAVE_STEPS = 5
 BUCKET_INPUTS = "e2e-finetune"  # the data and the base model, in the bucket
 # The kind's `finetune` keys: its defaults (LoRA on every linear layer; gradient checkpointing) but for the data,
 # the model and the run's length, and the export: merged here (the `adapters` scenario serves adapters).
+# The data: chat conversations (OpenAI's messages), one in eight held out for the eval loss at every save.
 FINETUNE_KEYS = {"finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/data.jsonl",
-                              "promptField": "prompt", "responseField": "response", "sequenceLength": 64,
+                              "recordFormat": "messages", "evalSplit": 0.125, "sequenceLength": 96,
                               "maxSteps": FINETUNE_STEPS, "saveSteps": FINETUNE_SAVE_STEPS,
                               "lora": {"export": "merged"}},
                  # A bucket folder names no shape: the tiny Llama's, for the planner's memory check (e2e/tiny_llm.py:
@@ -680,6 +680,12 @@ FINETUNE_KEYS = {"finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath
                  "model": {"parameters": 0.00015, "vocabulary": 512, "hidden": 64, "precision": "fp32"}}
 FINETUNE_LAUNCH_ARGS = ["--logging-steps", "5"]
 FINETUNE_PROMPT = "What is two plus three?"
+FINETUNE_SYSTEM = "You add numbers."
+# A conversation no record holds (the records' second turns ask other sums): the server's chat reply to it.
+FINETUNE_HELD_OUT = [{"role": "system", "content": FINETUNE_SYSTEM},
+                     {"role": "user", "content": "What is seven plus one?"},
+                     {"role": "assistant", "content": "seven plus one is 8."},
+                     {"role": "user", "content": "And six plus seven?"}]
 FINETUNE_MAX_TOKENS = 12
 VLLM_PORT = 8000
 VLLM_START_TIMEOUT = float(os.environ.get("E2E_VLLM_TIMEOUT", "300"))
@@ -688,6 +694,7 @@ VLLM_START_TIMEOUT = float(os.environ.get("E2E_VLLM_TIMEOUT", "300"))
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven")
 LOSS_LINE = re.compile(r"\{'loss': '?([\d.]+)'?")
+EVAL_LOSS_LINE = re.compile(r"'eval_loss': '?([\d.]+)'?")
 RESUMED = re.compile(r"\[finetune\] rank 0/\d+: .* resuming from (\S+)")
 # The progress callback's facts (workloads/finetune_progress.py renders them from the pool on a cluster). Here the
 # ranks run on CPUs, which have no peak in data/gpu_catalog.yaml: a stand-in of 0.05 TFLOPS a rank (one x86 core's
@@ -761,15 +768,64 @@ print(json.dumps(sorted(tags)))
 """
 
 
-def finetune_records() -> list[dict[str, str]]:
-    """The scenario's data set: 64 prompt/response pairs a tiny model learns within a few dozen steps."""
-    return [{"prompt": f"What is {a} plus {b}?", "response": f"{a} plus {b} is {i + j}."}
-            for i, a in enumerate(NUMBERS) for j, b in enumerate(NUMBERS)]
+def finetune_records() -> list[dict[str, Any]]:
+    """The scenario's data set: 64 conversations (OpenAI's messages) a tiny model learns within a few dozen steps,
+    a system turn and a question, every eighth with a second question: two assistant turns, both learned."""
+    records = []
+    for i, a in enumerate(NUMBERS):
+        for j, b in enumerate(NUMBERS):
+            messages = [{"role": "system", "content": FINETUNE_SYSTEM},
+                        {"role": "user", "content": f"What is {a} plus {b}?"},
+                        {"role": "assistant", "content": f"{a} plus {b} is {i + j}."}]
+            if j == i:
+                messages += [{"role": "user", "content": f"And {b} plus {a}?"},
+                             {"role": "assistant", "content": f"{b} plus {a} is {i + j} too."}]
+            records.append({"messages": messages})
+    return records
 
 
 def trainer_losses(output: str) -> list[float]:
     """The Trainer's logged losses in order (transformers 5 prints them as strings: {'loss': '3.458', ...})."""
     return [float(v) for v in LOSS_LINE.findall(output)]
+
+
+def eval_losses(output: str) -> list[float]:
+    """The eval losses on the held-out records, logged at each save."""
+    return [float(v) for v in EVAL_LOSS_LINE.findall(output)]
+
+
+def sample_problems(sample: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
+    """What differs between the first record as finetune.py trained on it (CHECKPOINT_DIR/rendered-sample.json) and
+    transformers' apply_chat_template of it: the ids, and the labels everywhere but the assistant turns masked (its
+    assistant mask, from the template with {% generation %} markers)."""
+    expected = [token if mask else -100 for token, mask in zip(rendered["marked_ids"], rendered["assistant_masks"],
+                                                                strict=True)]
+    problems = []
+    if rendered["marked_ids"] != rendered["input_ids"]:
+        problems.append("the marked template renders other ids than the served one")
+    if sample.get("input_ids") != rendered["input_ids"]:
+        problems.append(f"trained ids {sample.get('input_ids')} != apply_chat_template's {rendered['input_ids']}")
+    if sample.get("labels") != expected:
+        problems.append(f"trained labels {sample.get('labels')} != the assistant turns' {expected}")
+    if not any(label != -100 for label in expected):
+        problems.append("the record has no assistant token")
+    return problems
+
+
+def chat_problems(answer: dict[str, Any], reference: dict[str, Any], max_tokens: int) -> list[str]:
+    """What differs between vLLM's greedy /v1/chat/completions answer (send_prompt.py --chat --json) and
+    transformers' greedy tokens after apply_chat_template(add_generation_prompt=True)."""
+    choices = answer.get("choices") or [{}]
+    choice, usage = choices[0], answer.get("usage") or {}
+    problems = []
+    if usage.get("completion_tokens") != max_tokens:
+        problems.append(f"completion_tokens {usage.get('completion_tokens')}, expected {max_tokens}")
+    if answer.get("prompt_token_ids") != reference["prompt_token_ids"]:
+        problems.append(f"vLLM rendered the conversation as {answer.get('prompt_token_ids')}, transformers' template "
+                        f"as {reference['prompt_token_ids']}")
+    if choice.get("token_ids") != reference["token_ids"]:
+        problems.append(f"vLLM's tokens {choice.get('token_ids')} != transformers' greedy {reference['token_ids']}")
+    return problems
 
 
 def resumed_from(output: str) -> str | None:
@@ -826,15 +882,10 @@ class Phases:
 
 
 def _finetune_script() -> Any:
-    """finetune.py's plain-Python helpers (newest_checkpoint), the same rule the ranks resume by."""
-    import importlib.util
+    """finetune.py's checkpoint rule (newest_checkpoint), the same the ranks resume by."""
+    from workloads.finetune import script_module
 
-    spec = importlib.util.spec_from_file_location("e2e_finetune_script", FINETUNE_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return script_module("finetune_checkpoints")
 
 
 def _venv_python(*args: str, timeout: float = 120) -> str:
@@ -941,6 +992,11 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     # A LoRA adapter on a random model learns slowly: measured 5.52-5.61 at step 5 and 4.94-5.13 at step 40 (four
     # runs, the last step at 0.88-0.93 of the first).
     fail_unless(len(losses) >= 2 and losses[-1] < 0.97 * losses[0], f"losses {losses}: the model did not learn")
+    held_out = eval_losses(first) + eval_losses(second)
+    fail_unless(len(held_out) >= 2, f"eval losses {held_out}: expected one at every save (evalSplit)")
+    checked = [line for line in first.splitlines() if "[finetune] data check:" in line]
+    fail_unless(bool(checked) and "messages" in checked[0], "the launcher's data check did not run before the ranks "
+                f"(log {log1})")
     phases.end(f"resume from step {saved_step}, train to {FINETUNE_STEPS}, export")
 
     # Progress and metrics: progress.json beside the checkpoints, the event files under logs/<workload>, run.json.
@@ -963,8 +1019,9 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
                f"{final['elapsedSeconds'] - watch.half['elapsedSeconds']:.0f} s; events {', '.join(EVENT_TAGS)}; "
                f"cost {run['trainingHours']:.4f} h = ${run['cost']}")
 
-    # 3. vLLM's CPU build serves MODEL_DIR (a serve pod on the launcher's host); transformers' greedy tokens on the
-    #    exported model are computed meanwhile, the reference vLLM's answer must equal.
+    # 3. vLLM's CPU build serves MODEL_DIR (a serve pod on the launcher's host). Meanwhile transformers renders the
+    #    first record (what finetune.py must have trained on) and answers the held-out conversation greedily (what
+    #    vLLM's chat completion must answer).
     served = w.model_dir
     server_log = logs / "finetune-vllm.log"
     server = cluster.spawn(launcher, [str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
@@ -973,22 +1030,30 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
                                       "--host", "0.0.0.0", "--port", str(VLLM_PORT)],
                            log=server_log, env={**IMAGE_ENV, **VLLM_ENV})
     reference_start = time.monotonic()
-    reference = json.loads(_venv_python(str(TINY_LLM), "generate", str(model_dir), FINETUNE_PROMPT,
-                                        str(FINETUNE_MAX_TOKENS)).strip().splitlines()[-1])
+    trained = finetune_records()[0]["messages"]
+    references = json.loads(_venv_python(str(TINY_LLM), "references", str(model_dir), json.dumps(trained),
+                                         json.dumps(FINETUNE_HELD_OUT), str(FINETUNE_MAX_TOKENS))
+                            .strip().splitlines()[-1])
     reference_seconds = time.monotonic() - reference_start
+    sample = json.loads((checkpoints / "rendered-sample.json").read_text())
+    problems = sample_problems(sample, references["render"])
+    fail_unless(not problems, "; ".join(problems))
+    learned = sum(1 for label in sample["labels"] if label != -100)
     wait_for_vllm(cluster, launcher, server, server_log)
-    phases.end(f"vLLM healthy (transformers' reference {reference_seconds:.0f} s meanwhile)")
+    phases.end(f"vLLM healthy (transformers' references {reference_seconds:.0f} s meanwhile)")
 
-    # 4. One prompt through the OpenAI API, greedy, all max_tokens generated: the same tokens as transformers.
-    asked = cluster.run(launcher, ["/usr/bin/python3", str(SEND_PROMPT), "--openai", "--url",
+    # 4. The held-out conversation through /v1/chat/completions, greedy, all max_tokens generated: vLLM renders it
+    #    through the served template into the same ids, and answers with the same tokens as transformers.
+    asked = cluster.run(launcher, ["/usr/bin/python3", str(SEND_PROMPT), "--openai", "--chat", "--url",
                                    f"http://127.0.0.1:{VLLM_PORT}", "--model", served, "--temperature", "0",
                                    "--ignore-eos", "--token-ids", "--json", "--max-new-tokens",
-                                   str(FINETUNE_MAX_TOKENS), FINETUNE_PROMPT], env=IMAGE_ENV, timeout=60)
+                                   str(FINETUNE_MAX_TOKENS), "--messages", json.dumps(FINETUNE_HELD_OUT)],
+                        env=IMAGE_ENV, timeout=60)
     fail_unless(asked.returncode == 0, f"send_prompt.py: {asked.stderr.strip()[-800:]}; vLLM log {server_log}")
     answer = json.loads(asked.stdout)
-    problems = completion_problems(answer, reference, FINETUNE_MAX_TOKENS)
+    problems = chat_problems(answer, references["chat"], FINETUNE_MAX_TOKENS)
     fail_unless(not problems, "; ".join(problems))
-    phases.end("prompt answered")
+    phases.end("chat answered")
 
     # 5. vLLM's /metrics on the API port, what Managed Prometheus scrapes: the queue and batch the autoscaler reads.
     scrape = ("import urllib.request as u; "
@@ -998,13 +1063,15 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     missing = metrics_problems(scraped.stdout)
     fail_unless(not missing, f"vLLM's /metrics: {'; '.join(missing)}")
     phases.end("/metrics has the autoscaler's gauges")
-    text = answer["choices"][0].get("text", "")
+    text = (answer["choices"][0].get("message") or {}).get("content") or ""
     stopped = on_term.group(1) if on_term else saved_step
-    return (f"kind finetune: LoRA under ZeRO-3 on {len(workers)} hosts, preempted at step {stopped} "
-            f"(preStop: {pre_stop_summary(stop)}; saved {saved.name}), resumed to step "
-            f"{FINETUNE_STEPS} (loss {losses[0]:.2f} -> {losses[-1]:.2f}), merged and exported; vLLM answered "
-            f"{FINETUNE_PROMPT!r} with {text!r}, the same {FINETUNE_MAX_TOKENS} tokens as transformers. "
-            f"Phases: {phases.summary()}")
+    return (f"kind finetune: chat data (messages, {len(finetune_records())} records, 1/8 held out), LoRA under "
+            f"ZeRO-3 on {len(workers)} hosts, preempted at step {stopped} (preStop: {pre_stop_summary(stop)}; saved "
+            f"{saved.name}), resumed to step {FINETUNE_STEPS} (loss {losses[0]:.2f} -> {losses[-1]:.2f}, eval loss "
+            f"{held_out[0]:.2f} -> {held_out[-1]:.2f}), merged and exported; record 1 trained on "
+            f"apply_chat_template's {len(sample['input_ids'])} ids with only its {learned} assistant tokens learned; "
+            f"vLLM's chat completion of a held-out conversation {text!r}: the same {FINETUNE_MAX_TOKENS} tokens as "
+            f"transformers' after the same template. Phases: {phases.summary()}")
 
 
 # --- adapters: two LoRA runs served by one vLLM, the evaluation and its gate -----------------------------------

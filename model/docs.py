@@ -21,6 +21,8 @@ def _type(node: dict[str, Any]) -> str:
     if "enum" in node:
         return " \\| ".join(f"`{v}`" for v in node["enum"])
     t = node.get("type", "any")
+    if isinstance(t, list):  # a key of two types (finetune.evalSplit: a number or a path)
+        return " or ".join(t)
     if t == "array" and isinstance(node.get("items"), dict):
         return f"list of {_type(node['items'])}"
     if t == "object" and isinstance(node.get("additionalProperties"), dict):

@@ -182,6 +182,9 @@ class FinetuneConfig(msgspec.Struct, frozen=True):
     contract's arguments, from typed keys)."""
 
     format: str
+    record_format: str  # finetune_data.py's RECORD_FORMATS
+    roles: dict[str, str]  # the data's role names -> system | user | assistant
+    chat_template: str  # auto | raw | a template of data/chat_templates.yaml
     sequence_length: int
     save_steps: int
     gradient_checkpointing: bool
@@ -193,6 +196,10 @@ class FinetuneConfig(msgspec.Struct, frozen=True):
     text_field: str | None = None  # None: finetune.py's default, `text`
     prompt_field: str | None = None
     response_field: str | None = None
+    messages_field: str | None = None  # None: the record format's own (messages, sharegpt conversations)
+    role_field: str | None = None
+    content_field: str | None = None
+    eval_split: float | str | None = None  # a fraction of the records, or a file or folder of the bucket
     epochs: float | None = None  # None with max_steps None: finetune.py's default, one pass
     max_steps: int | None = None
     dataset_tokens: int | None = None  # the data's token count, for the run's estimate (planner/run_estimate.py)
@@ -449,8 +456,21 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
 
     def bucket_paths(self) -> tuple[tuple[tuple[str, ...], str], ...]:
         f = self.finetune
-        given = ((("finetune", "modelPath"), f.model_path), (("finetune", "datasetPath"), f.dataset_path))
+        given = ((("finetune", "modelPath"), f.model_path), (("finetune", "datasetPath"), f.dataset_path),
+                 (("finetune", "evalSplit"), self.eval_path))
         return (*super().bucket_paths(), *((key, path) for key, path in given if path is not None))
+
+    @property
+    def eval_path(self) -> str | None:
+        """`evalSplit` when it names a file of the bucket, not a fraction (a number, or text that reads as one)."""
+        value = self.finetune.eval_split
+        if not isinstance(value, str):
+            return None
+        try:
+            float(value)
+        except ValueError:
+            return value
+        return None
 
     @property
     def sized_model_name(self) -> str | None:

@@ -102,9 +102,17 @@ def test_install_sh_installs_the_version_set() -> None:
 
 def test_finetune_records(e2e: ModuleType) -> None:
     records = e2e.finetune_records()
-    assert len(records) == 64 and len({r["prompt"] for r in records}) == 64
-    assert records[2 * 8 + 3] == {"prompt": "What is two plus three?", "response": "two plus three is 5."}
-    assert e2e.FINETUNE_PROMPT in {r["prompt"] for r in records}
+    assert len(records) == 64 and len({json.dumps(r) for r in records}) == 64
+    system = {"role": "system", "content": "You add numbers."}
+    assert records[2 * 8 + 3] == {"messages": [system, {"role": "user", "content": "What is two plus three?"},
+                                               {"role": "assistant", "content": "two plus three is 5."}]}
+    # Every eighth conversation has two assistant turns, both learned.
+    assert records[3 * 8 + 3]["messages"][3:] == [{"role": "user", "content": "And three plus three?"},
+                                                  {"role": "assistant", "content": "three plus three is 6 too."}]
+    assert sum(len(r["messages"]) == 5 for r in records) == 8
+    # The held-out conversation is no record's: its second question is asked after another first one.
+    held_out = e2e.FINETUNE_HELD_OUT
+    assert held_out[-1]["role"] == "user" and not [r for r in records if r["messages"][:len(held_out)] == held_out]
     assert e2e.FINETUNE_SAVE_STEPS < e2e.FINETUNE_STEPS  # a checkpoint before the preemption
     assert e2e.outside("/gcs/models/ds-e2e", "/gcs", Path("/w/bucket")) == Path("/w/bucket/models/ds-e2e")
 
@@ -119,6 +127,28 @@ def test_trainer_output_is_read(e2e: ModuleType) -> None:
     assert e2e.resumed_from(output) == "/storage/checkpoints/ds-e2e/checkpoint-6"
     assert e2e.resumed_from("[finetune] rank 0/2: 64 samples, ZeRO-3, fp32; from the start") is None
     assert e2e.trainer_losses(output) == [4.063, 1.877]
+    assert e2e.eval_losses("ds-e2e-worker-0: {'eval_loss': '5.2', 'eval_runtime': '0.1', 'epoch': '0.7'}\n"
+                           "ds-e2e-worker-0: {'eval_loss': 4.9}") == [5.2, 4.9]
+
+
+def test_the_trained_record_must_be_the_templates_rendering(e2e: ModuleType) -> None:
+    rendered = {"input_ids": [1, 5, 6, 7, 8], "marked_ids": [1, 5, 6, 7, 8], "assistant_masks": [0, 0, 0, 1, 1]}
+    assert e2e.sample_problems({"input_ids": [1, 5, 6, 7, 8], "labels": [-100, -100, -100, 7, 8]}, rendered) == []
+    assert e2e.sample_problems({"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}, rendered) == [
+        "trained ids [5, 6, 7, 8] != apply_chat_template's [1, 5, 6, 7, 8]",
+        "trained labels [-100, -100, 7, 8] != the assistant turns' [-100, -100, -100, 7, 8]"]
+    # The user's turn learned too: caught.
+    assert e2e.sample_problems({"input_ids": [1, 5, 6, 7, 8], "labels": [-100, 5, 6, 7, 8]}, rendered) == [
+        "trained labels [-100, 5, 6, 7, 8] != the assistant turns' [-100, -100, -100, 7, 8]"]
+
+
+def test_vllms_chat_answer_must_be_transformers_greedy_tokens_after_the_template(e2e: ModuleType) -> None:
+    reference = {"prompt_token_ids": [0, 272, 263], "token_ids": [87, 276, 273]}
+    answer = {"prompt_token_ids": [0, 272, 263], "usage": {"completion_tokens": 3},
+              "choices": [{"message": {"content": "x"}, "token_ids": [87, 276, 273]}]}
+    assert e2e.chat_problems(answer, reference, 3) == []
+    assert e2e.chat_problems({**answer, "prompt_token_ids": [272, 263]}, reference, 3) == [
+        "vLLM rendered the conversation as [272, 263], transformers' template as [0, 272, 263]"]
 
 
 def test_vllms_answer_must_be_transformers_greedy_tokens(e2e: ModuleType) -> None:
@@ -151,15 +181,18 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
     assert w.kind == "finetune" and w.name == e2e.MPIJOB
     script = nvidia.launcher_script(None, launch)
     assert ("/etc/deepspeed/finetune.py --deepspeed /etc/deepspeed/ds_config.json --model /gcs/e2e-finetune/base "
-            "--dataset /gcs/e2e-finetune/data.jsonl") in script
+            "--dataset /gcs/e2e-finetune/data.jsonl --format auto --records messages --eval-split 0.125") in script
     assert "--lora" in script and "--max-steps 40" in script and script.endswith("--logging-steps 5")
-    # The contract's layout on the bucket's mount, in the environment every rank is sent.
+    assert "check_inputs python /etc/deepspeed/finetune.py --check-data " in script  # the data check first
+    # The contract's layout on the bucket's mount, and the stack's key names, in the environment every rank is sent.
     # The progress callback's: LoRA's 4N FLOPs a token of the tiny Llama's 150k parameters (the model block's
     # 0.00015 B) = 600,000; the CPU's stand-in peak and price; TensorBoard's folder under logs/ in the bucket.
-    assert launch.env == {"CHECKPOINT_DIR": "/gcs/checkpoints/ds-e2e", "MODEL_DIR": "/gcs/models/ds-e2e",
-                          "FINETUNE_MODEL_FLOPS": "600000", "FINETUNE_PEAK_TFLOPS": "0.05",
-                          "FINETUNE_PRICE_PER_HOUR": "1", "TENSORBOARD_LOGGING_DIR": "/gcs/logs/ds-e2e"}
-    assert {"CHECKPOINT_DIR", "MODEL_DIR", "FINETUNE_PEAK_TFLOPS", "TENSORBOARD_LOGGING_DIR"} <= set(
+    assert {k: v for k, v in launch.env.items() if k != "FINETUNE_STACK_KEYS"} == {
+        "CHECKPOINT_DIR": "/gcs/checkpoints/ds-e2e", "MODEL_DIR": "/gcs/models/ds-e2e",
+        "FINETUNE_MODEL_FLOPS": "600000", "FINETUNE_PEAK_TFLOPS": "0.05", "FINETUNE_PRICE_PER_HOUR": "1",
+        "TENSORBOARD_LOGGING_DIR": "/gcs/logs/ds-e2e"}
+    assert json.loads(launch.env["FINETUNE_STACK_KEYS"])["--records"] == "workloads.ds-e2e.finetune.recordFormat"
+    assert {"CHECKPOINT_DIR", "MODEL_DIR", "FINETUNE_PEAK_TFLOPS", "TENSORBOARD_LOGGING_DIR", "FINETUNE_STACK_KEYS"} <= set(
         nvidia.forwarded_env(w, where, False, launch))
     files = nvidia.config_map_data(w, where, False, launch)
     ds = json.loads(files["ds_config.json"])
@@ -167,6 +200,7 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
     assert zero["stage"] == 3 and zero["stage3_param_persistence_threshold"] == "auto"
     assert ds["train_batch_size"] == 8 and "fp16" not in ds and "bf16" not in ds
     assert files["finetune.py"] == (ROOT / "workloads" / "scripts" / "finetune.py").read_text()
+    assert files["finetune_render.py"] == (ROOT / "workloads" / "scripts" / "finetune_render.py").read_text()
 
 
 def test_the_adapters_scenario_renders_the_stacks_server(e2e: ModuleType) -> None:

@@ -92,9 +92,22 @@ def test_the_launcher_waits_for_the_data_in_the_bucket() -> None:
     lines = script.splitlines()
     (wait,) = [line for line in lines if line.startswith("for path in ")]
     assert wait.startswith("for path in /gcs/data/train.jsonl; do tries=180; until [ -e \"$path\" ]")
-    assert lines.index(wait) == len(lines) - 2  # just before the DeepSpeed line
+    assert lines.index(wait) == len(lines) - 3  # then the data check, then the DeepSpeed line
     assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
     assert "for path in" not in _launcher_script(_run(changes=NO_BUCKET))  # a Hub dataset: nothing to wait for
+
+
+def test_the_launcher_checks_the_data_before_the_ranks() -> None:
+    """After the wait: finetune.py --check-data with the ranks' own arguments (their record format, fields, template,
+    sequence length), on the launcher, before any rank starts (issue 27: the data is checked before the GPUs work)."""
+    lines = _launcher_script(_run()).splitlines()
+    check, ranks = lines[-2], lines[-1]
+    assert check.startswith("check_inputs python /etc/deepspeed/finetune.py --check-data ")
+    assert shlex.split(check)[4:] == shlex.split(ranks.split('"$MASTER_ADDR" ', 1)[1])[1:]
+    assert "check_inputs() {" in lines  # defined with run_ranks, before anything runs
+    # A copy of yours (here one of the image) may not have --check-data: no check then.
+    assert not [line for line in _launcher_script(_run(changes=((f"{W}.launch.script", "/opt/mine/finetune.py"),)))
+                .splitlines() if line.startswith("check_inputs ")]
 
 
 def test_the_script_accepts_what_the_stack_passes() -> None:
@@ -102,7 +115,7 @@ def test_the_script_accepts_what_the_stack_passes() -> None:
     from workloads import finetune
 
     args = shlex.split(_launcher_script(_run()).splitlines()[-1].split('"$MASTER_ADDR" ', 1)[1])[1:]
-    parsed = finetune.contract().parse_args(args, {"CHECKPOINT_DIR": "/gcs/checkpoints/tune",
+    parsed = finetune.script_module("finetune").parse_args(args, {"CHECKPOINT_DIR": "/gcs/checkpoints/tune",
                                                    "MODEL_DIR": "/gcs/models/tune"})
     assert (parsed.model, parsed.dataset, parsed.seq_len, parsed.epochs, parsed.max_steps) == (
         "Qwen/Qwen2.5-7B-Instruct", "/gcs/data/train.jsonl", 2048, 3.0, None)
@@ -213,6 +226,15 @@ def test_the_summary_says_where_the_result_goes() -> None:
 
 def _problems(changes: dict[str, Any], secure: tuple[str, ...] = ()) -> list[str]:
     return problems("finetune", {f"{W}.{k}": v for k, v in changes.items()}, secure)
+
+
+def _problems_on_llama_base(changes: dict[str, Any]) -> list[str]:
+    """On meta-llama/Llama-3.1-8B (a base model without a chat template; gated: with the token), the stack's
+    server of the result left out (it is sized for the stack's Qwen)."""
+    config = changed("finetune", {**{f"{W}.{k}": v for k, v in changes.items()},
+                                  f"{W}.finetune.model": "meta-llama/Llama-3.1-8B", "workloads.chat": DELETE})
+    config["deepspeed-stack:hfToken"] = TOKEN
+    return config_problems(config)
 
 
 def test_the_stack_file_has_no_problem() -> None:
@@ -339,3 +361,126 @@ def test_every_nvidia_mpijob_gets_the_output_folders() -> None:
     conf = stack_run("h100").by_type(CONFIG_MAP)
     (ssh,) = [c.inputs["data"]["ssh_client.conf"] for c in conf if "ssh_client.conf" in c.inputs.get("data", {})]
     assert {"CHECKPOINT_DIR", "MODEL_DIR"} <= set(ssh.split("SendEnv ", 1)[1].splitlines()[0].split())
+
+
+# --- the formats people bring, and the chat template (issue 27 item 1) -----------------------------------------
+
+CHATS = {"finetune.promptField": DELETE, "finetune.responseField": DELETE, "finetune.datasetPath": "data/chats.jsonl",
+         "finetune.recordFormat": "messages"}
+
+
+def _args(changes: dict[str, Any]) -> list[str]:
+    run = _run(changes=tuple((f"{W}.{k}", v) for k, v in changes.items()))
+    return shlex.split(_launcher_script(run).splitlines()[-1].split('"$MASTER_ADDR" ', 1)[1])[1:]
+
+
+def test_the_record_format_its_fields_and_the_template_become_the_scripts_arguments() -> None:
+    args = _args({**CHATS, "finetune.recordFormat": "sharegpt", "finetune.messagesField": "dialog",
+                  "finetune.roleField": "speaker", "finetune.contentField": "text", "finetune.roles.customer": "user",
+                  "finetune.roles.agent": "assistant", "finetune.chatTemplate": "zephyr", "finetune.evalSplit": 0.05})
+    start = args.index("--records")
+    assert args[start:args.index("--seq-len")] == [
+        "--records", "sharegpt", "--messages-field", "dialog", "--role-field", "speaker", "--content-field", "text",
+        "--roles", "agent=assistant", "customer=user", "--chat-template", "/etc/deepspeed/chat_template.jinja",
+        "--eval-split", "0.05"]
+    parsed = finetune_script().parse_args(args, {"CHECKPOINT_DIR": "/c", "MODEL_DIR": "/m"})
+    assert (parsed.records, parsed.roles, parsed.eval_split) == ("sharegpt", ["agent=assistant", "customer=user"],
+                                                                 "0.05")
+    # The defaults pass nothing: finetune.py's own (auto format, the model's own template).
+    assert "--records" not in _args({}) and "--chat-template" not in _args({})
+
+
+def finetune_script() -> Any:
+    from workloads import finetune
+
+    return finetune.script_module("finetune")
+
+
+def test_a_held_out_file_is_read_from_the_bucket_and_waited_for() -> None:
+    run = _run(changes=((f"{W}.finetune.evalSplit", "data/eval.jsonl"),))
+    lines = _launcher_script(run).splitlines()
+    assert "--eval-split /gcs/data/eval.jsonl" in lines[-1]
+    (wait,) = [line for line in lines if line.startswith("for path in ")]
+    assert wait.startswith("for path in /gcs/data/train.jsonl /gcs/data/eval.jsonl; do")
+    # `pulumi config set --path` may keep 0.05 as text: still a fraction.
+    assert "--eval-split 0.05" in _launcher_script(_run(changes=((f"{W}.finetune.evalSplit", "0.05"),)))
+
+
+def test_the_configmap_ships_finetune_pys_modules_and_the_named_template() -> None:
+    scripts = PROJECT_DIR / "workloads" / "scripts"
+    data = _run().one(CONFIG_MAP).inputs["data"]
+    for name in ("finetune_config.py", "finetune_data.py", "finetune_render.py", "finetune_check.py",
+                 "finetune_checkpoints.py"):
+        assert data[name] == (scripts / name).read_text()
+    assert "chat_template.jinja" not in data
+    named = _run(changes=((f"{W}.finetune.chatTemplate", "zephyr"),)).one(CONFIG_MAP).inputs["data"]
+    from model.yamlio import load_yaml
+
+    assert named["chat_template.jinja"] == load_yaml(PROJECT_DIR / "data" / "chat_templates.yaml")[
+        "templates"]["zephyr"]["template"]
+
+
+def test_every_rank_and_the_launcher_know_the_stacks_keys() -> None:
+    """FINETUNE_STACK_KEYS: the script's errors name the key to change (sent over ssh like CHECKPOINT_DIR)."""
+    import json
+
+    run = _run()
+    for role in ("Launcher", "Worker"):
+        keys = json.loads(_env(run, role)["FINETUNE_STACK_KEYS"])
+        assert keys["--dataset"] == f"{W}.finetune.datasetPath" and keys["--model"] == f"{W}.finetune.model"
+        assert keys["--records"] == f"{W}.finetune.recordFormat" and keys["--roles"] == f"{W}.finetune.roles"
+        assert keys["--seq-len"] == f"{W}.finetune.sequenceLength"
+        assert keys["--learning-rate"] == f"{W}.deepspeed.learningRate"
+    keys = json.loads(_env(_run(changes=NO_BUCKET), "Launcher")["FINETUNE_STACK_KEYS"])
+    assert keys["--dataset"] == f"{W}.finetune.dataset"
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({**CHATS, "finetune.textField": "body"},
+     f"{W}.finetune.textField: not read with {W}.finetune.recordFormat messages (it reads contentField, "
+     "messagesField, roleField, roles); remove it, or set the format that has this field"),
+    ({"finetune.recordFormat": "alpaca", "finetune.responseField": DELETE, "finetune.promptField": DELETE,
+      "finetune.textField": "body"},
+     f"{W}.finetune.textField: not read with {W}.finetune.recordFormat alpaca (it reads instruction, input, "
+     "output); remove it, or set the format that has this field"),
+    ({"finetune.messagesField": "chat"},
+     f"{W}.finetune.messagesField: messagesField and promptField are fields of different record formats; keep the "
+     f"one of your records, or set {W}.finetune.recordFormat"),
+    ({**CHATS, "finetune.datasetPath": "data/chats.txt"},
+     f"{W}.finetune.recordFormat: messages, but a text file's records are its lines (format text); use JSON lines "
+     "or Parquet"),
+    ({"finetune.chatTemplate": "chatml"},
+     f"{W}.finetune.chatTemplate: 'chatml' is not a template the stack knows: auto (the model's own), raw (none), "
+     "or one of data/chat_templates.yaml: zephyr"),
+    ({**CHATS, "finetune.chatTemplate": "raw"},
+     f"{W}.finetune.chatTemplate: raw renders text and plain prompt/completion records only; messages records are "
+     "conversations and go through a chat template: auto (the model's own) or a name (zephyr)"),
+    ({"finetune.evalSplit": 1.5}, f"{W}.finetune.evalSplit: must be less than 1, got 1.5"),
+    ({"finetune.evalSplit": "1.5"},
+     f"{W}.finetune.evalSplit: 1.5: a fraction of the records is between 0 and 1 (e.g. 0.05), or name a file of the "
+     "bucket"),
+    ({"finetune.evalSplit": "data/eval.csv"},
+     f"{W}.finetune.evalSplit: finetune.py cannot read .csv files (it reads .jsonl, .json, .parquet, .txt, .text)"),
+    ({"finetune.roles.bot": "robot"},
+     f"{W}.finetune.roles.bot: \"robot\" is not one of system, user, assistant"),
+])
+def test_record_keys_the_run_cannot_use_are_refused(changes: dict[str, Any], expected: str) -> None:
+    assert _problems(changes) == [expected]
+
+
+def test_chat_data_on_a_model_without_a_template_is_refused_unless_one_is_named() -> None:
+    assert _problems_on_llama_base(CHATS) == [
+        f"{W}.finetune.chatTemplate: meta-llama/Llama-3.1-8B's tokenizer has no chat template "
+        "(data/chat_templates.yaml), and messages records are rendered through one: name one the stack ships (zephyr; "
+        "it is saved with the tuned model, so the server renders requests the same way), or fine-tune its Instruct "
+        "model"]
+    assert _problems_on_llama_base({**CHATS, "finetune.chatTemplate": "zephyr"}) == []
+    assert _problems_on_llama_base({}) == []  # prompt/response records: raw on a model without a template
+
+
+def test_chat_data_previews_on_a_model_with_a_template_or_one_named() -> None:
+    assert _problems(CHATS) == []  # Qwen2.5-7B-Instruct: its own template
+    # A model of the bucket: the launcher's data check loads its tokenizer and says.
+    assert _problems({**CHATS, "finetune.model": DELETE, "finetune.modelPath": "models/Qwen2.5-7B",
+                      "model.name": "Qwen2.5-7B"}) == []
+    assert _problems({"finetune.evalSplit": 0.05}) == [] and _problems({"finetune.evalSplit": "data/eval.jsonl"}) == []

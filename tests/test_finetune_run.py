@@ -6,7 +6,6 @@ test fails instead of hanging."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -31,12 +30,10 @@ DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.floa
 
 @pytest.fixture(scope="module")
 def ft() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("finetune_run_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """finetune.py as the cluster imports it: its modules (finetune_*.py) found beside it."""
+    from workloads.finetune import script_module
+
+    return script_module("finetune")
 
 
 # --- the simulated ranks and what they write -------------------------------------------------------------------
@@ -170,12 +167,18 @@ class FakePeftModel:
 
 
 class FakeTokenizer:
+    """A character tokenizer (BOS 1, EOS 2, a character c -> 3 + ord(c) % 100) with no chat template: raw data."""
+
     eos_token = "</s>"
     eos_token_id = 2
 
     def __init__(self, fakes: Fakes) -> None:
         self.fakes = fakes
         self.pad_token: str | None = None
+        self.chat_template: str | None = None
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(str(i) for i in ids)
 
     @property
     def pad_token_id(self) -> int | None:
@@ -197,8 +200,20 @@ class FakeDataset:
     def column_names(self) -> list[str]:
         return list(self.records[0]) if self.records else []
 
-    def map(self, fn: Callable[[dict[str, Any]], dict[str, Any]], remove_columns: list[str], desc: str) -> Any:
-        return FakeDataset([fn(record) for record in self.records])
+    def __getitem__(self, key: int | str) -> Any:
+        return self.records[key] if isinstance(key, int) else [record[key] for record in self.records]
+
+    def map(self, fn: Callable[..., dict[str, Any]], remove_columns: list[str], desc: str,
+            with_indices: bool = False) -> Any:
+        return FakeDataset([fn(record, i) if with_indices else fn(record) for i, record in enumerate(self.records)])
+
+    def remove_columns(self, names: list[str]) -> FakeDataset:
+        return FakeDataset([{k: v for k, v in record.items() if k not in names} for record in self.records])
+
+    def train_test_split(self, test_size: float, seed: int) -> dict[str, FakeDataset]:
+        """The last records held out (datasets shuffles them with the seed first)."""
+        held = max(1, round(len(self.records) * test_size))
+        return {"train": FakeDataset(self.records[:-held]), "test": FakeDataset(self.records[-held:])}
 
     def filter(self, keep: Callable[[dict[str, Any]], bool]) -> FakeDataset:
         return FakeDataset([record for record in self.records if keep(record)])
@@ -215,9 +230,10 @@ class FakeTrainer:
     every rank); the process of rank 0 writes the files, as the Trainer's should_save does."""
 
     def __init__(self, fakes: Fakes, model: Any, args: Any, train_dataset: Any = None, data_collator: Any = None,
-                 processing_class: Any = None, callbacks: list[Any] | None = None) -> None:
+                 processing_class: Any = None, callbacks: list[Any] | None = None, eval_dataset: Any = None) -> None:
         self.fakes, self.model, self.args = fakes, model, args
         self.train_dataset, self.data_collator, self.callbacks = train_dataset, data_collator, callbacks or []
+        self.eval_dataset = eval_dataset
         self.rank = fakes.world.rank
         self.state = SimpleNamespace(global_step=0)
         self.accelerator = SimpleNamespace(wait_for_everyone=lambda: fakes.world.meet("wait_for_everyone"))
@@ -227,6 +243,10 @@ class FakeTrainer:
 
     def is_world_process_zero(self) -> bool:
         return self.rank == 0
+
+    def evaluate(self) -> dict[str, float]:
+        self.fakes.events.append(("evaluate", self.state.global_step, len(self.eval_dataset)))
+        return {"eval_loss": 1.0}
 
     def save_model(self, output_dir: str) -> None:
         self.fakes.world.meet("save_model")
@@ -614,12 +634,13 @@ def test_a_lora_run_trains_an_adapter_and_exports_the_merged_model(ft: ModuleTyp
 
 def test_a_hub_dataset_is_read_with_the_token(ft: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fakes = install(monkeypatch, tmp_path)
-    fakes.hub["org/data"] = [{"body": "hello"}, {"body": ""}]
+    fakes.hub["org/data"] = [{"body": "hello"}, {"body": " "}]
     args = export_args(ft, tmp_path, "--text-field", "body", "--seq-len", "8")
-    data = ft._tokenized(args, FakeTokenizer(fakes), "hf_token")
+    data, held_out, first = ft._datasets(args, FakeTokenizer(fakes), "hf_token", ft.StackKeys())
     assert ("load_dataset", "org/data", "train", "hf_token") in fakes.events
-    # "hello": BOS, 5 tokens, EOS, cut at 8; the empty record (BOS, EOS) has something to learn too: the EOS.
-    assert [len(record["input_ids"]) for record in data] == [7, 2]
+    # "hello": BOS, 5 tokens, EOS; the blank record (a blank line of a text file) is left out.
+    assert [record["input_ids"] for record in data] == [[1, 7, 4, 11, 11, 14, 2]] == [first.input_ids]
+    assert held_out is None and "length" not in data.column_names
 
 
 def test_records_without_the_fields_stop_main_with_exit_2(ft: ModuleType, tmp_path: Path,
@@ -627,5 +648,65 @@ def test_records_without_the_fields_stop_main_with_exit_2(ft: ModuleType, tmp_pa
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     code, fakes = run_main(ft, tmp_path, monkeypatch, "--prompt-field", "question")
     assert code == ft.EXIT_USAGE
-    assert "FAILED: the records have no field 'question'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FAILED: --prompt-field: record 1 has no field 'question' (the prompt; it has a, q)" in out
     assert "train" not in fakes.event_names()
+
+
+def test_the_stacks_key_is_named_in_a_data_error(ft: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """FINETUNE_STACK_KEYS (the stack sets it): the error names the key a person changes, not the flag."""
+    monkeypatch.setenv("FINETUNE_STACK_KEYS", json.dumps({"--prompt-field": "workloads.tune.finetune.promptField"}))
+    code, _ = run_main(ft, tmp_path, monkeypatch, "--prompt-field", "question")
+    assert code == ft.EXIT_USAGE
+    assert "FAILED: workloads.tune.finetune.promptField: record 1 has no field 'question'" in capsys.readouterr().out
+
+
+def test_held_out_records_are_evaluated_at_every_save_and_at_the_end(ft: ModuleType, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    code, fakes = run_main(ft, tmp_path, monkeypatch, "--eval-split", "0.5")
+    assert code == 0
+    (training,) = [e[1] for e in fakes.events if e[0] == "TrainingArguments"]
+    # The saves' steps (--save-steps 100), the loss only; the eval batch is ds_config.json's micro batch.
+    assert {k: training[k] for k in ("eval_strategy", "eval_steps", "prediction_loss_only",
+                                     "per_device_eval_batch_size")} == {
+        "eval_strategy": "steps", "eval_steps": 100, "prediction_loss_only": True, "per_device_eval_batch_size": 2}
+    (trainer,) = fakes.trainers
+    assert len(trainer.train_dataset) == 3 and len(trainer.eval_dataset) == 3  # six records, half held out
+    assert ("evaluate", 4, 3) in fakes.events  # step 4 is no save step: evaluated once more at the end
+    assert fakes.event_names().index("evaluate") < fakes.event_names().index("save_pretrained")
+
+
+def test_rank_0_writes_the_first_record_as_trained(ft: ModuleType, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _ = run_main(ft, tmp_path, monkeypatch)
+    assert code == 0
+    sample = json.loads((tmp_path / "checkpoints" / "rendered-sample.json").read_text())
+    # {"q": "question 0", "a": "answer 0"}: BOS and the question masked, the answer and EOS learned.
+    question = [1, *(3 + ord(c) % 100 for c in "question 0")]
+    answer = [*(3 + ord(c) % 100 for c in "answer 0"), 2]
+    assert sample["input_ids"] == [*question, *answer]
+    assert sample["labels"] == [-100] * len(question) + answer
+
+
+def test_check_data_reads_the_first_records_and_stops_on_a_bad_one(ft: ModuleType, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """--check-data (the launcher's step): the records read and rendered with the tokenizer, nothing trained; a
+    malformed record exits 2 naming the key."""
+    fakes = install(monkeypatch, tmp_path)
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]})
+                    + "\n")
+    monkeypatch.setenv("FINETUNE_STACK_KEYS", json.dumps({"--roles": "workloads.tune.finetune.roles"}))
+    argv = ["--model", "org/base", "--dataset", str(data), "--checkpoint-dir", str(tmp_path / "c"),
+            "--model-dir", str(tmp_path / "m"), "--check-data"]
+    assert ft.main(argv) == ft.EXIT_USAGE
+    out = capsys.readouterr().out
+    assert "workloads.tune.finetune.roles: record 1, message 2 has the role 'bot'" in out
+    assert ft.main([*argv, "--roles", "bot=assistant"]) == ft.EXIT_USAGE  # now: the model has no chat template
+    assert "the model's tokenizer has no chat template" in capsys.readouterr().out
+    data.write_text(json.dumps({"prompt": "hi", "completion": "yo"}) + "\n")
+    assert ft.main(argv) == 0
+    assert "data check: 1 records read: prompt-completion (prompt/completion); raw" in capsys.readouterr().out
+    assert [e[0] for e in fakes.events] == ["AutoTokenizer.from_pretrained"] * 3  # no Trainer, no model

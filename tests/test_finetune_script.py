@@ -6,10 +6,8 @@ checkpoint, the completion marker, and the LoRA/ZeRO/precision combinations it r
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -22,12 +20,24 @@ BASE = ["--model", "m", "--dataset", "d", "--checkpoint-dir", "/c", "--model-dir
 
 @pytest.fixture(scope="module")
 def ft() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("finetune_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """finetune.py as the cluster imports it: its modules (finetune_*.py) found beside it."""
+    from workloads.finetune import script_module
+
+    return script_module("finetune")
+
+
+@pytest.fixture(scope="module")
+def rd() -> ModuleType:
+    from workloads.finetune import script_module
+
+    return script_module("finetune_render")
+
+
+@pytest.fixture(scope="module")
+def ck() -> ModuleType:
+    from workloads.finetune import script_module
+
+    return script_module("finetune_checkpoints")
 
 
 def test_no_heavy_import_at_module_level(ft: ModuleType) -> None:
@@ -55,8 +65,11 @@ def test_an_argument_wins_over_its_environment_variable(ft: ModuleType) -> None:
 
 def test_defaults(ft: ModuleType) -> None:
     args = ft.parse_args(BASE, {})
-    assert (args.save_steps, args.seq_len, args.learning_rate, args.text_field, args.lora, args.format) == (
-        500, 1024, 2e-5, "text", False, "auto")
+    assert (args.save_steps, args.seq_len, args.learning_rate, args.lora, args.format, args.records) == (
+        500, 1024, 2e-5, False, "auto", "auto")
+    # The field names: the record format's own unless given (finetune_data.layout).
+    assert args.text_field is None and args.prompt_field is None and args.messages_field is None
+    assert (args.chat_template, args.eval_split, args.roles, args.check_data) == ("auto", None, [], False)
     assert args.epochs is None and args.max_steps is None and args.precision is None and args.deepspeed is None
 
 
@@ -207,35 +220,27 @@ def test_a_dataset_id_goes_to_the_hub_and_a_missing_path_is_refused(ft: ModuleTy
             ft.data_source(missing)
 
 
-def test_record_fields(ft: ModuleType) -> None:
-    assert ft.record_problems(["text", "id"], "text", None, None) == []
-    assert ft.record_problems(["q", "a"], "text", "q", "a") == []
-    assert ft.record_problems(["question"], "text", "q", "a") == [
-        "the records have no field 'q', 'a' (they have question): set --text-field, or --prompt-field and "
-        "--response-field"]
-
-
-def test_prompt_and_response_make_one_sample_learning_the_response(ft: ModuleType) -> None:
-    assert ft.build_example([1, 5, 6], [7, 8], eos_id=2, seq_len=16) == {
+def test_prompt_and_response_make_one_sample_learning_the_response(rd: ModuleType) -> None:
+    assert rd.build_example([1, 5, 6], [7, 8], eos_id=2, seq_len=16) == {
         "input_ids": [1, 5, 6, 7, 8, 2], "attention_mask": [1] * 6, "labels": [-100, -100, -100, 7, 8, 2]}
-    assert ft.build_example([1, 5, 6], [7, 8], eos_id=2, seq_len=4)["labels"] == [-100, -100, -100, 7]
-    assert ft.build_example([], [9, 9, 9], eos_id=None, seq_len=2) == {
+    assert rd.build_example([1, 5, 6], [7, 8], eos_id=2, seq_len=4)["labels"] == [-100, -100, -100, 7]
+    assert rd.build_example([], [9, 9, 9], eos_id=None, seq_len=2) == {
         "input_ids": [9, 9], "attention_mask": [1, 1], "labels": [9, 9]}
-    assert ft.build_example([1, 5], [7], eos_id=2, seq_len=8, mask_prompt=False)["labels"] == [1, 5, 7, 2]
+    assert rd.build_example([1, 5], [7], eos_id=2, seq_len=8, mask_prompt=False)["labels"] == [1, 5, 7, 2]
 
 
-def test_a_sample_with_nothing_to_learn_is_dropped(ft: ModuleType) -> None:
-    cut = ft.build_example([1, 2, 3, 4], [7], eos_id=2, seq_len=4)
-    assert ft.learns_something(cut) is False
-    assert ft.learns_something(ft.build_example([1], [7], eos_id=2, seq_len=4)) is True
+def test_a_sample_with_nothing_to_learn_is_dropped(rd: ModuleType) -> None:
+    cut = rd.build_example([1, 2, 3, 4], [7], eos_id=2, seq_len=4)
+    assert rd.learns_something(cut) is False
+    assert rd.learns_something(rd.build_example([1], [7], eos_id=2, seq_len=4)) is True
     # Causal models shift labels by one: the first label is never predicted.
-    assert ft.learns_something({"labels": [5, -100]}) is False
+    assert rd.learns_something({"labels": [5, -100]}) is False
 
 
-def test_batches_are_right_padded_and_the_padding_masked(ft: ModuleType) -> None:
-    a = ft.build_example([1], [5, 6], eos_id=2, seq_len=8)
-    b = ft.build_example([], [7], eos_id=2, seq_len=8)
-    assert ft.pad_batch([a, b], pad_id=0) == {
+def test_batches_are_right_padded_and_the_padding_masked(rd: ModuleType) -> None:
+    a = rd.build_example([1], [5, 6], eos_id=2, seq_len=8)
+    b = rd.build_example([], [7], eos_id=2, seq_len=8)
+    assert rd.pad_batch([a, b], pad_id=0) == {
         "input_ids": [[1, 5, 6, 2], [7, 2, 0, 0]],
         "attention_mask": [[1, 1, 1, 1], [1, 1, 0, 0]],
         "labels": [[-100, 5, 6, 2], [7, 2, -100, -100]]}
@@ -243,9 +248,9 @@ def test_batches_are_right_padded_and_the_padding_masked(ft: ModuleType) -> None
 
 # --- checkpoints and the marker --------------------------------------------------------------------------------
 
-def test_the_newest_complete_checkpoint_is_chosen(ft: ModuleType, tmp_path: Path) -> None:
-    assert ft.newest_checkpoint(tmp_path / "absent") is None
-    assert ft.newest_checkpoint(tmp_path) is None
+def test_the_newest_complete_checkpoint_is_chosen(ck: ModuleType, tmp_path: Path) -> None:
+    assert ck.newest_checkpoint(tmp_path / "absent") is None
+    assert ck.newest_checkpoint(tmp_path) is None
     for step, complete in ((5, True), (10, True), (9, True), (15, False)):
         folder = tmp_path / f"checkpoint-{step}"
         folder.mkdir()
@@ -254,8 +259,8 @@ def test_the_newest_complete_checkpoint_is_chosen(ft: ModuleType, tmp_path: Path
     (tmp_path / "checkpoint-x").mkdir()
     (tmp_path / "checkpoint-99").write_text("a file, not a folder")
     # 10 beats 9 by number (not by name: "checkpoint-9" > "checkpoint-10" as text); 15 was cut off while saving.
-    assert ft.newest_checkpoint(tmp_path) == tmp_path / "checkpoint-10"
-    assert ft.checkpoint_step("checkpoint-42") == 42 and ft.checkpoint_step("checkpoint-42-tmp") is None
+    assert ck.newest_checkpoint(tmp_path) == tmp_path / "checkpoint-10"
+    assert ck.checkpoint_step("checkpoint-42") == 42 and ck.checkpoint_step("checkpoint-42-tmp") is None
 
 
 def test_the_marker_says_the_step_and_the_model(ft: ModuleType) -> None:

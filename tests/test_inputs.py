@@ -36,7 +36,8 @@ def _bucket_keys() -> set[tuple[str, str]]:
         for key, sub in (node.get("properties") or {}).items():
             where = f"{path}.{key}" if path else key
             text = f"{sub.get('x-form', '')} {sub.get('description', '')}"
-            if sub.get("type") == "string" and ("of the bucket" in text or "of the stack's bucket" in text
+            types = sub.get("type") if isinstance(sub.get("type"), list) else [sub.get("type")]
+            if "string" in types and ("of the bucket" in text or "of the stack's bucket" in text
                                                 or "in the bucket" in text):
                 found.add((kind, where))
             walk(kind, sub, where)
@@ -51,6 +52,7 @@ def _bucket_keys() -> set[tuple[str, str]]:
 BUCKET_KEYS = {
     ("finetune", "finetune.datasetPath"): ("finetune", TUNE, {}, "../x.jsonl", "../x.jsonl"),
     ("finetune", "finetune.modelPath"): ("finetune", TUNE, {f"{TUNE}.finetune.model": DELETE}, "../m", "../m"),
+    ("finetune", "finetune.evalSplit"): ("finetune", TUNE, {}, "../eval.jsonl", "../eval.jsonl"),
     ("finetune", "launch.script"): ("finetune", TUNE, {"storage.bucketName": "my-data"}, "gs://my-data/../x.py",
                                     "../x.py"),
     ("mpijob", "launch.script"): ("h100", "workloads.smoke", {}, "/gcs/../x.py", "../x.py"),
@@ -188,7 +190,12 @@ UNRECOGNIZED = "(every rank would stop with \"unrecognized arguments\"); its fla
 
 
 def _script_module(name: str) -> Any:
-    """A project script as a module (above `main` it imports the standard library only)."""
+    """A project script as a module (above `main` it imports the standard library only); finetune.py with its
+    modules beside it."""
+    if name == "finetune":
+        from workloads.finetune import script_module
+
+        return script_module(name)
     return load_file(SCRIPTS / f"{name}.py", f"deepspeed_stack_test_{name}")
 
 
@@ -210,11 +217,12 @@ def test_the_flags_read_from_the_source_are_the_parsers(script: str, capsys: pyt
     parse = module.build_parser().parse_args if script == "finetune" else module.parse_args
     flags = script_flags.read(SCRIPTS / f"{script}.py")
     assert flags is not None
-    values = {"--format": "auto", "--precision": "bf16", "--lora-target-modules": "q_proj", "--lora-export": "merged"}
+    values = {"--format": "auto", "--precision": "bf16", "--lora-target-modules": "q_proj", "--lora-export": "merged",
+              "--records": "auto", "--roles": "bot=assistant", "--eval-split": "0.1"}
     for flag in flags.flags:
         if flag in ("-h", "--help"):
             continue
-        value = [] if flag in ("--lora", "--gradient-checkpointing") else [values.get(flag, "1")]
+        value = [] if flag in ("--lora", "--gradient-checkpointing", "--check-data") else [values.get(flag, "1")]
         assert _accepts(parse, [*base, flag, *value]), flag
     assert not _accepts(parse, [*base, "--no-such-flag", "1"])
     prefix = "--logging-step" if script == "finetune" else "--hidd"  # a unique prefix of one flag
@@ -591,3 +599,42 @@ def test_sigterm_reaches_deepspeeds_runner(tmp_path: Path) -> None:
         proc.wait()
     assert proc.returncode == 143 and calls.read_text().splitlines() == ["called", "term"]
     assert not final.exists()  # preempted: retried, and the run resumes from its checkpoint
+
+
+def _checked_launcher_run(tmp_path: Path, check: str) -> tuple[str, Path, Path]:
+    """The finetune stack's launcher script with its data check (a stand-in `python` running `check`) and its
+    DeepSpeed line (a stand-in `deepspeed` that succeeds); returns (the script, the state file, the call log)."""
+    from conftest import stack_run
+
+    pod = stack_run("finetune").one(MPIJOB).inputs["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    lines = pod["containers"][0]["args"][0].splitlines()
+    state, calls, bin_dir = tmp_path / "state", tmp_path / "calls", tmp_path / "bin"
+    for folder in (state, bin_dir):
+        folder.mkdir(exist_ok=True)
+    for name, body in (("python", f"echo check >> {calls}\n{check}"), ("deepspeed", f"echo ranks >> {calls}")):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    # The functions, then the check and the DeepSpeed line (the set-up between needs a cluster).
+    functions_end = len(lines) - 1 - lines[::-1].index("}")
+    kept = [*lines[:functions_end + 1], *lines[-2:]]
+    return "\n".join(kept).replace("/run/deepspeed-stack", str(state)), state / "final-status", calls
+
+
+def test_a_data_error_found_by_the_launchers_check_is_final(tmp_path: Path) -> None:
+    """finetune.py --check-data exits 2 on bad data: remembered like the ranks' status, the ranks never run."""
+    script, final, calls = _checked_launcher_run(tmp_path, "exit 2")
+    first = _bash(script, tmp_path)
+    assert first.returncode == 2 and final.read_text().strip() == "2"
+    assert "the input check stopped with exit status 2" in first.stderr
+    again = _bash(script, tmp_path)
+    assert again.returncode == 2 and calls.read_text().splitlines() == ["check"]
+    assert "not running the ranks again" in again.stderr
+
+
+def test_a_passed_check_starts_the_ranks_and_another_failure_is_retried(tmp_path: Path) -> None:
+    script, final, calls = _checked_launcher_run(tmp_path, "exit 0")
+    assert _bash(script, tmp_path).returncode == 0 and calls.read_text().splitlines() == ["check", "ranks"]
+    calls.unlink()
+    script, final, calls = _checked_launcher_run(tmp_path, "exit 1")  # e.g. the bucket's mount not ready
+    assert _bash(script, tmp_path).returncode == 1 and not final.exists()
+    assert _bash(script, tmp_path).returncode == 1 and calls.read_text().splitlines() == ["check", "check"]

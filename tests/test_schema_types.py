@@ -30,7 +30,8 @@ def _is_struct(hint: Any) -> bool:
 def _inner(hint: Any) -> Any:
     """`X | None` -> X."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else hint  # `float | str`: a key of two scalar types
     return hint
 
 

@@ -24,8 +24,10 @@ TEARDOWN = "TEARDOWN-RAN"
 def _run_as_main(script: Path, *args: str, env: dict[str, str] | None = None,
                  preamble: str = "") -> subprocess.CompletedProcess[str]:
     """`python script args` with an atexit handler registered first: it prints only if the teardown runs."""
+    # The script's folder first on sys.path, as `python script` puts it (finetune.py imports its modules from there).
     code = (preamble + "import atexit, runpy, sys\n"
             f"atexit.register(lambda: print({TEARDOWN!r}, flush=True))\n"
+            f"sys.path.insert(0, {str(script.parent)!r})\n"
             f"sys.argv = [{str(script)!r}, *sys.argv[1:]]\n"
             f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
@@ -33,7 +35,10 @@ def _run_as_main(script: Path, *args: str, env: dict[str, str] | None = None,
 
 
 def _finetune() -> Any:
-    return load_file(SCRIPTS / "finetune.py", "finetune_exit_under_test")
+    """finetune.py with its modules beside it, as the cluster imports it."""
+    from workloads.finetune import script_module
+
+    return script_module("finetune")
 
 
 def test_finetune_help_reaches_a_pipe_and_the_teardown_never_runs() -> None:

@@ -78,3 +78,39 @@ def test_json_prints_the_whole_answer(send_prompt: types.ModuleType, capsys: pyt
     assert seen[0] == ("/v1/completions", {"model": "m", "prompt": "one plus one", "max_tokens": 128})
     first, second = capsys.readouterr().out.splitlines()
     assert json.loads(first) == answer and second == " two"
+
+
+def test_chat_sends_a_conversation_to_chat_completions(send_prompt: types.ModuleType) -> None:
+    """--chat: vLLM's ChatCompletionRequest (0.32.0), the server rendering the messages through the served
+    tokenizer's chat template; the prompt is the user's turn, after --system."""
+    args = send_prompt.parse_args(["--openai", "--chat", "--url", "http://h:8000", "--model", "m", "--system", "Add.",
+                                   "--temperature", "0", "--ignore-eos", "--token-ids", "--max-new-tokens", "4",
+                                   "1+1?"])
+    request = send_prompt.build_request(args)
+    assert request.full_url == "http://h:8000/v1/chat/completions"
+    assert json.loads(request.data) == {
+        "model": "m", "max_tokens": 4, "messages": [{"role": "system", "content": "Add."},
+                                                    {"role": "user", "content": "1+1?"}],
+        "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+    whole = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
+             {"role": "user", "content": "2+2?"}]
+    args = send_prompt.parse_args(["--openai", "--chat", "--model", "m", "--messages", json.dumps(whole)])
+    assert json.loads(send_prompt.build_request(args).data)["messages"] == whole
+    # A chat answer's text is its message's content.
+    answer = {"choices": [{"message": {"role": "assistant", "content": "four"}, "token_ids": [5]}]}
+    assert send_prompt.reply_text(True, answer, chat=True) == "four"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--deployment", "d", "--chat", "hi"], "--chat needs --openai"),
+    (["--openai", "--model", "m", "--system", "s", "hi"], "--system need --chat"),
+    (["--openai", "--chat", "--model", "m", "--messages", "[]"], "expected a list of"),
+    (["--openai", "--chat", "--model", "m", "--messages", '[{"role": "user", "content": "a"}]', "hi"],
+     "--messages is the whole conversation: give no prompt or --system beside it"),
+    (["--openai", "--chat", "--model", "m"], "the prompt is required (or, with --chat, --messages)"),
+])
+def test_chat_settings_are_refused_where_they_mean_nothing(send_prompt: types.ModuleType, argv: list[str],
+                                                           message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        send_prompt.parse_args(argv)
+    assert message in capsys.readouterr().err

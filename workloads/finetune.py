@@ -1,43 +1,51 @@
 """The `finetune` kind's launch: workloads/scripts/finetune.py on every rank of an NVIDIA MPIJob, its arguments from
 the typed `finetune` keys (the fine-tuning contract), CHECKPOINT_DIR and MODEL_DIR in the environment, the token as
-a mounted file, and the rules that mirror what the script itself refuses.
+a mounted file, the launcher's data check before the ranks, and the rules that mirror what the script refuses.
 
 The script is the contract's one source: its pure parts (formats, file endings, the LoRA/ZeRO/precision
-combinations it cannot run) are read from the script file itself (`contract()`), not copied here, so the stack
-refuses exactly what the script would refuse at start-up, before anything is created.
+combinations it cannot run) are read from its own modules (`script_module`), not copied here, so the stack refuses
+exactly what the script would refuse at start-up, before anything is created. finetune.py is a small package of flat
+modules (finetune_*.py beside it): the job's ConfigMap ships them all (a ConfigMap key has no '/'), and Python finds
+them in the script's own folder.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from model import chat_templates
 from model.types import FinetuneWorkloadConfig
+from model.validators import at
 from workloads.mpijob import script_source
 from workloads.mpijob.nvidia import NvidiaLaunch, output_env
 from workloads.mpijob.shape import CONFIG_DIR, DS_CONFIG_KEY, HF_TOKEN_KEY, TOKEN_DIR, TOKEN_VOLUME, token_secret_name
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "finetune.py"
-PROGRESS = SCRIPT.with_name("finetune_progress.py")  # its progress callback, shipped beside it (it imports it)
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCRIPT = SCRIPTS / "finetune.py"
+LIBRARY_GLOB = "finetune_*.py"  # finetune.py's modules, shipped beside it
+TEMPLATE_KEY = "chat_template.jinja"  # the named chat template's file in the ConfigMap
 TOKEN_PATH_ENV = "HF_TOKEN_PATH"  # the contract: the ranks read a gated model's token from this file
+STACK_KEYS_ENV = "FINETUNE_STACK_KEYS"  # finetune_config.STACK_KEYS_ENV: the stack's key for each flag it sets
 # A worker whose sshd died restarts in place, and the launcher (OnFailure, up to runPolicy.backoffLimit) resumes the
 # run from the newest checkpoint: the script finds it by itself (workloads/recovery.py).
 WORKER_RESTART_POLICY = "OnFailure"
 
 
 @functools.cache
-def contract() -> ModuleType:
-    """workloads/scripts/finetune.py as a module: its top level imports only the standard library (torch and the
-    rest load inside its run functions; tests/test_finetune_script.py holds it to that)."""
-    spec = importlib.util.spec_from_file_location("deepspeed_stack_finetune_contract", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+def script_module(name: str) -> ModuleType:
+    """One of finetune.py's modules (`finetune_data`, `finetune_config`, ...), imported by its own name as the script
+    imports it on the cluster; their tops import only the standard library (tests/test_finetune_script.py holds them
+    to that). The scripts' folder is on sys.path only while it loads."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(SCRIPTS))
 
 
 def in_bucket(w: FinetuneWorkloadConfig, path: str) -> str:
@@ -84,8 +92,38 @@ STACK_FLAGS: dict[str, tuple[str, ...]] = {
     "--lora-dropout": ("finetune", "lora", "dropout"), "--lora-target-modules": ("finetune", "lora", "targetModules"),
     "--lora-export": ("finetune", "lora", "export"),
     "--precision": ("deepspeed", "precision"), "--checkpoint-dir": ("gcsFuse", "enabled"),
-    "--model-dir": ("gcsFuse", "enabled"),
+    "--model-dir": ("gcsFuse", "enabled"), "--records": ("finetune", "recordFormat"),
+    "--messages-field": ("finetune", "messagesField"), "--role-field": ("finetune", "roleField"),
+    "--content-field": ("finetune", "contentField"), "--roles": ("finetune", "roles"),
+    "--chat-template": ("finetune", "chatTemplate"), "--eval-split": ("finetune", "evalSplit"),
 }
+
+
+def eval_fraction(w: FinetuneWorkloadConfig) -> float | None:
+    """`evalSplit` as a fraction of the records (a number, or text that reads as one: `pulumi config set` may store
+    0.05 as text); None for a path or none."""
+    value = w.finetune.eval_split
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def eval_split_arg(w: FinetuneWorkloadConfig) -> str | None:
+    """--eval-split: the fraction, or the held-out file as the pods see it."""
+    value = w.finetune.eval_split
+    if value is None:
+        return None
+    fraction = eval_fraction(w)
+    return _number(fraction) if fraction is not None else in_bucket(w, str(value))
+
+
+def chat_template_arg(w: FinetuneWorkloadConfig) -> str:
+    """--chat-template: auto and raw as they are; a named template is shipped as a file beside the script."""
+    name = w.finetune.chat_template
+    return name if name in (chat_templates.AUTO, chat_templates.RAW) else f"{CONFIG_DIR}/{TEMPLATE_KEY}"
 
 
 def script_args(w: FinetuneWorkloadConfig) -> list[str]:
@@ -94,10 +132,22 @@ def script_args(w: FinetuneWorkloadConfig) -> list[str]:
     f = w.finetune
     args = ["--deepspeed", f"{CONFIG_DIR}/{DS_CONFIG_KEY}", "--model", model_arg(w), "--dataset", dataset_arg(w),
             "--format", f.format]
+    if f.record_format != "auto":
+        args += ["--records", f.record_format]
     if f.prompt_field:
         args += ["--prompt-field", f.prompt_field, "--response-field", f.response_field or ""]
     elif f.text_field is not None:
         args += ["--text-field", f.text_field]
+    for flag, value in (("--messages-field", f.messages_field), ("--role-field", f.role_field),
+                        ("--content-field", f.content_field)):
+        if value is not None:
+            args += [flag, value]
+    if f.roles:
+        args += ["--roles", *(f"{name}={role}" for name, role in sorted(f.roles.items()))]
+    if f.chat_template != chat_templates.AUTO:
+        args += ["--chat-template", chat_template_arg(w)]
+    if (split := eval_split_arg(w)) is not None:
+        args += ["--eval-split", split]
     args += ["--seq-len", str(f.sequence_length)]
     # One or the other (the rules refuse both); neither: the script's own default, one pass over the data.
     if f.max_steps is not None:
@@ -115,19 +165,43 @@ def script_args(w: FinetuneWorkloadConfig) -> list[str]:
     return [*args, *w.launch.args]
 
 
+def stack_keys(w: FinetuneWorkloadConfig) -> dict[str, str]:
+    """Each flag the stack sets from a key of this workload -> that key, as `pulumi config set --path` spells it:
+    the script's errors name the key to change (FINETUNE_STACK_KEYS)."""
+    f = w.finetune
+    keys = {flag: at("workloads", w.name, *path) for flag, path in STACK_FLAGS.items()
+            if path[0] in ("finetune", "deepspeed") and len(path) > 1}
+    keys["--model"] = at("workloads", w.name, "finetune", "model" if f.model else "modelPath")
+    keys["--dataset"] = at("workloads", w.name, "finetune", "dataset" if f.dataset else "datasetPath")
+    return keys
+
+
 def env(w: FinetuneWorkloadConfig, has_token: bool) -> dict[str, str]:
-    """The contract's environment: where checkpoints and the model go; the token's file with a token."""
-    out = output_env(w)
+    """The contract's environment: where checkpoints and the model go, the stack's keys for the script's errors;
+    the token's file with a token."""
+    out = {**output_env(w), STACK_KEYS_ENV: json.dumps(stack_keys(w), sort_keys=True, separators=(",", ":"))}
     if has_token:
         out[TOKEN_PATH_ENV] = f"{TOKEN_DIR}/{HF_TOKEN_KEY}"
     return out
 
 
 def files(w: FinetuneWorkloadConfig) -> dict[str, str]:
-    """What the job's ConfigMap ships for the ranks: the script (the project's or yours under workloads/scripts/user)
-    and finetune_progress.py beside it; nothing for a script of the bucket or the image, or `launch.command`."""
+    """What the job's ConfigMap ships beside ds_config.json: the script (when it is the project's or yours under
+    workloads/scripts/user), finetune.py's modules beside it, and the named chat template."""
     shipped = script_source.source(w).files
-    return {**shipped, PROGRESS.name: PROGRESS.read_text(encoding="utf-8")} if shipped else {}
+    if not shipped:  # a script of the bucket or the image, or `launch.command`: nothing of ours to ship
+        return {}
+    library = {p.name: p.read_text(encoding="utf-8") for p in sorted(SCRIPTS.glob(LIBRARY_GLOB))}
+    text = chat_templates.template(w.finetune.chat_template)
+    return {**shipped, **library, **({TEMPLATE_KEY: text} if text is not None else {})}
+
+
+def data_check_command(w: FinetuneWorkloadConfig) -> list[str]:
+    """The launcher's data check before the ranks (finetune.py --check-data, finetune_check.py): the project's
+    script only, with the ranks' arguments (a copy of yours may not have the flag; `launch.command` runs its own)."""
+    if w.launch.command or w.launch.script != SCRIPT.name:
+        return []
+    return ["python", script_source.source(w).path, "--check-data", *script_args(w)]
 
 
 def launch(w: FinetuneWorkloadConfig, has_token: bool, run_env: dict[str, str] | None = None) -> NvidiaLaunch:
@@ -145,10 +219,11 @@ def launch(w: FinetuneWorkloadConfig, has_token: bool, run_env: dict[str, str] |
         rank_command=[script.path, *script_args(w)], env={**env(w, has_token), **(run_env or {})}, files=files(w),
         hf_trainer=True,
         command=w.launch.command, worker_volumes=worker_volumes, worker_mounts=worker_mounts,
-        worker_restart_policy=WORKER_RESTART_POLICY, wait_for=bucket_inputs(w))
+        worker_restart_policy=WORKER_RESTART_POLICY, wait_for=bucket_inputs(w), check=data_check_command(w))
 
 
 def bucket_inputs(w: FinetuneWorkloadConfig) -> list[str]:
     """The inputs in the bucket, as the pods see them: the launcher waits for them (uploaded after `pulumi up`)."""
     f = w.finetune
-    return [in_bucket(w, path) for path in (f.model_path, f.dataset_path) if path]
+    held_out = str(f.eval_split) if f.eval_split is not None and eval_fraction(w) is None else None
+    return [in_bucket(w, path) for path in (f.model_path, f.dataset_path, held_out) if path]

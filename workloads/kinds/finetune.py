@@ -22,6 +22,7 @@ from pathlib import PurePosixPath
 
 import pulumi
 
+from model import chat_templates
 from model.config import workload_default
 from model.types import FinetuneWorkloadConfig, StackConfig
 from model.validators import at
@@ -81,12 +82,12 @@ def _data_format(w: FinetuneWorkloadConfig) -> str | None:
     if f.format != "auto":
         return f.format
     suffix = PurePosixPath(f.dataset_path or "").suffix.lower()
-    return finetune.contract().SUFFIXES.get(suffix)
+    return finetune.script_module("finetune_data").SUFFIXES.get(suffix)
 
 
 def check_data_format(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
     """What finetune.py can read (its SUFFIXES and FORMATS) and which fields its records have."""
-    f, ft = w.finetune, finetune.contract()
+    f, ft = w.finetune, finetune.script_module("finetune_data")
     problems = []
     suffix = PurePosixPath(f.dataset_path or "").suffix.lower()
     readable = ", ".join(ft.SUFFIXES)
@@ -112,6 +113,83 @@ def check_data_format(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
         elif f.text_field not in (None, "text"):
             problems.append(f"{_key(w, 'finetune', 'textField')}: a text file's records have one field, `text`, "
                             f"not {f.text_field!r}")
+    return problems
+
+
+# The field keys each record format reads (finetune.py's READS, by key).
+RECORD_FIELD_KEYS = {
+    "text": {"textField"},
+    "prompt-completion": {"promptField", "responseField", "roleField", "contentField", "roles"},
+    "messages": {"messagesField", "roleField", "contentField", "roles"},
+    "sharegpt": {"messagesField", "roleField", "contentField", "roles"},
+    "alpaca": set(),
+}
+FIELD_KEYS = {"textField": "text_field", "promptField": "prompt_field", "responseField": "response_field",
+              "messagesField": "messages_field", "roleField": "role_field", "contentField": "content_field",
+              "roles": "roles"}
+CHAT_FORMATS = ("messages", "sharegpt")  # records that are conversations whatever the model
+
+
+def check_record_fields(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """The field keys the record format reads: one it never reads would be dropped without a word (finetune.py
+    refuses it too); with `auto`, the field keys of one format only, since the first one given decides."""
+    f = w.finetune
+    if _data_format(w) == "text" and f.record_format not in ("auto", "text"):
+        return [f"{_key(w, 'finetune', 'recordFormat')}: {f.record_format}, but a text file's records are its lines "
+                "(format text); use JSON lines or Parquet"]
+    given = [key for key, attr in FIELD_KEYS.items() if getattr(f, attr)]
+    if f.record_format != "auto":
+        return [f"{_key(w, 'finetune', key)}: not read with {_key(w, 'finetune', 'recordFormat')} {f.record_format} "
+                f"(it reads {', '.join(sorted(RECORD_FIELD_KEYS[f.record_format])) or 'instruction, input, output'}); "
+                "remove it, or set the format that has this field" for key in given
+                if key not in RECORD_FIELD_KEYS[f.record_format]]
+    # textField beside promptField: check_text_field_or_prompt's.
+    others = [key for key in ("textField", "promptField") if key in given]
+    if "messagesField" in given and others:
+        return [f"{_key(w, 'finetune', 'messagesField')}: messagesField and {' and '.join(others)} are fields of "
+                "different record formats; keep the one of your records, or set "
+                f"{_key(w, 'finetune', 'recordFormat')}"]
+    return []
+
+
+def check_chat_template(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """`chatTemplate` is auto, raw or a template the stack ships; conversations need a template: `raw` renders none,
+    and a model known to ship none (data/chat_templates.yaml) needs one named. Other models, and a bucket modelPath,
+    are found out by the launcher's data check (it loads the tokenizer)."""
+    f = w.finetune
+    key, names = _key(w, "finetune", "chatTemplate"), chat_templates.names()
+    if f.chat_template not in (chat_templates.AUTO, chat_templates.RAW, *names):
+        return [f"{key}: {f.chat_template!r} is not a template the stack knows: auto (the model's own), raw (none), "
+                f"or one of data/chat_templates.yaml: {', '.join(names)}"]
+    chat = f.record_format in CHAT_FORMATS
+    if chat and f.chat_template == chat_templates.RAW:
+        return [f"{key}: raw renders text and plain prompt/completion records only; {f.record_format} records are "
+                "conversations and go through a chat template: auto (the model's own) or a name "
+                f"({', '.join(names)})"]
+    if chat and f.chat_template == chat_templates.AUTO and f.model and chat_templates.ships_template(f.model) is False:
+        return [f"{key}: {f.model}'s tokenizer has no chat template (data/chat_templates.yaml), and {f.record_format} "
+                f"records are rendered through one: name one the stack ships ({', '.join(names)}; it is saved with "
+                "the tuned model, so the server renders requests the same way), or fine-tune its Instruct model"]
+    return []
+
+
+def check_eval_split(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """`evalSplit`: a fraction between 0 and 1, or a file or folder of the bucket finetune.py can read."""
+    f, key = w.finetune, _key(w, "finetune", "evalSplit")
+    if f.eval_split is None:
+        return []
+    fraction = finetune.eval_fraction(w)
+    if fraction is not None:
+        return [] if 0 < fraction < 1 else [f"{key}: {f.eval_split}: a fraction of the records is between 0 and 1 "
+                                            "(e.g. 0.05), or name a file of the bucket"]
+    problems = []
+    if not w.gcs_fuse.enabled:
+        problems.append(f"{key}: {f.eval_split} is read from the stack's bucket through the pods' GCS FUSE mount; "
+                        f"set {_key(w, 'gcsFuse', 'enabled')}: true")
+    suffix = PurePosixPath(str(f.eval_split)).suffix.lower()
+    suffixes = finetune.script_module("finetune_data").SUFFIXES
+    if suffix and suffix not in suffixes:
+        problems.append(f"{key}: finetune.py cannot read {suffix} files (it reads {', '.join(suffixes)})")
     return problems
 
 
@@ -183,7 +261,7 @@ def check_lora_combination(m: StackConfig, w: FinetuneWorkloadConfig) -> list[st
     """The LoRA/ZeRO/precision combinations finetune.py refuses at start-up (its own combination_problems), refused
     here before anything is created."""
     ds = w.deepspeed
-    found = finetune.contract().combination_problems(
+    found = finetune.script_module("finetune_config").combination_problems(
         w.finetune.lora.enabled, ds.zero_stage, ds.precision, False, ds.offload_params != "none")
     return [f"{_key(w, 'finetune', 'lora', 'enabled')}: {problem} (finetune.py would stop at start-up; see "
             f"{_key(w, 'deepspeed')})" for problem in found]
@@ -256,9 +334,10 @@ def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi
 KIND: Kind[FinetuneWorkloadConfig] = Kind(
     name="finetune",
     config=FinetuneWorkloadConfig,
-    rules=(check_on_nvidia, check_model_and_data, check_data_format, check_epochs_or_max_steps,
-           check_text_field_or_prompt, check_model_sequence_length, check_lora_combination,
-           check_bucket_model_shape, check_sized_as_training, check_launch, check_mpijob_name, check_mpijob_storage),
+    rules=(check_on_nvidia, check_model_and_data, check_data_format, check_record_fields, check_chat_template,
+           check_eval_split, check_epochs_or_max_steps, check_text_field_or_prompt, check_model_sequence_length,
+           check_lora_combination, check_bucket_model_shape, check_sized_as_training, check_launch,
+           check_mpijob_name, check_mpijob_storage),
     build=build,
     warnings=(warn_lora_unused, warn_command_replaces_finetune_keys, warn_dataset_tokens_unread),
 )

@@ -79,6 +79,9 @@ class NvidiaLaunch(msgspec.Struct, frozen=True):
     # Paths (e.g. the data in the bucket) the launcher waits for before it starts the ranks: one `pulumi up` creates
     # the bucket and the job, and the data is uploaded after.
     wait_for: list[str] = msgspec.field(default_factory=list)
+    # A command the launcher runs after that wait, before the ranks (finetune.py --check-data reads the data): its
+    # final status (FINAL_EXIT_STATUSES) is remembered like the ranks', any other failure retried.
+    check: list[str] = msgspec.field(default_factory=list)
 
 
 def launch_of(w: MpiJobBaseConfig) -> NvidiaLaunch:
@@ -176,6 +179,25 @@ def run_ranks_function() -> list[str]:
     ]
 
 
+CHECK_INPUTS = "check_inputs"  # the launcher's shell function that runs the input check
+
+
+def check_inputs_function() -> list[str]:
+    """A shell function that runs the input check: on success the launch goes on; a final status is remembered as
+    the ranks' is (no attempt of the pod runs anything again); any other failure exits and is retried."""
+    final = " -o ".join(f'"$status" -eq {code}' for code in FINAL_EXIT_STATUSES)
+    return [
+        f"{CHECK_INPUTS}() {{",
+        '  status=0; "$@" || status=$?',
+        '  if [ "$status" -eq 0 ]; then return 0; fi',
+        f'  if [ {final} ]; then {{ echo "$status" > {FINAL_STATUS_FILE}; }} 2>/dev/null || true; '
+        'echo "deepspeed-stack: the input check stopped with exit status $status (bad arguments or data, said above): '
+        "final, the launcher's restarts will not run the ranks\" >&2; fi",
+        '  exit "$status"',
+        "}",
+    ]
+
+
 def launcher_state() -> tuple[dict[str, Any], dict[str, Any]]:
     """(volume, mount): the launcher's emptyDir for what its attempts remember (the final status)."""
     return ({"name": LAUNCHER_STATE_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}},
@@ -190,7 +212,9 @@ def launcher_script(where: Placement | None, launch: NvidiaLaunch) -> str:
     # --force_multi: the launcher has no GPU and is not in the hostfile, even with one worker.
     deepspeed = (f'{RUN_RANKS} deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
                  f"{rank}{shlex.quote(script)} {quote_args(args)}".rstrip())
-    final = [] if launch.command else [final_status_guard(), *run_ranks_function()]
+    checks = launch.check and not launch.command
+    final = [] if launch.command else [final_status_guard(), *run_ranks_function(),
+                                       *(check_inputs_function() if checks else [])]
     return "\n".join([
         "set -eo pipefail",
         *final,
@@ -201,6 +225,7 @@ def launcher_script(where: Placement | None, launch: NvidiaLaunch) -> str:
         # DeepSpeed runs `cd <this directory>` on every worker: the ConfigMap is mounted there too.
         f"cd {CONFIG_DIR}",
         *([wait_for_paths(launch.wait_for)] if launch.wait_for else []),
+        *([f"{CHECK_INPUTS} {quote_args(launch.check)}"] if checks else []),
         # `launch.command` replaces only this line: $HOSTSFILE and $MASTER_ADDR are set, the workers answer on ssh.
         launch.command or deepspeed,
     ])

@@ -4,14 +4,19 @@
 Run on every rank by the DeepSpeed launcher, as the stack's MPIJob and Helm release do::
 
     deepspeed --hostfile HOSTFILE finetune.py --deepspeed_config ds_config.json \\
-        --model meta-llama/Llama-3.1-8B --dataset /gcs/bucket/data --seq-len 2048 --max-steps 1000
+        --model meta-llama/Llama-3.1-8B-Instruct --dataset /gcs/bucket/chats.jsonl --seq-len 2048 --max-steps 1000
 
 - Model: a Hugging Face id or a local folder (--model, FINETUNE_MODEL). A gated model's token is read from
   the file named by HF_TOKEN_PATH (never from an environment value).
 - Data (--dataset, FINETUNE_DATASET): a .jsonl/.json, .parquet or .txt file, a folder of them, or a Hugging
-  Face dataset id. Each record's --text-field (default `text`), or its --prompt-field and --response-field:
-  prompt and response are tokenized together and only the response is learned (the prompt's labels are
-  masked). A text file's lines are records with the field `text`.
+  Face dataset id, in one of the formats people bring (--records: text, prompt-completion, messages, alpaca,
+  sharegpt, or auto from the fields; finetune_data.py), rendered as the model will be used (finetune_render.py):
+  conversations through the chat template with the loss on every assistant turn, plain prompt/completion records
+  through it too on a model that has one (--chat-template raw: joined as text), text as it is.
+- --check-data: read the first records, check and render them as the ranks would, print what was found and the
+  first record as trained, and exit (2 on a data error): the launcher runs it before the ranks
+  (finetune_check.py).
+- --eval-split: a held-out fraction of the records, or a file of them; the eval loss is logged at every save.
 - DeepSpeed: ds_config.json from --deepspeed (the launcher's --deepspeed_config). Values the Trainer owns may
   be "auto" there; where the file gives a batch size, accumulation, clipping or precision, the Trainer is set
   to the same value, so the two never disagree.
@@ -22,15 +27,20 @@ Run on every rank by the DeepSpeed launcher, as the stack's MPIJob and Helm rele
 - Checkpoints: the Trainer's checkpoint-N folders in --checkpoint-dir (CHECKPOINT_DIR), every --save-steps
   (CHECKPOINT_EVERY_STEPS) steps and when any rank gets SIGTERM (the ranks agree on it every step, then all
   save and stop with exit status 143). A restarted run resumes from the newest complete checkpoint by itself.
-- Export: rank 0 writes the consolidated model (safetensors, config, tokenizer; ZeRO-3 gathers the weights), or
-  the adapter and the tokenizer, into --model-dir (MODEL_DIR), then MODEL_DIR/.complete, last: {"step": N,
-  "model": ..., "export": "adapter" | "merged" | "full", ...}: what a server waiting on it loads.
+  Rank 0 writes the first record as trained into CHECKPOINT_DIR/rendered-sample.json (ids, labels, text).
+- Export: rank 0 writes the consolidated model (safetensors, config, tokenizer with its chat template; ZeRO-3
+  gathers the weights), or the adapter and the tokenizer, into --model-dir (MODEL_DIR), then MODEL_DIR/.complete,
+  last: {"step": N, "model": ..., "export": "adapter" | "merged" | "full", ...}: what a server waiting on it loads.
+- Errors in the arguments or the data exit 2, naming the stack's key where FINETUNE_STACK_KEYS gives it.
 
-`DS_ACCELERATOR=cpu` runs the same path on CPUs with gloo: that is how `make e2e` runs it across
-network-namespace hosts. torch, transformers, peft, datasets and deepspeed are imported inside functions:
-everything above `_configure_cpu_deepspeed` is plain Python, unit-tested without them
-(tests/test_finetune_script.py); the run functions and `main` are unit-tested under stand-ins for those modules,
-each rank a thread (tests/test_finetune_run.py).
+The script is a small package of flat modules shipped beside it (the stack's ConfigMap ships every
+finetune_*.py; Python finds them in the script's own folder): finetune_config.py (errors, ds_config.json),
+finetune_data.py (sources and record formats), finetune_render.py (tokens and labels), finetune_check.py (the data
+check), finetune_checkpoints.py (resuming). `DS_ACCELERATOR=cpu` runs the same path on CPUs with gloo: that is how
+`make e2e` runs it across network-namespace hosts. torch, transformers, peft, datasets and deepspeed are imported
+inside functions: the modules' tops are plain Python, unit-tested without them (tests/test_finetune_script.py,
+tests/test_finetune_data.py); the run functions and `main` are unit-tested under stand-ins for those modules,
+each rank a thread (tests/test_finetune_run.py), and with the real libraries on a tiny model (tests/recipe).
 """
 
 from __future__ import annotations
@@ -40,22 +50,45 @@ import contextlib
 import datetime
 import json
 import os
-import re
 import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
+
+from finetune_check import Plan, check, check_fields, encode_record, plan, report_lines
+from finetune_checkpoints import newest_checkpoint
+from finetune_config import (
+    StackKeys,
+    UsageError,
+    combination_problems,
+    cpu_run,
+    hf_token,
+    load_ds_config,
+    offloads_params,
+    prepared_ds_config,
+    resolve_precision,
+    trainer_ds_args,
+    zero_stage,
+)
+from finetune_data import (
+    CHECK_RECORDS,
+    FORMATS,
+    RECORD_FORMATS,
+    DataSource,
+    FieldSpec,
+    RecordError,
+    data_source,
+    first_records,
+    parse_roles,
+)
+from finetune_render import CHAT_TEMPLATE_AUTO, CHAT_TEMPLATE_RAW, learns_something, pad_batch, template_file
 
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports it: stopped on notice, after saving a checkpoint
 MARKER = ".complete"
-IGNORE_INDEX = -100  # labels the loss skips (the Trainer's models' CrossEntropyLoss ignore_index)
-CHECKPOINT_PREFIX = "checkpoint-"  # the Trainer's PREFIX_CHECKPOINT_DIR
-# What the Trainer writes last into a checkpoint folder: a folder without it was cut off while saving.
-CHECKPOINT_DONE_FILE = "trainer_state.json"
+SAMPLE_FILE = "rendered-sample.json"  # in CHECKPOINT_DIR: the first record as trained
 
 # The contract's environment variables, each the default of its argument (the argument wins).
 ENV_DEFAULTS = {
@@ -66,7 +99,6 @@ ENV_DEFAULTS = {
     "model_dir": "MODEL_DIR",
 }
 REQUIRED = ("model", "dataset", "checkpoint_dir", "model_dir")
-FORMATS = ("auto", "jsonl", "parquet", "text")
 PRECISIONS = ("bf16", "fp16", "fp32")
 LORA_EXPORTS = ("adapter", "merged")
 # What MODEL_DIR holds, as the marker says: a LoRA adapter, the base with the adapter merged in, or every weight.
@@ -77,18 +109,18 @@ ADAPTER, MERGED, FULL = "adapter", "merged", "full"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 MODEL_FILE_GLOBS = ("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json",
                     "pytorch_model*.bin")
-# File name endings of each format (a folder's files decide its format).
-SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "text", ".text": "text"}
-# The loader `datasets.load_dataset` names for each format.
-LOADERS = {"jsonl": "json", "parquet": "parquet", "text": "text"}
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# The field flags each record format reads (finetune_data.py); `auto` takes one family of them.
+FIELD_FLAGS = ("text_field", "prompt_field", "response_field", "messages_field", "role_field", "content_field",
+               "roles")
+READS = {"text": {"text_field"},
+         "prompt-completion": {"prompt_field", "response_field", "role_field", "content_field", "roles"},
+         "messages": {"messages_field", "role_field", "content_field", "roles"},
+         "sharegpt": {"messages_field", "role_field", "content_field", "roles"},
+         "alpaca": set()}
 DEFAULT_SAVE_STEPS = 500
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_LEARNING_RATE = 2e-5
-
-
-class UsageError(ValueError):
-    """Bad arguments, environment or input files: reported in one message, exit status 2."""
+DEFAULT_EVAL_BATCH = 8  # the Trainer's per_device_eval_batch_size, where ds_config.json gives no micro batch
 
 
 # --- arguments ----------------------------------------------------------------------------------------------
@@ -102,10 +134,23 @@ def build_parser() -> argparse.ArgumentParser:
     env = ENV_DEFAULTS
     parser.add_argument("--model", help=f"a Hugging Face model id or a local folder ({env['model']})")
     parser.add_argument("--dataset", help=f"a file, a folder of files or a Hugging Face dataset id ({env['dataset']})")
-    parser.add_argument("--format", choices=FORMATS, default="auto", help="the dataset's format (default: by suffix)")
-    parser.add_argument("--text-field", default="text", help="the records' text field (default text)")
+    parser.add_argument("--format", choices=FORMATS, default="auto", help="the files' format (default: by suffix)")
+    parser.add_argument("--records", choices=RECORD_FORMATS, default="auto",
+                        help="the records' format (default auto: by the first record's fields)")
+    parser.add_argument("--text-field", help="text records: the field learned (default text)")
     parser.add_argument("--prompt-field", help="with --response-field: learn the response to the prompt")
     parser.add_argument("--response-field", help="with --prompt-field")
+    parser.add_argument("--messages-field", help="the conversation's field (default messages; sharegpt conversations)")
+    parser.add_argument("--role-field", help="a message's role key (default role; sharegpt from)")
+    parser.add_argument("--content-field", help="a message's text key (default content; sharegpt value)")
+    parser.add_argument("--roles", nargs="+", default=[], metavar="NAME=ROLE",
+                        help="the data's role names as system, user or assistant (e.g. bot=assistant)")
+    parser.add_argument("--chat-template", default=CHAT_TEMPLATE_AUTO,
+                        help="auto (the model's own), raw (no template: text and prompt/completion only), or a "
+                             "Jinja file, then saved with the model")
+    parser.add_argument("--eval-split", help="held-out records: a fraction (e.g. 0.05) or a file or folder of them")
+    parser.add_argument("--check-data", action="store_true",
+                        help=f"check and render the first {CHECK_RECORDS} records, then exit (2 on a data error)")
     parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"tokens per sample ({DEFAULT_SEQ_LEN})")
     parser.add_argument("--epochs", type=float, help="passes over the data (default 1; or --max-steps)")
     parser.add_argument("--max-steps", type=int, help="optimizer steps in all (instead of --epochs)")
@@ -161,6 +206,7 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
                 if not getattr(args, name)]
     if bool(args.prompt_field) != bool(args.response_field):
         problems.append("--prompt-field and --response-field go together (or neither: --text-field)")
+    problems += record_flag_problems(args)
     if args.epochs is not None and args.max_steps is not None:
         problems.append("give --epochs or --max-steps, not both")
     if args.epochs is not None and args.epochs <= 0:
@@ -175,9 +221,43 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
         problems.append(f"--save-steps must be 1 or more, got {args.save_steps}")
     if args.save_total_limit < 1:
         problems.append(f"--save-total-limit must be 1 or more, got {args.save_total_limit}")
+    problem = eval_split(args.eval_split)[1]
+    if problem:
+        problems.append(problem)
     if args.lora:
         problems += lora_problems(args.lora_rank, args.lora_alpha, args.lora_dropout, args.lora_target_modules)
     return problems
+
+
+def record_flag_problems(args: argparse.Namespace) -> list[str]:
+    """The field flags the record format reads (a flag it never reads would be dropped without a word), and --roles
+    pairs."""
+    given = [name for name in FIELD_FLAGS if getattr(args, name)]
+    problems = parse_roles(args.roles)[1]
+    if args.records != "auto":
+        problems += [f"{_flag(name)} is not read with --records {args.records}" for name in given
+                     if name not in READS[args.records]]
+        return problems
+    families = {"--text-field": args.text_field, "--prompt-field": args.prompt_field,
+                "--messages-field": args.messages_field}
+    named = [flag for flag, value in families.items() if value]
+    if len(named) > 1:
+        problems.append(f"{' and '.join(named)} name fields of different record formats: give one (or --records)")
+    return problems
+
+
+def eval_split(value: str | None) -> tuple[float | str | None, str | None]:
+    """--eval-split: a fraction of the records in (0, 1), or a path (a file or folder of held-out records); with
+    what is wrong with it."""
+    if value is None:
+        return None, None
+    try:
+        fraction = float(value)
+    except ValueError:
+        return value, None
+    if not 0 < fraction < 1:
+        return None, f"--eval-split {value}: a fraction of the records must be between 0 and 1 (e.g. 0.05)"
+    return fraction, None
 
 
 def lora_problems(rank: int, alpha: float, dropout: float, targets: Sequence[str]) -> list[str]:
@@ -193,212 +273,16 @@ def lora_problems(rank: int, alpha: float, dropout: float, targets: Sequence[str
     return problems
 
 
-def hf_token(environ: Mapping[str, str]) -> str | None:
-    """The token in the file HF_TOKEN_PATH names (the stack mounts the Secret there), or None without one."""
-    path = environ.get("HF_TOKEN_PATH", "").strip()
-    if not path:
+def field_spec(args: argparse.Namespace) -> FieldSpec:
+    return FieldSpec(args.records, args.text_field, args.prompt_field, args.response_field, args.messages_field,
+                     args.role_field, args.content_field, parse_roles(args.roles)[0])
+
+
+def named_template(args: argparse.Namespace) -> str | None:
+    """The template --chat-template names by its file; None for auto and raw."""
+    if args.chat_template in (CHAT_TEMPLATE_AUTO, CHAT_TEMPLATE_RAW):
         return None
-    try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as error:
-        raise UsageError(f"HF_TOKEN_PATH={path}: cannot read the token file ({error.strerror})") from None
-    if not token:
-        raise UsageError(f"HF_TOKEN_PATH={path}: the token file is empty")
-    return token
-
-
-# --- DeepSpeed config and the Trainer's matching arguments ---------------------------------------------------
-
-def load_ds_config(path: str | None) -> dict[str, Any] | None:
-    if path is None:
-        return None
-    try:
-        config = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise UsageError(f"--deepspeed {path}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise UsageError(f"--deepspeed {path}: not JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"--deepspeed {path}: expected a JSON object")
-    return config
-
-
-def _concrete(value: Any) -> bool:
-    return value is not None and value != "auto"
-
-
-def zero_stage(ds: Mapping[str, Any] | None) -> int:
-    if not ds:
-        return 0
-    stage = (ds.get("zero_optimization") or {}).get("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        raise UsageError(f"ds_config.json: zero_optimization.stage must be 0-3, got {stage!r}")
-    return int(stage)
-
-
-def ds_precision(ds: Mapping[str, Any] | None) -> str | None:
-    """The precision ds_config.json fixes: bf16/fp16 when enabled is true, None when it leaves it to the Trainer
-    ("auto" or absent sections mean fp32 unless the Trainer enables one)."""
-    if not ds:
-        return None
-    for name in ("bf16", "fp16"):
-        if (ds.get(name) or {}).get("enabled") is True:
-            return name
-    has_auto = any((ds.get(name) or {}).get("enabled") == "auto" for name in ("bf16", "fp16"))
-    return None if has_auto else "fp32"
-
-
-def resolve_precision(requested: str | None, ds: Mapping[str, Any] | None) -> str:
-    """--precision, or ds_config.json's; the two must agree where both say one."""
-    fixed = ds_precision(ds)
-    if requested and fixed and requested != fixed:
-        raise UsageError(f"--precision {requested} but ds_config.json trains in {fixed}: the Trainer would refuse "
-                         "to start; drop --precision or make them the same")
-    return requested or fixed or "fp32"
-
-
-def combination_problems(lora: bool, stage: int, precision: str, cpu: bool,
-                         offload_params: bool = False) -> list[str]:
-    """What this script cannot run, whatever the model: checked before anything is loaded (the stack's checks
-    refuse the same combinations before anything is created)."""
-    problems = []
-    if cpu and precision == "fp16":
-        # DeepSpeed's CPU accelerator: is_fp16_supported() is False (accelerator/cpu_accelerator.py).
-        problems.append("fp16 does not run on CPUs (DeepSpeed's CPU accelerator has no fp16): use bf16 or fp32")
-    if lora and offload_params and stage == 3:
-        # peft wraps modules after ZeRO-3 partitioned them; with parameter offload the base weights live on the
-        # host and merging the adapter at export needs them gathered twice: not supported here.
-        problems.append("LoRA with ZeRO-3 parameter offload (offload_param) is not supported: offload the "
-                        "optimizer only, or train without LoRA")
-    return problems
-
-
-def trainer_ds_args(ds: Mapping[str, Any] | None, precision: str) -> dict[str, Any]:
-    """TrainingArguments that must match ds_config.json's concrete values (the Trainer refuses to start on a
-    mismatch): micro batch, accumulation, clipping; and the precision."""
-    out: dict[str, Any] = {"bf16": precision == "bf16", "fp16": precision == "fp16"}
-    if not ds:
-        return out
-    pairs = (("train_micro_batch_size_per_gpu", "per_device_train_batch_size"),
-             ("gradient_accumulation_steps", "gradient_accumulation_steps"),
-             ("gradient_clipping", "max_grad_norm"))
-    for ds_key, arg in pairs:
-        if _concrete(ds.get(ds_key)):
-            out[arg] = ds[ds_key]
-    return out
-
-
-def prepared_ds_config(ds: dict[str, Any] | None) -> dict[str, Any] | None:
-    """ds_config.json as the Trainer gets it: under ZeRO-3 the weights are gathered at save time, so the model
-    saved at export (and each checkpoint's model files) is whole, not a shard per rank."""
-    if ds is None:
-        return None
-    out = json.loads(json.dumps(ds))
-    zero = out.get("zero_optimization") or {}
-    if zero.get("stage") == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
-    return out
-
-
-def offloads_params(ds: Mapping[str, Any] | None) -> bool:
-    device = ((ds or {}).get("zero_optimization") or {}).get("offload_param", {}).get("device", "none")
-    return device not in (None, "none")
-
-
-# --- data ---------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DataSource:
-    """Where the records come from: `datasets.load_dataset(loader, data_files=files)` or a hub id."""
-
-    loader: str  # json | parquet | text | hub
-    files: tuple[str, ...] = ()
-    hub_id: str | None = None
-
-
-def data_source(dataset: str, fmt: str = "auto") -> DataSource:
-    """The format of a file or folder (by suffix unless --format says), or a Hugging Face dataset id."""
-    path = Path(dataset)
-    if path.is_dir():
-        files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
-        if not files:
-            raise UsageError(f"--dataset {dataset}: no {', '.join(SUFFIXES)} files in the folder")
-        kinds = sorted({SUFFIXES[Path(f).suffix.lower()] for f in files})
-        if fmt == "auto" and len(kinds) > 1:
-            raise UsageError(f"--dataset {dataset}: the folder mixes formats ({', '.join(kinds)}): give --format "
-                             "or keep one kind of file")
-        kind = kinds[0] if fmt == "auto" else fmt
-        if fmt != "auto":
-            files = [f for f in files if SUFFIXES[Path(f).suffix.lower()] == fmt]
-            if not files:
-                raise UsageError(f"--dataset {dataset}: no {fmt} files in the folder (found {', '.join(kinds)})")
-        return DataSource(LOADERS[kind], tuple(files))
-    if path.is_file():
-        kind = SUFFIXES.get(path.suffix.lower()) if fmt == "auto" else fmt
-        if kind is None:
-            raise UsageError(f"--dataset {dataset}: unknown suffix {path.suffix!r}: give --format "
-                             f"({', '.join(FORMATS[1:])})")
-        return DataSource(LOADERS[kind], (str(path),))
-    if dataset.startswith(("/", "./", "../")) or not HUB_ID.match(dataset):
-        raise UsageError(f"--dataset {dataset}: no such file or folder (and not a Hugging Face dataset id)")
-    return DataSource("hub", hub_id=dataset)
-
-
-def record_problems(columns: Sequence[str], text_field: str, prompt_field: str | None,
-                    response_field: str | None) -> list[str]:
-    """The fields the records must have."""
-    wanted = [prompt_field, response_field] if prompt_field else [text_field]
-    missing = [f for f in wanted if f not in columns]
-    if not missing:
-        return []
-    return [f"the records have no field {', '.join(repr(f) for f in missing)} (they have {', '.join(columns)}): "
-            "set --text-field, or --prompt-field and --response-field"]
-
-
-def build_example(prompt_ids: Sequence[int], response_ids: Sequence[int], eos_id: int | None,
-                  seq_len: int, mask_prompt: bool = True) -> dict[str, list[int]]:
-    """One training sample: prompt + response (+ EOS), cut at seq_len; the prompt's labels masked so only the
-    response is learned. A text record is a response without a prompt."""
-    ids = [*prompt_ids, *response_ids, *([eos_id] if eos_id is not None else [])][:seq_len]
-    prompt_len = min(len(prompt_ids), len(ids)) if mask_prompt else 0
-    labels = [IGNORE_INDEX] * prompt_len + ids[prompt_len:]
-    return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
-
-
-def learns_something(example: Mapping[str, Sequence[int]]) -> bool:
-    """A sample whose labels are all masked (a prompt longer than seq_len) adds nothing but a NaN-free zero."""
-    return any(label != IGNORE_INDEX for label in example["labels"][1:])
-
-
-def pad_batch(examples: Sequence[Mapping[str, Sequence[int]]], pad_id: int) -> dict[str, list[list[int]]]:
-    """Right-padded to the longest sample: pad ids, attention 0, labels masked."""
-    longest = max(len(e["input_ids"]) for e in examples)
-    out: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": [], "labels": []}
-    for e in examples:
-        pad = longest - len(e["input_ids"])
-        out["input_ids"].append([*e["input_ids"], *[pad_id] * pad])
-        out["attention_mask"].append([*e["attention_mask"], *[0] * pad])
-        out["labels"].append([*e["labels"], *[IGNORE_INDEX] * pad])
-    return out
-
-
-# --- checkpoints and the marker -----------------------------------------------------------------------------
-
-def checkpoint_step(name: str) -> int | None:
-    match = re.fullmatch(rf"{CHECKPOINT_PREFIX}(\d+)", name)
-    return int(match.group(1)) if match else None
-
-
-def newest_checkpoint(directory: str | Path) -> Path | None:
-    """The checkpoint-N folder with the highest N that was saved to the end (it holds trainer_state.json, which
-    the Trainer writes after the model, optimizer and scheduler); None when there is none."""
-    root = Path(directory)
-    if not root.is_dir():
-        return None
-    found = [(step, p) for p in root.iterdir() if p.is_dir() and (step := checkpoint_step(p.name)) is not None
-             and (p / CHECKPOINT_DONE_FILE).is_file()]
-    return max(found)[1] if found else None
+    return template_file(args.chat_template)
 
 
 def export_kind(lora: bool, lora_export: str) -> str:
@@ -426,10 +310,6 @@ def stale_files(model_dir: Path, export: str) -> list[Path]:
     if export == ADAPTER:
         return sorted({p for pattern in MODEL_FILE_GLOBS for p in model_dir.glob(pattern) if p.is_file()})
     return sorted(p for name in ADAPTER_FILES if (p := model_dir / name).is_file())
-
-
-def cpu_run(environ: Mapping[str, str]) -> bool:
-    return environ.get("DS_ACCELERATOR", "").strip().lower() == "cpu"
 
 
 def say(text: str) -> None:
@@ -508,34 +388,42 @@ def _stop_callback(stop: StopRequest) -> Any:
     return StopOnSignal()
 
 
-def _tokenized(args: argparse.Namespace, tokenizer: Any, token: str | None) -> Any:
+def _load_records(source: DataSource, token: str | None, what: str) -> Any:
+    """The whole data set (`datasets`, its train split), or UsageError naming `what` (--dataset, --eval-split)."""
     import datasets
 
-    source = data_source(args.dataset, args.format)
-    if source.loader == "hub":
-        data = datasets.load_dataset(source.hub_id, split="train", token=token)
-    else:
+    try:
+        if source.loader == "hub":
+            return datasets.load_dataset(source.hub_id, split="train", token=token)
         # Each rank's Arrow cache on its own local disk: not shared between ranks (their locks would race) nor on
         # the bucket's FUSE mount (no file locks there).
         cache = tempfile.mkdtemp(prefix="finetune-data-")
-        data = datasets.load_dataset(source.loader, data_files=list(source.files), split="train", cache_dir=cache)
-    problems = record_problems(list(data.column_names), args.text_field, args.prompt_field, args.response_field)
-    if problems:
-        raise UsageError("; ".join(problems))
-    eos = tokenizer.eos_token_id
+        return datasets.load_dataset(source.loader, data_files=list(source.files), split="train", cache_dir=cache)
+    except (ValueError, TypeError, datasets.exceptions.DatasetGenerationError) as error:
+        # A file Arrow cannot read as one table (a line that is not JSON, a field of two types, ...).
+        cause = error.__cause__ or error
+        raise UsageError(f"{what}: cannot read the records ({type(cause).__name__}: {cause})") from None
 
-    def encode(record: dict[str, Any]) -> dict[str, list[int]]:
-        if args.prompt_field:
-            prompt = tokenizer(str(record[args.prompt_field]), add_special_tokens=True)["input_ids"]
-            response = tokenizer(str(record[args.response_field]), add_special_tokens=False)["input_ids"]
-        else:
-            prompt, response = [], tokenizer(str(record[args.text_field]), add_special_tokens=True)["input_ids"]
-        return build_example(prompt, response, eos, args.seq_len)
 
-    encoded = data.map(encode, remove_columns=list(data.column_names), desc="tokenize")
-    kept = encoded.filter(learns_something)
+def _encoded(data: Any, the_plan: Plan, tokenizer: Any, seq_len: int, keys: StackKeys, what: str) -> Any:
+    """Every record as trained (finetune_check.encode_record); the samples with nothing to learn left out."""
+
+    def encode(record: dict[str, Any], index: int) -> dict[str, Any]:
+        try:
+            encoded = encode_record(record, index + 1, the_plan, tokenizer, seq_len)
+        except RecordError as error:
+            raise UsageError(error.named(keys)) from None
+        if encoded is None:  # a blank text record
+            return {"input_ids": [], "attention_mask": [], "labels": [], "length": 0}
+        return encoded.as_columns()
+
+    encoded = data.map(encode, with_indices=True, remove_columns=list(data.column_names), desc=f"tokenize {what}")
+    longer = sum(1 for length in encoded["length"] if length > seq_len)
+    kept = encoded.filter(learns_something).remove_columns(["length"])
     if len(kept) == 0:
-        raise UsageError(f"--dataset {args.dataset}: no record has anything to learn within --seq-len {args.seq_len}")
+        raise UsageError(f"{keys.of('--seq-len')}: no record of {what} has anything to learn within {seq_len} tokens")
+    say(f"{what}: {len(kept)} samples of {len(data)} records ({longer} longer than {seq_len} tokens, cut; "
+        f"{len(data) - len(kept)} with nothing to learn, left out)")
     return kept
 
 
@@ -559,6 +447,86 @@ def _progress_callbacks(args: argparse.Namespace) -> list[Any]:
         except RuntimeError as error:  # an image without tensorboard: the run goes on, the log says why
             say(f"no TensorBoard event files: {error}")
     return out
+
+
+def _datasets(args: argparse.Namespace, tokenizer: Any, token: str | None, keys: StackKeys) -> tuple[Any, Any, Any]:
+    """(train, eval or None, the first record as trained): the records read, rendered and split. The tokenizer gets
+    the named chat template, so the export saves the template the model was trained with."""
+    data = _load_records(data_source(args.dataset, args.format), token, keys.of("--dataset"))
+    if len(data) == 0:
+        raise UsageError(f"{keys.of('--dataset')}: no records")
+    named = named_template(args)
+    try:
+        the_plan = plan(data[0], field_spec(args), args.chat_template, tokenizer.chat_template, named)
+        first = encode_record(data[0], 1, the_plan, tokenizer, args.seq_len)
+    except RecordError as error:
+        raise UsageError(error.named(keys)) from None
+    if named is not None:
+        tokenizer.chat_template = named
+    say(f"records: {the_plan.layout.format}; {the_plan.rendering.describe()}")
+    held_out = None
+    fraction, _ = eval_split(args.eval_split)
+    if isinstance(fraction, float):
+        split = data.train_test_split(test_size=fraction, seed=args.seed)
+        data, held_out = split["train"], split["test"]
+    elif fraction is not None:
+        held_out = _load_records(data_source(fraction), token, keys.of("--eval-split"))
+    train = _encoded(data, the_plan, tokenizer, args.seq_len, keys, "the training records")
+    evaluation = (None if held_out is None
+                  else _encoded(held_out, the_plan, tokenizer, args.seq_len, keys, "the held-out records"))
+    return train, evaluation, first
+
+
+def _write_sample(checkpoint_dir: str, first: Any, tokenizer: Any) -> None:
+    """CHECKPOINT_DIR/rendered-sample.json: the first record as the ranks train on it (make e2e compares it with
+    the tokenizer's own rendering; a person reads what the model learns)."""
+    path = Path(checkpoint_dir) / SAMPLE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    learned = [t for t, label in zip(first.input_ids, first.labels, strict=True) if label != -100]
+    path.write_text(json.dumps({"record": 1, "input_ids": first.input_ids,
+                                "labels": first.labels, "text": tokenizer.decode(first.input_ids),
+                                "learned": tokenizer.decode(learned)}, indent=1) + "\n", encoding="utf-8")
+
+
+def _check_data(args: argparse.Namespace, token: str | None, keys: StackKeys) -> int:
+    """--check-data: the first records (and the held-out file's) read, checked and rendered as the ranks will;
+    what was found printed. A data error is a UsageError (exit 2, final at the launcher)."""
+    sources = [("--dataset", data_source(args.dataset, args.format))]
+    fraction, _ = eval_split(args.eval_split)
+    if isinstance(fraction, str):
+        sources.append(("--eval-split", data_source(fraction)))
+    named = named_template(args)
+    try:
+        tokenizer = _tokenizer(args.model, token)
+    except OSError as error:
+        if Path(args.model).exists():  # the bucket's folder: no restart brings its tokenizer
+            raise UsageError(f"{keys.of('--model')}: cannot load its tokenizer ({error})") from None
+        # A hub model the launcher cannot fetch now (the network, the hub): the ranks will try again.
+        say(f"the tokenizer of {args.model} cannot be loaded here ({error}): the records' fields are checked "
+            "without rendering them")
+        tokenizer = None
+    for flag, source in sources:
+        try:
+            records = first_records(source, CHECK_RECORDS, token)
+        except RecordError as error:
+            raise UsageError(error.named(keys)) from None
+        if tokenizer is None:
+            say(f"{keys.of(flag)}: {check_fields(records, field_spec(args), keys)}")
+            continue
+        report = check(records, field_spec(args), tokenizer, args.chat_template, named, args.seq_len, keys)
+        say(f"{keys.of(flag)}:")
+        for line in report_lines(report, tokenizer, args.seq_len, keys):
+            say(f"  {line}")
+    return 0
+
+
+def _tokenizer(model: str, token: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model, token=token)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def _collator(pad_id: int) -> Any:
@@ -632,7 +600,10 @@ def _lora(model: Any, args: argparse.Namespace) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv, os.environ)
+        keys = StackKeys.from_env(os.environ)
         token = hf_token(os.environ)
+        if args.check_data:
+            return _check_data(args, token, keys)
         ds = prepared_ds_config(load_ds_config(args.deepspeed))
         precision = resolve_precision(args.precision, ds)
         cpu = cpu_run(os.environ)
@@ -640,6 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problems:
             raise UsageError("; ".join(problems))
         data_source(args.dataset, args.format)  # a missing file or mixed folder: said before anything loads
+        named_template(args)  # and a template file that cannot be read
     except UsageError as error:
         say(f"FAILED: {error}")
         return EXIT_USAGE
@@ -653,9 +625,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cpu_deepspeed:
         _configure_cpu_deepspeed()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
     # TrainingArguments first: under ZeRO-3 it makes from_pretrained load the model partitioned (zero.Init).
+    ds_args = trainer_ds_args(ds, precision)
     training = TrainingArguments(
         output_dir=args.checkpoint_dir,
         deepspeed=ds,
@@ -673,16 +646,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         gradient_checkpointing=args.gradient_checkpointing,
         use_cpu=cpu and not cpu_deepspeed,
         accelerator_config={"use_configured_state": cpu_deepspeed},
-        **trainer_ds_args(ds, precision),
+        **eval_args(args, ds_args),
+        **ds_args,
     )
-    tokenizer = AutoTokenizer.from_pretrained(args.model, token=token)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = _tokenizer(args.model, token)
     try:
-        data = _tokenized(args, tokenizer, token)
+        data, held_out, first = _datasets(args, tokenizer, token, keys)
     except UsageError as error:
         say(f"FAILED: {error}")
         return EXIT_USAGE
+    if training.process_index == 0 and first is not None:
+        _write_sample(args.checkpoint_dir, first, tokenizer)
     import torch
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
@@ -690,10 +664,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.lora:
         model = _lora(model, args)
     callback = _stop_callback(stop)
-    trainer = Trainer(model=model, args=training, train_dataset=data, data_collator=_collator(tokenizer.pad_token_id),
-                      processing_class=tokenizer, callbacks=[*_progress_callbacks(args), callback])
+    trainer = Trainer(model=model, args=training, train_dataset=data, eval_dataset=held_out,
+                      data_collator=_collator(tokenizer.pad_token_id), processing_class=tokenizer,
+                      callbacks=[*_progress_callbacks(args), callback])
     resume = newest_checkpoint(args.checkpoint_dir)
-    say(f"rank {training.process_index}/{training.world_size}: {len(data)} samples, ZeRO-{zero_stage(ds)}, "
+    say(f"rank {training.process_index}/{training.world_size}: {len(data)} samples"
+        f"{f', {len(held_out)} held out' if held_out is not None else ''}, ZeRO-{zero_stage(ds)}, "
         f"{precision}{', LoRA' if args.lora else ''}; " + (f"resuming from {resume}" if resume else "from the start"))
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -701,6 +677,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if callback.stopped_at is not None:
             say(f"rank {training.process_index}: stopped at step {step} on SIGTERM, checkpoint saved")
             return EXIT_PREEMPTED
+        if held_out is not None and step % args.save_steps:
+            trainer.evaluate()  # the last step's eval loss too (the saves' steps had theirs)
         _export(trainer, args, tokenizer, token, precision, step)
         say(f"rank {training.process_index}: done at step {step}")
         return 0
@@ -709,6 +687,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # their threads (see exit_without_teardown).
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def eval_args(args: argparse.Namespace, ds_args: Mapping[str, Any]) -> dict[str, Any]:
+    """With held-out records: the eval loss at every save (the same steps), the loss only (no logits gathered)."""
+    if args.eval_split is None:
+        return {}
+    return {"eval_strategy": "steps", "eval_steps": args.save_steps, "prediction_loss_only": True,
+            "per_device_eval_batch_size": ds_args.get("per_device_train_batch_size", DEFAULT_EVAL_BATCH)}
 
 
 def finalize_mpi() -> None:

@@ -15,6 +15,14 @@ model's name (vLLM serving a folder names the model by its path):
     python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model /models/ft \
         --temperature 0 --max-new-tokens 32 "What is DeepSpeed?"
 
+--chat sends a conversation to `POST /v1/chat/completions` instead: the server renders it through the served
+tokenizer's chat template, the way a model fine-tuned on chat data (finetune.recordFormat messages, or prompt/completion
+records through an Instruct model's template) was trained. The prompt is the user's turn (with --system before it),
+or --messages gives the whole conversation as a JSON list of {"role", "content"}:
+
+    python workloads/scripts/send_prompt.py --openai --chat --url http://localhost:8000 --model /models/ft \
+        --system "You add numbers." "What is two plus three?"
+
 --temperature 0 asks for greedy decoding; --ignore-eos and --token-ids are vLLM's extensions of the API (generate
 all --max-new-tokens tokens; return the prompt's and the completion's token ids); --json prints the whole answer
 (with its `usage`) instead of the text. Standard library only: it runs with any Python 3.
@@ -41,11 +49,15 @@ def _positive(text: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Send one prompt to a DeepSpeed-MII or OpenAI-compatible server")
-    parser.add_argument("prompt", help="the prompt text")
+    parser.add_argument("prompt", nargs="?", help="the prompt text (with --chat: the user's turn)")
     parser.add_argument("--url", default=DEFAULT_URL, help=f"the server, e.g. a port-forward (default {DEFAULT_URL})")
     parser.add_argument("--deployment", help="the workload's name: MII's RESTful path is /mii/<deployment>")
     parser.add_argument("--openai", action="store_true", help="use the OpenAI-compatible /v1/completions instead")
     parser.add_argument("--model", help="with --openai: the served model (serving.model, or the path of modelPath)")
+    parser.add_argument("--chat", action="store_true", help="with --openai: /v1/chat/completions, a conversation")
+    parser.add_argument("--system", help="with --chat: a system turn before the prompt")
+    parser.add_argument("--messages", type=_messages, help="with --chat: the whole conversation, a JSON list of "
+                        "{\"role\": ..., \"content\": ...} (instead of the prompt)")
     parser.add_argument("--max-new-tokens", type=_positive, default=128, help="most tokens to generate (128)")
     parser.add_argument("--timeout", type=_positive, default=300, help="seconds to wait for the reply (300)")
     parser.add_argument("--temperature", type=float, help="with --openai: sampling temperature (0: greedy)")
@@ -60,6 +72,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    if given]
     if openai_only and not args.openai:
         parser.error(f"{', '.join(openai_only)} need --openai (MII's RESTful API has no such settings)")
+    if args.chat and not args.openai:
+        parser.error("--chat needs --openai (MII's RESTful API takes prompts only)")
+    chat_only = [flag for flag, given in (("--system", args.system is not None), ("--messages", args.messages))
+                 if given]
+    if chat_only and not args.chat:
+        parser.error(f"{', '.join(chat_only)} need --chat")
+    if args.messages and (args.prompt is not None or args.system is not None):
+        parser.error("--messages is the whole conversation: give no prompt or --system beside it")
+    if not args.messages and args.prompt is None:
+        parser.error("the prompt is required (or, with --chat, --messages)")
     if args.temperature is not None and args.temperature < 0:
         parser.error(f"--temperature must be 0 or more, got {args.temperature}")
     if not args.openai and not args.deployment:
@@ -67,12 +89,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _messages(text: str) -> list[dict[str, str]]:
+    """--messages: a JSON list of messages, each with a role and text content."""
+    try:
+        messages = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error.msg})") from None
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise argparse.ArgumentTypeError('expected a list of {"role": ..., "content": ...} with text content')
+    return messages
+
+
+def conversation(args: argparse.Namespace) -> list[dict[str, str]]:
+    """--chat's messages: --messages, or the system turn (if any) and the prompt as the user's."""
+    if args.messages:
+        return list(args.messages)
+    system = [{"role": "system", "content": args.system}] if args.system is not None else []
+    return [*system, {"role": "user", "content": args.prompt}]
+
+
 def build_request(args: argparse.Namespace) -> urllib.request.Request:
     """The HTTP request for MII's RESTful API or its OpenAI-compatible server."""
     base = args.url.rstrip("/")
     if args.openai:
-        url = f"{base}/v1/completions"
-        body: dict[str, Any] = {"model": args.model, "prompt": args.prompt, "max_tokens": args.max_new_tokens}
+        url = f"{base}/v1/chat/completions" if args.chat else f"{base}/v1/completions"
+        body: dict[str, Any] = {"model": args.model, "max_tokens": args.max_new_tokens}
+        body.update({"messages": conversation(args)} if args.chat else {"prompt": args.prompt})
         if args.temperature is not None:
             body["temperature"] = args.temperature
         if args.ignore_eos:
@@ -86,8 +130,10 @@ def build_request(args: argparse.Namespace) -> urllib.request.Request:
                                   headers={"Content-Type": "application/json"})
 
 
-def reply_text(openai: bool, payload: Any) -> str:
-    """The generated text from either API's JSON answer."""
+def reply_text(openai: bool, payload: Any, chat: bool = False) -> str:
+    """The generated text from either API's JSON answer (a chat answer's is each choice's message content)."""
+    if chat:
+        return "".join((choice.get("message") or {}).get("content") or "" for choice in payload.get("choices", []))
     if openai:
         return "".join(choice.get("text", "") for choice in payload.get("choices", []))
     return "".join(item.get("generated_text", "") for item in payload)
@@ -106,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{request.full_url}: {err.reason}; is the port-forward running (the `servingEndpoints` output "
               "prints it)?", file=sys.stderr)
         return 1
-    print(json.dumps(payload) if args.json else reply_text(args.openai, payload))
+    print(json.dumps(payload) if args.json else reply_text(args.openai, payload, args.chat))
     return 0
 
 
