@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
 
-.PHONY: preview test e2e lint docs gpus bench checkov checkov-workloads checkov-all clean
+.PHONY: preview test test-recipe e2e lint docs gpus bench checkov checkov-workloads checkov-all clean
 
 # uv (from PyPI, pinned) installs requirements.txt in a few seconds where pip took two minutes (README: Speed).
 UV_VERSION := 0.13.9
@@ -29,6 +29,11 @@ test: $(STAMP)  ## the whole test suite under Pulumi mocks (2 workers, pytest-xd
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 --dist load
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache --no-logo
+
+# finetune.py's record formats trained on the tiny Llama with the e2e venv's torch and transformers (after make e2e's
+# install; skips without it): tests/recipe.
+test-recipe: $(STAMP)  ## each record format trains on a tiny model with the expected labels (the e2e venv's libraries)
+	$(BIN)/python -m pytest -m recipe tests/recipe
 
 # Needs root (network namespaces); skips with the reason elsewhere. e2e/install.sh installs once (apt: openssh,
 # pdsh, openmpi; a CPU torch + DeepSpeed venv at /opt/ds-e2e-venv) and returns at once afterwards.

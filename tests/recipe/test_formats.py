@@ -1,0 +1,90 @@
+"""Each record format trains with finetune.py's own `main` on make e2e's tiny Llama (no GPU), with the expected labels
+(issue 27 item 1): `make test-recipe` (CI runs it after make e2e's install). The training runs in the e2e venv
+(tests/recipe/train_formats.py: torch, transformers, peft, datasets at data/versions.yaml's pins), this test reads what
+it printed; without that venv it skips, saying why.
+
+The expected texts are written out here from the tiny tokenizer's template (ChatML turns after a BOS, EOS <|im_end|>),
+Stanford's alpaca prompt and the Zephyr format, never taken from the code under test. The assistant turns' learned
+text is also held to transformers' own assistant mask of the same template with {% generation %} markers: the two
+ways finetune_render.py finds the turns (masks, rendered prefixes) agree on a real tokenizer and template."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.recipe
+ROOT = Path(__file__).resolve().parents[2]
+VENV_PYTHON = Path(os.environ.get("E2E_VENV", "/opt/ds-e2e-venv")) / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if not VENV_PYTHON.is_file():
+        pytest.skip(f"{VENV_PYTHON} is missing: e2e/install.sh installs it (make e2e, as root)")
+    work = tmp_path_factory.mktemp("recipe")
+    result = subprocess.run([str(VENV_PYTHON), str(ROOT / "tests" / "recipe" / "train_formats.py"), str(work)],
+                            capture_output=True, text=True, timeout=900, check=False,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def turn(role: str, content: str) -> str:
+    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+
+
+ONE_PLUS_ONE = turn("user", "What is one plus one?") + turn("assistant", "one plus one is 2.")
+EXPECTED = {
+    # Every assistant turn of a multi-turn conversation, its end-of-turn and newline included; nothing else.
+    "messages": ("<s>" + turn("system", "You add numbers.") + turn("user", "What is two plus three?")
+                 + turn("assistant", "two plus three is 5.") + turn("user", "And three plus two?")
+                 + turn("assistant", "three plus two is 5 too."),
+                 ["two plus three is 5.<|im_end|>\n", "three plus two is 5 too.<|im_end|>\n"]),
+    "sharegpt": ("<s>" + ONE_PLUS_ONE, ["one plus one is 2.<|im_end|>\n"]),
+    "prompt-completion": ("<s>" + ONE_PLUS_ONE, ["one plus one is 2.<|im_end|>\n"]),
+    # Plain prompt/response on a model with a chat template: through it, as /v1/chat/completions will ask.
+    "prompt-response": ("<s>" + ONE_PLUS_ONE, ["one plus one is 2.<|im_end|>\n"]),
+    # --chat-template raw: BOS, the prompt, the response, EOS, as /v1/completions will be asked the prompt.
+    "prompt-response-raw": ("<s>What is one plus one?one plus one is 2.<|im_end|>", ["one plus one is 2.<|im_end|>"]),
+    # alpaca through the template: the instruction and the input a line apart, one user turn.
+    "alpaca": ("<s>" + turn("user", "Add the numbers.\ntwo and three") + turn("assistant", "5"), ["5<|im_end|>\n"]),
+    # text: learned whole, EOS appended (the first label is never predicted: the model shifts them).
+    "text": ("<s>two plus three is 5.<|im_end|>", ["<s>two plus three is 5.<|im_end|>"]),
+    # Field mapping: another list, other keys, other role names.
+    "mapped": ("<s>" + ONE_PLUS_ONE, ["one plus one is 2.<|im_end|>\n"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_format_trains_on_the_tiny_model_with_the_expected_labels(trained: dict[str, Any], name: str) -> None:
+    run = trained["runs"][name]
+    assert run["exit"] == 0, run["log"]
+    assert run["exported"]  # two steps trained, the model (LoRA off: every weight) exported with its marker
+    text, learned = EXPECTED[name]
+    assert run["text"] == text
+    assert run["learned"] == learned
+    assert run["labels_match_ids"]
+
+
+def test_the_learned_turns_are_transformers_assistant_mask(trained: dict[str, Any]) -> None:
+    """finetune_render.py found the turns of the tiny template (no markers) by rendering prefixes: the same tokens
+    transformers' return_assistant_tokens_mask marks on that template with {% generation %} markers."""
+    reference = trained["references"]
+    assert reference["marked_text"] == trained["runs"]["messages"]["text"]
+    assert reference["marked_learned"] == trained["runs"]["messages"]["learned"]
+
+
+def test_the_zephyr_template_renders_zephyrs_format(trained: dict[str, Any]) -> None:
+    """data/chat_templates.yaml's zephyr: `<|role|>` and a newline, the text, the tokenizer's EOS and a newline; the
+    generation prompt `<|assistant|>` and a newline (the alignment handbook's DEFAULT_CHAT_TEMPLATE's output)."""
+    reference = trained["references"]
+    assert reference["zephyr"] == ("<|system|>\nYou add numbers.<|im_end|>\n<|user|>\nWhat is two plus three?"
+                                   "<|im_end|>\n<|assistant|>\ntwo plus three is 5.<|im_end|>\n")
+    assert reference["zephyr_prompt"] == ("<|system|>\nYou add numbers.<|im_end|>\n<|user|>\nWhat is two plus three?"
+                                          "<|im_end|>\n<|assistant|>\n")
