@@ -101,23 +101,19 @@ STACK_FLAGS: dict[str, tuple[str, ...]] = {
 
 def eval_fraction(w: FinetuneWorkloadConfig) -> float | None:
     """`evalSplit` as a fraction of the records (a number, or text that reads as one: `pulumi config set` may store
-    0.05 as text); None for a path or none."""
+    0.05 as text); None for a file of the bucket (w.eval_path) or none."""
     value = w.finetune.eval_split
-    if value is None or isinstance(value, bool):
+    if value is None or w.eval_path is not None:
         return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
+    return float(value)
 
 
 def eval_split_arg(w: FinetuneWorkloadConfig) -> str | None:
     """--eval-split: the fraction, or the held-out file as the pods see it."""
-    value = w.finetune.eval_split
-    if value is None:
-        return None
+    if w.eval_path is not None:
+        return in_bucket(w, w.eval_path)
     fraction = eval_fraction(w)
-    return _number(fraction) if fraction is not None else in_bucket(w, str(value))
+    return None if fraction is None else _number(fraction)
 
 
 def chat_template_arg(w: FinetuneWorkloadConfig) -> str:
@@ -225,5 +221,4 @@ def launch(w: FinetuneWorkloadConfig, has_token: bool, run_env: dict[str, str] |
 def bucket_inputs(w: FinetuneWorkloadConfig) -> list[str]:
     """The inputs in the bucket, as the pods see them: the launcher waits for them (uploaded after `pulumi up`)."""
     f = w.finetune
-    held_out = str(f.eval_split) if f.eval_split is not None and eval_fraction(w) is None else None
-    return [in_bucket(w, path) for path in (f.model_path, f.dataset_path, held_out) if path]
+    return [in_bucket(w, path) for path in (f.model_path, f.dataset_path, w.eval_path) if path]
