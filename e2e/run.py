@@ -994,7 +994,7 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     fail_unless(len(losses) >= 2 and losses[-1] < 0.97 * losses[0], f"losses {losses}: the model did not learn")
     held_out = eval_losses(first) + eval_losses(second)
     fail_unless(len(held_out) >= 2, f"eval losses {held_out}: expected one at every save (evalSplit)")
-    checked = [line for line in first.splitlines() if "[finetune] data check:" in line]
+    checked = [line for line in first.splitlines() if line.startswith("[finetune] data check, ")]
     fail_unless(bool(checked) and "messages" in checked[0], "the launcher's data check did not run before the ranks "
                 f"(log {log1})")
     phases.end(f"resume from step {saved_step}, train to {FINETUNE_STEPS}, export")

@@ -388,7 +388,7 @@ def test_the_check_reports_the_format_the_rendering_and_the_long_records(fd: Mod
     report = fc.check(records, fd.FieldSpec(), tokenizer, "auto", None, 80, keys)
     assert (report.records, report.longer, report.nothing, report.first_number) == (3, 1, 1, 1)
     assert fc.report_lines(report, tokenizer, 80, keys) == [
-        "data check: 3 records read: messages (messages (role/content)); the model's own chat template; the loss on "
+        "3 records read: messages (messages (role/content)); the model's own chat template; the loss on "
         "the assistant turns, found by rendering prefixes (the template has no {% generation %} markers)",
         f"1 of 3 records are longer than 80 tokens ({KEY}.sequenceLength): cut there, what lies past it is not learned",
         "1 of 3 records have nothing to learn within 80 tokens and are left out",

@@ -708,5 +708,6 @@ def test_check_data_reads_the_first_records_and_stops_on_a_bad_one(ft: ModuleTyp
     assert "the model's tokenizer has no chat template" in capsys.readouterr().out
     data.write_text(json.dumps({"prompt": "hi", "completion": "yo"}) + "\n")
     assert ft.main(argv) == 0
-    assert "data check: 1 records read: prompt-completion (prompt/completion); raw" in capsys.readouterr().out
+    assert "[finetune] data check, --dataset: 1 records read: prompt-completion (prompt/completion); raw" in \
+        capsys.readouterr().out
     assert [e[0] for e in fakes.events] == ["AutoTokenizer.from_pretrained"] * 3  # no Trainer, no model

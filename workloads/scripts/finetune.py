@@ -511,11 +511,12 @@ def _check_data(args: argparse.Namespace, token: str | None, keys: StackKeys) ->
         except RecordError as error:
             raise UsageError(error.named(keys)) from None
         if tokenizer is None:
-            say(f"{keys.of(flag)}: {check_fields(records, field_spec(args), keys)}")
+            say(f"data check, {keys.of(flag)}: {check_fields(records, field_spec(args), keys)}")
             continue
         report = check(records, field_spec(args), tokenizer, args.chat_template, named, args.seq_len, keys)
-        say(f"{keys.of(flag)}:")
-        for line in report_lines(report, tokenizer, args.seq_len, keys):
+        first, *rest = report_lines(report, tokenizer, args.seq_len, keys)
+        say(f"data check, {keys.of(flag)}: {first}")
+        for line in rest:
             say(f"  {line}")
     return 0
 

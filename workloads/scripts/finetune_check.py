@@ -128,7 +128,7 @@ def report_lines(report: Report, tokenizer: Any, seq_len: int, keys: StackKeys) 
     lay = report.plan.layout
     fields = {"text": lay.text, "prompt-completion": f"{lay.prompt}/{lay.completion}",
               "alpaca": "instruction/input/output"}.get(lay.format, f"{lay.messages} ({lay.role}/{lay.content})")
-    lines = [f"data check: {report.records} records read: {lay.format} ({fields}); {report.plan.rendering.describe()}"]
+    lines = [f"{report.records} records read: {lay.format} ({fields}); {report.plan.rendering.describe()}"]
     if report.longer:
         lines.append(f"{report.longer} of {report.records} records are longer than {seq_len} tokens "
                      f"({keys.of('--seq-len')}): cut there, what lies past it is not learned")
