@@ -1149,6 +1149,9 @@ def adapters_stack() -> Any:
             "deepspeed": dict(ADAPTER_DS), "launch": {"script": "finetune.py", "args": FINETUNE_LAUNCH_ARGS},
             "finetune": {"modelPath": f"{ADAPTER_INPUTS}/base", "datasetPath": f"{ADAPTER_INPUTS}/{name}.jsonl",
                          "promptField": "prompt", "responseField": "response", "sequenceLength": 32,
+                         # Raw, as the task asks them on /v1/completions (the tiny model has a chat template,
+                         # which would render prompt/response records as a chat otherwise: README, Your data).
+                         "chatTemplate": "raw",
                          "maxSteps": ADAPTER_STEPS, "saveSteps": ADAPTER_SAVE_STEPS, "lora": {"rank": 2}},
             "model": FINETUNE_KEYS["model"]}
     names = list(ADAPTER_ANSWERS)

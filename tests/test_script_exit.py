@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROJECT_DIR, load_file
+from conftest import PROJECT_DIR
 
 SCRIPTS = PROJECT_DIR / "workloads" / "scripts"
 TEARDOWN = "TEARDOWN-RAN"
