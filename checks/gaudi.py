@@ -5,7 +5,7 @@ from __future__ import annotations
 from checks.common import Check, at
 from components import gaudi_image
 from model import gaudi_software
-from model.types import StackConfig, WorkloadConfig
+from model.types import MpiJobWorkloadConfig, StackConfig, WorkloadConfig
 
 
 def versions(w: WorkloadConfig) -> tuple[str, str, str, str]:
@@ -25,16 +25,44 @@ def check_gaudi_base_image(m: StackConfig) -> list[str]:
             for w in gaudi_image.workloads_on_it(m) if gaudi_software.base_image(w.gaudi) is None]
 
 
+def installs_optimum_habana(m: StackConfig) -> list[MpiJobWorkloadConfig]:
+    """Gaudi MPIJobs whose optimum-habana the stack installs: into the Gaudi image it builds, or at every start."""
+    # A build with no pinned base image is refused by check_gaudi_base_image already.
+    built = [w for w in ([] if m.gaudi_image.prebuilt else gaudi_image.workloads_on_it(m))
+             if gaudi_software.base_image(w.gaudi) is not None]
+    at_start = [w for w in m.workloads.values() if isinstance(w, MpiJobWorkloadConfig) and w.installs_at_start
+                and not w.image]
+    return [*built, *at_start]
+
+
+def optimum_habana_mismatch(w: MpiJobWorkloadConfig) -> tuple[str, ...]:
+    """The releases validated with the workload's Gaudi software when its optimum-habana is none of them (empty:
+    it matches, or nothing is recorded for that software: the base-image rule speaks for an unknown release)."""
+    matching = gaudi_software.optimum_habana_for(w.gaudi.software_version)
+    return () if not matching or w.training.optimum_habana_version in matching else matching
+
+
+def check_optimum_habana_release(m: StackConfig) -> list[str]:
+    """optimum-habana is validated against one Gaudi software release (data/gaudi_software.yaml): another one
+    fails late (after a long image build) or misbehaves at run time."""
+    return [f"{at('workloads', w.name, 'training', 'optimumHabanaVersion')}: {w.training.optimum_habana_version} "
+            f"is not validated with Gaudi software {w.gaudi.software_version} (workloads.{w.name}.gaudi."
+            f"softwareVersion); use {' or '.join(matching)} (optimum-habana's README at each release, "
+            "data/gaudi_software.yaml)"
+            for w in installs_optimum_habana(m) if (matching := optimum_habana_mismatch(w))]
+
+
 def check_one_gaudi_build(m: StackConfig) -> list[str]:
     """One Gaudi image per stack: the workloads that run it agree on what goes into it."""
     jobs = gaudi_image.workloads_on_it(m)
     if m.gaudi_image.prebuilt or len(jobs) < 2:
         return []
     first = jobs[0]
+    # A refused optimum-habana release is check_optimum_habana_release's problem, not a second one here.
     return [f"{at('workloads', w.name, 'gaudi')}: the stack builds one Gaudi image, from workloads.{first.name}'s "
             f"versions {'/'.join(versions(first))}; this workload asks for {'/'.join(versions(w))}. Use the same "
             "gaudi versions and training.optimumHabanaVersion, or give it an `image` of its own"
-            for w in jobs[1:] if versions(w) != versions(first)]
+            for w in jobs[1:] if versions(w) != versions(first) and not optimum_habana_mismatch(w)]
 
 
 def check_gaudi_registry(m: StackConfig) -> list[str]:
@@ -61,6 +89,7 @@ def check_registry_login(m: StackConfig) -> list[str]:
 CHECKS: list[Check] = [
     check_gaudi_base_image,
     check_one_gaudi_build,
+    check_optimum_habana_release,
     check_gaudi_registry,
     check_registry_login,
 ]

@@ -48,3 +48,28 @@ def habana_deepspeed_ref(software_version: str) -> str:
     """Habana's DeepSpeed fork is tagged per Gaudi software minor release (1.19.1 -> 1.19.0)."""
     major, minor, *_ = software_version.split(".")
     return f"{major}.{minor}.0"
+
+
+class OptimumHabanaRelease(msgspec.Struct, frozen=True):
+    release: str  # the git tag, as `training.optimumHabanaVersion` spells it
+    gaudi: str  # the Gaudi software major.minor it was validated with
+    confirmed: bool
+
+
+@functools.cache
+def optimum_habana_releases() -> tuple[OptimumHabanaRelease, ...]:
+    data = load_yaml(DATA_PATH)["optimumHabana"]
+    return tuple(OptimumHabanaRelease(release=e["release"], gaudi=str(e["gaudi"]), confirmed=bool(e["confirmed"]))
+                 for e in data["releases"])
+
+
+def gaudi_minor(software_version: str) -> str:
+    """A Gaudi software release's major.minor (1.19.1 -> 1.19): optimum-habana names the stack it validated so."""
+    major, minor, *_ = software_version.split(".")
+    return f"{major}.{minor}"
+
+
+def optimum_habana_for(software_version: str) -> tuple[str, ...]:
+    """The optimum-habana releases validated with this Gaudi software release (none: nothing recorded)."""
+    minor = gaudi_minor(software_version)
+    return tuple(r.release for r in optimum_habana_releases() if r.gaudi == minor)

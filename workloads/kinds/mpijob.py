@@ -12,6 +12,7 @@ import functools
 
 import pulumi
 
+from model import catalog as gpu_catalog
 from model.config import kind_branches, schema, with_defaults, workload_default
 from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig, StackConfig, TrainingConfig, camel
 from model.types import build as build_config
@@ -41,6 +42,11 @@ def check_gaudi_placement(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     if m.cluster is not None:
         problems.append(f"{at('workloads', w.name, 'accelerator', 'kind')}: gaudi needs an existing Gaudi cluster "
                         "(GKE has no Gaudi nodes); remove `cluster` and set kubeconfig or kubernetes.context")
+    cards = gpu_catalog.load().gaudi.get(w.accelerator.type, {}).get("cardsPerNode")
+    if cards is not None and w.accelerator.count is not None and w.accelerator.count > cards:
+        problems.append(f"{at('workloads', w.name, 'accelerator', 'count')}: {w.accelerator.count} cards per worker, "
+                        f"but a {w.accelerator.type} node has {cards} (data/gpu_catalog.yaml); use at most {cards} "
+                        "and more `workers` for more cards")
     return problems
 
 
