@@ -115,7 +115,8 @@ if cluster is None and needs_kubernetes(cfg):
 workload_summary, serving_endpoints = {}, {}
 if target is not None:
     on_target = pulumi.ResourceOptions(provider=target)
-    operator = MpiOperator("mpi-operator", MpiOperatorArgs(config=cfg.mpi_operator), on_target) \
+    operator = MpiOperator("mpi-operator", MpiOperatorArgs(
+        config=cfg.mpi_operator, own_cluster=cluster is not None), on_target) \
         if cfg.mpi_operator.install else None
     nfs = NfsProvisioner("nfs-provisioner", NfsProvisionerArgs(config=cfg.nfs_provisioner), on_target) \
         if cfg.nfs_provisioner.install else None

@@ -58,6 +58,9 @@ class Registration(msgspec.Struct):
     retain_on_delete: bool = False
     # customTimeouts (create, update, delete) where set: how long the engine awaits the provider's readiness.
     custom_timeouts: dict[str, str] = msgspec.field(default_factory=dict)
+    # The resource's transforms (the functions): a component's run on the children its provider registers (the
+    # MPI operator's ConfigFile keeps its CRD on destroy this way); the mock monitor does not run them.
+    transforms: list[Any] = msgspec.field(default_factory=list)
     # The name the (mock) provider gave the object: `name` or `metadata.name` of its state, for auto-named
     # resources (node pools, Kubernetes objects without a name). Not part of plan.json: it is an output.
     physical_name: str | None = None
@@ -167,6 +170,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             retain_on_delete=bool(request.retainOnDelete),
             custom_timeouts={op: value for op in ("create", "update", "delete")
                              if (value := getattr(request.customTimeouts, op))},
+            transforms=pulumi_mocks._resolve_callbacks(request.transforms),
         )
         self.registrations.append(reg)  # the SDK calls from several threads: keep our own reference
         response = super().RegisterResource(request)

@@ -1,0 +1,49 @@
+"""Adopt without harm (issue 30 item 5): what the stack adopts on an existing cluster is kept by `pulumi destroy`,
+the MPI operator's CRD is never deleted with the stack, and the preview says which objects may exist already."""
+
+from __future__ import annotations
+
+import pulumi
+import pytest
+from conftest import stack_run
+
+from preview.engine import Registration, RunResult
+
+CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
+# What the Kubernetes provider registers for the release's objects (mpi-operator v0.8.0's manifest).
+CRD = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+
+
+@pytest.fixture(scope="module")
+def gaudi_installs() -> RunResult:
+    """The gaudi stack (an existing cluster) with `mpiOperator.install: true`."""
+    return stack_run("gaudi", {"mpiOperator": {"install": True}})
+
+
+def retained_by_transforms(reg: Registration, child_type: str, child_name: str) -> bool:
+    """Whether the component's recorded transforms set retain_on_delete on a child the provider would register
+    (the mock monitor does not run them: the test runs each as the engine would, in order)."""
+    args = pulumi.ResourceTransformArgs(custom=True, type_=child_type, name=child_name, props={},
+                                        opts=pulumi.ResourceOptions())
+    for transform in reg.transforms:
+        result = transform(args)
+        if result is not None:
+            args = pulumi.ResourceTransformArgs(custom=True, type_=child_type, name=child_name, props=result.props,
+                                                opts=result.opts)
+    return args.opts.retain_on_delete is True
+
+
+def test_operator_crd_is_kept_on_destroy_on_the_stacks_own_cluster() -> None:
+    """Deleting the CRD deletes every MPIJob in the cluster: even on the stack's own cluster it is kept."""
+    manifest = stack_run("h100").one(CONFIG_FILE, "mpi-operator-manifest")
+    assert retained_by_transforms(manifest, CRD, "mpi-operator-manifest:mpijobs.kubeflow.org")
+    # The rest of a release the stack installed on its own cluster goes with the stack.
+    assert not retained_by_transforms(manifest, DEPLOYMENT, "mpi-operator-manifest:mpi-operator/mpi-operator")
+
+
+def test_operator_on_an_existing_cluster_is_never_removed(gaudi_installs: RunResult) -> None:
+    """install: true on a cluster that already runs the operator adopts it: destroy must leave all of it."""
+    manifest = gaudi_installs.one(CONFIG_FILE, "mpi-operator-manifest")
+    assert retained_by_transforms(manifest, CRD, "mpi-operator-manifest:mpijobs.kubeflow.org")
+    assert retained_by_transforms(manifest, DEPLOYMENT, "mpi-operator-manifest:mpi-operator/mpi-operator")
