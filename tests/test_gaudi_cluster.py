@@ -5,13 +5,18 @@ access mode judged by its storage class. Each rule with the input that breaks it
 from __future__ import annotations
 
 import copy
+import os
+import re
+import subprocess
+from pathlib import Path
 
-from conftest import config_problems, problems, stack_yaml
+from conftest import PROJECT_DIR, config_problems, problems, stack_yaml
 
 from model import gaudi_software
 
 JOB = "gaudi-llm-ds-ft"
 KEY = f"workloads.{JOB}"
+DOCKERFILE = PROJECT_DIR / "workloads" / "images" / "gaudi" / "Dockerfile"
 
 
 def test_a_gaudi_node_has_eight_cards() -> None:
@@ -63,3 +68,26 @@ def test_unknown_gaudi_software_is_the_base_image_problem_only() -> None:
     found = problems("gaudi", {f"{KEY}.gaudi.softwareVersion": "1.18.0", f"{KEY}.training.optimumHabanaVersion":
                                "v1.12.0"})
     assert [p.split(":")[0] for p in found] == [f"{KEY}.gaudi.softwareVersion"]
+
+
+def pdsh_step() -> str:
+    """The Gaudi Dockerfile's RUN step that checks pdsh, as the build's shell runs it (continuations joined)."""
+    text = DOCKERFILE.read_text(encoding="utf-8").replace("\\\n", " ")
+    (step,) = [m for m in re.findall(r"^RUN (.*)$", text, re.MULTILINE) if "pdsh" in m]
+    return step
+
+
+def build_step(command: str, path: Path) -> int:
+    return subprocess.run(["/bin/bash", "-o", "pipefail", "-c", command], env={**os.environ, "PATH": str(path)},
+                          capture_output=True, check=False).returncode
+
+
+def test_the_image_build_fails_without_pdsh(tmp_path: Path) -> None:
+    # The same RUN step in a PATH without pdsh, and then with one: the build fails, then passes.
+    step = pdsh_step()
+    assert "command -v pdsh" in step
+    assert build_step(step, tmp_path) != 0
+    pdsh = tmp_path / "pdsh"
+    pdsh.write_text("#!/bin/sh\n", encoding="utf-8")
+    pdsh.chmod(0o755)
+    assert build_step(step, tmp_path) == 0
