@@ -93,14 +93,20 @@ def yaml_load(stream: Any) -> Any:
 
 def load_file(path: Path, name: str) -> Any:
     """A Python file of the project (a script, an e2e module) as a module named `name`, registered in sys.modules
-    (dataclasses look their module up there). The scripts import only the standard library above `main`."""
+    (dataclasses look their module up there). The scripts import only the standard library above `main`, and
+    their own modules beside them (finetune.py's finetune_*.py): the file's folder is first on sys.path while it
+    loads, as `python FILE` has it."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module
 
 
