@@ -47,3 +47,35 @@ def test_operator_on_an_existing_cluster_is_never_removed(gaudi_installs: RunRes
     manifest = gaudi_installs.one(CONFIG_FILE, "mpi-operator-manifest")
     assert retained_by_transforms(manifest, CRD, "mpi-operator-manifest:mpijobs.kubeflow.org")
     assert retained_by_transforms(manifest, DEPLOYMENT, "mpi-operator-manifest:mpi-operator/mpi-operator")
+
+
+MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
+PROVIDER = "pulumi:providers:kubernetes"
+
+
+def upserts(run: RunResult, reg: Registration) -> bool:
+    """Whether the object's provider takes over an existing object of the same name (upsertExistingObjects)."""
+    assert reg.provider is not None
+    return run.get(reg.provider).inputs.get("upsertExistingObjects") == "true"
+
+
+def test_an_old_mpijob_of_the_same_name_is_never_adopted(gaudi_installs: RunResult) -> None:
+    """Omnia's by-hand MPIJob of the same name: taken over, it would be deleted on destroy with its launcher's logs.
+    The stack's MPIJob goes through a provider without upsert: pulumi up stops with AlreadyExists, the old job stays."""
+    job = gaudi_installs.one(MPIJOB)
+    assert job.inputs["metadata"]["name"] == "gaudi-llm-ds-ft"
+    assert not upserts(gaudi_installs, job)
+    assert gaudi_installs.get(job.provider).inputs["enableServerSideApply"] == "true"  # same apply, same cluster
+    assert gaudi_installs.get(job.provider).inputs["context"] == "kubernetes-admin@cluster.local"
+    # The namespace and the claim Omnia's guide creates by hand are still adopted (and kept on destroy).
+    kept = {r.type: r for r in gaudi_installs.resources if r.retain_on_delete}
+    assert {t: r.inputs["metadata"]["name"] for t, r in kept.items()} == {
+        "kubernetes:core/v1:Namespace": "workloads", "kubernetes:core/v1:PersistentVolumeClaim": "shared-model"}
+    assert all(upserts(gaudi_installs, r) for r in kept.values())
+
+
+def test_install_true_never_replaces_an_operator_already_there(gaudi_installs: RunResult) -> None:
+    """install: true on a cluster that runs the operator: its CRD and Deployment are not taken over (applied over with
+    v0.8.0): the release goes through the provider without upsert, so pulumi up stops at the first existing object."""
+    manifest = gaudi_installs.one(CONFIG_FILE, "mpi-operator-manifest")
+    assert manifest.provider is not None and not upserts(gaudi_installs, manifest)

@@ -106,7 +106,7 @@ def test_existing_cluster_provider_adopts_objects_created_by_hand() -> None:
     # resources that already exist in the cluster by updating them" (the SDK's docstring). Omnia 1.7's DeepSpeed
     # guide (docs/source/OmniaInstallGuide/Ubuntu/InstallAITools/DeepSpeed.rst) creates `workloads` and
     # `shared-model` by hand.
-    provider = stack_run("gaudi").one(PROVIDER).inputs
+    provider = stack_run("gaudi").one(PROVIDER, "target-k8s").inputs
     assert provider["upsertExistingObjects"] == "true"  # provider inputs travel as strings
     assert provider["enableServerSideApply"] == "true"
 

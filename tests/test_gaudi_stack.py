@@ -62,15 +62,19 @@ def k8s_object(reg: Any) -> dict[str, Any]:
 
 # --- the Omnia reference, reproduced --------------------------------------------------------------
 
-def test_no_gcp_resources_and_one_existing_cluster_provider(gaudi: RunResult) -> None:
+def test_no_gcp_resources_and_one_existing_cluster(gaudi: RunResult) -> None:
+    """One cluster, two providers for it: one that adopts what exists (namespace, claim), one that never does
+    (the MPIJob: an old job of the same name stops pulumi up instead of being taken over, issue 30 item 5)."""
     assert [r.type for r in gaudi.resources if r.type.startswith("gcp:")] == []
-    provider = gaudi.one("pulumi:providers:kubernetes")
-    assert provider.name == "target-k8s"
-    assert provider.inputs["context"] == "kubernetes-admin@cluster.local"
-    assert "kubeconfig" not in provider.inputs  # none configured: the deploying machine's kubeconfig
-    assert gaudi.get(provider.parent).type == "deepspeed-stack:k8s:ExistingCluster"
+    providers = {r.name: r for r in gaudi.by_type("pulumi:providers:kubernetes")}
+    assert sorted(providers) == ["target-k8s", "target-k8s-create-only"]
+    for provider in providers.values():
+        assert provider.inputs["context"] == "kubernetes-admin@cluster.local"
+        assert "kubeconfig" not in provider.inputs  # none configured: the deploying machine's kubeconfig
+        assert gaudi.get(provider.parent).type == "deepspeed-stack:k8s:ExistingCluster"
     k8s = [r for r in gaudi.resources if r.type.startswith("kubernetes:")]
-    assert k8s and {r.provider for r in k8s} == {provider.urn}
+    assert k8s and {r.provider for r in k8s if r.type != MPIJOB} == {providers["target-k8s"].urn}
+    assert gaudi.one(MPIJOB).provider == providers["target-k8s-create-only"].urn
 
 
 def test_training_job_children(gaudi: RunResult) -> None:
@@ -174,9 +178,9 @@ def test_hf_token_is_only_a_secret(full: RunResult) -> None:
 
 
 def test_kubeconfig_is_only_a_secret(full: RunResult) -> None:
-    provider = full.one("pulumi:providers:kubernetes")
-    assert provider.inputs["kubeconfig"] == SECRET
-    assert provider.inputs["context"] == "kubernetes-admin@cluster.local"
+    for provider in full.by_type("pulumi:providers:kubernetes"):
+        assert provider.inputs["kubeconfig"] == SECRET
+        assert provider.inputs["context"] == "kubernetes-admin@cluster.local"
 
 
 def test_no_secret_in_plain_text_anywhere(full: RunResult) -> None:

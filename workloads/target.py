@@ -42,4 +42,16 @@ class ExistingCluster(pulumi.ComponentResource):
             upsert_existing_objects=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
+        # What the stack must never adopt goes through a provider without upsert: an existing object of the same name
+        # makes `pulumi up` stop with Kubernetes' AlreadyExists and stay as it is (pulumi-kubernetes 4.29+: "By
+        # default, Pulumi will error if a resource already exists in the cluster to prevent accidental data loss").
+        # The MPIJob (Omnia's by-hand run of the same name: adopted, destroy would delete it with its logs) and the
+        # MPI operator (install: true over a cluster's own operator would replace it, and destroy remove it).
+        self.create_only = k8s.Provider(
+            f"{name}-k8s-create-only",
+            kubeconfig=kubeconfig,
+            context=args.context,
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         self.register_outputs({"context": args.context})

@@ -38,6 +38,10 @@ class TrainingJobArgs(msgspec.Struct, frozen=True):
     # On an existing cluster the namespace and the claim may predate the stack (adopted, see ExistingCluster):
     # `pulumi destroy` leaves them, and the claim's data, in place.
     retain_on_delete: bool = False
+    # The MPIJob's provider on an existing cluster (ExistingCluster.create_only): an MPIJob of the same name that the
+    # stack did not create (Omnia's by-hand run) stops `pulumi up` and stays, instead of being taken over and deleted
+    # with its logs on destroy. None: the parent's provider.
+    job_provider: pulumi.ProviderResource | None = None
     # A kind built on the NVIDIA MPIJob's own launch (workloads/mpijob/nvidia.py); None: the workload's `launch`.
     launch: mpijob.NvidiaLaunch | None = None
     # The bucket's GCS FUSE mount options (data/gcs_fuse.yaml's profiles): a kind that checkpoints there says so.
@@ -141,7 +145,7 @@ class TrainingJob(pulumi.ComponentResource):
             # what admits the job (its CRD's controller, Kueue's webhooks).
             spec=pulumi.Output.all(image, secret_name, access.bucket if access else None, gaudi, pull).apply(spec),
             opts=pulumi.ResourceOptions(
-                parent=self,
+                parent=self, provider=args.job_provider,
                 depends_on=[self.config_map, self.claim, *([self.service_account] if self.service_account else []),
                             *args.admitted_by],
                 # The operator runs a job once; a changed spec must start a new run, under the same name.
