@@ -106,20 +106,20 @@ if cfg.storage.enabled:
                           kubernetes_service_account=ksa)
 
 # 5. Where workloads go: the stack's GKE cluster, or an existing cluster (Gaudi/Omnia) from a secret kubeconfig.
-#    There the stack adopts the namespace and the claim (kept on destroy), but never an MPIJob or an MPI operator that
-#    was there before (`create_only`: pulumi up stops at one instead).
-target = cluster.provider if cluster else None
-create_only = None
+#    There the stack adopts only the namespace and the claim (`adopt_with`; kept on destroy): everything else goes
+#    through `create_only`, so an MPIJob, an MPI operator or any object of the same name that was there before stops
+#    pulumi up instead of being taken over (and deleted on destroy).
+target, adopt_with = cluster.provider if cluster else None, None
 if cluster is None and needs_kubernetes(cfg):
     existing = ExistingCluster("target", ExistingClusterArgs(kubeconfig=cfg.kubeconfig, context=cfg.kubernetes.context))
-    target, create_only = existing.provider, existing.create_only
+    target, adopt_with = existing.create_only, existing.provider
 
 # 6. Workloads, each waiting only for its own pool (and the MPI operator's CRD for MPIJobs).
 workload_summary, serving_endpoints = {}, {}
 if target is not None:
     on_target = pulumi.ResourceOptions(provider=target)
     operator = MpiOperator("mpi-operator", MpiOperatorArgs(config=cfg.mpi_operator, own_cluster=cluster is not None),
-                           pulumi.ResourceOptions(provider=create_only or target)) if cfg.mpi_operator.install else None
+                           on_target) if cfg.mpi_operator.install else None
     nfs = NfsProvisioner("nfs-provisioner", NfsProvisionerArgs(config=cfg.nfs_provisioner), on_target) \
         if cfg.nfs_provisioner.install else None
     # GPU fabrics: a Network per extra NIC, the NCCL plugin installer (+ NRI injector), keyed by pool.
@@ -157,7 +157,7 @@ if target is not None:
     platform = kinds.Platform(
         cfg=cfg, image=image.ref if image else None, hf_token=cfg.hf_token, bucket=bucket, gaudi_image=gaudi_ref,
         gaudi_login=gaudi_login, claim_depends_on=[nfs] if nfs else [], own_cluster=cluster is not None,
-        create_only=create_only, mpi_operator=operator, kueue=kueue.release if kueue else None)
+        adopt_with=adopt_with, mpi_operator=operator, kueue=kueue.release if kueue else None)
     for name, w in cfg.workloads.items():
         # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
         reader = registry.reader if registry and w.pulls_stack_image else None

@@ -79,3 +79,13 @@ def test_install_true_never_replaces_an_operator_already_there(gaudi_installs: R
     v0.8.0): the release goes through the provider without upsert, so pulumi up stops at the first existing object."""
     manifest = gaudi_installs.one(CONFIG_FILE, "mpi-operator-manifest")
     assert manifest.provider is not None and not upserts(gaudi_installs, manifest)
+
+
+def test_only_the_namespace_and_the_claim_are_adopted(gaudi_installs: RunResult) -> None:
+    """The ConfigMap, Secrets and NetworkPolicies of the job, and the NFS provisioner, would be deleted on destroy:
+    the stack adopts none of them (an object of the same name stops pulumi up); what it adopts it keeps."""
+    k8s = [r for r in gaudi_installs.resources if r.custom and r.type.startswith("kubernetes:")]
+    adopted = sorted(r.inputs["metadata"]["name"] for r in k8s if upserts(gaudi_installs, r))
+    assert adopted == ["shared-model", "workloads"]
+    assert all(r.retain_on_delete for r in k8s if upserts(gaudi_installs, r))
+    assert len([r for r in k8s if not upserts(gaudi_installs, r)]) >= 4  # ConfigMap, Secret, 2 NetworkPolicies, MPIJob

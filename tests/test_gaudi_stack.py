@@ -63,8 +63,9 @@ def k8s_object(reg: Any) -> dict[str, Any]:
 # --- the Omnia reference, reproduced --------------------------------------------------------------
 
 def test_no_gcp_resources_and_one_existing_cluster(gaudi: RunResult) -> None:
-    """One cluster, two providers for it: one that adopts what exists (namespace, claim), one that never does
-    (the MPIJob: an old job of the same name stops pulumi up instead of being taken over, issue 30 item 5)."""
+    """One cluster, two providers for it: one that adopts what exists (the namespace and the claim), one that never
+    does (the rest, the MPIJob first: an old job of the same name stops pulumi up instead of being taken over, issue 30
+    item 5)."""
     assert [r.type for r in gaudi.resources if r.type.startswith("gcp:")] == []
     providers = {r.name: r for r in gaudi.by_type("pulumi:providers:kubernetes")}
     assert sorted(providers) == ["target-k8s", "target-k8s-create-only"]
@@ -73,8 +74,9 @@ def test_no_gcp_resources_and_one_existing_cluster(gaudi: RunResult) -> None:
         assert "kubeconfig" not in provider.inputs  # none configured: the deploying machine's kubeconfig
         assert gaudi.get(provider.parent).type == "deepspeed-stack:k8s:ExistingCluster"
     k8s = [r for r in gaudi.resources if r.type.startswith("kubernetes:")]
-    assert k8s and {r.provider for r in k8s if r.type != MPIJOB} == {providers["target-k8s"].urn}
-    assert gaudi.one(MPIJOB).provider == providers["target-k8s-create-only"].urn
+    adopting = {r.type for r in k8s if r.provider == providers["target-k8s"].urn}
+    assert adopting == {NAMESPACE, CLAIM}
+    assert {r.provider for r in k8s if r.type not in adopting} == {providers["target-k8s-create-only"].urn}
 
 
 def test_training_job_children(gaudi: RunResult) -> None:

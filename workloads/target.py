@@ -35,18 +35,18 @@ class ExistingCluster(pulumi.ComponentResource):
             kubeconfig=kubeconfig,
             context=args.context,
             enable_server_side_apply=True,
-            # Adopt what is already there: Omnia's guide has users create the namespace and the claim by hand,
-            # and pulumi-kubernetes 4.34 refuses to create an object that exists unless this is on (server-side
-            # apply then takes over the fields the stack sets). The stack never deletes what it adopted: those
-            # objects are retained on delete (TrainingJobArgs.retain_on_delete).
+            # Adopt the namespace and the claim (TrainingJobArgs.adopt_provider; nothing else): Omnia's guide has users
+            # create them by hand, and pulumi-kubernetes 4.34 refuses to create an object that exists unless this is
+            # on (server-side apply then takes over the fields the stack sets). The stack never deletes what it
+            # adopted: those objects are retained on delete (TrainingJobArgs.retain_on_delete).
             upsert_existing_objects=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
-        # What the stack must never adopt goes through a provider without upsert: an existing object of the same name
-        # makes `pulumi up` stop with Kubernetes' AlreadyExists and stay as it is (pulumi-kubernetes 4.29+: "By
-        # default, Pulumi will error if a resource already exists in the cluster to prevent accidental data loss").
-        # The MPIJob (Omnia's by-hand run of the same name: adopted, destroy would delete it with its logs) and the
-        # MPI operator (install: true over a cluster's own operator would replace it, and destroy remove it).
+        # Everything else goes through a provider without upsert: an existing object of the same name makes
+        # `pulumi up` stop with Kubernetes' AlreadyExists and stay as it is (pulumi-kubernetes 4.29+: "By default,
+        # Pulumi will error if a resource already exists in the cluster to prevent accidental data loss"). The MPIJob
+        # first (Omnia's by-hand run of the same name: adopted, destroy would delete it with its logs) and the MPI
+        # operator (install: true over a cluster's own operator would replace it, and destroy remove it).
         self.create_only = k8s.Provider(
             f"{name}-k8s-create-only",
             kubeconfig=kubeconfig,

@@ -38,10 +38,11 @@ class TrainingJobArgs(msgspec.Struct, frozen=True):
     # On an existing cluster the namespace and the claim may predate the stack (adopted, see ExistingCluster):
     # `pulumi destroy` leaves them, and the claim's data, in place.
     retain_on_delete: bool = False
-    # The MPIJob's provider on an existing cluster (ExistingCluster.create_only): an MPIJob of the same name that the
-    # stack did not create (Omnia's by-hand run) stops `pulumi up` and stays, instead of being taken over and deleted
-    # with its logs on destroy. None: the parent's provider.
-    job_provider: pulumi.ProviderResource | None = None
+    # On an existing cluster, the provider of the namespace and the claim (ExistingCluster.provider: it adopts them);
+    # the rest, the MPIJob first, goes through the parent's, which adopts nothing (ExistingCluster.create_only): an
+    # MPIJob of the same name that the stack did not create (Omnia's by-hand run) stops `pulumi up` and stays,
+    # instead of being taken over and deleted with its logs on destroy. None: the parent's provider for all.
+    adopt_provider: pulumi.ProviderResource | None = None
     # A kind built on the NVIDIA MPIJob's own launch (workloads/mpijob/nvidia.py); None: the workload's `launch`.
     launch: mpijob.NvidiaLaunch | None = None
     # The bucket's GCS FUSE mount options (data/gcs_fuse.yaml's profiles): a kind that checkpoints there says so.
@@ -60,10 +61,11 @@ class TrainingJob(pulumi.ComponentResource):
             # A queued job's namespace is one Kueue manages (its webhooks see only those).
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels={**labels(w),
                                                                           **kueue.namespace_labels(args.queue)}),
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_delete),
+            opts=pulumi.ResourceOptions(parent=self, provider=args.adopt_provider,
+                                        retain_on_delete=args.retain_on_delete),
         )
         ns = self.namespace.metadata.name
-        self.claim = self._claim(name, w, ns, args.claim_depends_on, args.retain_on_delete)
+        self.claim = self._claim(name, w, ns, args.claim_depends_on, args.retain_on_delete, args.adopt_provider)
         self.hf_token = self._token(name, w, ns, args.hf_token) if args.hf_token is not None else None
         self.config_map = k8s.core.v1.ConfigMap(
             f"{name}-config",
@@ -92,7 +94,8 @@ class TrainingJob(pulumi.ComponentResource):
         self.register_outputs({"namespace": ns, "claim": self.claim.metadata.name, "job": w.name})
 
     def _claim(self, name: str, w: MpiJobBaseConfig, ns: pulumi.Output[str], depends_on: list[pulumi.Resource],
-               retain: bool = False) -> k8s.core.v1.PersistentVolumeClaim:
+               retain: bool = False,
+               provider: pulumi.ProviderResource | None = None) -> k8s.core.v1.PersistentVolumeClaim:
         s = w.storage
         return k8s.core.v1.PersistentVolumeClaim(
             f"{name}-claim",
@@ -103,7 +106,8 @@ class TrainingJob(pulumi.ComponentResource):
                 storage_class_name=s.storage_class,
                 resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": s.size}),
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on or None, retain_on_delete=retain),
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=depends_on or None,
+                                        retain_on_delete=retain),
         )
 
     def _token(self, name: str, w: MpiJobBaseConfig, ns: pulumi.Output[str],
@@ -145,7 +149,7 @@ class TrainingJob(pulumi.ComponentResource):
             # what admits the job (its CRD's controller, Kueue's webhooks).
             spec=pulumi.Output.all(image, secret_name, access.bucket if access else None, gaudi, pull).apply(spec),
             opts=pulumi.ResourceOptions(
-                parent=self, provider=args.job_provider,
+                parent=self,
                 depends_on=[self.config_map, self.claim, *([self.service_account] if self.service_account else []),
                             *args.admitted_by],
                 # The operator runs a job once; a changed spec must start a new run, under the same name.

@@ -321,7 +321,7 @@ def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi
         config=w, placement=placement(cfg, w), stack_image=platform.image, hf_token=platform.hf_token,
         claim_depends_on=platform.claim_depends_on, bucket=platform.bucket,
         operator_version=cfg.mpi_operator.version, retain_on_delete=not platform.own_cluster,
-        job_provider=platform.create_only, queue=queue,
+        adopt_provider=platform.adopt_with, queue=queue,
         launch=finetune.launch(w, has_token=platform.hf_token is not None, run_env=finetune_progress.run_env(cfg, w)),
         gcs_mount_options=gcs_fuse.mount_options(CHECKPOINT_PROFILE),
         admitted_by=platform.mpijob_admitted_by(queue is not None)), opts)

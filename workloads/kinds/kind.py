@@ -35,8 +35,8 @@ class Platform(msgspec.Struct, frozen=True):
     gaudi_login: RegistryLogin | None = None  # the login the Gaudi image is pulled with, when its registry wants one
     claim_depends_on: list[pulumi.Resource] = msgspec.field(default_factory=list)  # e.g. the NFS provisioner
     own_cluster: bool = True  # the stack's own GKE cluster; False: an existing cluster (nothing adopted is deleted)
-    # On an existing cluster, the provider for what must never be adopted (an MPIJob of the same name): see target.py.
-    create_only: pulumi.ProviderResource | None = None
+    # On an existing cluster, the provider that adopts what exists (the namespace and the claim): see target.py.
+    adopt_with: pulumi.ProviderResource | None = None
     mpi_operator: pulumi.Resource | None = None  # the MPI operator the stack installs (the MPIJob CRD, its controller)
     kueue: pulumi.Resource | None = None  # Kueue's release (its CRDs, controller and MPIJob webhooks)
 

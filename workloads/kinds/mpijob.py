@@ -187,7 +187,7 @@ def build(name: str, w: MpiJobWorkloadConfig, platform: Platform, opts: pulumi.R
         claim_depends_on=platform.claim_depends_on, bucket=platform.bucket,
         operator_version=cfg.mpi_operator.version, gaudi_image=platform.gaudi_image,
         registry=platform.gaudi_login if w.on_gaudi else None,
-        retain_on_delete=not platform.own_cluster, job_provider=platform.create_only, queue=queue,
+        retain_on_delete=not platform.own_cluster, adopt_provider=platform.adopt_with, queue=queue,
         admitted_by=platform.mpijob_admitted_by(queue is not None)), opts)
     return Built(job, job.summary, queued_namespace=job.namespace.metadata.name if queue else None)
 
