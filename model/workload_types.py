@@ -405,6 +405,7 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
     gaudi: GaudiConfig
     host_ipc: bool = msgspec.field(name="hostIPC")
     training: TrainingConfig
+    env: dict[str, str]  # Gaudi: every rank's environment (DS_ENV_FILE)
 
     @property
     def shares_host_ipc(self) -> bool:

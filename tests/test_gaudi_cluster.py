@@ -9,10 +9,12 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from conftest import PROJECT_DIR, config_problems, problems, stack_yaml
 
 from model import gaudi_software
+from preview.engine import RunResult, engine_config_from_yaml, run_program
 
 JOB = "gaudi-llm-ds-ft"
 KEY = f"workloads.{JOB}"
@@ -91,3 +93,69 @@ def test_the_image_build_fails_without_pdsh(tmp_path: Path) -> None:
     pdsh.write_text("#!/bin/sh\n", encoding="utf-8")
     pdsh.chmod(0o755)
     assert build_step(step, tmp_path) == 0
+
+
+MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
+HCCL = {"HCCL_SOCKET_IFNAME": "ens1f0", "HCCL_OVER_OFI": "0", "PT_HPU_LAZY_MODE": "1", "LOG_LEVEL_ALL": "it's 3"}
+
+
+def run_gaudi(workload: dict[str, Any]) -> RunResult:
+    """The gaudi example stack with these keys of its workload changed, run under mocks."""
+    config = stack_yaml("gaudi")
+    config["deepspeed-stack:workloads"][JOB].update(copy.deepcopy(workload))
+    engine_cfg, secrets = engine_config_from_yaml(config)
+    return run_program(engine_cfg, secrets, stack="gaudi")
+
+
+def pods(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {role: spec["template"]["spec"] for role, spec in job["spec"]["mpiReplicaSpecs"].items()}
+
+
+def test_env_reaches_every_rank_through_deepspeeds_env_file() -> None:
+    run = run_gaudi({"env": HCCL})
+    data = run.one(CONFIG_MAP).inputs["data"]
+    # DeepSpeed's runner splits each line at the first "=" and quotes the value itself (runner.py, PDSHRunner).
+    assert data["deepspeed_env"] == ("HCCL_SOCKET_IFNAME=ens1f0\nHCCL_OVER_OFI=0\nPT_HPU_LAZY_MODE=1\n"
+                                     "LOG_LEVEL_ALL=it's 3\n")
+    for role, spec in pods(run.one(MPIJOB).inputs).items():
+        (c,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["DS_ENV_FILE"] == "/etc/deepspeed/deepspeed_env", role
+        assert {k: env[k] for k in HCCL} == HCCL, role
+        assert {"name": "deepspeed-config", "mountPath": "/etc/deepspeed", "readOnly": True} in c["volumeMounts"]
+
+
+def test_without_env_no_env_file() -> None:
+    run = run_gaudi({})
+    assert "deepspeed_env" not in run.one(CONFIG_MAP).inputs["data"]
+    (c,) = pods(run.one(MPIJOB).inputs)["Launcher"]["containers"]
+    assert "DS_ENV_FILE" not in {e["name"] for e in c["env"]}
+
+
+def test_env_names_are_environment_variable_names() -> None:
+    found = problems("gaudi", {f"{KEY}.env": {"HCCL-IF": "x", "9LIVES": "x", "OK": "two\nlines"}})
+    assert sorted(found) == sorted([
+        f'{KEY}.env.HCCL-IF: "HCCL-IF" is not of the form an environment variable name such as HCCL_SOCKET_IFNAME',
+        f'{KEY}.env.9LIVES: "9LIVES" is not of the form an environment variable name such as HCCL_SOCKET_IFNAME',
+        f'{KEY}.env.OK: "two\\nlines" is not of the form one line of text'])
+
+
+def test_env_may_not_set_what_the_stack_sets() -> None:
+    found = problems("gaudi", {f"{KEY}.env": {"HF_HOME": "/x", "OMPI_MCA_plm": "x", "DS_ENV_FILE": "/y",
+                                               "https_proxy": "http://p:3128", "HCCL_OVER_OFI": "0"}})
+    assert found == [
+        f"{KEY}.env.HF_HOME: set by hfHome; the stack sets HF_HOME itself, choose another name or change it there",
+        f"{KEY}.env.OMPI_MCA_plm: set by the MPI operator; the stack sets OMPI_MCA_plm itself, choose another name "
+        "or change it there",
+        f"{KEY}.env.DS_ENV_FILE: set by env itself (the file of these variables); the stack sets DS_ENV_FILE itself, "
+        "choose another name or change it there",
+        f"{KEY}.env.https_proxy: set by proxy.https; the stack sets https_proxy itself, choose another name or change "
+        "it there"]
+
+
+def test_env_on_an_nvidia_mpijob_is_refused() -> None:
+    # The h100 example's MPIJob `smoke` runs on NVIDIA: its ranks would never see `env`.
+    found = problems("h100", {"workloads.smoke.env": {"NCCL_DEBUG": "INFO"}})
+    assert found == ["workloads.smoke.env: `env` is the Gaudi MPIJob's (every rank's environment through "
+                     "DeepSpeed's DS_ENV_FILE); an NVIDIA MPIJob would ignore it. Remove it"]

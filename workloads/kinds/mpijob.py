@@ -131,6 +131,16 @@ def check_training_on_nvidia(m: StackConfig, w: MpiJobWorkloadConfig) -> list[st
     return problems
 
 
+def check_gaudi_env(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """`env` reaches a Gaudi job's ranks (workloads/mpijob/gaudi.py); a name the stack sets would fight it, and an
+    NVIDIA MPIJob does not read the key."""
+    if w.env and w.on_nvidia:
+        return [f"{at('workloads', w.name, 'env')}: `env` is the Gaudi MPIJob's (every rank's environment through "
+                "DeepSpeed's DS_ENV_FILE); an NVIDIA MPIJob would ignore it. Remove it"]
+    return [f"{at('workloads', w.name, 'env', name)}: set by {owner}; the stack sets {name} itself, choose "
+            "another name or change it there" for name in w.env if (owner := mpijob.gaudi.stack_env_owner(name))]
+
+
 def check_gaudi_launch_unused(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     """A Gaudi MPIJob without `launch.command` runs optimum-habana's `training.script` with `training.args`
     (workloads/mpijob/gaudi.py): `launch.script` and `launch.args` would be silently ignored."""
@@ -196,7 +206,7 @@ KIND: Kind[MpiJobWorkloadConfig] = Kind(
     name="mpijob",
     config=MpiJobWorkloadConfig,
     rules=(check_gaudi_placement, check_launch_script, check_launch_args, check_mpijob_name, check_mpijob_storage,
-           check_training_args, check_training_on_nvidia, check_gaudi_launch_unused),
+           check_training_args, check_training_on_nvidia, check_gaudi_launch_unused, check_gaudi_env),
     build=build,
     warnings=(warn_install_at_start, warn_gaudi_keys_on_nvidia, warn_training_under_command, warn_nvidia_learning_rate),
 )

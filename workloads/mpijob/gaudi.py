@@ -76,11 +76,46 @@ def image(w: MpiJobWorkloadConfig, gaudi_built: str | None) -> str:
 
 # --- environment ----------------------------------------------------------------------------------
 
+# `env` reaches the ranks through DeepSpeed's runner, not ssh: the image's sshd sets its own variables (SetEnv, which
+# wins over what a client sends) and accepts only the names the stack forwards, so an HCCL_* of the pod would never
+# reach a rank. DeepSpeed's runner reads NAME=VALUE lines from DS_ENV_FILE (deepspeed/launcher/runner.py,
+# DEEPSPEED_ENVIRONMENT_NAME; an absolute path is used as it is) and prefixes every rank's command with
+# `export NAME=VALUE;` (PDSHRunner), after the ssh session's environment is set.
+ENV_FILE_KEY = "deepspeed_env"
+DS_ENV_FILE = "DS_ENV_FILE"
+
+# Names `env` may not set, and the key (or the part of the stack) that sets each.
+STACK_ENV: dict[str, str] = {
+    "HF_HOME": "hfHome", "LLM_MODEL": "training.model", "NUM_HPU": "accelerator.count",
+    "NUM_EPOCHS": "training.epochs", "http_proxy": "proxy.http", "HTTP_PROXY": "proxy.http",
+    "https_proxy": "proxy.https", "HTTPS_PROXY": "proxy.https", "no_proxy": "proxy.noProxy",
+    "NO_PROXY": "proxy.noProxy", "HF_TOKEN": "hfToken", "HUGGING_FACE_HUB_TOKEN": "hfToken",
+    DS_ENV_FILE: "env itself (the file of these variables)", "MASTER_ADDR": "the launcher (the first worker)",
+    "HOSTSFILE": "the launcher (the operator's hostfile)", "PATH": "the image", "LD_LIBRARY_PATH": "the image",
+    "HOME": "the image", "USER": "the image", "K_MPI_JOB_ROLE": "the MPI operator",
+}
+# The MPI operator sets Open MPI's variables on the launcher (the hostfile, the ssh agent).
+STACK_ENV_PREFIXES: dict[str, str] = {"OMPI_": "the MPI operator"}
+
+
+def stack_env_owner(name: str) -> str | None:
+    """Who sets an environment variable of the Gaudi job already (None: `env` may set it)."""
+    if name in STACK_ENV:
+        return STACK_ENV[name]
+    return next((owner for prefix, owner in STACK_ENV_PREFIXES.items() if name.startswith(prefix)), None)
+
+
+def env_file(w: MpiJobWorkloadConfig) -> str:
+    """`env` as DeepSpeed's runner reads it: NAME=VALUE lines (it quotes each value itself)."""
+    return "".join(f"{name}={value}\n" for name, value in w.env.items())
+
+
 def plain_env(w: MpiJobWorkloadConfig, where: Placement) -> dict[str, str]:
     """Non-secret variables of the launcher and workers; LLM_MODEL, NUM_HPU and NUM_EPOCHS are the names the Omnia
-    launcher uses, so its command reads the same."""
+    launcher uses, so its command reads the same. `env` too, and where DeepSpeed's runner finds it for the ranks."""
+    ranks = {**w.env, DS_ENV_FILE: f"{CONFIG_DIR}/{ENV_FILE_KEY}"} if w.env else {}
     return {**base_env(w), "LLM_MODEL": w.training.model, "NUM_HPU": str(where.per_worker),
-            "NUM_EPOCHS": str(w.training.epochs), **fabric_env(where)}
+            "NUM_EPOCHS": str(w.training.epochs), **fabric_env(where), **ranks}
 
 
 def forwarded_env(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> list[str]:
@@ -96,6 +131,8 @@ def hf_trainer(w: MpiJobWorkloadConfig) -> bool:
 def config_map_data(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> dict[str, str]:
     """ds_config.json; the launcher's ssh client config (but for the install-at-start opt-in)."""
     data = {DS_CONFIG_KEY: ds_config_text(w, where, hf_trainer(w)), **recovery.stop_ranks_file()}
+    if w.env:
+        data[ENV_FILE_KEY] = env_file(w)
     if w.runs_stack_gaudi_image:
         data[SSH_CLIENT_KEY] = ssh_client_config(forwarded_env(w, where, has_token), [GAUDI_KEX])
     return data
