@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
 
-.PHONY: preview test test-recipe e2e lint docs gpus bench checkov checkov-workloads checkov-all clean
+.PHONY: preview test test-recipe e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check
 
 # uv (from PyPI, pinned) installs requirements.txt in a few seconds where pip took two minutes (README: Speed).
 UV_VERSION := 0.13.9
@@ -39,6 +39,16 @@ test-recipe: $(STAMP)  ## each record format trains on a tiny model with the exp
 # pdsh, openmpi; a CPU torch + DeepSpeed venv at /opt/ds-e2e-venv) and returns at once afterwards.
 e2e: $(STAMP)  ## DeepSpeed's launch paths and preemption recovery across network-namespace hosts, on CPU
 	@if $(BIN)/python e2e/run.py --preflight; then bash e2e/install.sh && $(BIN)/python e2e/run.py; fi
+
+# The GPU path on a lent device machine (issue 27.5; docs/measurements.md "GPU check"): gpu-wheels fills
+# build/gpu-wheels/ here (deepspeed's sdist, datasets and the wheels data/gpu_check.yaml names, 6 MiB; the stack's
+# ds_config.json); gpu-check runs there, with build/gpu-wheels carried: finetune.py in bf16 under ZeRO-3 with LoRA on
+# one GPU, exports reloaded and compared by greedy tokens. ARGS=--cpu runs it on CPUs (PYTHON= a python with torch).
+gpu-wheels: $(STAMP)  ## fill build/gpu-wheels/ for make gpu-check on a device machine (run here, with network)
+	$(BIN)/python e2e/gpu_wheels.py
+
+gpu-check:  ## on a device machine: finetune.py bf16 ZeRO-3 LoRA on one GPU, exports compared (needs make gpu-wheels)
+	bash e2e/gpu_check.sh $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
