@@ -41,7 +41,7 @@ e2e: $(STAMP)  ## DeepSpeed's launch paths and preemption recovery across networ
 	@if $(BIN)/python e2e/run.py --preflight; then bash e2e/install.sh && $(BIN)/python e2e/run.py; fi
 
 # The GPU path on a lent device machine (issue 27.5; docs/measurements.md "GPU check"): gpu-wheels fills
-# build/gpu-wheels/ here (deepspeed's sdist, datasets and the wheels data/gpu_check.yaml names, 6 MiB; the stack's
+# build/gpu-wheels/ here (deepspeed's sdist, datasets and the wheels data/gpu_check.yaml names, 5.5 MiB; the stack's
 # ds_config.json); gpu-check runs there, with build/gpu-wheels carried: finetune.py in bf16 under ZeRO-3 with LoRA on
 # one GPU, exports reloaded and compared by greedy tokens. ARGS=--cpu runs it on CPUs (PYTHON= a python with torch).
 gpu-wheels: $(STAMP)  ## fill build/gpu-wheels/ for make gpu-check on a device machine (run here, with network)
