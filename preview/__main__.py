@@ -24,6 +24,7 @@ from policy.rules import POLICIES
 from preview import diff, manifests, plan, policy_check, stackfile, summary, tree
 from preview.engine import PROJECT_DIR, RunResult, engine_config_from_yaml, run_program, stack_file, stacks
 from preview.sections import (
+    adopted,
     capacity,
     cost,
     fabric,
@@ -41,7 +42,7 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 # The summary's sections after the built-in ones, and the files written beside plan.json, in this order
 # (preview/sections/): a new one is added here, nothing is found by name.
 SECTIONS = (fabric.section, cost.section, capacity.section, recovery.section, vertex.section, training.section,
-            serving.section)
+            serving.section, adopted.section)
 FILES = (vertex.files, pods.files)
 
 

@@ -7,7 +7,9 @@ import pulumi
 import pytest
 from conftest import stack_run
 
+from preview.__main__ import SECTIONS
 from preview.engine import Registration, RunResult
+from preview.sections import adopted
 
 CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
 # What the Kubernetes provider registers for the release's objects (mpi-operator v0.8.0's manifest).
@@ -89,3 +91,35 @@ def test_only_the_namespace_and_the_claim_are_adopted(gaudi_installs: RunResult)
     assert adopted == ["shared-model", "workloads"]
     assert all(r.retain_on_delete for r in k8s if upserts(gaudi_installs, r))
     assert len([r for r in k8s if not upserts(gaudi_installs, r)]) >= 4  # ConfigMap, Secret, 2 NetworkPolicies, MPIJob
+
+
+# --- the preview says it ------------------------------------------------------------------------------------------
+
+def test_the_preview_lists_what_exists_already_on_an_existing_cluster(gaudi_installs: RunResult) -> None:
+    [(title, body)] = adopted.section(gaudi_installs)
+    assert title == "Existing objects"
+    rows = [line for line in body.splitlines() if line.startswith("| ") and not line.startswith(("| object", "| ---"))]
+    assert rows[0] == "| Namespace | `workloads` | adopted: the stack applies its fields over it | kept |"
+    assert rows[1] == ("| PersistentVolumeClaim | `workloads/shared-model` | adopted: the stack applies its fields "
+                       "over it | kept |")
+    assert "| MPIJob | `workloads/gaudi-llm-ds-ft` | never adopted: `pulumi up` stops (AlreadyExists)" in rows[2]
+    assert "`kubectl get mpijob -n workloads gaudi-llm-ds-ft` shows one" in rows[2]
+    assert "`kubectl get crd mpijobs.kubeflow.org` shows one: set mpiOperator.install: false" in rows[3]
+    assert rows[3].endswith("| CRD kept, the rest kept |")
+    assert "Uninstalling the MPI operator's CRD is left to you: `kubectl delete crd mpijobs.kubeflow.org`" in body
+
+
+def test_on_the_stacks_own_cluster_only_the_operators_crd_is_kept() -> None:
+    [(_, body)] = adopted.section(stack_run("h100"))
+    rows = [line for line in body.splitlines() if line.startswith("| MPI operator")]
+    assert len(rows) == 1 and rows[0].endswith("| created by the stack (a new cluster has none) | CRD kept, "
+                                               "the rest deleted |")
+    assert "left to you" in body
+
+
+def test_nothing_to_adopt_no_section() -> None:
+    assert adopted.section(stack_run("dev")) == []
+
+
+def test_the_section_is_in_the_summary() -> None:
+    assert adopted.section in SECTIONS
