@@ -237,7 +237,8 @@ def test_every_section_module_is_listed() -> None:
     folder = Path(preview_main.__file__).parent / "sections"
     modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
     listed = sorted({fn.__module__.rsplit(".", 1)[-1] for fn in (*preview_main.SECTIONS, *preview_main.FILES)})
-    assert listed == modules == ["capacity", "cost", "fabric", "pods", "recovery", "serving", "training", "vertex"]
+    assert listed == modules == ["adopted", "capacity", "cost", "fabric", "pods", "recovery", "serving", "training",
+                                 "vertex"]
 
 
 # --- diff ----------------------------------------------------------------------------------------
