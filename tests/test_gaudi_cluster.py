@@ -13,7 +13,7 @@ from typing import Any
 
 from conftest import PROJECT_DIR, config_problems, problems, stack_yaml
 
-from model import gaudi_software
+from model import gaudi_software, storage_classes
 from preview.engine import RunResult, engine_config_from_yaml, run_program
 
 JOB = "gaudi-llm-ds-ft"
@@ -159,3 +159,32 @@ def test_env_on_an_nvidia_mpijob_is_refused() -> None:
     found = problems("h100", {"workloads.smoke.env": {"NCCL_DEBUG": "INFO"}})
     assert found == ["workloads.smoke.env: `env` is the Gaudi MPIJob's (every rank's environment through "
                      "DeepSpeed's DS_ENV_FILE); an NVIDIA MPIJob would ignore it. Remove it"]
+
+
+ACCESS = f"{KEY}.storage.accessMode"
+CLASS = f"{KEY}.storage.storageClass"
+
+
+def test_read_write_once_on_an_nfs_class_is_accepted() -> None:
+    # Omnia's guide creates shared-model ReadWriteOnce on nfs-client: NFS volumes are not attached, no Multi-Attach.
+    assert storage_classes.storage_classes()["nfs-client"].storage == "file"
+    assert problems("gaudi", {ACCESS: "ReadWriteOnce"}) == []
+    assert problems("gaudi", {ACCESS: "ReadWriteOnce", CLASS: "standard-rwx"}) == []
+
+
+def test_read_write_once_on_block_or_unknown_storage_is_refused() -> None:
+    (found,) = problems("gaudi", {ACCESS: "ReadWriteOnce", CLASS: "standard-rwo"})
+    assert found.startswith(f"{ACCESS}: ReadWriteOnce cannot be mounted by the launcher and 1 worker(s) on different "
+                            "nodes at once (standard-rwo is block storage (pd.csi.storage.gke.io)")
+    (found,) = problems("gaudi", {ACCESS: "ReadWriteOnce", CLASS: "ceph-rbd"})
+    assert "(ceph-rbd is not recorded as file storage in data/storage_classes.yaml, so it is taken for block storage" \
+        in found and found.startswith(f"{ACCESS}: ")
+    (found,) = problems("gaudi", {ACCESS: "ReadWriteOnce", CLASS: "local-path"})
+    assert "local-path is local storage (rancher.io/local-path)" in found
+
+
+def test_read_write_once_on_the_stacks_own_nfs_provisioner_class_is_accepted() -> None:
+    changes = {ACCESS: "ReadWriteOnce", CLASS: "team-nfs", "nfsProvisioner.install": True,
+               "nfsProvisioner.server": "10.0.0.5", "nfsProvisioner.storageClass": "team-nfs"}
+    assert problems("gaudi", changes) == []
+    assert problems("gaudi", {**changes, "nfsProvisioner.install": False})[0].startswith(f"{ACCESS}: ")

@@ -488,10 +488,14 @@ def test_nvidia_mpijob_needs_the_stacks_cluster() -> None:
     assert "workloads.j.pool: no nodePools entry is named 't4' (known: none)" in found
 
 
-def test_read_write_once_claim_is_an_error() -> None:
-    assert only(problems("gaudi", {f"workloads.{GAUDI_JOB}.storage.accessMode": "ReadWriteOnce"})) == (
+def test_read_write_once_claim_on_block_storage_is_an_error() -> None:
+    # Block storage attaches to one node (Multi-Attach); NFS classes: tests/test_gaudi_cluster.py.
+    found = only(problems("gaudi", {f"workloads.{GAUDI_JOB}.storage.accessMode": "ReadWriteOnce",
+                                    f"workloads.{GAUDI_JOB}.storage.storageClass": "premium-rwo"}))
+    assert found.startswith(
         f"workloads.{GAUDI_JOB}.storage.accessMode: ReadWriteOnce cannot be mounted by the launcher and 1 worker(s) "
-        "on different nodes at once; use ReadWriteMany with an RWX storage class (nfs-client, Filestore)")
+        "on different nodes at once (premium-rwo is block storage (pd.csi.storage.gke.io): a second node gets a "
+        "Multi-Attach error); use ReadWriteMany with an RWX storage class, or a file storage class (nfs-client, ")
 
 
 @pytest.mark.parametrize(("path", "value", "message"), [

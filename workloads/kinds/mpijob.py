@@ -13,6 +13,7 @@ import functools
 import pulumi
 
 from model import catalog as gpu_catalog
+from model import storage_classes
 from model.config import kind_branches, schema, with_defaults, workload_default
 from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig, StackConfig, TrainingConfig, camel
 from model.types import build as build_config
@@ -73,13 +74,24 @@ def check_mpijob_name(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
             f"{mpijob.DNS_LABEL_MAX} characters); shorten or rename the workload"]
 
 
+def file_storage(m: StackConfig, storage_class: str) -> bool:
+    """NFS or Filestore: the class is recorded as file storage, or it is the stack's own NFS provisioner's."""
+    own = m.nfs_provisioner.install and m.nfs_provisioner.storage_class == storage_class
+    return own or storage_classes.is_file_storage(storage_class)
+
+
 def check_mpijob_storage(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
     """The shared claim: mountable by launcher and workers at once, a valid name, HF_HOME on it."""
     problems, s, name = [], w.storage, w.name
-    if s.access_mode == "ReadWriteOnce":
+    if s.access_mode == "ReadWriteOnce" and not file_storage(m, s.storage_class):
+        known = storage_classes.storage_classes().get(s.storage_class)
+        what = (f"{s.storage_class} is {known.storage} storage ({known.provisioner})" if known else
+                f"{s.storage_class} is not recorded as file storage in data/storage_classes.yaml, so it is taken "
+                "for block storage")
         problems.append(f"{at('workloads', name, 'storage', 'accessMode')}: ReadWriteOnce cannot be mounted by "
-                        f"the launcher and {w.workers} worker(s) on different nodes at once; use ReadWriteMany "
-                        "with an RWX storage class (nfs-client, Filestore)")
+                        f"the launcher and {w.workers} worker(s) on different nodes at once ({what}: a second node "
+                        "gets a Multi-Attach error); use ReadWriteMany with an RWX storage class, or a file storage "
+                        f"class ({', '.join(storage_classes.file_classes())}), where ReadWriteOnce is fine")
     for key, value in (("claimName", s.claim_name), ("storageClass", s.storage_class)):
         if not DNS1123_SUBDOMAIN.match(value) or len(value) > DNS1123_SUBDOMAIN_MAX:
             problems.append(f"{at('workloads', name, 'storage', key)}: {value!r} is not a valid Kubernetes name "
