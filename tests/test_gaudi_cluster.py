@@ -188,3 +188,33 @@ def test_read_write_once_on_the_stacks_own_nfs_provisioner_class_is_accepted() -
                "nfsProvisioner.server": "10.0.0.5", "nfsProvisioner.storageClass": "team-nfs"}
     assert problems("gaudi", changes) == []
     assert problems("gaudi", {**changes, "nfsProvisioner.install": False})[0].startswith(f"{ACCESS}: ")
+
+
+def launcher_script(run: RunResult) -> str:
+    (c,) = pods(run.one(MPIJOB).inputs)["Launcher"]["containers"]
+    return c["args"][0]
+
+
+def claim_check(tmp_path: Path, hf_home: Path) -> subprocess.CompletedProcess[str]:
+    """The launcher's first lines (before the hostfile) on a claim mounted at tmp_path, with this hfHome."""
+    run = run_gaudi({"storage": {**stack_yaml("gaudi")["deepspeed-stack:workloads"][JOB]["storage"],
+                                 "mountPath": str(tmp_path)}, "hfHome": str(hf_home)})
+    head = launcher_script(run).split('HOSTSFILE="$OMPI_MCA_orte_default_hostfile"')[0]
+    return subprocess.run(["/bin/bash", "-c", head], capture_output=True, text=True, check=False)
+
+
+def test_the_launcher_makes_the_ranks_folders_and_checks_they_are_writable(tmp_path: Path) -> None:
+    done = claim_check(tmp_path, tmp_path / "huggingface")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "huggingface").is_dir() and (tmp_path / "output" / JOB).is_dir()
+    assert list((tmp_path / "huggingface").iterdir()) == []  # the probe is removed
+
+
+def test_a_cache_folder_the_ranks_cannot_write_stops_the_job_saying_why(tmp_path: Path) -> None:
+    # A folder the ranks cannot write (here: a file in the way, since the tests may run as root; on the cluster:
+    # Omnia's root-owned /storage/huggingface and the ranks' uid 10001).
+    (tmp_path / "taken").write_text("", encoding="utf-8")
+    done = claim_check(tmp_path, tmp_path / "taken" / "huggingface")
+    assert done.returncode == 1
+    assert f"{tmp_path}/taken/huggingface is not writable by uid" in done.stderr
+    assert "chown -R" in done.stderr and "hfHome" in done.stderr

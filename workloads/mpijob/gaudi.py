@@ -220,17 +220,36 @@ def gaudi_train_command(w: MpiJobWorkloadConfig, where: Placement) -> str:
         "--deepspeed", shlex.quote(f"{CONFIG_DIR}/{DS_CONFIG_KEY}"),
         quote_args(ds_bound_args(ds_config(w, where, hf_trainer(w)))),
         quote_args(trainer_args(w)),
-        "--output_dir", shlex.quote(f"{w.storage.mount_path}/output/{w.name}"),
+        "--output_dir", shlex.quote(output_dir(w)),
         "--do_train", "--use_habana", "--use_lazy_mode", "--throughput_warmup_steps 3",
         quote_args(w.training.args),
     ]
     return " ".join(part for part in train if part)
 
 
+def output_dir(w: MpiJobWorkloadConfig) -> str:
+    return f"{w.storage.mount_path}/output/{w.name}"
+
+
+def writable_folders_check(w: MpiJobWorkloadConfig) -> str:
+    """One shell line: the ranks' cache (HF_HOME) and output folders exist and the ranks' user can write them, or the
+    job stops at once saying who owns the folder. The claim may hold folders another run made first (Omnia's
+    by-hand run is root; the stack's ranks are uid 10001), and NFS volumes take no fsGroup ownership change, so the
+    kubelet cannot fix them; failing here beats failing on every rank after the model's download."""
+    return (f"for dir in {quote_args([w.hf_home, output_dir(w)])}; do "
+            'mkdir -p "$dir" 2>/dev/null || true; probe="$dir/.deepspeed-stack-write-test"; '
+            'if ! touch "$probe" 2>/dev/null; then echo "$dir is not writable by uid $(id -u) (owner: '
+            '$(stat -c %u:%g "$dir" 2>/dev/null || echo "its parent")); another run made it first: chown -R '
+            '$(id -u):$(id -g) it on the NFS server, or point hfHome (storage.mountPath for the output) at a folder '
+            'of its own" >&2; exit 1; fi; rm -f "$probe"; done')
+
+
 def gaudi_image_launcher_script(w: MpiJobWorkloadConfig, where: Placement) -> str:
-    """The stack's Gaudi image has everything installed: wait for the workers' sshd, then train."""
+    """The stack's Gaudi image has everything installed: check the claim's folders, wait for the workers' sshd,
+    then train."""
     return "\n".join([
         "set -eo pipefail",
+        writable_folders_check(w),
         *HOSTFILE_PREAMBLE,
         f"cd {pod_security.GAUDI_EXAMPLES_DIR}",
         gaudi_train_command(w, where),
