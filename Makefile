@@ -54,8 +54,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache --no-logo
 
-docs: $(STAMP)  ## regenerate the README's configuration reference from model/schema.yaml
-	$(BIN)/python -m model.docs --write README.md
+docs: $(STAMP)  ## regenerate the configuration reference (docs/reference.md) from model/schema.yaml
+	$(BIN)/python -m model.docs --write docs/reference.md
 
 # WRITE=<stack>: write the cheapest plan the stack's checks accept (within BUDGET $/h) as Pulumi.<stack>.yaml;
 # SERVE=0|1: without or with the server of the result (MODE=finetune: with, by default); FORCE=1 replaces the file.

@@ -1,6 +1,6 @@
-"""Render the README's configuration reference from model/schema.yaml (`make docs`).
+"""Render the configuration reference (docs/reference.md) from model/schema.yaml (`make docs`).
 
-The schema is the one description of every key; tests fail when the README drifts from it.
+The schema is the one description of every key; tests fail when the reference drifts from it.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def render() -> str:
 def replace_in(text: str) -> str:
     pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.S)
     if not pattern.search(text):
-        raise SystemExit(f"README has no {START} ... {END} block")
+        raise SystemExit(f"the file has no {START} ... {END} block")
     return pattern.sub(lambda _: render(), text)
 
 

@@ -110,6 +110,12 @@ def load_file(path: Path, name: str) -> Any:
     return module
 
 
+def user_docs() -> str:
+    """What a user reads: the README and every page of docs/, in one text (a passage may move between them)."""
+    pages = [PROJECT_DIR / "README.md", *sorted((PROJECT_DIR / "docs").glob("*.md"))]
+    return "\n".join(page.read_text(encoding="utf-8") for page in pages)
+
+
 def reference(*parts: str) -> Path:
     """A file under ../shared/reference, or skip: the references are read in place, never copied."""
     path = SHARED.joinpath(*parts)

@@ -759,9 +759,9 @@ def test_nccl_test_objects_are_valid(nccl: dict[str, Any]) -> None:
 
 
 def test_the_readme_gives_the_reference_bandwidths() -> None:
-    from conftest import PROJECT_DIR
+    from conftest import user_docs
 
-    readme = (PROJECT_DIR / "README.md").read_text(encoding="utf-8")
+    readme = user_docs()
     for f in fabric.load().fabrics.values():
         assert f.nccl_test.reference_bus_bandwidth.split(" (")[0] in readme
 

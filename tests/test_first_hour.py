@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DELETE, PROJECT_DIR, changed, config_model, config_problems, problems, yaml_load
+from conftest import DELETE, PROJECT_DIR, changed, config_model, config_problems, problems, user_docs, yaml_load
 
 import checks
 from planner import sizing
@@ -194,7 +194,7 @@ def test_make_exits_2_whatever_the_recipe_returned_and_the_readme_says_so(tmp_pa
     codes = [subprocess.run(["make", "-s", "-f", str(makefile), target], capture_output=True, check=False).returncode
              for target in ("one", "two")]
     assert codes == [2, 2]
-    readme = " ".join((PROJECT_DIR / "README.md").read_text(encoding="utf-8").split())
+    readme = " ".join(user_docs().split())
     assert "`make preview` itself exits **0** or **2**: GNU make exits 2 whenever a recipe fails" in readme
     assert ("Exit codes of `python -m preview` (what `make preview` runs): **0** ok; **2** configuration error"
             in readme)

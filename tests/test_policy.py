@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 import yaml
-from conftest import PROJECT_DIR, stack_run
+from conftest import PROJECT_DIR, stack_run, user_docs
 from pulumi_policy import EnforcementLevel
 
 from policy import rules
@@ -65,7 +65,7 @@ def test_repo_stacks_have_no_mandatory_violation(stack: str) -> None:
 def test_policy_names_are_unique_and_documented() -> None:
     names = [p.name for p in rules.POLICIES]
     assert len(names) == len(set(names)) == 19
-    readme = (PROJECT_DIR / "README.md").read_text(encoding="utf-8")
+    readme = user_docs()
     assert [n for n in names if f"`{n}`" not in readme] == []
 
 

@@ -226,8 +226,8 @@ def test_the_readme_quotes_the_previews_cost(finetune: RunResult) -> None:
     # While it trains the server's node is up too (its pod waits in Init): the "both" figure; then serving alone.
     training, serving = running["all"]["perHour"], running["serving"]["perHour"]
     floor = finetune.outputs["costs"]["floorPerHour"]
-    readme = (PROJECT_DIR / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### From an empty project to a prompt answered"):]
+    readme = (PROJECT_DIR / "docs" / "finetune.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## From an empty project to a prompt answered"):]
     assert f"**${training:,.2f}/h while it trains**" in section
     assert f"**${serving:,.2f}/h while it serves**" in section
     assert f"${floor:,.2f}/h idle" in section

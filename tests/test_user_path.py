@@ -150,7 +150,7 @@ def test_each_problem_is_reported_once() -> None:
 
 def test_readme_sample_tree_is_in_the_real_order(dev: RunResult) -> None:
     """The README's sample lines (`...` where it leaves lines out) appear in dev's real tree, in that order."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "preview.md").read_text(encoding="utf-8")
     block = "     Type  " + readme.split("     Type  ", 1)[1].split("\nGPU inventory", 1)[0]
     sample = [line.split() for line in block.splitlines() if line.strip() != "..."]
     real = iter(line.split() for line in tree.render(dev).splitlines())
