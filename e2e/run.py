@@ -814,15 +814,20 @@ def sample_problems(sample: dict[str, Any], rendered: dict[str, Any]) -> list[st
 
 def chat_problems(answer: dict[str, Any], reference: dict[str, Any], max_tokens: int) -> list[str]:
     """What differs between vLLM's greedy /v1/chat/completions answer (send_prompt.py --chat --json) and
-    transformers' greedy tokens after apply_chat_template(add_generation_prompt=True)."""
-    choices = answer.get("choices") or [{}]
-    choice, usage = choices[0], answer.get("usage") or {}
+    transformers' greedy tokens after apply_chat_template(add_generation_prompt=True): vLLM's chat API gives the
+    rendered prompt's ids beside the choices, not in them."""
+    return _greedy_problems(answer, answer.get("prompt_token_ids"), reference, max_tokens,
+                            "vLLM rendered the conversation as {got}, transformers' template as {want}")
+
+
+def _greedy_problems(answer: dict[str, Any], prompt_ids: Any, reference: dict[str, Any], max_tokens: int,
+                     prompt_message: str) -> list[str]:
+    choice, usage = (answer.get("choices") or [{}])[0], answer.get("usage") or {}
     problems = []
     if usage.get("completion_tokens") != max_tokens:
         problems.append(f"completion_tokens {usage.get('completion_tokens')}, expected {max_tokens}")
-    if answer.get("prompt_token_ids") != reference["prompt_token_ids"]:
-        problems.append(f"vLLM rendered the conversation as {answer.get('prompt_token_ids')}, transformers' template "
-                        f"as {reference['prompt_token_ids']}")
+    if prompt_ids != reference["prompt_token_ids"]:
+        problems.append(prompt_message.format(got=prompt_ids, want=reference["prompt_token_ids"]))
     if choice.get("token_ids") != reference["token_ids"]:
         problems.append(f"vLLM's tokens {choice.get('token_ids')} != transformers' greedy {reference['token_ids']}")
     return problems
@@ -835,17 +840,9 @@ def resumed_from(output: str) -> str | None:
 
 def completion_problems(answer: dict[str, Any], reference: dict[str, Any], max_tokens: int) -> list[str]:
     """What differs between vLLM's greedy completion (send_prompt.py --json) and transformers' greedy tokens."""
-    choices = answer.get("choices") or [{}]
-    choice, usage = choices[0], answer.get("usage") or {}
-    problems = []
-    if usage.get("completion_tokens") != max_tokens:
-        problems.append(f"completion_tokens {usage.get('completion_tokens')}, expected {max_tokens}")
-    if choice.get("prompt_token_ids") != reference["prompt_token_ids"]:
-        problems.append(f"prompt tokens {choice.get('prompt_token_ids')} != transformers' "
-                        f"{reference['prompt_token_ids']}")
-    if choice.get("token_ids") != reference["token_ids"]:
-        problems.append(f"vLLM's tokens {choice.get('token_ids')} != transformers' greedy {reference['token_ids']}")
-    return problems
+    choice = (answer.get("choices") or [{}])[0]
+    return _greedy_problems(answer, choice.get("prompt_token_ids"), reference, max_tokens,
+                            "prompt tokens {got} != transformers' {want}")
 
 
 def metrics_problems(text: str) -> list[str]:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import model
+from conftest import load_file, model
 
 from workloads import mpijob
 from workloads.placement import placement
@@ -22,13 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def e2e() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "e2e"))
-    spec = importlib.util.spec_from_file_location("e2e_run", ROOT / "e2e" / "run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "e2e" / "run.py", "e2e_run")  # its folder on sys.path while it loads: hosts.py
 
 
 def test_image_sshd_drop_in_is_read_from_the_dockerfile(e2e: ModuleType) -> None:

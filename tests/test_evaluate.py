@@ -5,9 +5,7 @@ scorer; `make e2e`'s `adapters` scenario runs it with lm-eval against vLLM's CPU
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,18 +14,14 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import load_file
 
 SCRIPT = Path(__file__).resolve().parent.parent / "workloads" / "scripts" / "evaluate.py"
 
 
 @pytest.fixture(scope="module")
 def ev() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("evaluate_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPT, "evaluate_script")
 
 
 def test_a_task_file_is_checked_record_by_record(ev: ModuleType) -> None:

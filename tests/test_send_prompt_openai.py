@@ -4,27 +4,21 @@ return_token_ids, the whole JSON answer. (Its MII requests are tested in test_se
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import json
-import sys
 import threading
 import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import load_file
 
 SEND_PROMPT = Path(__file__).resolve().parent.parent / "workloads" / "scripts" / "send_prompt.py"
 
 
 @pytest.fixture(scope="module")
 def send_prompt() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("send_prompt_openai", SEND_PROMPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SEND_PROMPT, "send_prompt_openai")
 
 
 def test_greedy_request_with_vllms_extensions(send_prompt: types.ModuleType) -> None:
