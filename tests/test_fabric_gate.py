@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import stack_run
+from test_fabric_in_use import _Tensor
 
 from model import fabric
 from workloads.scripts import nccl_bench
@@ -115,18 +116,6 @@ def test_the_line_is_measured_over_its_own_sizes_as_nccl_tests_aligns_them() -> 
     assert sum(configured for _, configured, _ in sweep) == 14 and all(judged for *_, judged in sweep)
     # Another collective is measured over the configured sizes only.
     assert [s for s, *_ in nccl_bench.sweep("all_reduce", (2**20, 2**21), line, 16)] == [2**20, 2**21]
-
-
-class _Tensor:
-    def __init__(self) -> None:
-        self.value = 0.0
-
-    def fill_(self, value: float) -> _Tensor:
-        self.value = value
-        return self
-
-    def item(self) -> float:
-        return self.value
 
 
 class _Dist:

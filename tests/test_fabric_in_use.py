@@ -140,7 +140,9 @@ def test_off_a_fabric_nothing_is_diverted() -> None:
 
 
 class _Tensor:
-    def __init__(self, value: float) -> None:
+    """The one-element tensor a verdict's all_reduce carries (test_fabric_gate.py uses it too)."""
+
+    def __init__(self, value: float = 0.0) -> None:
         self.value = value
 
     def fill_(self, value: float) -> _Tensor:
