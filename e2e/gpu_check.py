@@ -5,9 +5,9 @@
 1. A tiny Llama (random weights, e2e/tiny_llm.py's builder) with a chat template, and 64 prompt/response records.
 2. workloads/scripts/finetune.py under the DeepSpeed launcher (--num_gpus 1) with the stack's ds_config.json for a
    finetune workload (ZeRO-3; bf16 on the GPU), LoRA and gradient checkpointing: N steps, adapter export.
-3. The same command again with --lora-export merged: it resumes from step N's checkpoint (transformers then runs
-   one more step: seen on CPU, step 21 of 20) and writes the merged model, ZeRO-3 gathering the weights as on the
-   cluster.
+3. The same command again with --lora-export merged: it resumes from step N's checkpoint, trains nothing (the run is
+   at its last step; transformers alone would train step N+1: seen on CPU before finetune.py stopped it) and writes
+   the merged model, ZeRO-3 gathering the weights as on the cluster. Both exports must name step N.
 4. Reloads both exports and compares greedy tokens for a held-out conversation rendered by the chat template
    (add_generation_prompt, as vLLM's /v1/chat/completions renders it): the merged export (transformers) must equal
    the adapter of the step its .complete names (that step's checkpoint) merged in memory at the training precision
@@ -129,6 +129,12 @@ def token_problems(tokens: Mapping[str, list[int]], precision: str) -> list[str]
     return problems
 
 
+def step_problems(adapter_step: int, merged_step: int, steps: int) -> list[str]:
+    """Both exports are step N's: the merged run resumed at the last step and exported it without training."""
+    return [f"the {what} export names step {step}, expected {steps} (--max-steps)" for what, step in
+            (("adapter", adapter_step), ("merged", merged_step)) if step != steps]
+
+
 def exported_step(model_dir: Path) -> int:
     """The step MODEL_DIR/.complete names (finetune.py's marker)."""
     return int(json.loads((model_dir / ".complete").read_text(encoding="utf-8"))["step"])
@@ -216,7 +222,8 @@ def compare_exports(base: Path, adapter: Path, merged: Path, checkpoints: Path, 
     def tokens_of(model: Any) -> list[int]:
         return greedy(model.to(device).eval(), ids, device)
 
-    # The merged run resumes from the adapter run's checkpoint: its adapter is the checkpoint of the step it names.
+    # The merged run resumes from the adapter run's checkpoint: its adapter is the checkpoint of the step it names
+    # (step N, that the adapter run exported too: step_problems).
     merged_step = exported_step(merged)
     tokens = {"base": tokens_of(load(base, torch.float32)),
               "merged_export": tokens_of(load(merged, torch.float32)),
@@ -277,6 +284,7 @@ def run_check(cpu: bool, steps: int, work: Path, wheels: Path, timeout: float) -
     if not problems:
         compared = compare_exports(base, adapter, merged, checkpoints, precision, device)
         facts.update(compared)
+        problems += step_problems(compared["adapter_step"], compared["merged_step"], steps)
         problems += token_problems(compared["tokens"], precision)
         if compared["lora_b_max"] == 0.0:
             problems.append("the adapter's lora_B weights are all zero: training did not update it")

@@ -235,7 +235,7 @@ class FakeTrainer:
         self.train_dataset, self.data_collator, self.callbacks = train_dataset, data_collator, callbacks or []
         self.eval_dataset = eval_dataset
         self.rank = fakes.world.rank
-        self.state = SimpleNamespace(global_step=0)
+        self.state = SimpleNamespace(global_step=0, max_steps=-1, num_input_tokens_seen=0, is_world_process_zero=True)
         self.accelerator = SimpleNamespace(wait_for_everyone=lambda: fakes.world.meet("wait_for_everyone"))
         self.batches: list[dict[str, Any]] = []
         fakes.trainers.append(self)
@@ -255,11 +255,17 @@ class FakeTrainer:
 
     def train(self, resume_from_checkpoint: str | None = None) -> None:
         """Steps to max_steps; SIGTERM arrives in step `fakes.sigterm_at_step`; after each step the callbacks
-        decide, and a checkpoint is saved every save_steps or when they ask."""
+        decide, and a checkpoint is saved every save_steps or when they ask. As transformers 5.19's Trainer
+        (_inner_training_loop, _run_epoch): the callbacks' on_train_begin once the checkpoint is loaded, and
+        max_steps checked only after a step (DefaultFlowCallback.on_step_end), so a run resumed at its last step
+        (its epoch with batches left) trains one more."""
         self.fakes.events.append(("train", resume_from_checkpoint))
         if resume_from_checkpoint:
             self.state.global_step = int(Path(resume_from_checkpoint).name.removeprefix("checkpoint-"))
-        while self.state.global_step < self.args.max_steps:
+        self.state.max_steps = self.args.max_steps
+        for callback in self.callbacks:
+            callback.on_train_begin(self.args, self.state, SimpleNamespace())
+        while True:
             self.batches.append(self.data_collator(list(self.train_dataset)[:2]))
             self.state.global_step += 1
             if self.state.global_step == self.fakes.sigterm_at_step:
@@ -270,7 +276,7 @@ class FakeTrainer:
             if control.should_save or self.state.global_step % self.args.save_steps == 0:
                 folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
                 self.fakes.disk.write(folder / "trainer_state.json", json.dumps({"step": self.state.global_step}))
-            if control.should_training_stop:
+            if control.should_training_stop or self.state.global_step >= self.args.max_steps:
                 break
 
 
@@ -330,7 +336,8 @@ class Fakes:
                               unset_hf_deepspeed_config=lambda: fakes.events.append(("unset_hf_deepspeed_config",)))
         integrations = module("transformers.integrations", deepspeed=hf_deepspeed)
         transformers = module("transformers", integrations=integrations, TrainingArguments=TrainingArguments,
-                              TrainerCallback=type("TrainerCallback", (), {"on_step_end": _passes_control}),
+                              TrainerCallback=type("TrainerCallback", (), {"on_step_end": _passes_control,
+                                                                             "on_train_begin": _passes_control}),
                               AutoTokenizer=SimpleNamespace(from_pretrained=tokenizer_from_pretrained),
                               AutoModelForCausalLM=SimpleNamespace(from_pretrained=model_from_pretrained),
                               Trainer=lambda **kwargs: FakeTrainer(fakes, **kwargs))
@@ -617,6 +624,18 @@ def test_a_restarted_run_resumes_from_its_newest_checkpoint(ft: ModuleType, tmp_
     assert code == 0
     assert ("train", str(tmp_path / "checkpoints" / "checkpoint-2")) in fakes.events
     assert len(fakes.trainers[0].batches) == 2  # steps 3 and 4
+
+
+def test_a_run_resumed_at_its_last_step_exports_it_without_training(ft: ModuleType, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed after its last checkpoint, or run again for another export: the Trainer would train step 5 of 4."""
+    (tmp_path / "checkpoints" / "checkpoint-4").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    code, fakes = run_main(ft, tmp_path, monkeypatch)
+    assert code == 0
+    assert fakes.trainers[0].batches == []
+    assert not (tmp_path / "checkpoints" / "checkpoint-5").exists()
+    assert json.loads((tmp_path / "model" / MARKER).read_text())["step"] == 4
 
 
 def test_a_lora_run_trains_an_adapter_and_exports_the_merged_model(ft: ModuleType, tmp_path: Path,

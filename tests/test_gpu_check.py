@@ -118,6 +118,12 @@ def test_the_step_an_export_names(gc: ModuleType, tmp_path: Path) -> None:
     assert gc.exported_step(tmp_path) == 21
 
 
+def test_both_exports_must_name_the_last_step(gc: ModuleType) -> None:
+    """The merged run resumes at step 20 of 20 and exports it untrained; step 21 was finetune.py's old bug."""
+    assert gc.step_problems(20, 20, steps=20) == []
+    assert gc.step_problems(20, 21, steps=20) == ["the merged export names step 21, expected 20 (--max-steps)"]
+
+
 def test_result_line_is_one_json_line_naming_pass_or_fail(gc: ModuleType) -> None:
     assert gc.result_line([], steps=20) == '{"gpu_check": "pass", "steps": 20, "problems": []}'
     assert gc.result_line(["x"], steps=20) == '{"gpu_check": "fail", "steps": 20, "problems": ["x"]}'

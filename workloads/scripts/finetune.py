@@ -388,6 +388,27 @@ def _stop_callback(stop: StopRequest) -> Any:
     return StopOnSignal()
 
 
+class AtLastStep(Exception):  # noqa: N818 (an outcome, not an error)
+    """The run resumed at (or past) its last step: nothing is left to train."""
+
+
+def _last_step_callback() -> Any:
+    from transformers import TrainerCallback
+
+    class StopAtLastStep(TrainerCallback):  # type: ignore[misc]
+        """Ends train() before its first step when the checkpoint it resumed is at max_steps: the Trainer checks
+        max_steps only after a step (transformers 5.19, DefaultFlowCallback.on_step_end), so it would train one
+        more (step 21 of 20). on_train_begin comes once the checkpoint is loaded (the weights, DeepSpeed's engine),
+        so what it holds is exported as it is."""
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+            if state.max_steps > 0 and state.global_step >= state.max_steps:
+                raise AtLastStep(state.global_step)
+            return control
+
+    return StopAtLastStep()
+
+
 def _load_records(source: DataSource, token: str | None, what: str) -> Any:
     """The whole data set (`datasets`, its train split), or UsageError naming `what` (--dataset, --eval-split)."""
     import datasets
@@ -667,13 +688,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     callback = _stop_callback(stop)
     trainer = Trainer(model=model, args=training, train_dataset=data, eval_dataset=held_out,
                       data_collator=_collator(tokenizer.pad_token_id), processing_class=tokenizer,
-                      callbacks=[*_progress_callbacks(args), callback])
+                      callbacks=[_last_step_callback(), *_progress_callbacks(args), callback])
     resume = newest_checkpoint(args.checkpoint_dir)
     say(f"rank {training.process_index}/{training.world_size}: {len(data)} samples"
         f"{f', {len(held_out)} held out' if held_out is not None else ''}, ZeRO-{zero_stage(ds)}, "
         f"{precision}{', LoRA' if args.lora else ''}; " + (f"resuming from {resume}" if resume else "from the start"))
     try:
-        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        try:
+            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        except AtLastStep:
+            say(f"rank {training.process_index}: {resume} is the last step ({trainer.state.max_steps}): "
+                "nothing to train, exporting it")
         step = trainer.state.global_step
         if callback.stopped_at is not None:
             say(f"rank {training.process_index}: stopped at step {step} on SIGTERM, checkpoint saved")
