@@ -7,7 +7,7 @@ Facts (minimum versions, the 7-day limit, the queued taint) come from data/capac
 from __future__ import annotations
 
 from checks.common import Check, at, or_list
-from model import capacity
+from model import capacity, reservation
 from model.types import NodePoolConfig, StackConfig
 
 # COMPACT placement with flex-start: only these machine families (FACTS.md section 2, CT gke-node-pool).
@@ -254,6 +254,48 @@ def check_compute_class_pools(m: StackConfig) -> list[str]:
     return problems
 
 
+def reservation_end(pool: NodePoolConfig) -> str | None:
+    """What is wrong with the pool's `reservationEndTime`, or None: RFC 3339, on a reservation pool, in the future."""
+    if pool.reservation_end_time is None:
+        return None
+    if not pool.reservation:
+        return ("only a pool that consumes a reservation (`reservation`) ends with it; set reservation or remove "
+                "this key")
+    try:
+        end = reservation.parse_time(pool.reservation_end_time)
+    except ValueError as err:
+        return str(err)
+    now = reservation.now()
+    if end <= now:
+        return (f"{reservation.show(end)} is past (now {reservation.show(now)}): reservation {pool.reservation}'s "
+                "nodes are gone; give the reservation's new end, or move its workloads to their fallbackPool")
+    return None
+
+
+def check_reservation_end_time(m: StackConfig) -> list[str]:
+    """A reservation's end: a time (RFC 3339, with its zone) still to come, on a pool that consumes a reservation."""
+    return [f"{at('nodePools', i, 'reservationEndTime')}: {problem}"
+            for i, p in _pools(m) if (problem := reservation_end(p)) is not None]
+
+
+def check_reservation_fallback(m: StackConfig) -> list[str]:
+    """A workload on a reservation that ends needs somewhere to go on when the reservation's nodes go away: a
+    `fallbackPool` of the same shape (DWS or spot), where Kueue (or the ComputeClass) admits it next."""
+    problems = []
+    for name, w in m.workloads.items():
+        pool = m.pool(w.pool or "")
+        if pool is None or pool.reservation_end_time is None or w.fallback_pool:
+            continue
+        others = [p.name for p in m.node_pools if p.name != pool.name and not p.reservation
+                  and (p.machine_type, p.gpu.type, p.gpu.count) == (pool.machine_type, pool.gpu.type, pool.gpu.count)]
+        instead = f" (e.g. {or_list(others)})" if others else (
+            f" (add one: {pool.machine_type} with flexStart and queuedProvisioning, or spot)")
+        problems.append(f"{at('workloads', name, 'fallbackPool')}: pool {pool.name}'s reservation ends at "
+                        f"{pool.reservation_end_time}; name a pool of the same shape{instead} that the job continues "
+                        "on from its newest checkpoint when the reservation's nodes go away")
+    return problems
+
+
 def _chain_text(m: StackConfig, name: str) -> str:
     chain = capacity.chains(m)[name]
     return " then ".join(p.name for p in chain.pools)
@@ -267,6 +309,8 @@ CHECKS: list[Check] = [
     check_spot_alone,
     check_dws_without_reservation,
     check_reservation_zone,
+    check_reservation_end_time,
+    check_reservation_fallback,
     check_flex_start_version,
     check_max_run_duration,
     check_queued_provisioning_scales_from_zero,

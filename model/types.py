@@ -134,6 +134,7 @@ class NodePoolConfig(msgspec.Struct, frozen=True):
     flex_start: bool
     queued_provisioning: bool
     reservation: str | None = None
+    reservation_end_time: str | None = None  # RFC 3339 (model/reservation.py); checked in checks/capacity.py
     max_run_duration: str | None = None
 
 
