@@ -56,6 +56,19 @@ def _kueue_install(kq: dict[str, Any]) -> KueueInstall:
         falls_through_on_stockout=bool(kq["fallsThroughOnStockout"]))
 
 
+class ReservationEndFacts(msgspec.Struct, frozen=True):
+    """What the stack does at a reservation's end (data/capacity.yaml kueue.reservationEnd)."""
+    flavor_fungibility: dict[str, str]
+    image: str
+    namespace: str
+    time_zone: str
+
+
+def _reservation_end(raw: dict[str, Any]) -> ReservationEndFacts:
+    return ReservationEndFacts(flavor_fungibility=dict(raw["flavorFungibility"]), image=str(raw["image"]),
+                               namespace=str(raw["namespace"]), time_zone=str(raw["timeZone"]))
+
+
 class ComputeClassFacts(msgspec.Struct, frozen=True):
     """GKE's custom ComputeClass as the stack uses it for `pool` then `fallbackPool` (data/capacity.yaml)."""
     api_version: str
@@ -91,6 +104,7 @@ class Facts(msgspec.Struct, frozen=True):
     provisioning_controller: str
     kueue_min_mpi_operator: str
     kueue_install: KueueInstall
+    reservation_end: ReservationEndFacts
     compute_class: ComputeClassFacts
     order: tuple[str, ...]
     price_basis: dict[str, tuple[str, str]]  # source -> (onDemand | spot, what the price means)
@@ -115,6 +129,7 @@ def parse(raw: dict[str, Any]) -> Facts:
         provisioning_controller=str(kq["provisioningController"]),
         kueue_min_mpi_operator=str(kq["minMpiOperator"]),
         kueue_install=_kueue_install(kq),
+        reservation_end=_reservation_end(kq["reservationEnd"]),
         compute_class=_compute_class(raw["computeClass"]),
         order=tuple(raw["order"]),
         price_basis={k: (str(v["price"]), str(v["note"])) for k, v in raw["priceBasis"].items()},

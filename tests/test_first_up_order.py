@@ -24,7 +24,8 @@ STACK_ADMITTED = {"kubeflow.org", "kueue.x-k8s.io"}
 # monitoring.googleapis.com: Managed Service for Prometheus' PodMonitoring, whose CRD and operator come with the
 # cluster's managed collection (components/gke_cluster.py).
 GKE_ADMITTED = {"cloud.google.com", "networking.gke.io", "monitoring.googleapis.com"}
-CORE_GROUPS = {"core", "apps", "batch", "networking.k8s.io", "policy", "autoscaling", "helm.sh", "yaml"}
+CORE_GROUPS = {"core", "apps", "batch", "networking.k8s.io", "policy", "autoscaling", "helm.sh", "yaml",
+               "rbac.authorization.k8s.io"}
 
 
 def group(reg: Registration) -> str | None:

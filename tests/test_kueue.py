@@ -292,8 +292,12 @@ REQUEUE_FIELDS = {"timestamp", "backoffLimitCount", "backoffBaseSeconds", "backo
 def test_wait_for_pods_ready_evicts_and_requeues_a_job_that_does_not_start(dws: RunResult) -> None:
     wait = rendered_config(dws)["waitForPodsReady"]
     assert set(wait) <= WAIT_FIELDS and set(wait["requeuingStrategy"]) <= REQUEUE_FIELDS
-    assert wait == {"timeout": "20m", "blockAdmission": False, "requeuingStrategy": {
+    assert wait == {"timeout": "20m", "recoveryTimeout": "10m", "blockAdmission": False, "requeuingStrategy": {
         "timestamp": "Eviction", "backoffLimitCount": 5, "backoffBaseSeconds": 60, "backoffMaxSeconds": 1800}}
+    # recoveryTimeout is a waitForPodsReady key of the release's own (commented) default config.
+    with open(reference("gke-gpu-fabric", "kueue-v0.19.2", "config", "controller_manager_config.yaml"),
+              encoding="utf-8") as fh:
+        assert re.search(r"^#waitForPodsReady:\n(#  .*\n)*#  recoveryTimeout: \d+m$", fh.read(), flags=re.M)
     # A Go duration Kueue parses.
     assert re.fullmatch(r"(\d+h)?(\d+m)?(\d+s)?", wait["timeout"])
     # Kueue re-admits a requeued job to the first flavor with quota (kueue#2560, KEP 1282 story 2): the stack
