@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
-from model import capacity, gke_drivers, training_speed
+from model import capacity, gke_drivers, reservation, training_speed
 from model import catalog as gpu_catalog
 from model.types import ServeWorkloadConfig, StackConfig, WorkloadConfig
-from planner import run_estimate
+from planner import run_estimate, spill
 
 SYSTEM_POOL = "system"
 HOURS_PER_MONTH = 730  # Google's billing month
@@ -186,7 +186,58 @@ def run_costs(cfg: StackConfig, pools: list[PoolCost], fee: float, floor_extra: 
                        for key, rate in per_hour.items()},
             "source": f"data/training_speed.yaml ({speed.date}) and data/gpu_catalog.yaml peakTflops",
         }
+        if ends := reservation_run(cfg, run, pools, fee, floor_extra):
+            out[run.name]["reservation"] = ends
     return out
+
+
+def reservation_run(cfg: StackConfig, run: run_estimate.WorkloadRun, pools: list[PoolCost], fee: float,
+                    floor_extra: float) -> dict[str, Any] | None:
+    """Where the run's pool consumes a reservation that ends (nodePools[].reservationEndTime): the hours of the run
+    past the end if it starts now (planner/spill.py), and what they cost on the workload's fallbackPool, where
+    Kueue admits it next (workloads/kueue.py). None without an end (or one the checks refuse)."""
+    pool, w = cfg.pool(run.pool), cfg.workloads.get(run.name)
+    if pool is None or w is None or run.estimate is None or not pool.reservation_end_time:
+        return None
+    try:
+        end = reservation.parse_time(pool.reservation_end_time)
+    except ValueError:
+        return None
+    s = spill.spill(run.estimate.hours_fast, run.estimate.hours_slow, reservation.now(), end)
+    out: dict[str, Any] = {"name": pool.reservation, "endTime": reservation.show(end),
+                           "from": reservation.show(s.start), "hoursLeft": round(s.hours_left, 3),
+                           "pastEnd": {"fast": round(s.fast, 3), "slow": round(s.slow, 3)}}
+    fallback = next((p for p in pools if p.name == w.fallback_pool), None)
+    if fallback is not None and fallback.known:
+        rate = _run_per_hour(msgspec.structs.replace(run, pool=fallback.name), pools, fee, floor_extra,
+                             fallback.spot)
+        out["fallback"] = {"pool": fallback.name, "capacity": capacity.TITLES.get(fallback.capacity, ""),
+                           "queued": capacity.queued(cfg, w),
+                           "perHour": rate, "note": fallback.price_note,
+                           "cost": dict(zip(("fast", "slow"), (round(c, 2) for c in s.cost(rate)), strict=True))}
+    return out
+
+
+def _reservation_lines(name: str, r: dict[str, Any]) -> list[str]:
+    """When the run goes past its reservation's end and what happens then (README, Training at scale)."""
+    res = r.get("reservation")
+    if not res:
+        return []
+    ends = (f"  Reservation `{res['name']}` of pool {r['pool']} ends {res['endTime']}, "
+            f"{run_estimate.format_hours(res['hoursLeft'])} h after {res['from']} (now)")
+    past = res["pastEnd"]
+    if past["slow"] <= 0:
+        return [f"{ends}: the run ends before it, even at its slow end, if it starts now."]
+    hours = f"{run_estimate.format_hours(past['fast'])}–{run_estimate.format_hours(past['slow'])} h"
+    fb = res.get("fallback")
+    if fb is None:
+        return [f"{ends}: **the run goes past it** by {hours} if it starts now, and has no priced fallbackPool."]
+    note = f" ({fb['note']})" if fb["note"] else ""
+    moves = (f"the reservation's Kueue flavor has no quota left, and Kueue admits `{name}` again on fallbackPool "
+             f"{fb['pool']}" if fb["queued"] else f"GKE's ComputeClass grows fallbackPool {fb['pool']} instead")
+    return [f"{ends}: **the run goes past it** by {hours} if it starts now. Then its nodes go away, {moves} "
+            f"({fb['capacity']}), where it continues from its newest checkpoint without a redeploy: those {hours} "
+            f"cost {_range(fb['cost'])} at {_money(fb['perHour'])}/h{note}."]
 
 
 # --- Filestore and Vertex AI ------------------------------------------------------------------------------------
@@ -422,7 +473,7 @@ def _run_lines(runs: dict[str, Any]) -> list[str]:
             f"({_money(r['perHour']['onDemand'])}/h); the pool pays {'spot' if r['pays'] == 'spot' else 'on-demand'}.",
             f"  MFU {_mfu(r)}: an assumed {r['mfuAssumed']['low']:.0%}–{r['mfuAssumed']['high']:.0%} of peak"
             f"{_factors(r)}. From {r['source']}. Not in it: restarts after preemption, padding to a batch's longest "
-            "sample, the model's download, the export at the end."]
+            "sample, the model's download, the export at the end.", *_reservation_lines(name, r)]
     return lines
 
 

@@ -1,0 +1,204 @@
+"""Outliving a reservation (issue 31 item 4): the pool's `reservationEndTime` checked against a fixed "now", the
+Kueue objects that move a requeued job to its fallback flavor (validated against Kueue's v0.19.2 CRDs and
+Kubernetes' schemas), and the preview's word on a finetune run that goes past the end."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from conftest import DELETE, changed, config_model, model, problems
+from test_kueue import crd_problems
+
+from model import reservation
+from planner import cost, spill
+from workloads import kueue
+
+NOW = "2026-11-27T12:00:00Z"
+UTC = datetime.UTC
+
+
+@pytest.fixture(autouse=True)
+def fixed_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(reservation.NOW_ENV, NOW)
+
+
+# --- the end time ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2026-12-04T00:00:00Z", datetime.datetime(2026, 12, 4, tzinfo=UTC)),
+    ("2026-12-04T00:00Z", datetime.datetime(2026, 12, 4, tzinfo=UTC)),  # to the minute, as people write it
+    ("2026-12-04T09:30:00+09:00", datetime.datetime(2026, 12, 4, 0, 30, tzinfo=UTC)),
+])
+def test_end_time_forms(text: str, expected: datetime.datetime) -> None:
+    assert reservation.parse_time(text) == expected
+
+
+@pytest.mark.parametrize("text", ["2026-12-04", "2026-12-04T00:00:00", "2026-13-04T00:00:00Z", "next friday"])
+def test_end_time_malformed(text: str) -> None:
+    with pytest.raises(ValueError, match="is not an RFC 3339 time with its zone"):
+        reservation.parse_time(text)
+
+
+def test_the_dws_example_loads_with_its_reservation_end() -> None:
+    pool = model("dws").pool("h100-reserved")
+    assert pool is not None and pool.reservation_end_time == "2030-01-01T00:00:00Z"
+
+
+def test_end_time_in_the_past_is_refused() -> None:
+    found = problems("dws", {"nodePools[0].reservationEndTime": "2026-11-27T11:59:00Z"})
+    assert found == ["nodePools[0].reservationEndTime: 2026-11-27 11:59 UTC is past (now 2026-11-27 12:00 UTC): "
+                     "reservation h100-reservation's nodes are gone; give the reservation's new end, or move its "
+                     "workloads to their fallbackPool"]
+
+
+def test_end_time_malformed_is_refused() -> None:
+    found = problems("dws", {"nodePools[0].reservationEndTime": "2026-12-04 midnight"})
+    assert found == ["nodePools[0].reservationEndTime: '2026-12-04 midnight' is not an RFC 3339 time with its zone, "
+                     "such as 2026-12-04T00:00:00Z"]
+
+
+def test_end_time_without_a_reservation_is_refused() -> None:
+    found = problems("dws", {"nodePools[2].reservationEndTime": "2030-01-01T00:00:00Z"})
+    assert found == ["nodePools[2].reservationEndTime: only a pool that consumes a reservation (`reservation`) ends "
+                     "with it; set reservation or remove this key"]
+
+
+def test_workload_on_an_ending_reservation_without_a_fallback_is_refused() -> None:
+    found = problems("dws", {"workloads.pretrain.fallbackPool": DELETE})
+    assert found == ["workloads.pretrain.fallbackPool: pool h100-reserved's reservation ends at 2030-01-01T00:00:00Z; "
+                     "name a pool of the same shape (e.g. h100-dws) that the job continues on from its newest "
+                     "checkpoint when the reservation's nodes go away"]
+
+
+# --- Kueue: the reservation's flavor first, the fallback next, and the quota taken away at the end ------------------
+
+def _objects(m: Any) -> list[dict[str, Any]]:
+    pools = kueue.flavor_pools(m)
+    return [*kueue.cluster_objects(m.kueue, pools), *kueue.reservation_end_objects(m.kueue, pools)]
+
+
+def _apply(patch: list[dict[str, Any]], obj: dict[str, Any]) -> dict[str, Any]:
+    """RFC 6902 `test` and `replace` on a copy, as the API server applies kubectl's --type=json patch."""
+    import copy
+
+    out = copy.deepcopy(obj)
+    for op in patch:
+        *parents, last = [int(p) if p.isdigit() else p for p in op["path"].lstrip("/").split("/")]
+        node = out
+        for p in parents:
+            node = node[p]
+        if op["op"] == "test":
+            assert node[last] == op["value"], f"test failed at {op['path']}"
+        else:
+            node[last] = op["value"]
+    return out
+
+
+def _first_fit(queue: dict[str, Any], gpus: int) -> str | None:
+    """Kueue's flavor choice for a job alone in its ClusterQueue: the first GPU flavor, in order, whose nominal
+    quota holds the request (data/capacity.yaml kueue.reservationEnd)."""
+    for flavor in queue["spec"]["resourceGroups"][0]["flavors"]:
+        if flavor["resources"][0]["nominalQuota"] >= gpus:
+            return flavor["name"]
+    return None
+
+
+def test_cluster_queue_tries_the_reservation_then_its_fallback() -> None:
+    objects = _objects(model("dws"))
+    (queue,) = [o for o in objects if o["kind"] == "ClusterQueue"]
+    assert crd_problems(queue) == []
+    flavors = [f["name"] for f in queue["spec"]["resourceGroups"][0]["flavors"]]
+    assert flavors[:2] == ["h100-reserved", "h100-dws"]
+    # Kueue's field names (CRD clusterqueues v1beta2): go on to the next flavor rather than borrow or preempt.
+    assert queue["spec"]["flavorFungibility"] == {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor"}
+
+
+def test_at_the_end_the_requeued_job_fits_only_on_the_fallback() -> None:
+    objects = _objects(model("dws"))
+    (queue,) = [o for o in objects if o["kind"] == "ClusterQueue"]
+    (cron,) = [o for o in objects if o["kind"] == "CronJob"]
+    assert cron["spec"]["schedule"] == "0 0 1 1 *" and cron["spec"]["timeZone"] == "Etc/UTC"  # 2030-01-01T00:00Z
+    args = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:5] == ["patch", "clusterqueue", "deepspeed", "--type=json", args[4]]
+    import json
+
+    patch = json.loads(args[4].removeprefix("-p="))
+    # 2 workers x 8 H100s: the reservation's flavor before the end, the DWS flavor after it.
+    assert _first_fit(queue, 16) == "h100-reserved"
+    after = _apply(patch, queue)
+    assert _first_fit(after, 16) == "h100-dws"
+    assert crd_problems(after) == []
+    # A ClusterQueue whose flavors moved since is left as it is: the patch's test fails first.
+    moved = _apply([{"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/name", "value": "other"}], queue)
+    with pytest.raises(AssertionError, match="test failed"):
+        _apply(patch, moved)
+
+
+def test_reservation_end_objects_are_valid_kubernetes() -> None:
+    import kubernetes_validate
+
+    objects = [o for o in _objects(model("dws")) if not o["apiVersion"].startswith("kueue.")]
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CronJob"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, "1.33.0", strict=True)
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    # Only the one ClusterQueue, only read and patch.
+    assert role["rules"] == [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"],
+                              "resourceNames": ["deepspeed"], "verbs": ["get", "patch"]}]
+
+
+def test_without_an_end_nothing_changes() -> None:
+    m = model("dws", {"nodePools[0].reservationEndTime": DELETE})
+    objects = _objects(m)
+    (queue,) = [o for o in objects if o["kind"] == "ClusterQueue"]
+    assert "flavorFungibility" not in queue["spec"]
+    assert not [o for o in objects if o["kind"] == "CronJob"]
+
+
+# --- what spills over, and the preview's word on it -----------------------------------------------------------------
+
+def test_spill_by_hand() -> None:
+    start = datetime.datetime(2026, 11, 27, 12, tzinfo=UTC)
+    end = datetime.datetime(2026, 12, 4, tzinfo=UTC)  # 6.5 days later: 156 h
+    s = spill.spill(120.0, 200.0, start, end)
+    assert (s.hours_left, s.fast, s.slow, s.outlives) == (156.0, 0.0, 44.0, True)
+    assert s.cost(88.49) == (0.0, 44.0 * 88.49)  # $3,893.56 at the slow end
+    assert not spill.spill(10.0, 20.0, start, end).outlives
+    assert spill.spill(10.0, 20.0, end, start).hours_left == 0.0  # already over: the whole run spills
+
+
+def _finetune_on_a_reservation(end: str) -> dict[str, Any]:
+    """The finetune stack's l4x4 pool as a reservation that ends at `end`, with a spot pool of its shape to go on."""
+    config = changed("finetune", {"nodePools[0].spot": False, "nodePools[0].reservation": "l4-reservation",
+                                  "nodePools[0].reservationEndTime": end, "workloads.tune.fallbackPool": "l4x4-spot",
+                                  "cluster.minMasterVersion": "1.33"})
+    pools = config["deepspeed-stack:nodePools"]
+    pools.append({**pools[0], "name": "l4x4-spot", "spot": True})
+    del pools[-1]["reservation"], pools[-1]["reservationEndTime"]
+    return config
+
+
+def test_preview_says_when_the_run_goes_past_the_end() -> None:
+    m = config_model(_finetune_on_a_reservation("2026-11-27T13:00:00Z"))  # 1 h after NOW
+    costs = cost.stack_costs(m)
+    run = costs["runs"]["tune"]
+    res = run["reservation"]
+    assert (res["name"], res["endTime"], res["from"], res["hoursLeft"]) == (
+        "l4-reservation", "2026-11-27 13:00 UTC", "2026-11-27 12:00 UTC", 1.0)
+    hours = run["hours"]
+    assert res["pastEnd"] == {"fast": round(hours["fast"] - 1, 3), "slow": round(hours["slow"] - 1, 3)}
+    # The hours past the end at the spot pool's $/h while it trains (its own pool at min nodes, as it pays).
+    assert res["fallback"]["pool"] == "l4x4-spot" and res["fallback"]["perHour"] == run["perHour"]["spot"]
+    text = cost.costs_markdown(costs)
+    assert "Reservation `l4-reservation` of pool l4x4 ends 2026-11-27 13:00 UTC, 1.0 h after 2026-11-27 12:00 UTC " \
+           "(now): **the run goes past it** by" in text
+    assert "GKE's ComputeClass grows fallbackPool l4x4-spot instead (spot), where it continues from its newest " \
+           "checkpoint without a redeploy" in text
+
+
+def test_preview_says_when_the_run_ends_in_time() -> None:
+    m = config_model(_finetune_on_a_reservation("2030-01-01T00:00:00Z"))
+    text = cost.costs_markdown(cost.stack_costs(m))
+    assert "ends 2030-01-01 00:00 UTC" in text and "the run ends before it, even at its slow end" in text
