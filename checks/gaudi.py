@@ -6,6 +6,7 @@ from checks.common import Check, at
 from components import gaudi_image
 from model import gaudi_software
 from model.types import MpiJobWorkloadConfig, StackConfig, WorkloadConfig
+from workloads.mpijob import gaudi as gaudi_job
 
 
 def versions(w: WorkloadConfig) -> tuple[str, str, str, str]:
@@ -95,10 +96,29 @@ CHECKS: list[Check] = [
 ]
 
 
-def warnings(m: StackConfig) -> list[str]:
-    """What deploys but must be confirmed: an unpinned base digest (the install-at-start opt-in: its kind's
-    warning, workloads/kinds/mpijob.py)."""
+def warn_ranks_folders(m: StackConfig) -> list[str]:
+    """Where the hardened Gaudi ranks (uid 10001) write on a claim of an existing cluster, and the admin's one
+    command should they not be able to: the stack cannot see the claim's owners before the launcher runs."""
     out = []
+    for w in m.workloads.values():
+        if not (isinstance(w, MpiJobWorkloadConfig) and w.runs_stack_gaudi_image and not w.launch.command):
+            continue
+        folders = gaudi_job.ranks_folders(w)
+        fixes = dict.fromkeys(gaudi_job.admin_command(w, gaudi_job.relative(w, admin)) for _, admin in folders)
+        out.append(f"{at('workloads', w.name, 'storage')}: the ranks (uid {gaudi_job.GAUDI_RANKS_USER}) keep the "
+                   f"caches (HF_HOME {w.cache_home}) and the output ({gaudi_job.output_dir(w)}) on claim "
+                   f"{w.storage.claim_name}, making the folders they lack; confirm uid {gaudi_job.GAUDI_RANKS_USER} "
+                   f"can write there, or have the NFS server's admin run once `{'; '.join(fixes)}`, CLAIM being the "
+                   f"claim's folder there (`{gaudi_job.nfs_folder_hint(w)}`): NFS volumes take no fsGroup, and "
+                   "root_squash stops a root pod's chown. Otherwise the launcher stops at once, naming the folder "
+                   "and its owner")
+    return out
+
+
+def warnings(m: StackConfig) -> list[str]:
+    """What deploys but must be confirmed: an unpinned base digest, the ranks' folders on the claim (the
+    install-at-start opt-in: its kind's warning, workloads/kinds/mpijob.py)."""
+    out = warn_ranks_folders(m)
     if not m.gaudi_image.prebuilt:
         for w in gaudi_image.workloads_on_it(m)[:1]:
             base = gaudi_software.base_image(w.gaudi)

@@ -16,6 +16,9 @@ from typing import ClassVar
 import msgspec
 
 GS_SCHEME = "gs://"  # a Cloud Storage URI: gs://BUCKET/PATH
+# The folder of a Gaudi job's claim that its ranks (the stack's image: uid 10001) make and own: HF_HOME (unset `hfHome`)
+# and the output under it, one per claim for every stack's jobs (the same user; outputs are per workload).
+RANKS_FOLDER = "deepspeed-stack"
 # A Hugging Face repo id: OWNER/NAME, each of letters, digits, '-', '_', '.' (huggingface_hub's validate_repo_id);
 # a path (/data/..., ./x, ../x) or a URL (gs://...) is none.
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -351,7 +354,7 @@ class MpiJobBaseConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
     runs_as_mpijob: ClassVar[bool] = True
 
     storage: StorageClaimConfig
-    hf_home: str
+    hf_home: str  # kind mpijob: unset ("") is the stack's choice, `cache_home`
     proxy: ProxyConfig
 
     @property
@@ -376,6 +379,17 @@ class MpiJobBaseConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
         if script.startswith(mount):
             return ((("launch", "script"), script[len(mount):]),)
         return ()
+
+    @property
+    def ranks_root(self) -> str:
+        """The folder of the claim under which the ranks keep what they write by default (caches, outputs)."""
+        return self.storage.mount_path.rstrip("/") or "/"
+
+    @property
+    def cache_home(self) -> str:
+        """HF_HOME (the model and dataset caches: HF_HUB_CACHE and HF_DATASETS_CACHE default to folders of it):
+        `hfHome`, or, unset, `huggingface` under the ranks' folder."""
+        return self.hf_home or f"{self.ranks_root.rstrip('/')}/huggingface"
 
     # The fine-tuning contract's layout: CHECKPOINT_DIR=<out>/checkpoints/<workload>, MODEL_DIR=<out>/models/<workload>.
     @property
@@ -425,6 +439,19 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
     def runs_stack_gaudi_image(self) -> bool:
         """The default Gaudi path: the stack's Gaudi image (or an `image` built from it), hardened."""
         return self.on_gaudi and not self.gaudi.install_at_start
+
+    @property
+    def ranks_root(self) -> str:
+        # The stack's Gaudi image runs the ranks as uid 10001 on a claim of an existing cluster, whose folders
+        # another run may have made first as root (Omnia's by-hand run: /storage/huggingface). They write under a
+        # folder they make and own; NFS volumes take no fsGroup (kubernetes/kubernetes#96900) and root_squash
+        # turns a root pod's chown into nobody's, so only the NFS server's admin could change a folder's owner.
+        mount = super().ranks_root
+        return f"{mount.rstrip('/')}/{RANKS_FOLDER}" if self.runs_stack_gaudi_image else mount
+
+    @property
+    def output_root(self) -> str:
+        return self.ranks_root if self.runs_stack_gaudi_image else super().output_root
 
     @property
     def writes_model(self) -> bool:

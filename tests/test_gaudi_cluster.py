@@ -7,14 +7,17 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from conftest import PROJECT_DIR, config_problems, problems, stack_yaml
+from conftest import PROJECT_DIR, config_problems, model, problems, stack_yaml
 
+import checks
 from model import gaudi_software, storage_classes
 from preview.engine import RunResult, engine_config_from_yaml, run_program
+from workloads.mpijob import gaudi as gaudi_job
 
 JOB = "gaudi-llm-ds-ft"
 KEY = f"workloads.{JOB}"
@@ -195,26 +198,103 @@ def launcher_script(run: RunResult) -> str:
     return c["args"][0]
 
 
-def claim_check(tmp_path: Path, hf_home: Path) -> subprocess.CompletedProcess[str]:
-    """The launcher's first lines (before the hostfile) on a claim mounted at tmp_path, with this hfHome."""
-    run = run_gaudi({"storage": {**stack_yaml("gaudi")["deepspeed-stack:workloads"][JOB]["storage"],
-                                 "mountPath": str(tmp_path)}, "hfHome": str(hf_home)})
-    head = launcher_script(run).split('HOSTSFILE="$OMPI_MCA_orte_default_hostfile"')[0]
-    return subprocess.run(["/bin/bash", "-c", head], capture_output=True, text=True, check=False)
+def launcher_env(run: RunResult) -> dict[str, str]:
+    (c,) = pods(run.one(MPIJOB).inputs)["Launcher"]["containers"]
+    return {e["name"]: e.get("value") for e in c["env"]}
 
 
-def test_the_launcher_makes_the_ranks_folders_and_checks_they_are_writable(tmp_path: Path) -> None:
-    done = claim_check(tmp_path, tmp_path / "huggingface")
+OWN = "/storage/deepspeed-stack"  # the folder of the claim the ranks make and own
+
+
+def test_the_ranks_caches_and_output_are_in_a_folder_of_their_own(gaudi: RunResult) -> None:
+    # Omnia's by-hand run (root) made /storage/huggingface; the stack's ranks are uid 10001 (the image's USER).
+    assert "USER 10001" in DOCKERFILE.read_text(encoding="utf-8")
+    assert launcher_env(gaudi)["HF_HOME"] == f"{OWN}/huggingface"  # HF_HUB_CACHE, HF_DATASETS_CACHE: under it
+    assert f" --output_dir {OWN}/output/{JOB} " in launcher_script(gaudi)
+    assert "hfHome" not in stack_yaml("gaudi")["deepspeed-stack:workloads"][JOB]  # the example leaves it unset
+
+
+def test_an_hfhome_of_ones_own_is_kept() -> None:
+    w = model("gaudi", {f"{KEY}.hfHome": "/storage/cache/hf"}).workloads[JOB]
+    assert (w.cache_home, gaudi_job.output_dir(w)) == ("/storage/cache/hf", f"{OWN}/output/{JOB}")
+
+
+def test_install_at_start_runs_as_root_and_keeps_omnias_layout() -> None:
+    w = model("gaudi", {f"{KEY}.gaudi.installAtStart": True}).workloads[JOB]
+    assert (w.cache_home, gaudi_job.output_dir(w)) == ("/storage/huggingface", f"/storage/output/{JOB}")
+
+
+def test_the_launcher_checks_the_ranks_folders_before_anything_else(gaudi: RunResult) -> None:
+    w = model("gaudi").workloads[JOB]
+    assert launcher_script(gaudi).startswith(f"set -eo pipefail\n{gaudi_job.writable_folders_check(w)}\nHOSTSFILE=")
+
+
+def stubs(tmp_path: Path, deny: Path) -> dict[str, str]:
+    """PATH with the ranks' view of a claim: uid 10001, and `deny` owned by root (0:0, mode 755): nothing can be made
+    or written under it. The tests may run as root, which permissions would not stop."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("mkdir", "touch"):
+        real = shutil.which(tool)
+        (bin_dir / tool).write_text(f'#!/bin/bash\nfor a in "$@"; do case "$a" in "$DENY"/*) exit 1;; esac; done\n'
+                                    f'exec {real} "$@"\n', encoding="utf-8")
+    (bin_dir / "id").write_text("#!/bin/bash\necho 10001\n", encoding="utf-8")
+    (bin_dir / "stat").write_text("#!/bin/bash\necho 0:0\n", encoding="utf-8")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DENY": str(deny)}
+
+
+def claim_check(tmp_path: Path, deny: Path, changes: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+    """The launcher's folder check for the gaudi example on a claim mounted at tmp_path/claim, as the ranks."""
+    claim = tmp_path / "claim"
+    claim.mkdir(exist_ok=True)
+    w = model("gaudi", {f"{KEY}.storage.mountPath": str(claim), **(changes or {})}).workloads[JOB]
+    return subprocess.run(["/bin/bash", "-c", gaudi_job.writable_folders_check(w)], capture_output=True, text=True,
+                          check=False, env=stubs(tmp_path, deny))
+
+
+def test_a_root_made_cache_on_the_claim_does_not_stop_the_ranks(tmp_path: Path) -> None:
+    claim = tmp_path / "claim"
+    (claim / "huggingface").mkdir(parents=True)  # what Omnia's root run left: the ranks cannot write in it
+    done = claim_check(tmp_path, claim / "huggingface")
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "huggingface").is_dir() and (tmp_path / "output" / JOB).is_dir()
-    assert list((tmp_path / "huggingface").iterdir()) == []  # the probe is removed
+    own = claim / "deepspeed-stack"
+    assert (own / "huggingface").is_dir() and (own / "output" / JOB).is_dir()
+    assert list((own / "huggingface").iterdir()) == []  # the probe is removed
 
 
-def test_a_cache_folder_the_ranks_cannot_write_stops_the_job_saying_why(tmp_path: Path) -> None:
-    # A folder the ranks cannot write (here: a file in the way, since the tests may run as root; on the cluster:
-    # Omnia's root-owned /storage/huggingface and the ranks' uid 10001).
-    (tmp_path / "taken").write_text("", encoding="utf-8")
-    done = claim_check(tmp_path, tmp_path / "taken" / "huggingface")
+def test_a_claim_root_the_ranks_cannot_write_stops_the_job_with_the_admins_command(tmp_path: Path) -> None:
+    done = claim_check(tmp_path, tmp_path / "claim")
     assert done.returncode == 1
-    assert f"{tmp_path}/taken/huggingface is not writable by uid" in done.stderr
-    assert "chown -R" in done.stderr and "hfHome" in done.stderr
+    claim = tmp_path / "claim"
+    assert done.stderr.startswith(f"{claim}/deepspeed-stack/huggingface: uid 10001 cannot write {claim} (owner 0:0)")
+    assert ('run once `mkdir -p "$CLAIM/deepspeed-stack" && chown -R 10001:10001 "$CLAIM/deepspeed-stack"`, CLAIM '
+            "being the claim's folder there (`kubectl get pv \"$(kubectl get pvc -n workloads shared-model -o "
+            'jsonpath={.spec.volumeName})" -o jsonpath={.spec.nfs.path}`)') in done.stderr
+    assert "NFS volumes take no fsGroup, and root_squash stops a root pod's chown" in done.stderr
+
+
+def test_an_hfhome_another_run_made_stops_the_job_naming_it(tmp_path: Path) -> None:
+    claim = tmp_path / "claim"
+    done = claim_check(tmp_path, claim / "huggingface", {f"{KEY}.hfHome": str(claim / "huggingface")})
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"{claim}/huggingface: uid 10001 cannot write {claim}/huggingface (owner 0:0)")
+    assert 'mkdir -p "$CLAIM/huggingface" && chown -R 10001:10001 "$CLAIM/huggingface"' in done.stderr
+
+
+def test_the_folder_check_is_shellcheck_clean(tmp_path: Path) -> None:
+    script = tmp_path / "check.sh"
+    script.write_text("#!/bin/bash\n" + gaudi_job.writable_folders_check(model("gaudi").workloads[JOB]) + "\n",
+                      encoding="utf-8")
+    shellcheck = PROJECT_DIR / ".venv" / "bin" / "shellcheck"
+    done = subprocess.run([str(shellcheck), str(script)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout
+
+
+def test_the_preview_says_where_the_ranks_write_and_the_admins_command() -> None:
+    (said,) = [w for w in checks.warnings(model("gaudi")) if w.startswith(f"{KEY}.storage: ")]
+    assert (f"the ranks (uid 10001) keep the caches (HF_HOME {OWN}/huggingface) and the output ({OWN}/output/{JOB}) "
+            "on claim shared-model") in said
+    assert 'run once `mkdir -p "$CLAIM/deepspeed-stack" && chown -R 10001:10001 "$CLAIM/deepspeed-stack"`' in said
+    assert "the launcher stops at once" in said

@@ -233,13 +233,14 @@ def test_gaudi_launcher_env_and_token_from_the_secret(gaudi_job: dict[str, Any])
     assert container(gaudi_job, "Launcher")["args"][0].splitlines()[:2] == [
         'HF_TOKEN="$(cat /var/run/secrets/huggingface/token)"; export HF_TOKEN',
         'HUGGING_FACE_HUB_TOKEN="$(cat /var/run/secrets/huggingface/token)"; export HUGGING_FACE_HUB_TOKEN']
+    # HF_HOME: in the folder the ranks (uid 10001) make and own, clear of Omnia's root-made /storage/huggingface.
     assert (launcher["HF_HOME"], launcher["LLM_MODEL"], launcher["NUM_HPU"], launcher["NUM_EPOCHS"]) == (
-        "/storage/huggingface", "Qwen/Qwen2.5-7B-Instruct", "8", "3")
+        "/storage/deepspeed-stack/huggingface", "Qwen/Qwen2.5-7B-Instruct", "8", "3")
     assert launcher["no_proxy"] == "127.0.0.1,localhost"
     assert "http_proxy" not in launcher  # empty in config: not set at all
     # Workers get the token only through ssh from the launcher, never in their own pod spec.
     assert "HF_TOKEN" not in worker and "HUGGING_FACE_HUB_TOKEN" not in worker
-    assert worker["HF_HOME"] == "/storage/huggingface"
+    assert worker["HF_HOME"] == "/storage/deepspeed-stack/huggingface"
 
 
 def test_training_processes_get_the_token_through_ssh(gaudi_model: StackConfig, gaudi_job: dict[str, Any]) -> None:

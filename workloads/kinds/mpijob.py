@@ -99,8 +99,8 @@ def check_mpijob_storage(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
     mount = s.mount_path.rstrip("/") or "/"
     if not s.mount_path.startswith("/"):
         problems.append(f"{at('workloads', name, 'storage', 'mountPath')}: {s.mount_path!r} must be absolute")
-    elif w.hf_home != mount and not w.hf_home.startswith(mount.rstrip("/") + "/"):
-        problems.append(f"{at('workloads', name, 'hfHome')}: {w.hf_home} is not on the claim mounted at "
+    elif w.cache_home != mount and not w.cache_home.startswith(mount.rstrip("/") + "/"):
+        problems.append(f"{at('workloads', name, 'hfHome')}: {w.cache_home} is not on the claim mounted at "
                         f"{s.mount_path}; every pod would download the model again")
     return problems
 

@@ -115,7 +115,7 @@ def proxy_env(w: MpiJobBaseConfig) -> dict[str, str]:
 
 def base_env(w: MpiJobBaseConfig) -> dict[str, str]:
     """What every launcher and worker gets: HF_HOME on the claim and the proxy."""
-    return {"HF_HOME": w.hf_home, **proxy_env(w)}
+    return {"HF_HOME": w.cache_home, **proxy_env(w)}
 
 
 def fabric_env(where: Placement) -> dict[str, str]:
