@@ -22,10 +22,12 @@ MAKE_VARIABLES = {
     "--region": "REGION", "--seq": "SEQ", "--batch": "BATCH", "--vocab": "VOCAB", "--hidden": "HIDDEN",
     "--largest-layer": "LARGEST", "--tokens": "TOKENS", "--data": "DATA", "--fields": "FIELDS", "--epochs": "EPOCHS",
     "--stack": "WRITE", "--budget": "BUDGET", "--force": "FORCE", "--serve": "SERVE", "--gpus": "GPUS", "--top": "TOP",
+    "--reservation": "RESERVATION", "--rank": "RANK",
 }
 SWITCHES = ("--force",)  # flags without a value: FORCE=1
 MAKE_USAGE = ("make gpus MODEL=<name or Hugging Face id>|PARAMETERS=<billions> MODE=inference|training|finetune "
-              "[PRECISION=..] [REGION=..] [GPUS=..] [TOP=..] [SEQ=..] [BATCH=..] [VOCAB=.. HIDDEN=..|LARGEST=..] "
+              "[PRECISION=..] [REGION=..] [GPUS=..] [RESERVATION=NAME:SIZE:END] [RANK=cost|speed] [TOP=..] [SEQ=..] "
+              "[BATCH=..] [VOCAB=.. HIDDEN=..|LARGEST=..] "
               "[TOKENS=..|DATA=.. "
               "[FIELDS=..]] [EPOCHS=..] [WRITE=<stack> [BUDGET=<$/h>] [SERVE=0|1] [FORCE=1]]")
 _FLAG = re.compile(r"--[a-z][a-z-]*")

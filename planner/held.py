@@ -9,11 +9,13 @@ of that accelerator (or machine) is planned, as without GPUS.
 
 from __future__ import annotations
 
+import datetime
 import re
 
 import msgspec
 
 from model import catalog as gpu_catalog
+from model import reservation
 from model.suggest import did_you_mean
 from planner import cli
 
@@ -98,3 +100,74 @@ def parse_held(spec: str, cat: gpu_catalog.Catalog | None = None) -> Held:
     raise ValueError(f"{given}: {name} is neither an accelerator ({', '.join(known)}, or a GKE type such as "
                      f"nvidia-h100-mega-80gb) nor a machine type of data/gpu_catalog.yaml"
                      f"{did_you_mean(name.lower(), [*machines, *cat.gpus])}")
+
+
+# --- A reservation: a name, its size (held capacity with a count) and its end (`make gpus RESERVATION=`) ----------
+
+RESERVATION_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # a Compute Engine resource name
+RESERVATION_FORM = "NAME:SIZE:END, e.g. h100-res:2xa3-megagpu-8g:2026-12-04T00:00Z"
+
+
+class Reservation(msgspec.Struct, frozen=True):
+    """A specific reservation the user holds: its name, what it holds (a count of GPUs or machines) and its end."""
+
+    name: str
+    held: Held
+    end: datetime.datetime
+    spec: str  # as the user wrote it
+
+    @property
+    def end_time(self) -> str:
+        """The end as the stack's `reservationEndTime` takes it (RFC 3339, to the second, UTC)."""
+        return self.end.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_reservation(spec: str, cat: gpu_catalog.Catalog | None = None,
+                      now: datetime.datetime | None = None) -> Reservation:
+    """`h100-res:2xa3-megagpu-8g:2026-12-04T00:00Z` -> Reservation; ValueError naming the part that is wrong: the
+    name (a Compute Engine name), the size (as GPUS= takes it, with a count), the end (RFC 3339, still to come)."""
+    given = cli.arg("--reservation", repr(spec))
+    parts = spec.strip().split(":", 2)  # the end has colons of its own
+    if len(parts) != 3:
+        raise ValueError(f"{given}: expected {RESERVATION_FORM}")
+    name, size, end_text = (p.strip() for p in parts)
+    if not RESERVATION_NAME.fullmatch(name):
+        raise ValueError(f"{given}: {name!r} is no reservation name (lower-case letters, digits and hyphens, "
+                         "starting with a letter, at most 63)")
+    try:
+        held = parse_held(size, cat)
+    except ValueError as err:
+        raise ValueError(f"{given}: {str(err).split(': ', 1)[1]}") from None
+    if held.count is None:
+        raise ValueError(f"{given}: {size} says what but not how many; give the reservation's size, e.g. "
+                         f"2x{held.machine_type or 'a3-megagpu-8g'}")
+    try:
+        end = reservation.parse_time(end_text)
+    except ValueError as err:
+        raise ValueError(f"{given}: the end {err}") from None
+    now = now or reservation.now()
+    if end <= now:
+        raise ValueError(f"{given}: it ended {reservation.show(end)} (now {reservation.show(now)})")
+    return Reservation(name, held, end, spec)
+
+
+def held_capacity(gpus: str | None, reserved: str | None,
+                  cat: gpu_catalog.Catalog | None = None) -> tuple[Held | None, Reservation | None]:
+    """What the plan is made on: GPUS=, RESERVATION= (its size is the held capacity), or both when they agree."""
+    res = parse_reservation(reserved, cat) if reserved else None
+    held = parse_held(gpus, cat) if gpus else None
+    if res is None:
+        return held, None
+    if held is not None and not _same(held, res.held, cat or gpu_catalog.load()):
+        raise ValueError(f"{cli.arg('--gpus', repr(gpus))} and {cli.arg('--reservation', repr(reserved))} name "
+                         f"different capacity ({held.describe()}, {res.held.describe()}); give one of them")
+    return held or res.held, res
+
+
+def _same(held: Held, reserved: Held, cat: gpu_catalog.Catalog) -> bool:
+    """GPUS= says what the reservation holds: its GPUs (16xH100-MEGA) or its machines (2xa3-megagpu-8g)."""
+    if held.gpu_type != reserved.gpu_type:
+        return False
+    shapes = [s for s in cat.gpus[reserved.gpu_type].shapes
+              if reserved.machine_type in (None, s.machine_type) and held.takes(s.machine_type, s.gpus)]
+    return any(held.count is None or held.nodes(s.gpus) == reserved.nodes(s.gpus) for s in shapes)
