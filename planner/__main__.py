@@ -14,14 +14,15 @@ from pathlib import Path
 import msgspec
 
 from model import catalog as gpu_catalog
-from model import training_speed
-from planner import cli, run_estimate
-from planner.held import Held, parse_held
-from planner.recommend import MAX_NODES, Option, Plan, recommend, short_name
+from model import reservation, training_speed
+from planner import cli, run_estimate, spill
+from planner.held import Held, Reservation, held_capacity
+from planner.recommend import MAX_NODES, RANKS, Option, Plan, rank_line, ranked, recommend, short_name
 from planner.requests import mode_request
 from planner.sizing import BYTES_PER_PARAM, HEADROOM, Request, given_shape, model_names, resolve
 
 DEFAULT_REGION = "us-central1"
+MAX_OPTIONS = 1000  # more than the catalog's GPU types: every option of a plan
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,6 +48,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpus", metavar="HELD",
                         help="the capacity you hold, e.g. 16xH100-MEGA or 2xa3-megagpu-8g: plan on it only (every "
                              "held node used: a reservation is paid whether they work or not)")
+    parser.add_argument("--reservation", metavar="NAME:SIZE:END",
+                        help="a specific reservation you hold, e.g. h100-res:2xa3-megagpu-8g:2026-12-04T00:00Z: plan "
+                             "on its nodes (as --gpus), and say what of the run goes past its end and what that costs "
+                             "on DWS flex-start or spot")
+    parser.add_argument("--rank", choices=RANKS, default="cost",
+                        help="cost (default): options by $/h; speed: by time per run, then $ per run")
     parser.add_argument("--max-nodes", type=int, default=MAX_NODES, help=f"nodes per option (default {MAX_NODES})")
     tokens = parser.add_mutually_exclusive_group()
     tokens.add_argument("--tokens", type=float, metavar="N",
@@ -124,10 +131,13 @@ def _run_cells(p: Priced | None) -> str:
     return f"  {run_estimate.hours_range(p.run):>12} {_dollars(p.on_demand):>20}"
 
 
-def _per_run_lines(request: Request, found: list[Priced], tokens: float, said: str, top: int) -> list[str]:
-    """The options by $ per run (on-demand), and whether the cheapest per hour is the cheapest per run."""
+def _per_run_lines(request: Request, found: list[Priced], tokens: float, said: str, top: int,
+                   rank: str = "cost") -> list[str]:
+    """The options by $ per run (on-demand), or by time then $ per run (rank speed), and whether the cheapest per
+    hour is the cheapest per run."""
     speed = training_speed.load()
-    lines = [f"## By cost per run: {tokens:,.0f} tokens ({said})",
+    title = "By time per run, then cost per run" if rank == "speed" else "By cost per run"
+    lines = [f"## {title}: {tokens:,.0f} tokens ({said})",
              f"  Hours and $ are ranges over an assumed MFU of {speed.mfu_low:.0%}–{speed.mfu_high:.0%} of each GPU's "
              f"peak dense {request.precision} TFLOPS, times LoRA's and the ZeRO stage's measured factors "
              "(data/training_speed.yaml, data/gpu_catalog.yaml peakTflops); the nodes only, without the cluster's "
@@ -135,7 +145,9 @@ def _per_run_lines(request: Request, found: list[Priced], tokens: float, said: s
              f"  {'GPUs':<18} {'how':<34} {'hours per run':>14} {'on-demand $ per run':>20} {'spot $ per run':>18} "
              f"{'$/h':>8}  MFU"]
     by_run = sorted(found, key=lambda p: (round(p.on_demand[0], 6), p.option.sort_key()))
-    for p, plans in _alike(by_run)[:top]:
+    shown = sorted(found, key=lambda p: (round(p.run.hours_fast, 6), round(p.on_demand[0], 6))) \
+        if rank == "speed" else by_run
+    for p, plans in _alike(shown)[:top]:
         gpus = f"{p.option.gpus} x {short_name(p.option.gpu_name)}"
         lines.append(f"  {gpus:<18} {plans:<34} {run_estimate.hours_range(p.run):>14} {_dollars(p.on_demand):>20} "
                      f"{_dollars(p.spot):>18} {p.option.on_demand:>8.2f}  {run_estimate.mfu_range(p.run)}")
@@ -177,8 +189,41 @@ def _held_note(held: Held | None, request: Request) -> list[str]:
     return [f"On the capacity you hold only (GPUS={held.spec}): {held.describe()}, {nodes}."]
 
 
+def _reservation_lines(res: Reservation | None, found: list[Priced], rank: str, top: int) -> list[str]:
+    """What the reservation costs until its end, used or not, and for each option what of the run goes past the
+    end if it starts now, and what those hours cost on DWS flex-start (at most on-demand) or spot."""
+    if res is None:
+        return []
+    now = reservation.now()
+    left = max(0.0, reservation.hours_until(res.end, now))
+    rate = found[0].option.on_demand if found else None
+    paid = f", about ${left * rate:,.2f} at the on-demand ${rate:,.2f}/h" if rate is not None else ""
+    lines = [f"## The reservation {res.name}: {res.held.describe()} until {reservation.show(res.end)}",
+             f"  {left:,.1f} h from now ({reservation.show(now)}); paid whether its nodes work or not{paid}. A run "
+             "that starts now uses it to its end; what is left then runs on the same machines from DWS flex-start "
+             "(at most the on-demand rate: the catalog has no DWS discount, data/capacity.yaml) or spot "
+             "(reclaimable), paid on top, from the newest checkpoint."]
+    if not found:
+        return [*lines, "  Give TOKENS= or DATA= for each option's hours past the end.", ""]
+    lines.append(f"  {'GPUs':<18} {'how':<34} {'hours per run':>14} {'past the end':>13} {'DWS $ then':>20} "
+                 f"{'spot $ then':>18}")
+    order = (lambda p: (round(p.run.hours_fast, 6), round(p.on_demand[0], 6))) if rank == "speed" else \
+        (lambda p: p.option.sort_key())
+    for p in sorted(found, key=order)[:top]:
+        s = spill.spill(p.run.hours_fast, p.run.hours_slow, now, res.end)
+        past = (f"{run_estimate.format_hours(s.fast)}–{run_estimate.format_hours(s.slow)} h" if s.outlives
+                else "none")
+        dws = _dollars(s.cost(p.option.on_demand)) if s.outlives else "—"
+        spot = _dollars(s.cost(p.option.spot)) if s.outlives else "—"
+        gpus = f"{p.option.gpus} x {short_name(p.option.gpu_name)}"
+        lines.append(f"  {gpus:<18} {p.plan:<34} {run_estimate.hours_range(p.run):>14} {past:>13} {dws:>20} "
+                     f"{spot:>18}")
+    return [*lines, ""]
+
+
 def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Catalog,
-           tokens: run_estimate.GivenTokens | None = None, top: int = 5, held: Held | None = None) -> str:
+           tokens: run_estimate.GivenTokens | None = None, top: int = 5, held: Held | None = None,
+           rank: str = "cost", res: Reservation | None = None) -> str:
     """The plans' tables, cheapest per hour first; given the run's tokens (and how they were counted), each option's
     hours and $ per run, and the options by $ per run."""
     model = request.model
@@ -188,7 +233,7 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
              f"sequence {request.sequence_length} x batch {request.batch_size}, region {region}",
              f"Options keep {HEADROOM:.0%} of each GPU's memory free. Prices are estimates in {cat.currency}, "
              f"{cat.prices_of(region)} (data/gpu_catalog.yaml, {cat.date}).", *_serving_note(request),
-             *_held_note(held, request), ""]
+             *_held_note(held, request), rank_line(rank), ""]
     found = priced(request, plans, tokens.total, cat) if tokens else []
     runs = {(p.plan, id(p.option)): p for p in found}
     for plan in plans:
@@ -211,7 +256,8 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
                          f"{', '.join(o.zones)}{offload}")
         lines.append("")
     if tokens and found:
-        lines += _per_run_lines(request, found, tokens.total, tokens.said, top)
+        lines += _per_run_lines(request, found, tokens.total, tokens.said, top, rank)
+    lines += _reservation_lines(res, found, rank, top)
     return "\n".join(lines)
 
 
@@ -231,8 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = given_shape(resolve(args.model, args.parameters), args.vocab, args.hidden, args.largest_layer)
         request = mode_request(args.mode, model, args.precision, args.seq, args.batch)
-        held = parse_held(args.gpus, cat) if args.gpus else None
-        plans = recommend(request, args.region, cat, max_nodes=args.max_nodes, top=args.top, held=held)
+        held, res = held_capacity(args.gpus, args.reservation, cat)
+        # Speed re-sorts what recommend sorted by $/h: every option first, then the top of them.
+        every = recommend(request, args.region, cat, max_nodes=args.max_nodes,
+                          top=args.top if args.rank == "cost" else MAX_OPTIONS, held=held)
+        plans = ranked(request, every, cat, args.rank, args.top)
         tokens = run_tokens(args)
     except ValueError as err:  # an unknown model (UnknownModelError), int8/int4 training, unreadable DATA
         print(f"error: {err}", file=sys.stderr)
@@ -240,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"error: {cli.arg('--data', args.data)}: {err.strerror or err}", file=sys.stderr)
         return 2
-    print(render(request, args.region, plans, cat, tokens, args.top, held))
+    print(render(request, args.region, plans, cat, tokens, args.top, held, args.rank, res))
     return 0
 
 

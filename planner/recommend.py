@@ -18,6 +18,7 @@ import msgspec
 from model import catalog as gpu_catalog
 from model import versions
 from model.node_memory import planned_process_memory_gb
+from planner import run_estimate
 from planner.held import Held
 from planner.sizing import HEADROOM, Estimate, Request, Strategy, estimate
 
@@ -155,3 +156,34 @@ def cheapest(plans: list[Plan]) -> tuple[Strategy, Option] | None:
     """The cheapest option of all plans."""
     found = [(plan.strategy, plan.options[0]) for plan in plans if plan.options]
     return min(found, key=lambda so: so[1].sort_key()) if found else None
+
+
+# --- ranking: by $/h (the default), or by time per run, then $ per run (RANK=speed) -----------------------------
+
+RANKS = ("cost", "speed")
+SPEED_TOKENS = 1e9  # any count ranks alike: a run's hours are proportional to its tokens
+
+
+def speed_key(request: Request, strategy: Strategy, option: Option, cat: gpu_catalog.Catalog) -> tuple:
+    """Hours of a run (at the fast end of the assumed MFU; the slow end ranks alike), then $/h (so $ per run, for
+    the same hours), then the $/h order; a GPU without a peak in the precision (Gaudi) last."""
+    top = run_estimate.peak(cat, option.gpu_type, request.precision)
+    hours = (run_estimate.estimate(SPEED_TOKENS, request, strategy, option.gpus, top).hours_fast
+             if top is not None else float("inf"))
+    return (round(hours, 9), *option.sort_key())
+
+
+def ranked(request: Request, plans: list[Plan], cat: gpu_catalog.Catalog, rank: str, top: int) -> list[Plan]:
+    """Each plan's options in the rank's order, `top` of them: `recommend` sorts by $/h; speed re-sorts."""
+    if rank != "speed":
+        return [Plan(p.strategy, p.options[:top]) for p in plans]
+    return [Plan(p.strategy, sorted(p.options, key=lambda o, s=p.strategy: speed_key(request, s, o, cat))[:top])
+            for p in plans]
+
+
+def rank_line(rank: str) -> str:
+    """Which order the options are in (`make gpus RANK=`), as the plan and the written stack say it."""
+    if rank == "speed":
+        return ("Ranked by time per run, then $ per run (RANK=speed): the fastest option that holds the model "
+                "first.")
+    return "Ranked by $/h, cheapest first (RANK=speed ranks by time per run, then $ per run)."
