@@ -224,7 +224,7 @@ def _reservation_lines(name: str, r: dict[str, Any]) -> list[str]:
     if not res:
         return []
     ends = (f"  Reservation `{res['name']}` of pool {r['pool']} ends {res['endTime']}, "
-            f"{run_estimate.format_hours(res['hoursLeft'])} h after {res['from']} (now)")
+            f"{res['hoursLeft']:,.1f} h after {res['from']} (now)")
     past = res["pastEnd"]
     if past["slow"] <= 0:
         return [f"{ends}: the run ends before it, even at its slow end, if it starts now."]

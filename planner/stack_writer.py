@@ -15,6 +15,7 @@ stack's own checks accept, so what is written previews.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import textwrap
@@ -28,7 +29,7 @@ from model import catalog as gpu_catalog
 from model import machine_disks
 from model.suggest import closest
 from planner import recovery
-from planner.held import Held
+from planner.held import Held, Reservation
 from planner.recommend import MAX_NODES, Option, recommend, short_name
 from planner.sizing import BYTES_PER_PARAM, GB, HEADROOM, Estimate, Request, Strategy, known_models
 
@@ -276,6 +277,40 @@ def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catal
     return out
 
 
+FALLBACK_RUN_SECONDS = 604800  # flex-start's most (data/capacity.yaml flexStart): the fallback's nodes run 7 days
+
+
+def with_reservation(candidate: Candidate, res: Reservation) -> Candidate:
+    """A trainer's stack on the reservation it holds (RESERVATION=): its GPU pool consumes the reservation and knows
+    its end, and a DWS pool of the same machines (flex-start, queued provisioning) is the trainer's fallbackPool,
+    queued by Kueue, so that the run goes on there from its newest checkpoint when the reservation's nodes go away
+    (docs/capacity.md, Outliving a reservation). Other candidates (a server's pool) as they are."""
+    config = {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
+              for k, v in candidate.config.items()}
+    pools = [dict(p) for p in config["deepspeed-stack:nodePools"]]
+    reserved = pools[0]
+    fallback = {**copy.deepcopy(reserved), "name": f"{reserved['name']}-dws", "flexStart": True,
+                "queuedProvisioning": True, "maxRunDuration": f"{FALLBACK_RUN_SECONDS}s"}
+    reserved.update(reservation=res.name, reservationEndTime=res.end_time)
+    config["deepspeed-stack:nodePools"] = [reserved, fallback, *pools[1:]]
+    # Flex-start needs a GKE that has it (data/capacity.yaml flexStart.minGkeVersion): say so.
+    config["deepspeed-stack:cluster"] = {**config["deepspeed-stack:cluster"], "minMasterVersion": "1.33"}
+    config["deepspeed-stack:kueue"] = {"install": True}
+    workloads = {name: dict(w) for name, w in config["deepspeed-stack:workloads"].items()}
+    for w in workloads.values():
+        if w.get("pool") == reserved["name"]:
+            w["fallbackPool"] = fallback["name"]
+    config["deepspeed-stack:workloads"] = workloads
+    reasons = [*candidate.reasons,
+               f"reservation: pool {reserved['name']} consumes {res.name} ({res.held.describe()}) until "
+               f"{res.end_time} (reservationEndTime); it is paid whether its nodes work or not, so the plan uses "
+               "all of them",
+               f"fallbackPool: {fallback['name']}, the same machines from DWS flex-start with queued provisioning, "
+               "in Kueue after the reservation's flavor: at the end the reservation's flavor loses its quota and "
+               "the run, requeued when its nodes go away, continues there from its newest checkpoint"]
+    return msgspec.structs.replace(candidate, config=config, reasons=reasons)
+
+
 def with_server(trainer: Candidate, server: Candidate) -> Candidate:
     """The trainer's stack with the server of its result: the server's pool (its own name; on-demand, as every
     written pool), and a `serve` workload of MODEL_DIR (`serving.fromWorkload`) read through the bucket."""
@@ -335,4 +370,5 @@ def summary_line(candidate: Candidate) -> str:
 
 
 __all__ = ["FINETUNE", "INFERENCE", "SERVER", "TRAINER", "TRAINING", "WORKLOADS", "Candidate", "candidates",
-           "cluster_name", "hf_id", "pool_name", "render", "short_name", "summary_line", "with_server", "with_servers"]
+           "cluster_name", "hf_id", "pool_name", "render", "short_name", "summary_line", "with_reservation",
+           "with_server", "with_servers"]

@@ -29,13 +29,15 @@ import msgspec
 from checks import load
 from checks.platform import cluster_name_problem
 from model import catalog as gpu_catalog
+from model import reservation
 from model.config import ConfigError, secret_ways
 from model.gated_models import gated_family
 from model.suggest import did_you_mean
 from model.workload_types import hub_ids
-from planner import cli, run_estimate, stack_writer
+from planner import cli, run_estimate, spill, stack_writer
 from planner.cost import SERVING, TRAINING, stack_costs
-from planner.held import Held, parse_held
+from planner.held import Held, Reservation, held_capacity
+from planner.recommend import RANKS, rank_line, speed_key
 from planner.requests import mode_request
 from planner.sizing import BYTES_PER_PARAM, Request, given_shape, hub_id, resolve
 from preview.engine import PROJECT_DIR, SECRET, engine_config_from_yaml
@@ -91,17 +93,28 @@ def with_tokens(candidate: stack_writer.Candidate, tokens: run_estimate.GivenTok
 
 
 def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catalog | None, model_id: str | None,
-               writer: str | None, serve: bool, held: Held | None = None) -> list[stack_writer.Candidate]:
+               writer: str | None, serve: bool, held: Held | None = None, rank: str = "cost",
+               res: Reservation | None = None) -> list[stack_writer.Candidate]:
     """The writer's candidates, cheapest first; with `serve`, each trainer with the server of its result, sized by
     the inference plan of the same model (`make gpus MODE=inference` with the same SEQ, BATCH and PRECISION).
     `held`: the capacity the user holds (GPUS=), where the trainer plans; the server has a pool of its own."""
     trainers = stack_writer.candidates(request, region, stack, cat, model_id=model_id, writer=writer, held=held)
+    if rank == "speed":  # by time per run, then $ per run (the writer's order is $/h)
+        catalog = cat or gpu_catalog.load()
+        trainers = sorted(trainers, key=lambda c: speed_key(request, c.strategy, c.option, catalog))
+    if res is not None and request.mode != stack_writer.INFERENCE:
+        trainers = [stack_writer.with_reservation(c, res) for c in trainers]
     if not serve:
         return trainers
     served = mode_request(stack_writer.INFERENCE, request.model, request.precision, request.sequence_length,
                           request.batch_size)
     servers = stack_writer.candidates(served, region, stack, cat, model_id=model_id, writer=stack_writer.INFERENCE)
-    return stack_writer.with_servers(trainers, servers)
+    paired = stack_writer.with_servers(trainers, servers)
+    if rank != "speed":
+        return paired
+    # Each trainer's servers stay cheapest first; the trainers keep their speed order.
+    order = {id(t.option): i for i, t in enumerate(trainers)}
+    return sorted(paired, key=lambda c: order.get(id(c.option), len(order)))
 
 
 def running_cost(costs: dict, candidate: stack_writer.Candidate, mode: str) -> float:
@@ -112,12 +125,13 @@ def running_cost(costs: dict, candidate: stack_writer.Candidate, mode: str) -> f
 
 def choose(request: Request, region: str, stack: str, budget: float | None = None,
            cat: gpu_catalog.Catalog | None = None, model_id: str | None = None, writer: str | None = None,
-           tokens: run_estimate.GivenTokens | None = None, serve: bool = False, held: Held | None = None) -> Choice:
+           tokens: run_estimate.GivenTokens | None = None, serve: bool = False, held: Held | None = None,
+           rank: str = "cost", res: Reservation | None = None) -> Choice:
     """The cheapest candidate whose config the checks accept and whose $/h with the workload running (with its
     server too, `serve`) is within `budget` (None: any). `tokens`: the run's, written into a finetune workload's
     keys. `held`: the capacity the user holds (GPUS=): the training plans on it only."""
     refused: list[tuple[stack_writer.Candidate, str]] = []
-    for candidate in candidates(request, region, stack, cat, model_id, writer, serve, held)[:MAX_TRIES]:
+    for candidate in candidates(request, region, stack, cat, model_id, writer, serve, held, rank, res)[:MAX_TRIES]:
         candidate = with_tokens(candidate, tokens)
         config, secret_keys = engine_config_from_yaml(candidate.config)
         gated = gated_model(candidate)
@@ -205,9 +219,32 @@ def next_steps(choice: Choice, stack: str) -> list[str]:
     return ["Next:", *(f"  {i}. {step}" for i, step in enumerate(steps, 1))]
 
 
+def reservation_line(choice: Choice, request: Request, tokens: run_estimate.GivenTokens | None,
+                     res: Reservation | None, cat: gpu_catalog.Catalog) -> list[str]:
+    """The reservation's end against the run: whether it ends in time if it starts now, or how many hours go to the
+    DWS fallback and what they cost there (at most on-demand)."""
+    if res is None:
+        return []
+    ends = f"Reservation {res.name} ({res.held.describe()}) ends {reservation.show(res.end)}"
+    c = choice.candidate
+    top = run_estimate.peak(cat, c.option.gpu_type, request.precision)
+    if tokens is None or request.mode == stack_writer.INFERENCE or top is None:
+        return [f"{ends}: give TOKENS= or DATA= for the hours of the run past it; `make preview` says it once "
+                "finetune.datasetTokens is set."]
+    e = run_estimate.estimate(tokens.total, request, c.strategy, c.option.gpus, top)
+    s = spill.spill(e.hours_fast, e.hours_slow, reservation.now(), res.end)
+    if not s.outlives:
+        return [f"{ends}: a run that starts now ends before it, even at its slow end."]
+    fast, slow = (run_estimate.format_hours(h) for h in (s.fast, s.slow))
+    low, high = s.cost(c.option.on_demand)
+    return [f"{ends}, {s.hours_left:,.1f} h after now ({reservation.show(s.start)}): a run that starts now goes "
+            f"{fast}–{slow} h past it, on the DWS fallback pool (at most ${low:,.2f}–${high:,.2f} for the GPU nodes at "
+            "the on-demand rate), from its newest checkpoint without a redeploy."]
+
+
 def header(choice: Choice, request: Request, region: str, stack: str, command: str,
            cat: gpu_catalog.Catalog, tokens: run_estimate.GivenTokens | None = None,
-           held: Held | None = None) -> list[str]:
+           held: Held | None = None, rank: str = "cost", res: Reservation | None = None) -> list[str]:
     c, model = choice.candidate, request.model
     shape = "shape from data/models.yaml" if model.shape_known else "shape unknown: the planner's upper bounds"
     today = datetime.date.today().isoformat()
@@ -216,11 +253,13 @@ def header(choice: Choice, request: Request, region: str, stack: str, command: s
         f"{model.name}: {model.billions:.2f}B parameters ({shape}), {request.precision} {request.mode}"
         f"{f' ({request.training_label})' if request.mode == 'training' else ''}, sequence "
         f"{request.sequence_length} x batch {request.batch_size}, {region}.",
-        f"Plan: {stack_writer.summary_line(c)}; the cheapest option "
+        f"Plan: {stack_writer.summary_line(c)}; the {'fastest' if rank == 'speed' else 'cheapest'} option "
         f"{f'on the capacity you hold ({held.describe()}, every node used) ' if held else ''}that holds it with "
         f"{stack_writer.HEADROOM:.0%} of each GPU free and that the stack's checks accept.",
+        rank_line(rank),
         _cost_line(choice, region, stack, cat),
         *run_line(choice, request, tokens, cat),
+        *reservation_line(choice, request, tokens, res, cat),
     ]
     if choice.refused:
         lines.append("Cheaper options the stack's checks refused (first reason each):")
@@ -262,6 +301,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                             "finetune); 0: the trainer alone")
     parser.add_argument("--gpus", metavar="HELD", help="the capacity you hold (16xH100-MEGA, 2xa3-megagpu-8g): plan on "
                                                        "it only")
+    parser.add_argument("--reservation", metavar="NAME:SIZE:END",
+                        help="a specific reservation you hold (h100-res:2xa3-megagpu-8g:2026-12-04T00:00Z): the pool "
+                             "consumes it, knows its end, and falls back to DWS")
+    parser.add_argument("--rank", choices=RANKS, default="cost",
+                        help="cost (default): the cheapest per hour; speed: the fastest per run, then the cheapest")
     parser.add_argument("--force", action="store_true", help="replace an existing Pulumi.<stack>.yaml")
     parser.add_argument("--dir", type=Path, default=PROJECT_DIR, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -273,6 +317,8 @@ def _command(args: argparse.Namespace) -> str:
                                       ("REGION", args.region if args.region != "us-central1" else None),
                                       ("BUDGET", args.budget), ("TOKENS", args.tokens and f"{args.tokens:.0f}"),
                                       ("DATA", args.data), ("FIELDS", args.fields), ("GPUS", args.gpus),
+                                      ("RESERVATION", args.reservation),
+                                      ("RANK", args.rank if args.rank != "cost" else None),
                                       ("EPOCHS", f"{args.epochs:g}" if args.epochs != 1 else None)) if v is not None]
     return "make gpus " + " ".join([*parts, f"WRITE={args.stack}"])
 
@@ -312,9 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         # download; an entry's name or a size takes data/models.yaml's id.
         model_id = hub_id(args.model)
         tokens = run_estimate.given_tokens(args.tokens, args.data, args.fields, args.epochs)
-        held = parse_held(args.gpus, cat) if args.gpus else None
+        held, res = held_capacity(args.gpus, args.reservation, cat)
         choice = choose(request, args.region, args.stack, args.budget, cat, model_id, writer=args.mode, tokens=tokens,
-                        serve=serve, held=held)
+                        serve=serve, held=held, rank=args.rank, res=res)
     except (ValueError, NoPlanError) as err:
         print(f"error: {cli.in_user_terms(str(err))}", file=sys.stderr)
         return 2
@@ -322,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {cli.arg('--data', args.data)}: {err.strerror or err}", file=sys.stderr)
         return 2
     text = stack_writer.render(choice.candidate, header(choice, request, args.region, args.stack, _command(args), cat,
-                                                        tokens, held))
+                                                        tokens, held, args.rank, res))
     path.write_text(text, encoding="utf-8")
     running = "while it trains, with the server's node up" if choice.candidate.server else "with the workload running"
     print(f"wrote {path.name}: {stack_writer.summary_line(choice.candidate)}; ${choice.running_per_hour:,.2f}/h "
