@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
 
-.PHONY: preview test test-recipe e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check
+.PHONY: help preview test test-recipe e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check
 
 # uv (from PyPI, pinned) installs requirements.txt in a few seconds where pip took two minutes (README: Speed).
 UV_VERSION := 0.13.9
@@ -15,6 +15,9 @@ $(STAMP): requirements.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -r requirements.txt
 	touch $(STAMP)
+
+help:  ## every target with what it does and its variables (the `##` text of each)
+	@grep -E '^[a-z][a-z-]*:.*## ' $(firstword $(MAKEFILE_LIST)) | sed -E 's/^([a-z-]+):.*## /\1\t/' | expand -t 20
 
 preview: $(STAMP)  ## offline preview of STACK (default dev): no cloud account needed
 	$(BIN)/python -m preview --stack $(STACK) $(if $(BASE),--base $(BASE),)
@@ -61,7 +64,7 @@ docs: $(STAMP)  ## regenerate the configuration reference (docs/reference.md) fr
 # SERVE=0|1: without or with the server of the result (MODE=finetune: with, by default); FORCE=1 replaces the file.
 # GPUS=16xH100-MEGA (or 2xa3-megagpu-8g): plan on the capacity you hold only; TOP=n: options per table (not with WRITE).
 # DEEPSPEED_STACK_MAKE=1: the programs name arguments as these variables (BUDGET=, not --budget) in their errors.
-gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-Instruct|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [GPUS=16xH100-MEGA] [TOP=n] [VOCAB=.. HIDDEN=..|LARGEST=..] [TOKENS=N|DATA=file.jsonl [FIELDS=a,b]] [EPOCHS=n] [WRITE=<stack> [BUDGET=$/h] [SERVE=0|1] [FORCE=1]]
+gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-Instruct|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [GPUS=16xH100-MEGA] [RESERVATION=name:2xa3-megagpu-8g:2026-12-04T00:00Z] [RANK=cost|speed] [TOP=n] [VOCAB=.. HIDDEN=..|LARGEST=..] [TOKENS=N|DATA=file.jsonl [FIELDS=a,b]] [EPOCHS=n] [WRITE=<stack> [BUDGET=$/h] [SERVE=0|1] [FORCE=1]]
 	DEEPSPEED_STACK_MAKE=1 $(BIN)/python -m $(if $(WRITE),preview.write_stack --stack "$(WRITE)" \
 		$(if $(BUDGET),--budget "$(BUDGET)",) $(if $(SERVE),--serve "$(SERVE)",) $(if $(filter-out 0,$(FORCE)),--force,),planner) \
 		$(if $(MODEL),--model "$(MODEL)",$(if $(PARAMETERS),--parameters $(PARAMETERS),)) \
@@ -69,7 +72,8 @@ gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-I
 		$(if $(REGION),--region $(REGION),) $(if $(SEQ),--seq $(SEQ),) $(if $(BATCH),--batch $(BATCH),) \
 		$(if $(VOCAB),--vocab $(VOCAB),) $(if $(HIDDEN),--hidden $(HIDDEN),) $(if $(LARGEST),--largest-layer $(LARGEST),) \
 		$(if $(TOKENS),--tokens $(TOKENS),) $(if $(DATA),--data "$(DATA)",) $(if $(FIELDS),--fields "$(FIELDS)",) \
-		$(if $(EPOCHS),--epochs $(EPOCHS),) $(if $(GPUS),--gpus "$(GPUS)",) $(if $(WRITE),,$(if $(TOP),--top $(TOP),))
+		$(if $(EPOCHS),--epochs $(EPOCHS),) $(if $(GPUS),--gpus "$(GPUS)",) $(if $(WRITE),,$(if $(TOP),--top $(TOP),)) \
+		$(if $(RESERVATION),--reservation "$(RESERVATION)",) $(if $(RANK),--rank $(RANK),)
 
 # checkov lives in a venv of its own (it pins many packages of its own); not part of requirements.txt.
 CHECKOV_VENV ?= /tmp/checkov-venv
