@@ -17,9 +17,10 @@ def _pools(m: StackConfig, w: WorkloadConfig) -> list[NodePoolConfig]:
     return [p for p in (m.pool(w.pool or ""), m.pool(w.fallback_pool or "")) if p is not None]
 
 
-def _why(fit: node_memory.PodFit, pool: NodePoolConfig) -> str:
+def _why(fit: node_memory.PodFit, pool: NodePoolConfig, evaluator: bool = False) -> str:
     n = fit.node
-    sidecar = f", {fit.sidecars.memory_gib:.2f} GiB for the GCS FUSE sidecar" if fit.sidecars.memory_gib else ""
+    what = "the GCS FUSE sidecar and the evaluator" if evaluator else "the GCS FUSE sidecar"
+    sidecar = f", {fit.sidecars.memory_gib:.2f} GiB for {what}" if fit.sidecars.memory_gib else ""
     return (f"what one {pool.machine_type} node of pool {pool.name} ({n.memory_gib:g} GiB) gives pods: "
             f"{n.memory_allocatable_gib:.1f} GiB allocatable (less the kernel's {n.kernel_gib:.1f}, kube-reserved "
             f"{n.kube_reserved_gib:.1f} and the eviction threshold's {n.eviction_gib:.1f} GiB), less "
@@ -30,7 +31,8 @@ def _memory_problem(name: str, w: WorkloadConfig, pool: NodePoolConfig, fit: nod
     asked = quantity_bytes(w.resources.memory or "")
     if asked is None or asked <= fit.container_room_gib * node_memory.GIB_BYTES:
         return None
-    return (f"{at('workloads', name, 'resources', 'memory')}: {w.resources.memory} is more than {_why(fit, pool)}: "
+    why = _why(fit, pool, w.evaluates)
+    return (f"{at('workloads', name, 'resources', 'memory')}: {w.resources.memory} is more than {why}: "
             f"at most {fit.memory}; the pod would stay Pending. Leave it unset (the stack fits {fit.memory}), or "
             "choose a machine type with more memory")
 
@@ -52,7 +54,7 @@ def check_requests_fit_nodes(m: StackConfig) -> list[str]:
         if not w.on_nvidia or m.cluster is None:
             continue  # Gaudi runs on an existing cluster whose nodes the stack does not know
         for pool in _pools(m, w):
-            fit = pool_fit(pool, w.gcs_fuse.enabled)
+            fit = pool_fit(pool, w.gcs_fuse.enabled, w.evaluates)
             found = [p for p in (_memory_problem(name, w, pool, fit), _cpu_problem(name, w, pool, fit))
                      if p] if fit else []
             problems += found

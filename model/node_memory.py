@@ -134,8 +134,17 @@ def node_daemonsets(fabric: Fabric | None, installer: bool = True) -> Resources:
     return total
 
 
-def pod_sidecars(gcs_fuse: bool) -> Resources:
-    return facts().pod_sidecars["gcsFuse"] if gcs_fuse else Resources()
+def pod_sidecars(gcs_fuse: bool, evaluator: bool = False) -> Resources:
+    """The requests of the containers beside the main one: GKE's FUSE sidecar, a server's evaluator."""
+    f = facts()
+    total = f.pod_sidecars["gcsFuse"] if gcs_fuse else Resources()
+    return total + f.pod_sidecars["evaluator"] if evaluator else total
+
+
+def evaluator_resources() -> dict[str, str]:
+    """The evaluator container's requests (= limits), as Kubernetes quantities."""
+    r = facts().pod_sidecars["evaluator"]
+    return {"cpu": f"{r.cpu:g}", "memory": f"{round(r.memory_gib * 1024)}Mi"}
 
 
 class PodFit(msgspec.Struct, frozen=True):
@@ -170,11 +179,11 @@ class PodFit(msgspec.Struct, frozen=True):
 
 
 def fit_pod(vcpus: float, memory_gib: float, fabric: Fabric | None = None, installer: bool = True,
-            gcs_fuse: bool = False) -> PodFit:
+            gcs_fuse: bool = False, evaluator: bool = False) -> PodFit:
     """Whole CPUs and GiB the workload container can request on an otherwise empty node of this shape (rounded
     down, so requests and limits stay within allocatable)."""
     node = allocatable(vcpus, memory_gib)
-    ds, side = node_daemonsets(fabric, installer), pod_sidecars(gcs_fuse)
+    ds, side = node_daemonsets(fabric, installer), pod_sidecars(gcs_fuse, evaluator)
     cpu = max(1, math.floor(node.cpu_allocatable - ds.cpu - side.cpu))
     memory = max(1, math.floor(node.memory_allocatable_gib - ds.memory_gib - side.memory_gib))
     return PodFit(node, ds, side, cpu, memory)

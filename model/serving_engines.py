@@ -101,6 +101,7 @@ class VllmFacts(msgspec.Struct, frozen=True):
     health_path: str
     env: dict[str, str]
     lora_ranks: tuple[int, ...]  # the values --max-lora-rank takes, ascending
+    runtime_lora_env: str  # the variable that opens /v1/load_lora_adapter (set "true" for serving.evaluation)
 
 
 @functools.cache
@@ -153,7 +154,8 @@ def vllm_facts() -> VllmFacts:
     raw = _raw()["vllm"]
     return VllmFacts(entrypoint=tuple(raw["entrypoint"]), dtypes={k: str(v) for k, v in raw["dtypes"].items()},
                      health_path=str(raw["healthPath"]), env={k: str(v) for k, v in raw["env"].items()},
-                     lora_ranks=tuple(sorted(int(r) for r in raw["loraRanks"])))
+                     lora_ranks=tuple(sorted(int(r) for r in raw["loraRanks"])),
+                     runtime_lora_env=str(raw["runtimeLoraEnv"]))
 
 
 def skip_await_annotation() -> str:

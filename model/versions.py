@@ -29,6 +29,7 @@ PYTHON_BUILD_ARGS = {
     "VLLM_VERSION": "vllm",
     "DEEPSPEED_MII_VERSION": "deepspeedMii",
     "TENSORBOARD_VERSION": "tensorboard",
+    "LM_EVAL_VERSION": "lmEval",
 }
 OP_ARCHS_BUILD_ARG = "TORCH_CUDA_ARCH_LIST"
 

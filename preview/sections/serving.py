@@ -3,6 +3,8 @@ the command that sends it a prompt."""
 
 from __future__ import annotations
 
+import shlex
+from pathlib import PurePosixPath
 from typing import Any
 
 from preview.engine import RunResult
@@ -38,6 +40,31 @@ def section(run: RunResult) -> list[Section]:
             verb = "exist" if " and " in s["waitsFor"] else "exists"
             commands.append(f"# {name} is Ready once {s['waitsFor']} {verb} (its pods wait in Init until then)")
         commands += [f"{s['portForward']} &", s["prompt"]]
+        if isinstance(s.get("evaluation"), dict):
+            commands += evaluation_lines(run.stack, name, s["evaluation"])
     body = "\n".join(rows) + "\n\nSend one prompt (README, \"Serving a model\"):\n\n```sh\n" + "\n".join(commands) + \
         "\n```"
     return [("Serving", body)]
+
+
+def gate_text(gate: float | None) -> str:
+    """How the evaluator's gate decides (workloads/scripts/evaluate.py `decide`)."""
+    if gate is None:
+        return ("no gate (minImprovement unset): every scored export is served; the scores are written all the same")
+    return (f"the gate: an export is served only when its exact match beats the adapter served now (else the base "
+            f"model) by at least {gate:g} of the records; otherwise the one served now stays")
+
+
+def evaluation_lines(stack: str, name: str, ev: dict[str, Any]) -> list[str]:
+    """The evaluator's next steps: what it scores on, where results.json lands, how the gate decides."""
+    bucket = f"gs://$(pulumi stack output bucket -s {shlex.quote(stack)})"
+    lines = [f"# {name}'s adapters are served only once scored: its evaluator container runs evaluate.py "
+             f"(lm-eval, exact match) on {ev['task']} of the bucket (upload it: one {{\"prompt\", \"reference\"}} a "
+             f"line) against the base and the adapter served now, for each new export; "
+             f"{gate_text(ev.get('minImprovement'))}; until an export has passed, only the base is served",
+             f"gcloud storage cp {shlex.quote(PurePosixPath(ev['task']).name)} {bucket}/{ev['task']}",
+             f"{ev['logs']}   # base vs tuned, and the gate's reason"]
+    for adapter, results in ev.get("results", {}).items():
+        lines += [f"# {adapter}: the scores, the decision and why (served: true|false, reason)",
+                  f"gcloud storage cat {bucket}/{results}"]
+    return lines

@@ -11,7 +11,8 @@ searched on one node of each GPU type. The served model is the sized one (`servi
 data/models.yaml), and a server of what training writes (`serving.fromWorkload`) names a workload that trains.
 LoRA adapters (`serving.adapters`, or fromWorkload's when it exports one) come from finetune workloads that export
 one, trained on the base the server serves, with a rank vLLM's --max-lora-rank holds; vLLM serves them (MII
-cannot), and their memory is sized with the model.
+cannot), and their memory is sized with the model. `serving.evaluation` scores them before they are served (an
+evaluator container, workloads/serving.py): only with adapters, read from the bucket.
 """
 
 from __future__ import annotations
@@ -377,6 +378,32 @@ def check_serve_lora_rank(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     return problems
 
 
+def check_serve_evaluation(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """`serving.evaluation` scores LoRA adapters the server serves, against its base, with a task of the bucket:
+    it needs adapters (a refused adapter or engine is said at its own key, not again here), the bucket's mount, and
+    room for the reply within the server's max length."""
+    ev = w.serving.evaluation
+    if ev is None:
+        return []
+    key, s = at("workloads", w.name, "serving", "evaluation"), w.serving
+    problems = []
+    if not s.adapters and not adapter_names(m, w):
+        what = (f"serving.fromWorkload {s.from_workload} serves a whole model" if s.from_workload else
+                "the server serves no adapter")
+        problems.append(f"{key}: scores LoRA adapters against the base model, and {what}; list finetune workloads "
+                        "that export an adapter (finetune.lora.export: adapter) in serving.adapters or "
+                        "serving.fromWorkload, or remove serving.evaluation")
+    if not w.gcs_fuse.enabled:
+        problems.append(f"{key}.task: read from the stack's bucket, where the results go too (evals/<adapter>/), "
+                        f"through GCS FUSE; set {at('workloads', w.name, 'gcsFuse', 'enabled')}: true "
+                        "(storage.enabled: true)")
+    if w.model is not None and ev.max_tokens >= w.model.sequence_length:
+        problems.append(f"{key}.maxTokens: {ev.max_tokens} tokens per reply, but the server's max length "
+                        f"({at('workloads', w.name, 'model', 'sequenceLength')}) is {w.model.sequence_length}, "
+                        "prompt included; set fewer (default 32)")
+    return problems
+
+
 def lora_request(m: StackConfig, w: ServeWorkloadConfig, request: Request) -> Request:
     """The sizing request with vLLM's adapter slots: --max-loras x --max-lora-rank (what model_source passes)."""
     source = model_source(m, w)
@@ -587,6 +614,16 @@ def warn_lora_keys_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
             (("maxLoraRank", s.max_lora_rank), ("maxLoras", s.max_loras)) if value is not None]
 
 
+def warn_runtime_lora_endpoints(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """The evaluation turns on vLLM's runtime LoRA endpoints, on the port every admitted client reaches."""
+    if w.serving.evaluation is None or not adapter_names(m, w):
+        return []
+    return [f"{at('workloads', w.name, 'serving', 'evaluation')}: vLLM runs with VLLM_ALLOW_RUNTIME_LORA_UPDATING "
+            "(the evaluator loads and replaces adapters through /v1/load_lora_adapter), and these endpoints are on "
+            f"the API's port: every client {at('workloads', w.name, 'serving', 'allowFrom')} admits can load a folder "
+            "the server can read or unload a served adapter; admit only trusted clients"]
+
+
 def warn_openai_port_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """MII's second (OpenAI-compatible) server's port when that server is off."""
     openai = w.serving.openai
@@ -612,10 +649,10 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
     rules=(check_serve_accelerator, check_serve_engine_gpu, check_serve_model_block, check_serve_model_source,
            check_serve_from_workload, check_serve_adapters, check_serve_adapter_engine, check_serve_lora_rank,
            check_serve_model_identity, check_serve_tensor_parallel, check_serve_fits, check_serve_replicas,
-           check_serve_autoscaling, check_serve_ports, check_serve_allow_from),
+           check_serve_autoscaling, check_serve_ports, check_serve_allow_from, check_serve_evaluation),
     build=build,
     warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_autoscaling_unused,
-              warn_lora_keys_unused, warn_openai_port_unused),
+              warn_lora_keys_unused, warn_openai_port_unused, warn_runtime_lora_endpoints),
     sizes_its_model=True,
     checks_its_gpu=True,
 )

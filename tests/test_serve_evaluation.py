@@ -1,0 +1,281 @@
+"""Evaluation and a gate in a deployed stack (issue 27 item 4): `serving.evaluation` on a server of adapters runs an
+evaluator container beside vLLM (workloads/scripts/evaluator.py, which runs evaluate.py against 127.0.0.1), and vLLM
+serves an adapter only once the evaluator has scored it and loaded its copy from evals/<adapter>/adapter.
+
+The finetune stack's server `chat` serves tune's adapter (serving.fromWorkload) with a task of the bucket and a
+gate; each rule is refused at its key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from conftest import changed, config_model, load_file, problems, stack_run
+
+from checks import warnings
+from preview import engine
+from preview.engine import RunResult
+
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
+S = "workloads.chat"
+BASE = "Qwen/Qwen2.5-7B-Instruct"  # tune's finetune.model in Pulumi.finetune.yaml
+TASK = "data/heldout.jsonl"
+EVALUATION = {f"{S}.serving.evaluation": {"task": TASK, "minImprovement": 0.05}}
+SCRIPTS = Path(__file__).resolve().parent.parent / "workloads" / "scripts"
+
+
+@pytest.fixture(scope="module")
+def gated() -> RunResult:
+    return engine.run_program(*engine.engine_config_from_yaml(changed("finetune", EVALUATION)), stack="finetune")
+
+
+@pytest.fixture(scope="module")
+def plain() -> RunResult:
+    return stack_run("finetune")
+
+
+def _pod(run: RunResult) -> dict[str, Any]:
+    return run.one(DEPLOYMENT).inputs["spec"]["template"]["spec"]
+
+
+def _containers(run: RunResult) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in _pod(run)["containers"]}
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_vllm_starts_with_the_base_alone_and_runtime_loading(gated: RunResult, plain: RunResult) -> None:
+    server = _containers(gated)["server"]
+    args = server["args"]
+    assert args[:4] == ["--model", BASE, "--served-model-name", BASE]
+    # The LoRA room, but no --lora-modules: tune is served only once scored, by the evaluator.
+    assert args[args.index("--enable-lora"):] == ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"]
+    assert _env(server)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "true"
+    assert "initContainers" not in _pod(gated)  # nothing to wait for before the base is served
+    # Without evaluation: the adapter from MODEL_DIR at start, after the init container's wait, no runtime loading.
+    before = _containers(plain)["server"]
+    assert before["args"][-2:] == ["--lora-modules", "tune=/gcs/models/tune"]
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in _env(before)
+    assert [c["name"] for c in _pod(plain)["containers"]] == ["server"]
+
+
+def test_the_evaluator_runs_evaluate_py_beside_vllm(gated: RunResult) -> None:
+    evaluator = _containers(gated)["evaluator"]
+    assert evaluator["command"] == ["python"]
+    assert evaluator["args"] == [
+        "/app/evaluator.py", "--url", "http://127.0.0.1:8000", "--base", BASE, "--task", f"/gcs/{TASK}",
+        "--evals", "/evals", "--max-tokens", "32", "--min-improvement", "0.05", "--adapter", "tune=/gcs/models/tune"]
+    assert _env(evaluator) == {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    # data/node_memory.yaml podSidecars.evaluator: 1 CPU and 2 GiB, requests = limits.
+    assert evaluator["resources"] == {"requests": {"cpu": "1", "memory": "2048Mi"},
+                                      "limits": {"cpu": "1", "memory": "2048Mi"}}
+    assert evaluator["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                            "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert evaluator["livenessProbe"]["exec"]["command"] == ["test", "-d", "/evals"]
+    files = gated.one(CONFIG_MAP, "chat-server").inputs["data"]
+    assert set(files) == {"evaluator.py", "evaluate.py"}
+    assert files["evaluate.py"] == (SCRIPTS / "evaluate.py").read_text(encoding="utf-8")
+
+
+def test_only_the_evaluator_writes_and_only_evals(gated: RunResult) -> None:
+    pod = _pod(gated)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    bucket, evals = volumes["gcs"]["csi"], volumes["evals"]["csi"]
+    assert bucket["readOnly"] is True
+    # Its own FUSE volume: the bucket's evals/ prefix alone, writable, folder renames allowed (data/gcs_fuse.yaml).
+    assert "readOnly" not in evals
+    assert evals["volumeAttributes"]["mountOptions"] == "implicit-dirs,only-dir=evals,rename-dir-limit=100"
+    assert evals["volumeAttributes"]["bucketName"] == bucket["volumeAttributes"]["bucketName"]
+    mounts = {c["name"]: {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
+              for c in pod["containers"]}
+    # vLLM reads the copies at the path the evaluator writes them (one mount: no stale cache between the two).
+    assert mounts["server"]["/gcs"] is True and mounts["server"]["/evals"] is True
+    assert mounts["evaluator"] == {"/app": True, "/gcs": True, "/evals": False, "/tmp": False,
+                                   "/home/deepspeed": False}
+    doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chat"}, "spec": pod}
+    kubernetes_validate.validate(doc, "1.33.0", strict=True)
+
+
+def test_the_server_is_fitted_less_the_evaluator(gated: RunResult, plain: RunResult) -> None:
+    with_it, without = _containers(gated)["server"]["resources"]["limits"], \
+        _containers(plain)["server"]["resources"]["limits"]
+    assert int(with_it["cpu"]) == int(without["cpu"]) - 1
+    assert int(with_it["memory"].removesuffix("Gi")) == int(without["memory"].removesuffix("Gi")) - 2
+
+
+def test_the_summary_says_where_results_land_and_the_preview_says_how_the_gate_decides(gated: RunResult) -> None:
+    from preview.sections import serving
+
+    ev = gated.outputs["workloads"]["chat"]["evaluation"]
+    assert ev["results"] == {"tune": "evals/tune/results.json"} and ev["served"] == {"tune": "evals/tune/adapter"}
+    assert (ev["task"], ev["minImprovement"]) == (TASK, 0.05)
+    assert "waitsFor" not in gated.outputs["workloads"]["chat"]
+    ((_, body),) = serving.section(gated)
+    assert "gcloud storage cat gs://$(pulumi stack output bucket -s finetune)/evals/tune/results.json" in body
+    assert "by at least 0.05 of the records" in body and "only the base is served" in body
+    assert "kubectl logs -n serving -f deploy/chat -c evaluator" in body
+
+
+# --- the rules: each refused at its key --------------------------------------------------------------------------
+
+def test_evaluation_needs_adapters() -> None:
+    assert problems("serve", {S + ".serving.evaluation": {"task": TASK}, f"{S}.gcsFuse": {"enabled": True},
+                              "storage": {"enabled": True}}) == [
+        f"{S}.serving.evaluation: scores LoRA adapters against the base model, and the server serves no adapter; "
+        "list finetune workloads that export an adapter (finetune.lora.export: adapter) in serving.adapters or "
+        "serving.fromWorkload, or remove serving.evaluation"]
+    assert problems("finetune", {**EVALUATION, "workloads.tune.finetune.lora.export": "merged"}) == [
+        f"{S}.serving.evaluation: scores LoRA adapters against the base model, and serving.fromWorkload tune serves a "
+        "whole model; list finetune workloads that export an adapter (finetune.lora.export: adapter) in "
+        "serving.adapters or serving.fromWorkload, or remove serving.evaluation"]
+
+
+@pytest.mark.parametrize("gate, found", [
+    (1.5, f"{S}.serving.evaluation.minImprovement: must be at most 1, got 1.5"),
+    (-0.1, f"{S}.serving.evaluation.minImprovement: must be at least 0, got -0.1")])
+def test_the_gate_is_a_share_of_the_records(gate: float, found: str) -> None:
+    assert problems("finetune", {f"{S}.serving.evaluation": {"task": TASK, "minImprovement": gate}}) == [found]
+
+
+def test_the_task_is_a_json_lines_file_of_the_bucket() -> None:
+    assert problems("finetune", {f"{S}.serving.evaluation": {"task": "../heldout.jsonl"}}) == [
+        f"{S}.serving.evaluation.task: the bucket path '../heldout.jsonl' has a '..' part, which climbs out of the "
+        "bucket; write the path from the bucket's root (the pods see the bucket at /gcs, and nothing outside it is "
+        "uploaded)"]
+    assert problems("finetune", {f"{S}.serving.evaluation": {"task": "data/heldout.csv"}}) == [
+        f"{S}.serving.evaluation.task: \"data/heldout.csv\" is not of the form a JSON-lines file of the bucket such as "
+        "data/heldout.jsonl"]
+    assert problems("finetune", {f"{S}.serving.evaluation": {"minImprovement": 0.1}}) == [
+        f"{S}.serving.evaluation.task: required key is missing"]
+
+
+def test_every_problem_at_once() -> None:
+    found = problems("finetune", {f"{S}.serving.evaluation": {"task": TASK, "maxTokens": 4096},
+                                  f"{S}.gcsFuse.mountPath": "/evals"})
+    assert found == [
+        f"{S}.serving.evaluation.maxTokens: 4096 tokens per reply, but the server's max length "
+        f"({S}.model.sequenceLength) is 4096, prompt included; set fewer (default 32)",
+        f"{S}.gcsFuse.mountPath: /evals is already used by the workload's pods; pick another path such as /gcs"]
+
+
+def test_the_runtime_endpoints_are_a_warning() -> None:
+    found = warnings(config_model(changed("finetune", EVALUATION)))
+    assert (f"{S}.serving.evaluation: vLLM runs with VLLM_ALLOW_RUNTIME_LORA_UPDATING (the evaluator loads and "
+            "replaces adapters through /v1/load_lora_adapter), and these endpoints are on the API's port: every "
+            f"client {S}.serving.allowFrom admits can load a folder the server can read or unload a served adapter; "
+            "admit only trusted clients") in found
+    assert not [w for w in warnings(config_model(changed("finetune"))) if "VLLM_ALLOW_RUNTIME" in w]
+
+
+def test_only_a_server_with_evaluation_has_an_evaluator() -> None:
+    assert config_model(changed("finetune")).workloads["chat"].evaluates is False
+    assert config_model(changed("finetune", EVALUATION)).workloads["chat"].evaluates is True
+
+
+# --- evaluator.py: one pass over the adapters, with stand-ins for the server --------------------------------------
+
+@pytest.fixture(scope="module")
+def evaluator() -> ModuleType:
+    return load_file(SCRIPTS / "evaluator.py", "evaluator_script")
+
+
+class Stand:
+    """vLLM's /v1/models and /v1/load_lora_adapter, and evaluate.py's run (it writes results.json and, when
+    `passes`, the copy, as evaluate.py does)."""
+
+    def __init__(self, evals: Path, passes: bool = True, code: int = 0) -> None:
+        self.evals, self.passes, self.code = evals, passes, code
+        self.models = ["base"]
+        self.loaded: list[tuple[str, str]] = []
+        self.runs: list[list[str]] = []
+
+    def run(self, command: list[str]) -> int:
+        self.runs.append(command)
+        if self.code:
+            return self.code
+        candidate = Path(command[command.index("--candidate") + 1])
+        folder = Path(command[command.index("--results") + 1]).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        marker = json.loads((candidate / ".complete").read_text())
+        (folder / "results.json").write_text(json.dumps({"candidateMarker": marker, "served": self.passes}))
+        if self.passes:
+            (folder / "adapter").mkdir(exist_ok=True)
+            (folder / "adapter" / ".complete").write_text(json.dumps(marker))
+            self.models.append("tune")
+        return 0
+
+    def server(self, ev: ModuleType) -> Any:
+        return ev.Server(served=lambda: list(self.models), load=self.load, run=self.run)
+
+    def load(self, name: str, path: Path) -> None:
+        self.loaded.append((name, str(path)))
+        self.models.append(name)
+
+
+def _setup(evaluator: ModuleType, tmp_path: Path) -> tuple[SimpleNamespace, list[Any], Path]:
+    model_dir = tmp_path / "models" / "tune"
+    model_dir.mkdir(parents=True)
+    args = evaluator.parse_args(["--url", "http://127.0.0.1:8000", "--base", "base", "--task", "/gcs/task.jsonl",
+                                 "--evals", str(tmp_path / "evals"), "--adapter", f"tune={model_dir}",
+                                 "--min-improvement", "0.05"])
+    return args, args.adapter, model_dir
+
+
+def test_an_export_is_scored_once_and_its_copy_served_again_after_a_restart(evaluator: ModuleType,
+                                                                            tmp_path: Path) -> None:
+    args, adapters, model_dir = _setup(evaluator, tmp_path)
+    stand, state = Stand(tmp_path / "evals"), evaluator.State()
+    evaluator.poll(args, adapters, stand.server(evaluator), state)
+    assert stand.runs == []  # no marker yet: nothing to score, nothing served
+    (model_dir / ".complete").write_text('{"export": "adapter", "step": 40}')
+    evaluator.poll(args, adapters, stand.server(evaluator), state)
+    (command,) = stand.runs
+    assert command[2:] == ["--url", "http://127.0.0.1:8000", "--base", "base", "--adapter", "tune", "--candidate",
+                           str(model_dir), "--task", "/gcs/task.jsonl", "--results",
+                           str(tmp_path / "evals" / "tune" / "results.json"), "--served-copy",
+                           str(tmp_path / "evals" / "tune" / "adapter"), "--max-tokens", "32",
+                           "--min-improvement", "0.05"]
+    assert command[1].endswith("evaluate.py")
+    evaluator.poll(args, adapters, stand.server(evaluator), state)
+    assert len(stand.runs) == 1 and stand.loaded == []  # scored already; evaluate.py loaded it
+    stand.models = ["base"]  # vLLM restarted: what was loaded at run time is gone
+    evaluator.poll(args, adapters, stand.server(evaluator), state)
+    assert stand.loaded == [("tune", str(tmp_path / "evals" / "tune" / "adapter"))] and len(stand.runs) == 1
+    (model_dir / ".complete").write_text('{"export": "adapter", "step": 80}')  # a new export: scored again
+    evaluator.poll(args, adapters, stand.server(evaluator), state)
+    assert len(stand.runs) == 2
+
+
+def test_a_refused_export_is_not_scored_again_and_nothing_is_served(evaluator: ModuleType, tmp_path: Path) -> None:
+    args, adapters, model_dir = _setup(evaluator, tmp_path)
+    (model_dir / ".complete").write_text('{"export": "adapter", "step": 40}')
+    stand, state = Stand(tmp_path / "evals", passes=False), evaluator.State()
+    for _ in range(2):
+        evaluator.poll(args, adapters, stand.server(evaluator), state)
+    assert len(stand.runs) == 1 and stand.loaded == [] and stand.models == ["base"]
+
+
+def test_a_failed_evaluation_waits_before_it_is_tried_again(evaluator: ModuleType, tmp_path: Path) -> None:
+    args, adapters, model_dir = _setup(evaluator, tmp_path)
+    (model_dir / ".complete").write_text('{"export": "adapter", "step": 40}')
+    stand, state = Stand(tmp_path / "evals", code=2), evaluator.State()
+    for now in (0.0, 30.0, 599.0):
+        evaluator.poll(args, adapters, stand.server(evaluator), state, now=lambda t=now: t)
+    assert len(stand.runs) == 1
+    evaluator.poll(args, adapters, stand.server(evaluator), state, now=lambda: 600.0)
+    assert len(stand.runs) == 2
+
+
+def test_a_merged_models_marker_is_not_an_adapter_export(evaluator: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / ".complete").write_text('{"export": "merged", "step": 40}')
+    assert evaluator.adapter_marker(tmp_path) is None
+    (tmp_path / ".complete").write_text('{"export": "adapter", "step": 40}')
+    assert evaluator.adapter_marker(tmp_path) == {"export": "adapter", "step": 40}

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""The evaluator container of a `serve` workload with `serving.evaluation`: it runs beside vLLM in the same pod and
+is the only way an adapter gets served there (workloads/serving.py starts vLLM with the base and no --lora-modules).
+
+    evaluator.py --url http://127.0.0.1:8000 --base BASE --task /gcs/TASK.jsonl --evals /evals \\
+        --adapter NAME=MODEL_DIR [--adapter ...] [--min-improvement 0.05] [--max-tokens 32]
+
+Every --poll seconds, once vLLM answers /health, for each adapter NAME:
+1. Its served copy EVALS/NAME/adapter (what evaluate.py --served-copy wrote when an export passed) is loaded under
+   NAME when vLLM does not list it: on the pod's first start and after a restart of vLLM, which forgets what was
+   loaded at run time. Before any export has passed, NAME is not served (clients get the base under its own name).
+2. When MODEL_DIR/.complete says an adapter export that EVALS/NAME/results.json has not scored yet (its
+   `candidateMarker` differs), evaluate.py scores it against the base and the copy served now, writes results.json
+   and, when it passes the gate (or there is none), copies it to EVALS/NAME/adapter and loads it in place.
+   A failed evaluation (exit 1: the server; 2: the task file) is tried again after --retry seconds, not every poll.
+The loop never exits on its own: a container that ended would make the pod not Ready, and the server with it.
+Standard library only; evaluate.py (beside this file) is run as a child process, so lm-eval's memory is freed
+after each evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MARKER = ".complete"  # finetune.py's, written last into MODEL_DIR (and copied last into the served copy)
+RESULTS = "results.json"
+COPY = "adapter"  # EVALS/NAME/adapter: evaluate.py's --served-copy
+EVALUATE = Path(__file__).resolve().parent / "evaluate.py"
+POLL_SECONDS = 30
+RETRY_SECONDS = 600
+HTTP_TIMEOUT_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    model_dir: Path
+
+
+@dataclass
+class State:
+    """What the loop remembers between polls: the failed evaluations (marker, when) and what it said last."""
+
+    failed: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
+    said: dict[str, str] = field(default_factory=dict)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def adapter_marker(model_dir: Path) -> dict[str, Any] | None:
+    """MODEL_DIR's marker when it says an adapter export (a merged model's, or none yet: None)."""
+    marker = read_json(model_dir / MARKER)
+    return marker if marker is not None and marker.get("export") == "adapter" else None
+
+
+def evaluated_marker(folder: Path) -> dict[str, Any] | None:
+    """The marker of the export results.json scored last (served or not)."""
+    results = read_json(folder / RESULTS)
+    marker = results.get("candidateMarker") if results else None
+    return marker if isinstance(marker, dict) else None
+
+
+def needs_evaluation(marker: Mapping[str, Any] | None, evaluated: Mapping[str, Any] | None,
+                     failed: tuple[Mapping[str, Any], float] | None, now: float, retry: float) -> bool:
+    """A new export that was not scored yet, nor failed within `retry` seconds."""
+    if marker is None or marker == evaluated:
+        return False
+    return failed is None or failed[0] != marker or now - failed[1] >= retry
+
+
+def needs_loading(name: str, served: Sequence[str], copy: Path) -> bool:
+    """The copy that passed is whole (its marker is copied last) and vLLM does not serve it."""
+    return name not in served and (copy / MARKER).is_file()
+
+
+def evaluate_command(args: argparse.Namespace, adapter: Adapter) -> list[str]:
+    folder = Path(args.evals) / adapter.name
+    command = [sys.executable, str(EVALUATE), "--url", args.url, "--base", args.base, "--adapter", adapter.name,
+               "--candidate", str(adapter.model_dir), "--task", args.task, "--results", str(folder / RESULTS),
+               "--served-copy", str(folder / COPY), "--max-tokens", str(args.max_tokens)]
+    if args.min_improvement is not None:
+        command += ["--min-improvement", str(args.min_improvement)]
+    return command
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_SECONDS) as response:
+        return response.read().decode()
+
+
+def healthy(url: str) -> bool:
+    try:
+        _get(f"{url}/health")
+    except (urllib.error.URLError, OSError):
+        return False
+    return True
+
+
+def served_models(url: str) -> list[str]:
+    return [m["id"] for m in json.loads(_get(f"{url}/v1/models"))["data"]]
+
+
+def load_adapter(url: str, name: str, path: Path) -> None:
+    body = json.dumps({"lora_name": name, "lora_path": str(path)}).encode()
+    request = urllib.request.Request(f"{url}/v1/load_lora_adapter", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_SECONDS * 30):
+        pass
+
+
+def log(text: str) -> None:
+    print(f"[evaluator] {text}", flush=True)
+
+
+@dataclass(frozen=True)
+class Server:
+    """What one poll does to the server and the folders (stand-ins in tests)."""
+
+    served: Callable[[], list[str]]
+    load: Callable[[str, Path], None]
+    run: Callable[[list[str]], int]
+
+
+def say_once(state: State, name: str, text: str) -> None:
+    if state.said.get(name) != text:
+        state.said[name] = text
+        log(text)
+
+
+def poll(args: argparse.Namespace, adapters: Sequence[Adapter], server: Server, state: State,
+         now: Callable[[], float] = time.monotonic) -> None:
+    """One pass over the adapters: serve the copies that passed, evaluate the new exports."""
+    served = server.served()
+    for adapter in adapters:
+        folder = Path(args.evals) / adapter.name
+        copy = folder / COPY
+        if needs_loading(adapter.name, served, copy):
+            server.load(adapter.name, copy)
+            log(f"{adapter.name}: serving its evaluated copy {copy}")
+        marker = adapter_marker(adapter.model_dir)
+        if marker is None:
+            say_once(state, adapter.name, f"{adapter.name}: waiting for an adapter export's "
+                                          f"{adapter.model_dir / MARKER} (written last by the training workload)")
+            continue
+        if not needs_evaluation(marker, evaluated_marker(folder), state.failed.get(adapter.name), now(),
+                                args.retry):
+            continue
+        log(f"{adapter.name}: evaluating the export of step {marker.get('step')} on {args.task}")
+        code = server.run(evaluate_command(args, adapter))
+        if code == 0:
+            state.failed.pop(adapter.name, None)
+        else:
+            state.failed[adapter.name] = (marker, now())
+            log(f"{adapter.name}: evaluate.py exited {code} (its log above says why); trying again in "
+                f"{args.retry:g} s")
+
+
+def parse_adapter(text: str) -> Adapter:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=MODEL_DIR")
+    return Adapter(name, Path(path))
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--url", required=True, help="the server's root, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--base", required=True, help="the base model's name in the server's API")
+    parser.add_argument("--task", required=True, help="the held-out task (JSON lines of prompt and reference)")
+    parser.add_argument("--evals", required=True, help="the bucket's evals/ folder (EVALS/NAME/results.json)")
+    parser.add_argument("--adapter", action="append", type=parse_adapter, required=True,
+                        help="NAME=MODEL_DIR of each adapter the server serves")
+    parser.add_argument("--min-improvement", type=float, help="the gate (evaluate.py --min-improvement)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
+    parser.add_argument("--poll", type=float, default=POLL_SECONDS, help="seconds between passes")
+    parser.add_argument("--retry", type=float, default=RETRY_SECONDS, help="seconds before a failed one again")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    server = Server(served=lambda: served_models(args.url),
+                    load=lambda name, path: load_adapter(args.url, name, path),
+                    run=lambda command: subprocess.run(command, check=False).returncode)
+    state = State()
+    log(f"{len(args.adapter)} adapter(s) on {args.base}, task {args.task}, gate "
+        f"{'none' if args.min_improvement is None else args.min_improvement}")
+    while True:
+        if healthy(args.url):
+            try:
+                poll(args, args.adapter, server, state)
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as error:  # vLLM restarting, say
+                log(f"the server: {error}; trying again")
+        else:
+            say_once(state, "", f"waiting for the server at {args.url}/health")
+        time.sleep(args.poll)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
