@@ -211,6 +211,8 @@ class VertexConfig(msgspec.Struct, frozen=True):
     spot: bool
     tensorboard: bool
     launch: VertexLaunchConfig
+    deepspeed: DeepSpeedConfig  # ds_config.json of the recipe's run (with `finetune`)
+    finetune: FinetuneConfig | None = None  # the recipe's keys (model/schema.yaml $defs.finetuneRun); None: launch
 
 
 class NcclTestConfig(msgspec.Struct, frozen=True):

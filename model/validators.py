@@ -41,22 +41,24 @@ def bucket_name_problem(name: str) -> str | None:
     return None
 
 
-def bucket_path_problem(path: str) -> str | None:
+def bucket_path_problem(path: str, store: str = "the bucket") -> str | None:
     """Why a path that should name something in the stack's bucket (relative to its root, as the pods see it under
     the bucket's mount) would name something else, or None. GCS FUSE shows the bucket as a folder: `..` climbs out
     of it, `.` and an empty part (`//`) name no object, and an absolute path is not under it at all. A trailing `/`
-    names a folder, and an empty path is the bucket itself: each key's own rule says whether that will do."""
+    names a folder, and an empty path is the bucket itself: each key's own rule says whether that will do. `store`:
+    what the path is relative to in the words of the message (a Gaudi job's data is on "the claim")."""
+    item = "object" if store == "the bucket" else "file"  # Cloud Storage holds objects
     if path.startswith("/"):
-        return "is absolute; a path in the bucket starts at its root (e.g. data/train.jsonl)"
+        return f"is absolute; a path in {store} starts at its root (e.g. data/train.jsonl)"
     parts = path.split("/")
     if parts[-1] == "":
         parts.pop()  # a folder
     if "" in parts:
-        return "has an empty part (//), which no object of the bucket has"
+        return f"has an empty part (//), which no {item} of {store} has"
     for part in (".", ".."):
         if part in parts:
-            where = "climbs out of the bucket" if part == ".." else "names no object of the bucket"
-            return f"has a {part!r} part, which {where}; write the path from the bucket's root"
+            where = f"climbs out of {store}" if part == ".." else f"names no {item} of {store}"
+            return f"has a {part!r} part, which {where}; write the path from {store}'s root"
     return None
 
 

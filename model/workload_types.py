@@ -439,6 +439,8 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
     host_ipc: bool = msgspec.field(name="hostIPC")
     training: TrainingConfig
     env: dict[str, str]  # Gaudi: every rank's environment (DS_ENV_FILE)
+    # Gaudi: the recipe's keys (finetune.py on HPU) instead of `training`'s optimum-habana example; None: `training`.
+    finetune: FinetuneConfig | None = None
 
     @property
     def shares_host_ipc(self) -> bool:
@@ -450,7 +452,11 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
         return self.on_gaudi and self.gaudi.install_at_start
 
     def hub_models(self) -> tuple[tuple[tuple[str, ...], str], ...]:
-        # Only Omnia's Gaudi trainer (no launch.command) downloads `training.model`; any script its arguments' ids.
+        # Only Omnia's Gaudi trainer (no launch.command) downloads `training.model`, and the recipe `finetune.model`;
+        # any script its arguments' ids.
+        if self.on_gaudi and self.finetune is not None:
+            recipe = ((("finetune", "model"), self.finetune.model),) if self.finetune.model else ()
+            return (*recipe, *super().hub_models())
         trainer = ((("training", "model"), self.training.model),) if self.on_gaudi and not self.launch.command else ()
         return (*trainer, *super().hub_models())
 

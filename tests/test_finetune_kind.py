@@ -78,7 +78,9 @@ def test_the_launcher_runs_finetune_py_with_the_keys_as_arguments() -> None:
         "--prompt-field", "prompt", "--response-field", "response", "--seq-len", "2048", "--epochs", "3",
         "--learning-rate", "0.0002", "--save-steps", "200", "--gradient-checkpointing",
         "--lora", "--lora-rank", "16", "--lora-alpha", "32", "--lora-dropout", "0.05", "--lora-export", "adapter",
-        "--lora-target-modules", "all-linear"]
+        "--lora-target-modules", "all-linear",
+        # The contract's layout as arguments too (the same folders as CHECKPOINT_DIR and MODEL_DIR).
+        "--checkpoint-dir", "/gcs/checkpoints/tune", "--model-dir", "/gcs/models/tune"]
     # The set-up a launcher always has: the master's address, the wait for every worker's sshd, ~/.deepspeed_env.
     assert 'export MASTER_ADDR="$(head -n 1 "$HOSTSFILE"' in script
     assert "until ssh -o ConnectTimeout=5 -o BatchMode=yes" in script
@@ -280,7 +282,7 @@ def test_a_model_is_a_hub_id_or_a_bucket_folder() -> None:
     assert found.startswith(f"{W}.finetune.model: ") and "a Hugging Face model id such as Qwen/Qwen2.5-7B-" in found
     assert _problems({"finetune.model": DELETE}) == [
         f"{W}.finetune.model: required: the model to train on, a Hugging Face id (e.g. Qwen/Qwen2.5-7B-Instruct), or "
-        f"{W}.finetune.modelPath: a folder of the stack's bucket"]
+        f"{W}.finetune.modelPath: a folder of the bucket"]
     assert _problems({"finetune.modelPath": "models/base"}) == [
         f"{W}.finetune.modelPath: give {W}.finetune.model (a Hugging Face id) or modelPath (a folder of the bucket), "
         "not both"]
@@ -334,7 +336,8 @@ def test_every_flag_the_stack_passes_is_guarded() -> None:
 def test_finetune_runs_on_nvidia_only() -> None:
     found = _problems({"accelerator.kind": "gaudi", "pool": DELETE})
     assert f"{W}.accelerator.kind: a finetune workload runs on NVIDIA GPUs of a GKE pool (finetune.py under " \
-           "DeepSpeed's CUDA path); for Gaudi use kind mpijob with `training`" in found
+           "DeepSpeed's CUDA path); on Gaudi the same `finetune` keys go into a kind mpijob " \
+           "(workloads.<name>.finetune: finetune.py on HPU, data on the shared claim)" in found
 
 
 # --- `training.*` on an NVIDIA mpijob: refused, pointing at this kind (issue 18: never silently ignored) -----------
