@@ -12,9 +12,10 @@ from model import catalog as gpu_catalog
 from model import network_pricing
 from model.config import schema
 from model.suggest import did_you_mean
-from model.types import StackConfig
-from model.validators import bucket_name_problem
+from model.types import StackConfig, snake
+from model.validators import bucket_name_problem, bucket_path_problem
 from planner.recovery import stack_recovery
+from workloads import recipe, vertex_job
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -37,6 +38,70 @@ def check_vertex_machine(m: StackConfig) -> list[str]:
     if m.region and not gpu_catalog.load().zones(v.gpu.type, m.region):
         problems.append(f"vertex.gpu.type: {v.gpu.type} is not offered in {m.region}")
     return problems
+
+
+def _vertex_site(m: StackConfig) -> recipe.RecipeSite | None:
+    """`vertex.finetune` as the recipe's rules see it (None without it)."""
+    v = m.vertex
+    if not v.enabled or v.finetune is None:
+        return None
+    return recipe.RecipeSite(run=v.finetune, prefix=vertex_job.STACK_PREFIX, deepspeed=v.deepspeed,
+                             data_where="the bucket")
+
+
+def check_vertex_recipe(m: StackConfig) -> list[str]:
+    """`vertex.finetune`: the recipe's rules (the same as on GKE and Gaudi), its paths in the bucket, and the name
+    its outputs are filed under."""
+    site = _vertex_site(m)
+    if site is None:
+        return []
+    problems = recipe.problems(site)
+    for camel, path in (("modelPath", site.run.model_path), ("datasetPath", site.run.dataset_path),
+                        ("evalSplit", recipe.eval_path(site.run))):
+        why = bucket_path_problem(path) if path is not None else None
+        if why is not None:
+            problems.append(f"{site.key(camel)}: the bucket path {path!r} {why} (Vertex AI shows the bucket at "
+                            f"{vertex_job.VERTEX_MOUNT}/<bucket>)")
+    name = m.vertex.display_name
+    if not K8S_NAME.match(name):
+        problems.append(f"vertex.displayName: {name!r} names the run's folders with vertex.finetune "
+                        f"(checkpoints/{name}, models/{name} in the bucket): use lowercase letters, digits and "
+                        "hyphens, e.g. deepspeed-training")
+    return problems
+
+
+def check_vertex_launch_with_recipe(m: StackConfig) -> list[str]:
+    """With `vertex.finetune` the replicas run the stack's finetune.py: `launch.script` would be silently replaced,
+    and `launch.args` are more finetune.py flags, never one the stack sets from a key (argparse would take the last
+    one and the key would silently lose) nor one the script lacks."""
+    site = _vertex_site(m)
+    if site is None:
+        return []
+    v, problems = m.vertex, []
+    default_script = schema()["properties"]["vertex"]["properties"]["launch"]["properties"]["script"]["default"]
+    if v.launch.script != default_script:
+        problems.append(f"vertex.launch.script: not used: with vertex.finetune every replica runs the stack's "
+                        f"finetune.py (uploaded to gs://<bucket>/{vertex_job.RECIPE_PREFIX}/); remove "
+                        "vertex.launch.script, or remove vertex.finetune to run your own script")
+    args_key = ("vertex", "launch", "args")
+    return [*problems, *recipe.check_args(site, args_key, v.launch.args),
+            *recipe.check_args_known(args_key, v.launch.args)]
+
+
+def check_vertex_deepspeed_unused(m: StackConfig) -> list[str]:
+    """`vertex.deepspeed` is the recipe's ds_config.json: without `vertex.finetune` the user's script reads none of
+    it (its own flags, e.g. --zero_stage, say how it trains)."""
+    v = m.vertex
+    if not v.enabled or v.finetune is not None:
+        return []
+    defaults = schema()["properties"]["vertex"]["properties"]["deepspeed"]["properties"]
+    changed = [key for key, node in defaults.items() if "default" in node
+               and getattr(v.deepspeed, snake(key)) != node["default"]]
+    changed += [key for key, node in defaults.items() if "default" not in node
+                and getattr(v.deepspeed, snake(key)) is not None]
+    return [f"vertex.deepspeed.{key}: not used: vertex.deepspeed is the ds_config.json of vertex.finetune's run; "
+            f"your script ({v.launch.script}) takes its settings in vertex.launch.args. Remove it, or set "
+            "vertex.finetune to run the stack's recipe" for key in changed]
 
 
 def check_gcs_fuse_needs_storage_and_gke(m: StackConfig) -> list[str]:
@@ -187,6 +252,9 @@ def check_storage_needs_project(m: StackConfig) -> list[str]:
 CHECKS: list[Check] = [
     check_vertex_needs_storage,
     check_vertex_machine,
+    check_vertex_recipe,
+    check_vertex_launch_with_recipe,
+    check_vertex_deepspeed_unused,
     check_gcs_fuse_needs_storage_and_gke,
     check_gcs_fuse_mount_path,
     check_storage_names,

@@ -1,7 +1,8 @@
 """VertexTraining: what Vertex AI custom training needs, and the CustomJob spec to start runs with.
 
 A training service account with only the roles a run needs, an optional TensorBoard instance, and
-the rendered spec as an output (see workloads/vertex_job.py).
+the rendered spec as an output (see workloads/vertex_job.py). With `vertex.finetune`, the recipe's files (finetune.py,
+its modules, ds_config.json) as objects of the bucket, where every replica reads them at /gcs/<bucket>/.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pulumi_gcp as gcp
 
 from components.node_identity import account_id
 from model.types import VertexConfig
-from workloads.vertex_job import customjob_spec
+from workloads.vertex_job import customjob_spec, recipe_files
 
 TRAINING_ROLES = (
     "roles/aiplatform.user",  # write TensorBoard experiments and read the job's own metadata
@@ -47,6 +48,8 @@ class VertexTraining(pulumi.ComponentResource):
         gcp.artifactregistry.RepositoryIamMember(
             f"{name}-image-reader", project=args.project, location=args.region, repository=args.repository,
             role="roles/artifactregistry.reader", member=member, opts=child)
+        if cfg.finetune is not None:
+            self._upload_recipe(name, args, child)
         tensorboard = None
         if cfg.tensorboard:
             tensorboard = gcp.vertex.AiTensorboard(
@@ -55,3 +58,10 @@ class VertexTraining(pulumi.ComponentResource):
         self.spec = pulumi.Output.all(args.image_ref, args.bucket, self.account.email, tensorboard).apply(
             lambda v: customjob_spec(cfg, v[0], v[1], v[2], v[3]))
         self.register_outputs({"serviceAccount": self.account.email, "customJobSpec": self.spec})
+
+    def _upload_recipe(self, name: str, args: VertexTrainingArgs, opts: pulumi.ResourceOptions) -> None:
+        """The GKE ConfigMap's counterpart: what the CustomJob runs, written by `pulumi up`, so a run started from the
+        spec runs this stack's recipe and ds_config.json."""
+        for object_name, text in recipe_files(args.config).items():
+            gcp.storage.BucketObject(f"{name}-{object_name.rsplit('/', 1)[-1].replace('.', '-').replace('_', '-')}",
+                                     bucket=args.bucket, name=object_name, content=text, opts=opts)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import problems, stack_yaml
+from conftest import model, problems, stack_yaml
 
 from model import catalog
 from model.types import VertexConfig, VertexGpuConfig, VertexLaunchConfig
@@ -22,7 +22,8 @@ def vertex(**changes) -> VertexConfig:
     base = dict(enabled=True, display_name="ds", machine_type="n1-standard-4",
                 gpu=VertexGpuConfig("nvidia-tesla-t4", 1), workers=1, boot_disk_type="pd-ssd", boot_disk_gb=1000,
                 spot=False, tensorboard=False,
-                launch=VertexLaunchConfig("train.py", ["--zero_stage", "3"]))
+                launch=VertexLaunchConfig("train.py", ["--zero_stage", "3"]),
+                deepspeed=model("vertex").vertex.deepspeed)  # the schema's defaults: read only with finetune
     return VertexConfig(**{**base, **changes})
 
 

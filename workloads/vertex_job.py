@@ -3,17 +3,69 @@
 A CustomJob is a run, not a long-lived resource, so the stack renders its spec (a stack output and,
 in the offline preview, `vertex-customjob.yaml`) for `gcloud ai custom-jobs create --config`.
 The image's Vertex entrypoint builds the hostfile from CLUSTER_SPEC and exchanges SSH keys itself.
+
+With `vertex.finetune` every replica runs the stack's recipe, finetune.py, with the arguments the same keys give on
+GKE and Gaudi (workloads/recipe.py): the stack uploads the script, its modules and ds_config.json to the bucket
+(`recipe_files`, the GKE ConfigMap's counterpart), and Vertex's /gcs/<bucket> mount is the data and output root.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from model.types import VertexConfig
+from workloads import recipe
+from workloads.ds_config import build_ds_config
 
 # Installed by workloads/images/deepspeed/Dockerfile.
 VERTEX_ENTRYPOINT = "/opt/deepspeed/vertex/vertex_start.sh"
 VERTEX_OUTPUT_DIR = "vertex"
+VERTEX_MOUNT = "/gcs"  # Vertex AI mounts every bucket the job may read at /gcs/<bucket> (Cloud Storage FUSE)
+RECIPE_PREFIX = "deepspeed-stack/scripts"  # the bucket's folder of finetune.py, its modules and ds_config.json
+STACK_PREFIX = ("vertex",)  # where the recipe's keys are: vertex.finetune, vertex.deepspeed
+
+
+def replicas(cfg: VertexConfig) -> int:
+    """The primary and the worker pool's replicas: the DeepSpeed hosts."""
+    return 1 + cfg.workers
+
+
+def roots(cfg: VertexConfig, bucket: str) -> recipe.RecipeRoots:
+    """The recipe's roots on Vertex AI: the bucket's mount for data and outputs, the uploaded recipe's folder."""
+    mounted = f"{VERTEX_MOUNT}/{bucket}"
+    return recipe.RecipeRoots(data=mounted, output=mounted, config=f"{mounted}/{RECIPE_PREFIX}",
+                              name=cfg.display_name)
+
+
+def recipe_argv(cfg: VertexConfig, bucket: str) -> list[str]:
+    """What every replica's vertex_start.sh runs under `deepspeed --hostfile`: finetune.py from the bucket with the
+    recipe's arguments, then `vertex.launch.args`."""
+    assert cfg.finetune is not None
+    where = roots(cfg, bucket)
+    return [f"{where.config}/{recipe.SCRIPT.name}",
+            *recipe.recipe_args(cfg.finetune, cfg.deepspeed.learning_rate, where), *cfg.launch.args]
+
+
+def ds_config_text(cfg: VertexConfig) -> str:
+    """ds_config.json of the recipe's run: every replica's GPUs, the Trainer filling what it owns."""
+    config = build_ds_config(cfg.deepspeed, replicas(cfg), cfg.gpu.count, hf_trainer=True)
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def recipe_files(cfg: VertexConfig) -> dict[str, str]:
+    """The bucket's objects the run reads (object name -> text): the script, its modules, ds_config.json and a
+    named chat template, under RECIPE_PREFIX."""
+    assert cfg.finetune is not None
+    files = recipe.recipe_files(cfg.finetune, ds_config_text(cfg))
+    return {f"{RECIPE_PREFIX}/{name}": text for name, text in files.items()}
+
+
+def recipe_env(cfg: VertexConfig) -> list[dict[str, str]]:
+    """The container's environment: the stack's key for each flag (the script's errors name `vertex.finetune.*`)."""
+    assert cfg.finetune is not None
+    keys = recipe.stack_keys(cfg.finetune, STACK_PREFIX)
+    return [{"name": "FINETUNE_STACK_KEYS", "value": json.dumps(keys, sort_keys=True, separators=(",", ":"))}]
 
 
 def vertex_accelerator(gpu_type: str) -> str:
@@ -21,7 +73,14 @@ def vertex_accelerator(gpu_type: str) -> str:
     return gpu_type.upper().replace("-", "_")
 
 
-def _pool(cfg: VertexConfig, image: str, replicas: int) -> dict[str, Any]:
+def _container(cfg: VertexConfig, image: str, bucket: str) -> dict[str, Any]:
+    if cfg.finetune is None:
+        return {"imageUri": image, "command": [VERTEX_ENTRYPOINT], "args": [cfg.launch.script, *cfg.launch.args]}
+    return {"imageUri": image, "command": [VERTEX_ENTRYPOINT], "args": recipe_argv(cfg, bucket),
+            "env": recipe_env(cfg)}
+
+
+def _pool(cfg: VertexConfig, image: str, replicas: int, bucket: str = "") -> dict[str, Any]:
     return {
         "machineSpec": {
             "machineType": cfg.machine_type,
@@ -30,21 +89,17 @@ def _pool(cfg: VertexConfig, image: str, replicas: int) -> dict[str, Any]:
         },
         "replicaCount": replicas,
         "diskSpec": {"bootDiskType": cfg.boot_disk_type, "bootDiskSizeGb": cfg.boot_disk_gb},
-        "containerSpec": {
-            "imageUri": image,
-            "command": [VERTEX_ENTRYPOINT],
-            # The entrypoint counts each host's GPUs itself (nvidia-smi -L) for the hostfile's slots.
-            "args": [cfg.launch.script, *cfg.launch.args],
-        },
+        # The entrypoint counts each host's GPUs itself (nvidia-smi -L) for the hostfile's slots.
+        "containerSpec": _container(cfg, image, bucket),
     }
 
 
 def customjob_spec(cfg: VertexConfig, image: str, bucket: str, service_account: str,
                    tensorboard: str | None = None) -> dict[str, Any]:
     """workerPoolSpecs[0] is the primary (one replica); workerPoolSpecs[1] holds `workers` replicas."""
-    pools = [_pool(cfg, image, 1)]
+    pools = [_pool(cfg, image, 1, bucket)]
     if cfg.workers:
-        pools.append(_pool(cfg, image, cfg.workers))
+        pools.append(_pool(cfg, image, cfg.workers, bucket))
     spec: dict[str, Any] = {
         "workerPoolSpecs": pools,
         "serviceAccount": service_account,

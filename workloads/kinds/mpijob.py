@@ -17,8 +17,8 @@ from model import storage_classes
 from model.config import kind_branches, schema, with_defaults, workload_default
 from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig, StackConfig, TrainingConfig, camel
 from model.types import build as build_config
-from model.validators import DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX, at
-from workloads import mpijob
+from model.validators import DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX, at, bucket_path_problem
+from workloads import mpijob, recipe
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.shared import (
     changed_keys,
@@ -107,16 +107,75 @@ def check_mpijob_storage(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
 
 def check_training_args(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     """Flags the stack sets from other keys may not be repeated: a second batch size or precision would
-    disagree with ds_config.json, and the HF Trainer refuses to start on such a mismatch."""
-    if not w.on_gaudi or w.launch.command:
+    disagree with ds_config.json, and the HF Trainer refuses to start on such a mismatch. Flags the launcher passes
+    itself, or that it overrides (your own data: run_lora_clm.py loads --dataset_name before --train_file), would
+    be lost without a word: each is refused with what to use instead."""
+    if not w.on_gaudi or w.launch.command or w.finetune is not None:
         return []
     problems = []
     for i, arg in enumerate(w.training.args):
+        key, flag = at('workloads', w.name, 'training', 'args', i), arg.split('=', 1)[0]
         source = mpijob.reserved_flag(arg)
         if source:
-            problems.append(f"{at('workloads', w.name, 'training', 'args', i)}: {arg.split('=', 1)[0]} is set "
-                            f"by the stack from {at('workloads', w.name, *source)}; change it there instead")
+            problems.append(f"{key}: {flag} is set by the stack from {at('workloads', w.name, *source)}; change it "
+                            "there instead")
+        elif (instead := mpijob.gaudi.LAUNCHER_FLAGS.get(flag)) is not None:
+            problems.append(f"{key}: {flag} {instead.format(w=at('workloads', w.name))}")
     return problems
+
+
+def _recipe_site(w: MpiJobWorkloadConfig) -> recipe.RecipeSite:
+    assert w.finetune is not None
+    return recipe.RecipeSite(run=w.finetune, prefix=("workloads", w.name), deepspeed=w.deepspeed,
+                             data_where="the claim")
+
+
+# `training`'s keys and where each one's meaning went in the recipe's keys (the migration the refusal names).
+TRAINING_TO_RECIPE = {
+    "model": "finetune.model (or finetune.modelPath, a folder on the claim)",
+    "dataset": "finetune.dataset (or finetune.datasetPath, your file or folder on the claim)",
+    "epochs": "finetune.epochs (or finetune.maxSteps)", "script": "nothing: the recipe is finetune.py",
+    "lora": "finetune.lora (rank, alpha, dropout, targetModules, export)",
+    "args": "launch.args (more finetune.py flags)",
+}
+
+
+def check_gaudi_recipe(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """`finetune` on a Gaudi MPIJob: the recipe's rules (the same keys and rules as on GKE and Vertex AI), its paths
+    on the claim, and `training` (optimum-habana's example, which it replaces) left as its defaults; the image's
+    optimum-habana (`training.optimumHabanaVersion`) still applies."""
+    if w.finetune is None:
+        return []
+    key = at("workloads", w.name, "finetune")
+    if not w.on_gaudi:
+        return [f"{key}: the recipe on NVIDIA GPUs is kind finetune (same `finetune` keys, data in the bucket); set "
+                "kind: finetune, or remove finetune"]
+    if w.launch.command:
+        return [f"{at('workloads', w.name, 'launch', 'command')}: replaces the recipe's run that `finetune` "
+                "configures (finetune.py with its keys' arguments); remove launch.command or finetune"]
+    site = _recipe_site(w)
+    problems = recipe.problems(site)
+    for name, path in (("modelPath", w.finetune.model_path), ("datasetPath", w.finetune.dataset_path),
+                       ("evalSplit", recipe.eval_path(w.finetune))):
+        why = claim_path_problem(path) if path is not None else None
+        if why is not None:
+            problems.append(f"{site.key(name)}: {path!r} {why} (the pods see the claim at "
+                            f"{w.storage.mount_path}; copy your data onto it)")
+    defaults = _training_defaults()
+    for field, instead in TRAINING_TO_RECIPE.items():
+        if getattr(w.training, field) != getattr(defaults, field):
+            problems.append(f"{at('workloads', w.name, 'training', camel(field))}: not used with {key}: the recipe "
+                            f"(finetune.py on HPU) replaces training's optimum-habana example; use "
+                            f"{at('workloads', w.name)}.{instead}, and remove training.{camel(field)}")
+    args_key = ("workloads", w.name, "launch", "args")
+    return [*problems, *recipe.check_args(site, args_key, w.launch.args),
+            *recipe.check_args_known(args_key, w.launch.args)]
+
+
+def claim_path_problem(path: str) -> str | None:
+    """Why a path relative to the claim's mount would name something off the claim: the bucket's rule (`..` climbs
+    out, an absolute path is the pod's own file system), in the claim's words."""
+    return bucket_path_problem(path, "the claim")
 
 
 @functools.cache
@@ -159,11 +218,14 @@ def check_gaudi_launch_unused(m: StackConfig, w: MpiJobWorkloadConfig) -> list[s
     if not w.on_gaudi or w.launch.command:
         return []
     problems = []
-    if w.launch.args:
+    if w.launch.args and w.finetune is None:
         problems.append(f"{at('workloads', w.name, 'launch', 'args')}: not used: a Gaudi MPIJob runs training.script "
                         f"({w.training.script}) with {at('workloads', w.name, 'training', 'args')}; put them there, "
                         "or run your own command with launch.command")
-    if w.launch.script != workload_default(w.kind, "launch", "script"):
+    if w.launch.script != workload_default(w.kind, "launch", "script") and w.finetune is not None:
+        problems.append(f"{at('workloads', w.name, 'launch', 'script')}: not used: with finetune the ranks run the "
+                        "stack's finetune.py; remove launch.script")
+    elif w.launch.script != workload_default(w.kind, "launch", "script"):
         problems.append(f"{at('workloads', w.name, 'launch', 'script')}: not used: a Gaudi MPIJob runs "
                         f"optimum-habana's {at('workloads', w.name, 'training', 'script')} ({w.training.script}); "
                         "set that, or run your script with launch.command")
@@ -211,14 +273,21 @@ def build(name: str, w: MpiJobWorkloadConfig, platform: Platform, opts: pulumi.R
         registry=platform.gaudi_login if w.on_gaudi else None,
         retain_on_delete=not platform.own_cluster, adopt_provider=platform.adopt_with, queue=queue,
         admitted_by=platform.mpijob_admitted_by(queue is not None)), opts)
-    return Built(job, job.summary, queued_namespace=job.namespace.metadata.name if queue else None)
+    summary = job.summary
+    if w.finetune is not None:  # the recipe's layout on the claim: where the result is fetched from
+        where = mpijob.gaudi.recipe_roots(w)
+        outputs = {"checkpointDir": where.checkpoint_dir, "modelDir": where.model_dir,
+                   "model": recipe.model_arg(w.finetune, where)}
+        summary = job.summary.apply(lambda s: {**s, **outputs})
+    return Built(job, summary, queued_namespace=job.namespace.metadata.name if queue else None)
 
 
 KIND: Kind[MpiJobWorkloadConfig] = Kind(
     name="mpijob",
     config=MpiJobWorkloadConfig,
     rules=(check_gaudi_placement, check_launch_script, check_launch_args, check_mpijob_name, check_mpijob_storage,
-           check_training_args, check_training_on_nvidia, check_gaudi_launch_unused, check_gaudi_env),
+           check_training_args, check_training_on_nvidia, check_gaudi_launch_unused, check_gaudi_env,
+           check_gaudi_recipe),
     build=build,
     warnings=(warn_install_at_start, warn_gaudi_keys_on_nvidia, warn_training_under_command, warn_nvidia_learning_rate),
 )

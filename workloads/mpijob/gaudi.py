@@ -11,12 +11,13 @@ Two variants:
 
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any
 
 from model import gaudi_software
 from model.types import MpiJobWorkloadConfig
-from workloads import pod_security, recovery
+from workloads import pod_security, recipe, recovery
 from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob.shape import (
     CONFIG_DIR,
@@ -84,6 +85,7 @@ def image(w: MpiJobWorkloadConfig, gaudi_built: str | None) -> str:
 # `export NAME=VALUE;` (PDSHRunner), after the ssh session's environment is set.
 ENV_FILE_KEY = "deepspeed_env"
 DS_ENV_FILE = "DS_ENV_FILE"
+RECIPE_KEYS_ENV = "FINETUNE_STACK_KEYS"  # finetune_config.STACK_KEYS_ENV
 
 # Names `env` may not set, and the key (or the part of the stack) that sets each.
 STACK_ENV: dict[str, str] = {
@@ -94,6 +96,8 @@ STACK_ENV: dict[str, str] = {
     DS_ENV_FILE: "env itself (the file of these variables)", "MASTER_ADDR": "the launcher (the first worker)",
     "HOSTSFILE": "the launcher (the operator's hostfile)", "PATH": "the image", "LD_LIBRARY_PATH": "the image",
     "HOME": "the image", "USER": "the image", "K_MPI_JOB_ROLE": "the MPI operator",
+    "CHECKPOINT_DIR": "the stack (<storage.mountPath>/checkpoints/<workload>)",
+    "MODEL_DIR": "the stack (<storage.mountPath>/models/<workload>)", RECIPE_KEYS_ENV: "the stack (finetune)",
 }
 # The MPI operator sets Open MPI's variables on the launcher (the hostfile, the ssh agent).
 STACK_ENV_PREFIXES: dict[str, str] = {"OMPI_": "the MPI operator"}
@@ -111,27 +115,49 @@ def env_file(w: MpiJobWorkloadConfig) -> str:
     return "".join(f"{name}={value}\n" for name, value in w.env.items())
 
 
+def recipe_roots(w: MpiJobWorkloadConfig) -> recipe.RecipeRoots:
+    """The recipe's roots on Gaudi: your data and the outputs on the shared claim, ds_config.json and the script in
+    the job's ConfigMap."""
+    return recipe.RecipeRoots(data=w.storage.mount_path.rstrip("/") or "/", output=w.output_root, config=CONFIG_DIR,
+                              name=w.name)
+
+
+def recipe_env(w: MpiJobWorkloadConfig) -> dict[str, str]:
+    """With `finetune`: the contract's folders (as finetune.py's arguments say too) and the stack's key for each
+    flag (the script's errors name workloads.<name>.finetune.*)."""
+    if w.finetune is None:
+        return {}
+    where = recipe_roots(w)
+    keys = json.dumps(recipe.stack_keys(w.finetune, ("workloads", w.name)), sort_keys=True, separators=(",", ":"))
+    return {"CHECKPOINT_DIR": where.checkpoint_dir, "MODEL_DIR": where.model_dir, RECIPE_KEYS_ENV: keys}
+
+
 def plain_env(w: MpiJobWorkloadConfig, where: Placement) -> dict[str, str]:
     """Non-secret variables of the launcher and workers; LLM_MODEL, NUM_HPU and NUM_EPOCHS are the names the Omnia
-    launcher uses, so its command reads the same. `env` too, and where DeepSpeed's runner finds it for the ranks."""
+    launcher uses, so its command reads the same (`training`'s run only). `env` too, and where DeepSpeed's runner
+    finds it for the ranks."""
     ranks = {**w.env, DS_ENV_FILE: f"{CONFIG_DIR}/{ENV_FILE_KEY}"} if w.env else {}
-    return {**base_env(w), "LLM_MODEL": w.training.model, "NUM_HPU": str(where.per_worker),
-            "NUM_EPOCHS": str(w.training.epochs), **fabric_env(where), **ranks}
+    omnia = {} if w.finetune is not None else {"LLM_MODEL": w.training.model, "NUM_EPOCHS": str(w.training.epochs)}
+    return {**base_env(w), **omnia, "NUM_HPU": str(where.per_worker), **recipe_env(w), **fabric_env(where), **ranks}
 
 
 def forwarded_env(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> list[str]:
     """Variables the launcher's ssh sends to the training processes on the workers."""
-    return [*base_forwarded(w), *token_names(has_token)]
+    return [*base_forwarded(w), *recipe_env(w), *token_names(has_token)]
 
 
 def hf_trainer(w: MpiJobWorkloadConfig) -> bool:
-    """optimum-habana's script runs the Hugging Face Trainer (so does a `launch.command` running one of ours)."""
-    return not w.launch.command or runs_hf_trainer(w.launch.script)
+    """optimum-habana's script runs the Hugging Face Trainer (so do finetune.py and a `launch.command` running one
+    of ours)."""
+    return w.finetune is not None or not w.launch.command or runs_hf_trainer(w.launch.script)
 
 
 def config_map_data(w: MpiJobWorkloadConfig, where: Placement, has_token: bool) -> dict[str, str]:
-    """ds_config.json; the launcher's ssh client config (but for the install-at-start opt-in)."""
-    data = {DS_CONFIG_KEY: ds_config_text(w, where, hf_trainer(w)), **recovery.stop_ranks_file()}
+    """ds_config.json; with `finetune` the recipe (finetune.py, its modules, a named chat template); the launcher's
+    ssh client config (but for the install-at-start opt-in)."""
+    text = ds_config_text(w, where, hf_trainer(w))
+    shipped = recipe.recipe_files(w.finetune, text) if w.finetune is not None else {}
+    data = {**shipped, DS_CONFIG_KEY: text, **recovery.stop_ranks_file()}
     if w.env:
         data[ENV_FILE_KEY] = env_file(w)
     if w.runs_stack_gaudi_image:
@@ -185,6 +211,34 @@ RESERVED_TRAINING_FLAGS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Flags of optimum-habana's run_lora_clm.py that `training.args` cannot usefully give: the launcher passes them
+# itself (gaudi_train_command), or passes one that wins over them. Each -> what to use instead ({w}: the workload's
+# key). Your own data: run_lora_clm.py's data arguments load --dataset_name when it is given and only otherwise
+# --train_file/--validation_file (optimum-habana examples/language-modeling/run_lora_clm.py, `main`: "if
+# data_args.dataset_name is not None: ... load_dataset(data_args.dataset_name ...) else: data_files ..."), and the
+# launcher always passes --dataset_name (training.dataset): a file would be silently ignored.
+_OWN_DATA = ("is overridden: the launcher always passes --dataset_name (training.dataset), which run_lora_clm.py "
+             "loads instead, so the job would train on that dataset without a word. To train on your own data, use "
+             "the recipe: {w}.finetune.datasetPath (a .jsonl/.json, .parquet or .txt file or folder on the claim, "
+             "relative to storage.mountPath; finetune.py on HPU), with {w}.finetune.model and the other finetune keys "
+             "in place of training")
+LAUNCHER_FLAGS: dict[str, str] = {
+    "--train_file": _OWN_DATA,
+    "--validation_file": _OWN_DATA,
+    "--dataset_config_name": ("names a configuration of --dataset_name, which the stack passes from "
+                              "training.dataset; a dataset with configurations is not supported there: use "
+                              "{w}.finetune.dataset or {w}.finetune.datasetPath"),
+    "--output_dir": ("is passed by the launcher (<storage.mountPath>/output/<workload>); remove it. For the "
+                     "recipe's layout (checkpoints/<workload>, models/<workload>, .complete last) use {w}.finetune"),
+    "--do_train": "is passed by the launcher already; remove it",
+    "--use_habana": "is passed by the launcher already; remove it",
+    "--use_lazy_mode": "is passed by the launcher already; remove it",
+    "--throughput_warmup_steps": "is passed by the launcher already (3); remove it",
+    "--use_deepspeed": "is gaudi_spawn.py's, which the launcher runs with it already; remove it",
+    "--world_size": "is gaudi_spawn.py's, computed from workers x accelerator.count; remove it",
+}
+
+
 def reserved_flag(arg: str) -> tuple[str, ...] | None:
     """The workload keys that set this training argument, when the stack sets it already."""
     return RESERVED_TRAINING_FLAGS.get(arg.split("=", 1)[0])
@@ -210,6 +264,27 @@ def gaudi_setup_script(w: MpiJobWorkloadConfig) -> str:
         "pip install -r examples/language-modeling/requirements.txt",
         f"pip install git+{HABANA_DEEPSPEED_REPO}@{habana_deepspeed_ref(w.gaudi.software_version)}",
     ])
+
+
+def recipe_args(w: MpiJobWorkloadConfig) -> list[str]:
+    """finetune.py's arguments on Gaudi: the recipe's (workloads/recipe.py, as on GKE and Vertex AI), then
+    `launch.args`."""
+    assert w.finetune is not None
+    return [*recipe.recipe_args(w.finetune, w.deepspeed.learning_rate, recipe_roots(w)), *w.launch.args]
+
+
+def recipe_train_command(w: MpiJobWorkloadConfig, where: Placement) -> str:
+    """finetune.py on every card through optimum-habana's launcher (gaudi_spawn.py: DeepSpeed's runner over the
+    operator's hostfile, as for its own examples); on HPU the script trains with optimum-habana's GaudiTrainer
+    (finetune_hpu.py)."""
+    world_size = w.workers * where.per_worker
+    return " ".join(["python", "../gaudi_spawn.py", '--hostfile="$HOSTSFILE"', "--use_deepspeed", "--world_size",
+                     str(world_size), quote_args([f"{CONFIG_DIR}/{recipe.SCRIPT.name}", *recipe_args(w)])])
+
+
+def train_command(w: MpiJobWorkloadConfig, where: Placement) -> str:
+    """The recipe with `finetune`, else `training`'s optimum-habana example (Omnia's run)."""
+    return recipe_train_command(w, where) if w.finetune is not None else gaudi_train_command(w, where)
 
 
 def gaudi_train_command(w: MpiJobWorkloadConfig, where: Placement) -> str:
@@ -241,7 +316,15 @@ def ranks_folders(w: MpiJobWorkloadConfig) -> list[tuple[str, str]]:
     def for_admin(folder: str) -> str:
         return own if folder == own or folder.startswith(own + "/") else folder
 
-    return [(folder, for_admin(folder)) for folder in (w.cache_home, output_dir(w)) if folder.startswith(mount)]
+    return [(folder, for_admin(folder)) for folder in (w.cache_home, *outputs(w)) if folder.startswith(mount)]
+
+
+def outputs(w: MpiJobWorkloadConfig) -> list[str]:
+    """What the run writes besides the caches: the recipe's checkpoints and model, or the trainer's --output_dir."""
+    if w.finetune is not None:
+        where = recipe_roots(w)
+        return [where.checkpoint_dir, where.model_dir]
+    return [output_dir(w)]
 
 
 def nfs_folder_hint(w: MpiJobWorkloadConfig) -> str:
@@ -298,7 +381,7 @@ def gaudi_image_launcher_script(w: MpiJobWorkloadConfig, where: Placement) -> st
         writable_folders_check(w),
         *HOSTFILE_PREAMBLE,
         f"cd {pod_security.GAUDI_EXAMPLES_DIR}",
-        gaudi_train_command(w, where),
+        train_command(w, where),
     ])
 
 
@@ -316,7 +399,7 @@ def gaudi_launcher_script(w: MpiJobWorkloadConfig, where: Placement, has_token: 
         'bash -c "$SETUP"',
         f'mpirun --npernode 1 --tag-output --allow-run-as-root --prefix "$MPI_ROOT" {setup_env} bash -c "$SETUP"',
         f"cd {GAUDI_EXAMPLE_DIR}",
-        gaudi_train_command(w, where),
+        train_command(w, where),
     ])
 
 

@@ -83,6 +83,7 @@ from finetune_data import (
     first_records,
     parse_roles,
 )
+from finetune_hpu import trainer_classes
 from finetune_render import CHAT_TEMPLATE_AUTO, CHAT_TEMPLATE_RAW, learns_something, pad_batch, template_file
 
 EXIT_USAGE = 2
@@ -647,7 +648,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cpu_deepspeed:
         _configure_cpu_deepspeed()
 
-    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+    from transformers import AutoModelForCausalLM
+
+    # transformers' Trainer, or on Intel Gaudi optimum-habana's GaudiTrainer (finetune_hpu.py): the same keywords.
+    Trainer, TrainingArguments = trainer_classes(os.environ)  # noqa: N806 (classes)
 
     # TrainingArguments first: under ZeRO-3 it makes from_pretrained load the model partitioned (zero.Init).
     ds_args = trainer_ds_args(ds, precision)

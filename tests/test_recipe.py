@@ -1,0 +1,300 @@
+"""One recipe, three platforms (issue 30 items 1 and 2): the same `finetune` keys give finetune.py the same
+arguments on GKE (kind finetune), on a Gaudi MPIJob (kind mpijob with `finetune`) and on Vertex AI
+(`vertex.finetune`), the paths differing only by each platform's root; and what cannot take effect is refused.
+
+Expected arguments are written out by hand here, never taken from workloads/recipe.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+from typing import Any
+
+import pytest
+from conftest import DELETE, model, problems
+
+from workloads import finetune, vertex_job
+from workloads.mpijob import gaudi
+from workloads.placement import placement
+
+GKE_W = "workloads.tune"
+GAUDI_W = "workloads.gaudi-llm-ds-ft"
+BUCKET = "my-gcp-project-deepspeed-data"  # Pulumi.vertex.yaml's storage.bucketName
+
+# Your chat records on each platform's data root, a named template, a held-out file, steps, LoRA merged.
+KEYS: dict[str, Any] = {
+    "model": "Qwen/Qwen2.5-7B-Instruct", "datasetPath": "data/chat.jsonl", "recordFormat": "messages",
+    "chatTemplate": "zephyr", "evalSplit": "data/eval.jsonl", "sequenceLength": 1024, "maxSteps": 50,
+    "saveSteps": 25,
+    "lora": {"rank": 8, "alpha": 16, "targetModules": ["q_proj", "v_proj"], "export": "merged"},
+}
+LEARNING_RATE = 0.0001
+
+
+def expected(data: str, config: str, out: str, run: str) -> list[str]:
+    """finetune.py's arguments for KEYS, by hand: `data` the platform's data root, `config` where ds_config.json and
+    the template lie, `out` its output root, `run` the run's name."""
+    return ["--deepspeed", f"{config}/ds_config.json", "--model", "Qwen/Qwen2.5-7B-Instruct",
+            "--dataset", f"{data}/data/chat.jsonl", "--format", "auto", "--records", "messages",
+            "--chat-template", f"{config}/chat_template.jinja", "--eval-split", f"{data}/data/eval.jsonl",
+            "--seq-len", "1024", "--max-steps", "50", "--learning-rate", "0.0001", "--save-steps", "25",
+            "--gradient-checkpointing", "--lora", "--lora-rank", "8", "--lora-alpha", "16", "--lora-dropout", "0.05",
+            "--lora-export", "merged",
+            "--lora-target-modules", "q_proj", "v_proj",
+            "--checkpoint-dir", f"{out}/checkpoints/{run}", "--model-dir", f"{out}/models/{run}"]
+
+
+def _keys(**more: Any) -> dict[str, Any]:
+    """A fresh copy of KEYS (a test's change to one key must not reach the others: set_path writes into it)."""
+    return {**copy.deepcopy(KEYS), **more}
+
+
+GKE_CHANGES = {f"{GKE_W}.finetune": _keys(), f"{GKE_W}.deepspeed.learningRate": LEARNING_RATE}
+GAUDI_CHANGES = {f"{GAUDI_W}.training": DELETE, f"{GAUDI_W}.finetune": _keys(),
+                 f"{GAUDI_W}.deepspeed.learningRate": LEARNING_RATE}
+VERTEX_CHANGES = {"vertex.launch": DELETE, "vertex.finetune": _keys(),
+                  "vertex.deepspeed": {"learningRate": LEARNING_RATE, "precision": "fp16", "zeroStage": 2}}
+
+
+
+def fresh(base: dict[str, Any]) -> dict[str, Any]:
+    """A copy of one of the *_CHANGES to add keys to (set_path writes into the values it is given)."""
+    return {key: value if value is DELETE else copy.deepcopy(value) for key, value in base.items()}
+
+
+@pytest.fixture(scope="module")
+def gke() -> Any:
+    return model("finetune", GKE_CHANGES)
+
+
+@pytest.fixture(scope="module")
+def on_gaudi() -> Any:
+    return model("gaudi", GAUDI_CHANGES)
+
+
+@pytest.fixture(scope="module")
+def vertex() -> Any:
+    return model("vertex", VERTEX_CHANGES)
+
+
+def test_the_three_examples_take_the_keys() -> None:
+    assert problems("finetune", GKE_CHANGES) == []
+    # The Gaudi run needs no token: `training`'s gated default model is not what it downloads.
+    assert problems("gaudi", GAUDI_CHANGES) == []
+    assert problems("vertex", VERTEX_CHANGES) == []
+
+
+def test_gke_runs_the_recipe_on_the_bucket_mount(gke: Any) -> None:
+    assert finetune.script_args(gke.workloads["tune"]) == expected("/gcs", "/etc/deepspeed", "/gcs", "tune")
+
+
+def test_gaudi_renders_the_launcher_command_from_the_same_keys(on_gaudi: Any) -> None:
+    """The Gaudi MPIJob's launcher runs finetune.py on every card through optimum-habana's gaudi_spawn.py, with the
+    keys' arguments over the shared claim."""
+    w = on_gaudi.workloads["gaudi-llm-ds-ft"]
+    script = gaudi.launcher_script(w, placement(on_gaudi, w), has_token=False)
+    last = shlex.split(script.splitlines()[-1])
+    assert last[:7] == ["python", "../gaudi_spawn.py", "--hostfile=$HOSTSFILE", "--use_deepspeed", "--world_size",
+                        "8", "/etc/deepspeed/finetune.py"]
+    assert last[7:] == expected("/storage", "/etc/deepspeed", "/storage", "gaudi-llm-ds-ft")
+    assert "cd /opt/optimum-habana/examples/language-modeling" in script.splitlines()
+
+
+def test_vertex_runs_the_recipe_from_the_bucket(vertex: Any) -> None:
+    spec = vertex_job.customjob_spec(vertex.vertex, "img", BUCKET, "sa@p.iam.gserviceaccount.com")
+    root = f"/gcs/{BUCKET}"
+    scripts = f"{root}/deepspeed-stack/scripts"
+    for pool in spec["workerPoolSpecs"]:
+        container = pool["containerSpec"]
+        assert container["command"] == ["/opt/deepspeed/vertex/vertex_start.sh"]
+        assert container["args"] == [f"{scripts}/finetune.py",
+                                     *expected(root, scripts, root, "deepspeed-training")]
+        keys = json.loads(next(e["value"] for e in container["env"] if e["name"] == "FINETUNE_STACK_KEYS"))
+        assert keys["--dataset"] == "vertex.finetune.datasetPath"
+        assert keys["--learning-rate"] == "vertex.deepspeed.learningRate"
+
+
+def test_the_same_keys_differ_only_by_the_platform_root(gke: Any, on_gaudi: Any, vertex: Any) -> None:
+    w = on_gaudi.workloads["gaudi-llm-ds-ft"]
+    platforms = {
+        "gke": (finetune.script_args(gke.workloads["tune"]), "/gcs", "/etc/deepspeed", "/gcs", "tune"),
+        "gaudi": (gaudi.recipe_args(w), "/storage", "/etc/deepspeed", "/storage", "gaudi-llm-ds-ft"),
+        "vertex": (vertex_job.recipe_argv(vertex.vertex, BUCKET)[1:], f"/gcs/{BUCKET}",
+                   f"/gcs/{BUCKET}/deepspeed-stack/scripts", f"/gcs/{BUCKET}", "deepspeed-training"),
+    }
+
+    def neutral(args: list[str], data: str, config: str, out: str, run: str) -> list[str]:
+        swap = {f"{config}/ds_config.json": "CONFIG/ds_config.json",
+                f"{config}/chat_template.jinja": "CONFIG/chat_template.jinja",
+                f"{data}/data/chat.jsonl": "DATA/data/chat.jsonl", f"{data}/data/eval.jsonl": "DATA/data/eval.jsonl",
+                f"{out}/checkpoints/{run}": "OUT/checkpoints/RUN", f"{out}/models/{run}": "OUT/models/RUN"}
+        return [swap.get(a, a) for a in args]
+
+    seen = {name: neutral(*values) for name, values in platforms.items()}
+    assert seen["gke"] == seen["gaudi"] == seen["vertex"]
+
+
+def test_the_layout_is_the_same_everywhere(gke: Any, on_gaudi: Any) -> None:
+    """CHECKPOINT_DIR and MODEL_DIR as the environment has them equal the arguments (GKE and Gaudi)."""
+    w = on_gaudi.workloads["gaudi-llm-ds-ft"]
+    env = gaudi.plain_env(w, placement(on_gaudi, w))
+    assert (env["CHECKPOINT_DIR"], env["MODEL_DIR"]) == ("/storage/checkpoints/gaudi-llm-ds-ft",
+                                                         "/storage/models/gaudi-llm-ds-ft")
+    assert {"CHECKPOINT_DIR", "MODEL_DIR", "FINETUNE_STACK_KEYS"} <= set(gaudi.forwarded_env(w, placement(on_gaudi, w),
+                                                                                            has_token=False))
+    assert "LLM_MODEL" not in env  # Omnia's variables are `training`'s run's
+
+
+def test_gaudi_ships_the_recipe_in_the_jobs_config_map(on_gaudi: Any) -> None:
+    w = on_gaudi.workloads["gaudi-llm-ds-ft"]
+    data = gaudi.config_map_data(w, placement(on_gaudi, w), has_token=False)
+    assert {"finetune.py", "finetune_data.py", "finetune_hpu.py", "ds_config.json", "chat_template.jinja"} <= set(data)
+    # The ranks write only where the writable check looked.
+    assert "/storage/checkpoints/gaudi-llm-ds-ft /storage/models/gaudi-llm-ds-ft" in gaudi.writable_folders_check(w)
+
+
+def test_vertex_uploads_the_recipe_and_its_ds_config(vertex: Any) -> None:
+    files = vertex_job.recipe_files(vertex.vertex)
+    assert {"deepspeed-stack/scripts/finetune.py", "deepspeed-stack/scripts/finetune_hpu.py",
+            "deepspeed-stack/scripts/ds_config.json", "deepspeed-stack/scripts/chat_template.jinja"} <= set(files)
+    ds = json.loads(files["deepspeed-stack/scripts/ds_config.json"])
+    # Pulumi.vertex.yaml: a primary and 1 worker, 1 T4 each; micro batch 1, accumulation 1.
+    assert ds["train_batch_size"] == 2 and ds["fp16"]["enabled"] is True
+    assert ds["zero_optimization"]["stage"] == 2
+
+
+# --- what cannot take effect is refused (item 2) ------------------------------------------------------------------
+
+OWN_DATA = (f"{GAUDI_W}.training.args[0]: --train_file is overridden: the launcher always passes --dataset_name "
+            "(training.dataset), which run_lora_clm.py loads instead, so the job would train on that dataset without "
+            f"a word. To train on your own data, use the recipe: {GAUDI_W}.finetune.datasetPath (a .jsonl/.json, "
+            ".parquet or .txt file or folder on the claim, relative to storage.mountPath; finetune.py on HPU), with "
+            f"{GAUDI_W}.finetune.model and the other finetune keys in place of training")
+
+
+def test_a_train_file_in_the_gaudi_args_is_refused_not_lost() -> None:
+    assert problems("gaudi", {f"{GAUDI_W}.training.args": ["--train_file", "/storage/data/train.jsonl"]}) == [OWN_DATA]
+    found = problems("gaudi", {f"{GAUDI_W}.training.args": ["--validation_file=/storage/v.jsonl"]})
+    assert found == [OWN_DATA.replace("args[0]: --train_file", "args[0]: --validation_file")]
+
+
+@pytest.mark.parametrize(("flag", "says"), [
+    ("--output_dir", "is passed by the launcher (<storage.mountPath>/output/<workload>); remove it. For the recipe's "
+                     f"layout (checkpoints/<workload>, models/<workload>, .complete last) use {GAUDI_W}.finetune"),
+    ("--do_train", "is passed by the launcher already; remove it"),
+    ("--use_lazy_mode", "is passed by the launcher already; remove it"),
+    ("--dataset_config_name", "names a configuration of --dataset_name, which the stack passes from training.dataset; "
+                              "a dataset with configurations is not supported there: use "
+                              f"{GAUDI_W}.finetune.dataset or {GAUDI_W}.finetune.datasetPath"),
+])
+def test_a_flag_the_gaudi_launcher_passes_is_refused(flag: str, says: str) -> None:
+    found = problems("gaudi", {f"{GAUDI_W}.training.args": [flag, "x"]})
+    assert found == [f"{GAUDI_W}.training.args[0]: {flag} {says}"]
+
+
+def test_gaudi_data_off_the_claim_is_refused() -> None:
+    found = problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.finetune.datasetPath": "../elsewhere/train.jsonl"})
+    assert found == [f"{GAUDI_W}.finetune.datasetPath: '../elsewhere/train.jsonl' has a '..' part, which climbs out "
+                     "of the claim; write the path from the claim's root (the pods see the claim at /storage; copy "
+                     "your data onto it)"]
+    found = problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.finetune.evalSplit": "data/../../eval.jsonl"})
+    assert found == [f"{GAUDI_W}.finetune.evalSplit: 'data/../../eval.jsonl' has a '..' part, which climbs out "
+                     "of the claim; write the path from the claim's root (the pods see the claim at /storage; copy "
+                     "your data onto it)"]
+
+
+def test_training_keys_beside_the_recipe_are_refused_with_their_new_place() -> None:
+    found = problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.training.dataset": "tatsu-lab/alpaca-cleaned",
+                               f"{GAUDI_W}.training.epochs": 2})
+    assert found == [
+        f"{GAUDI_W}.training.dataset: not used with {GAUDI_W}.finetune: the recipe (finetune.py on HPU) replaces "
+        f"training's optimum-habana example; use {GAUDI_W}.finetune.dataset (or finetune.datasetPath, your file or "
+        "folder on the claim), and remove training.dataset",
+        f"{GAUDI_W}.training.epochs: not used with {GAUDI_W}.finetune: the recipe (finetune.py on HPU) replaces "
+        f"training's optimum-habana example; use {GAUDI_W}.finetune.epochs (or finetune.maxSteps), and remove "
+        "training.epochs"]
+
+
+def test_gaudi_recipe_args_are_finetune_py_flags_the_stack_does_not_set() -> None:
+    args = ["--dataset", "x", "--logging-steps", "5", "--train_file", "y"]
+    found = problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.launch.args": args})
+    assert found[0] == (f"{GAUDI_W}.launch.args[0]: --dataset is set by the stack from "
+                        f"{GAUDI_W}.finetune.datasetPath; change it there instead")
+    assert found[1].startswith(f"{GAUDI_W}.launch.args[4]: finetune.py has no flag --train_file (every rank would "
+                               "stop with \"unrecognized arguments\")")
+    assert len(found) == 2
+
+
+def test_gaudi_recipe_refuses_a_command_and_a_script_it_would_not_run() -> None:
+    assert problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.launch.script": "train.py"}) == [
+        f"{GAUDI_W}.launch.script: not used: with finetune the ranks run the stack's finetune.py; remove launch.script"]
+    assert problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.launch.command": "python x.py"}) == [
+        f"{GAUDI_W}.launch.command: replaces the recipe's run that `finetune` configures (finetune.py with its keys' "
+        "arguments); remove launch.command or finetune"]
+
+
+def test_the_recipe_on_an_nvidia_mpijob_points_at_kind_finetune() -> None:
+    found = problems("h100", {"workloads.smoke.finetune": _keys()})
+    assert ("workloads.smoke.finetune: the recipe on NVIDIA GPUs is kind finetune (same `finetune` keys, data in the "
+            "bucket); set kind: finetune, or remove finetune") in found
+
+
+def test_a_shared_rule_names_each_platforms_key() -> None:
+    both = {"epochs": 1, "maxSteps": 10}
+    says = ("epochs: 1 epochs and {p}.finetune.maxSteps 10: the run stops at one or the other, not both "
+            "(finetune.py: \"give --epochs or --max-steps, not both\"); remove one")
+    assert problems("vertex", {**fresh(VERTEX_CHANGES), "vertex.finetune": _keys(**both)}) == [
+        "vertex.finetune." + says.format(p="vertex")]
+    assert problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.finetune": _keys(**both)}) == [
+        f"{GAUDI_W}.finetune." + says.format(p=GAUDI_W)]
+
+
+def test_vertex_args_the_stack_sets_or_the_script_lacks_are_refused() -> None:
+    args = ["--model", "x", "--checkpoint-dir", "/y", "--output_dir", "z"]
+    found = problems("vertex", {**fresh(VERTEX_CHANGES), "vertex.launch": {"args": args}})
+    assert found[:2] == [
+        "vertex.launch.args[0]: --model is set by the stack from vertex.finetune.model; change it there instead",
+        "vertex.launch.args[2]: --checkpoint-dir is set by the stack (checkpoints/<run> and models/<run> under the "
+        "platform's output root: the layout a server of the result reads); remove it"]
+    assert found[2].startswith("vertex.launch.args[4]: finetune.py has no flag --output_dir")
+    assert len(found) == 3
+
+
+def test_vertex_script_and_ds_config_that_would_go_unread_are_refused() -> None:
+    assert problems("vertex", {**fresh(VERTEX_CHANGES), "vertex.launch": {"script": "/gcs/b/code/train.py"}}) == [
+        "vertex.launch.script: not used: with vertex.finetune every replica runs the stack's finetune.py (uploaded "
+        "to gs://<bucket>/deepspeed-stack/scripts/); remove vertex.launch.script, or remove vertex.finetune to run "
+        "your own script"]
+    assert problems("vertex", {"vertex.deepspeed": {"zeroStage": 3}}) == [
+        "vertex.deepspeed.zeroStage: not used: vertex.deepspeed is the ds_config.json of vertex.finetune's run; your "
+        "script (/gcs/my-gcp-project-deepspeed-data/code/train.py) takes its settings in vertex.launch.args. Remove "
+        "it, or set vertex.finetune to run the stack's recipe"]
+
+
+def test_vertex_paths_stay_in_the_bucket_and_the_run_name_is_a_folder() -> None:
+    found = problems("vertex", {**fresh(VERTEX_CHANGES), "vertex.finetune": _keys(datasetPath="../x.jsonl"),
+                                "vertex.displayName": "My run"})
+    assert found == [
+        "vertex.finetune.datasetPath: the bucket path '../x.jsonl' has a '..' part, which climbs out of the bucket; "
+        "write the path from the bucket's root (Vertex AI shows the bucket at /gcs/<bucket>)",
+        "vertex.displayName: 'My run' names the run's folders with vertex.finetune (checkpoints/My run, models/My "
+        "run in the bucket): use lowercase letters, digits and hyphens, e.g. deepspeed-training"]
+
+
+def test_the_old_vertex_keys_still_run_your_script() -> None:
+    m = model("vertex")
+    assert m.vertex.finetune is None
+    spec = vertex_job.customjob_spec(m.vertex, "img", BUCKET, "sa@p.iam.gserviceaccount.com")
+    assert spec["workerPoolSpecs"][0]["containerSpec"]["args"] == [
+        "/gcs/my-gcp-project-deepspeed-data/code/train.py", "--zero_stage", "3"]
+
+
+def test_finetune_py_picks_the_gaudi_trainer_on_hpu_only() -> None:
+    hpu = finetune.script_module("finetune_hpu")
+    assert hpu.hpu_run({"DS_ACCELERATOR": "hpu"}, lambda: False) is True
+    assert hpu.hpu_run({"DS_ACCELERATOR": "cuda"}, lambda: True) is False
+    # Unset: Habana's PyTorch bridge (installed in Habana's images) decides.
+    assert hpu.hpu_run({}, lambda: True) is True
+    assert hpu.hpu_run({}, lambda: False) is False
+    assert hpu.gaudi_trainer_kwargs() == {"use_habana": True, "use_lazy_mode": True}
