@@ -97,7 +97,9 @@ def test_gaudi_renders_the_launcher_command_from_the_same_keys(on_gaudi: Any) ->
     last = shlex.split(script.splitlines()[-1])
     assert last[:7] == ["python", "../gaudi_spawn.py", "--hostfile=$HOSTSFILE", "--use_deepspeed", "--world_size",
                         "8", "/etc/deepspeed/finetune.py"]
-    assert last[7:] == expected("/storage", "/etc/deepspeed", "/storage", "gaudi-llm-ds-ft")
+    # The outputs in the ranks' own folder of the claim (<mountPath>/deepspeed-stack: whatever made the claim's
+    # other folders first), your data where you put it on the claim.
+    assert last[7:] == expected("/storage", "/etc/deepspeed", "/storage/deepspeed-stack", "gaudi-llm-ds-ft")
     assert "cd /opt/optimum-habana/examples/language-modeling" in script.splitlines()
 
 
@@ -119,7 +121,7 @@ def test_the_same_keys_differ_only_by_the_platform_root(gke: Any, on_gaudi: Any,
     w = on_gaudi.workloads["gaudi-llm-ds-ft"]
     platforms = {
         "gke": (finetune.script_args(gke.workloads["tune"]), "/gcs", "/etc/deepspeed", "/gcs", "tune"),
-        "gaudi": (gaudi.recipe_args(w), "/storage", "/etc/deepspeed", "/storage", "gaudi-llm-ds-ft"),
+        "gaudi": (gaudi.recipe_args(w), "/storage", "/etc/deepspeed", "/storage/deepspeed-stack", "gaudi-llm-ds-ft"),
         "vertex": (vertex_job.recipe_argv(vertex.vertex, BUCKET)[1:], f"/gcs/{BUCKET}",
                    f"/gcs/{BUCKET}/deepspeed-stack/scripts", f"/gcs/{BUCKET}", "deepspeed-training"),
     }
@@ -139,8 +141,8 @@ def test_the_layout_is_the_same_everywhere(gke: Any, on_gaudi: Any) -> None:
     """CHECKPOINT_DIR and MODEL_DIR as the environment has them equal the arguments (GKE and Gaudi)."""
     w = on_gaudi.workloads["gaudi-llm-ds-ft"]
     env = gaudi.plain_env(w, placement(on_gaudi, w))
-    assert (env["CHECKPOINT_DIR"], env["MODEL_DIR"]) == ("/storage/checkpoints/gaudi-llm-ds-ft",
-                                                         "/storage/models/gaudi-llm-ds-ft")
+    assert (env["CHECKPOINT_DIR"], env["MODEL_DIR"]) == ("/storage/deepspeed-stack/checkpoints/gaudi-llm-ds-ft",
+                                                         "/storage/deepspeed-stack/models/gaudi-llm-ds-ft")
     assert {"CHECKPOINT_DIR", "MODEL_DIR", "FINETUNE_STACK_KEYS"} <= set(gaudi.forwarded_env(w, placement(on_gaudi, w),
                                                                                             has_token=False))
     assert "LLM_MODEL" not in env  # Omnia's variables are `training`'s run's
@@ -151,7 +153,9 @@ def test_gaudi_ships_the_recipe_in_the_jobs_config_map(on_gaudi: Any) -> None:
     data = gaudi.config_map_data(w, placement(on_gaudi, w), has_token=False)
     assert {"finetune.py", "finetune_data.py", "finetune_hpu.py", "ds_config.json", "chat_template.jinja"} <= set(data)
     # The ranks write only where the writable check looked.
-    assert "/storage/checkpoints/gaudi-llm-ds-ft /storage/models/gaudi-llm-ds-ft" in gaudi.writable_folders_check(w)
+    check = gaudi.writable_folders_check(w)
+    assert "ranks_folder /storage/deepspeed-stack/checkpoints/gaudi-llm-ds-ft deepspeed-stack" in check
+    assert "ranks_folder /storage/deepspeed-stack/models/gaudi-llm-ds-ft deepspeed-stack" in check
 
 
 def test_vertex_uploads_the_recipe_and_its_ds_config(vertex: Any) -> None:
@@ -180,8 +184,9 @@ def test_a_train_file_in_the_gaudi_args_is_refused_not_lost() -> None:
 
 
 @pytest.mark.parametrize(("flag", "says"), [
-    ("--output_dir", "is passed by the launcher (<storage.mountPath>/output/<workload>); remove it. For the recipe's "
-                     f"layout (checkpoints/<workload>, models/<workload>, .complete last) use {GAUDI_W}.finetune"),
+    ("--output_dir", "is passed by the launcher (output/<workload> in the ranks' folder of the claim); remove it. For "
+                     "the recipe's layout (checkpoints/<workload>, models/<workload>, .complete last) use "
+                     f"{GAUDI_W}.finetune"),
     ("--do_train", "is passed by the launcher already; remove it"),
     ("--use_lazy_mode", "is passed by the launcher already; remove it"),
     ("--dataset_config_name", "names a configuration of --dataset_name, which the stack passes from training.dataset; "

@@ -96,8 +96,9 @@ STACK_ENV: dict[str, str] = {
     DS_ENV_FILE: "env itself (the file of these variables)", "MASTER_ADDR": "the launcher (the first worker)",
     "HOSTSFILE": "the launcher (the operator's hostfile)", "PATH": "the image", "LD_LIBRARY_PATH": "the image",
     "HOME": "the image", "USER": "the image", "K_MPI_JOB_ROLE": "the MPI operator",
-    "CHECKPOINT_DIR": "the stack (<storage.mountPath>/checkpoints/<workload>)",
-    "MODEL_DIR": "the stack (<storage.mountPath>/models/<workload>)", RECIPE_KEYS_ENV: "the stack (finetune)",
+    "CHECKPOINT_DIR": "the stack (finetune: <claim>/deepspeed-stack/checkpoints/<workload>)",
+    "MODEL_DIR": "the stack (finetune: <claim>/deepspeed-stack/models/<workload>)",
+    RECIPE_KEYS_ENV: "the stack (finetune)",
 }
 # The MPI operator sets Open MPI's variables on the launcher (the hostfile, the ssh agent).
 STACK_ENV_PREFIXES: dict[str, str] = {"OMPI_": "the MPI operator"}
@@ -228,8 +229,9 @@ LAUNCHER_FLAGS: dict[str, str] = {
     "--dataset_config_name": ("names a configuration of --dataset_name, which the stack passes from "
                               "training.dataset; a dataset with configurations is not supported there: use "
                               "{w}.finetune.dataset or {w}.finetune.datasetPath"),
-    "--output_dir": ("is passed by the launcher (<storage.mountPath>/output/<workload>); remove it. For the "
-                     "recipe's layout (checkpoints/<workload>, models/<workload>, .complete last) use {w}.finetune"),
+    "--output_dir": ("is passed by the launcher (output/<workload> in the ranks' folder of the claim); remove it. "
+                     "For the recipe's layout (checkpoints/<workload>, models/<workload>, .complete last) use "
+                     "{w}.finetune"),
     "--do_train": "is passed by the launcher already; remove it",
     "--use_habana": "is passed by the launcher already; remove it",
     "--use_lazy_mode": "is passed by the launcher already; remove it",
