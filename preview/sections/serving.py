@@ -50,7 +50,7 @@ def section(run: RunResult) -> list[Section]:
 def gate_text(gate: float | None) -> str:
     """How the evaluator's gate decides (workloads/scripts/evaluate.py `decide`)."""
     if gate is None:
-        return ("no gate (minImprovement unset): every scored export is served; the scores are written all the same")
+        return "no gate (minImprovement unset): every scored export is served; the scores are written all the same"
     return (f"the gate: an export is served only when its exact match beats the adapter served now (else the base "
             f"model) by at least {gate:g} of the records; otherwise the one served now stays")
 
@@ -58,13 +58,13 @@ def gate_text(gate: float | None) -> str:
 def evaluation_lines(stack: str, name: str, ev: dict[str, Any]) -> list[str]:
     """The evaluator's next steps: what it scores on, where results.json lands, how the gate decides."""
     bucket = f"gs://$(pulumi stack output bucket -s {shlex.quote(stack)})"
-    lines = [f"# {name}'s adapters are served only once scored: its evaluator container runs evaluate.py "
-             f"(lm-eval, exact match) on {ev['task']} of the bucket (upload it: one {{\"prompt\", \"reference\"}} a "
-             f"line) against the base and the adapter served now, for each new export; "
-             f"{gate_text(ev.get('minImprovement'))}; until an export has passed, only the base is served",
-             f"gcloud storage cp {shlex.quote(PurePosixPath(ev['task']).name)} {bucket}/{ev['task']}",
-             f"{ev['logs']}   # base vs tuned, and the gate's reason"]
-    for adapter, results in ev.get("results", {}).items():
-        lines += [f"# {adapter}: the scores, the decision and why (served: true|false, reason)",
-                  f"gcloud storage cat {bucket}/{results}"]
-    return lines
+    return [f"# {name} serves an adapter only once scored: its evaluator runs evaluate.py (lm-eval, exact match) for "
+            "each new export, against the base and the adapter served now",
+            f"# on {ev['task']} of the bucket, one {{\"prompt\", \"reference\"}} a line: upload it",
+            f"gcloud storage cp {shlex.quote(PurePosixPath(ev['task']).name)} {bucket}/{ev['task']}",
+            f"# {gate_text(ev.get('minImprovement'))}",
+            "# until an export has passed, only the base is served (the adapter's name gets a 404)",
+            f"{ev['logs']}   # base vs tuned, and the gate's reason",
+            *(line for adapter, results in ev.get("results", {}).items() for line in (
+                f"# {adapter}: the scores, served true or false, and the reason",
+                f"gcloud storage cat {bucket}/{results}"))]
