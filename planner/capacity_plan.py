@@ -28,6 +28,8 @@ def _pool_row(cfg: StackConfig, p: NodePoolConfig, cat: gpu_catalog.Catalog) -> 
     }
     if p.reservation:
         row["reservation"] = p.reservation
+        if p.reservation_end_time:
+            row["reservationEndTime"] = p.reservation_end_time  # at its end Kueue moves jobs on (docs/capacity.md)
     if p.queued_provisioning:
         row["queuedProvisioning"] = True
     if per_node is not None:
@@ -101,6 +103,7 @@ def capacity_markdown(plan: dict[str, Any]) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         for r in rows:
             kind = r["capacity"] + (f" `{r['reservation']}`" if r.get("reservation") else "") + \
+                (f" until {r['reservationEndTime']}" if r.get("reservationEndTime") else "") + \
                 (" (queued provisioning)" if r.get("queuedProvisioning") else "")
             lines.append(f"| {r['pool']} | {kind} | {', '.join(r['zones'])} | {', '.join(r['zonesOffering'])} "
                          f"| {_money(r.get('perNodeHour'))} | {_money(r.get('atMaxPerHour'))} "

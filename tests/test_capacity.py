@@ -176,7 +176,7 @@ def test_capacity_plan_output(dws: RunResult) -> None:
                         "gpusPerNode": 8, "maxNodes": 2, "zones": ["us-central1-a"],
                         "zonesOffering": ["us-central1-a", "us-central1-b", "us-central1-c"],
                         "priceNote": "on-demand rate, billed whether used or not", "reservation": "h100-reservation",
-                        "perNodeHour": 88.49, "atMaxPerHour": 176.98}
+                        "reservationEndTime": "2030-01-01T00:00:00Z", "perNodeHour": 88.49, "atMaxPerHour": 176.98}
     assert (dws_pool["pool"], dws_pool["capacity"], dws_pool["queuedProvisioning"]) == ("h100-dws", "DWS", True)
     assert dws_pool["zones"] == ["us-central1-a", "us-central1-b", "us-central1-c"]
     assert dws_pool["atMaxPerHour"] == 353.96
@@ -212,7 +212,8 @@ def test_capacity_plan_section_in_the_summary(dws: RunResult) -> None:
     assert "| pretrain | h100-reserved (reservation) → h100-dws (DWS) | Kueue, queue `deepspeed` |" in body
     assert "| finetune | l4-spot (spot) → l4 (on-demand) | GKE autoscaler, ComputeClass `deepspeed-l4-spot` (back " \
            "to the first when it has room) |" in body
-    assert "| h100-reserved | reservation `h100-reservation` | us-central1-a | us-central1-a, us-central1-b, " \
+    assert "| h100-reserved | reservation `h100-reservation` until 2030-01-01T00:00:00Z | us-central1-a | " \
+           "us-central1-a, us-central1-b, " \
            "us-central1-c | $88.49 | $176.98 (max 2) | on-demand rate, billed whether used or not |" in body
     assert "| h100-dws | DWS (queued provisioning) |" in body
 

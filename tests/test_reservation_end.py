@@ -207,3 +207,11 @@ def test_preview_says_when_the_run_ends_in_time() -> None:
     m = config_model(_finetune_on_a_reservation("2030-01-01T00:00:00Z"))
     text = cost.costs_markdown(cost.stack_costs(m))
     assert "ends 2030-01-01 00:00 UTC" in text and "the run ends before it, even at its slow end" in text
+
+
+def test_capacity_plan_names_the_end() -> None:
+    from planner.capacity_plan import capacity_markdown, capacity_plan
+
+    text = capacity_markdown(capacity_plan(model("dws")))
+    assert "| h100-reserved | reservation `h100-reservation` until 2030-01-01T00:00:00Z |" in text
+    assert "| pretrain | h100-reserved (reservation) → h100-dws (DWS) | Kueue, queue `deepspeed` |" in text
