@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -625,3 +626,119 @@ def test_start_primary_fails_when_a_host_never_answers(sandbox: dict[str, Any]) 
     assert f"host {WORKER_1} did not answer over SSH after 2 attempts" in proc.stderr
     assert "deepspeed " not in log_of(sandbox)
     assert not (exchange / "primary_ed25519.pub").exists(), "the published key is removed on failure too"
+
+
+# --------------------------------------------------------------------------------------------
+# SIGTERM: Vertex AI signals each replica's main process (vertex_start.sh) only
+# --------------------------------------------------------------------------------------------
+
+STOP_RANKS = ROOT / "workloads" / "scripts" / "stop_ranks.py"
+
+# A rank: LOCAL_RANK in its environment (as DeepSpeed's launcher sets it), saves on SIGTERM and exits 143.
+FAKE_RANK = """#!/bin/bash
+trap 'echo "rank saved" >> "$FAKE_LOG"; exit 143' TERM
+echo "rank ready"
+while true; do sleep 0.05 & wait $!; done
+"""
+
+# DeepSpeed's runner: starts the rank, returns its status; records a SIGTERM of its own.
+FAKE_LAUNCHER = """#!/bin/bash
+trap 'echo "launcher got TERM" >> "$FAKE_LOG"; kill -TERM "$rank"' TERM
+LOCAL_RANK=0 "$FAKE_RANK" &
+rank=$!
+status=0; wait "$rank" || status=$?
+while kill -0 "$rank" 2>/dev/null; do status=0; wait "$rank" || status=$?; done
+echo "launcher: rank exited $status" >> "$FAKE_LOG"
+exit "$status"
+"""
+
+# A worker's sshd serving one session's rank until it is stopped.
+FAKE_SERVING_SSHD = """#!/bin/bash
+trap 'echo "sshd got TERM" >> "$FAKE_LOG"; exit 143' TERM
+LOCAL_RANK=0 "$FAKE_RANK" &
+while true; do sleep 0.05 & wait $!; done
+"""
+
+# stop_ranks.py itself, shown only this test's processes (the descendants of vertex_start.sh, its parent): on a
+# shared machine another process with LOCAL_RANK in this network namespace is never signalled.
+SCOPED_STOP_RANKS = """import importlib.util, os, pathlib, sys
+root, view = os.getppid(), pathlib.Path({view!r})
+parents = {{}}
+for entry in pathlib.Path("/proc").iterdir():
+    try:
+        stat = (entry / "stat").read_text()
+    except (OSError, ValueError):
+        continue
+    if entry.name.isdigit():
+        parents[int(entry.name)] = int(stat[stat.rfind(")") + 2:].split()[1])
+def under(pid):
+    while pid > 1:
+        if pid == root:
+            return True
+        pid = parents.get(pid, 0)
+    return False
+view.mkdir(exist_ok=True)
+for pid in {{*(p for p in parents if under(p)), os.getpid()}}:
+    (view / str(pid)).symlink_to(f"/proc/{{pid}}")
+spec = importlib.util.spec_from_file_location("stop_ranks", {script!r})
+hook = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hook)
+hook.POLL_SECONDS = 0.01  # the test's time, not the hook's behaviour
+sys.exit(hook.main(["--proc", str(view), *sys.argv[1:]]))
+"""
+
+
+def stopping_box(box: dict[str, Any], sshd: str | None = None, scoped: bool = True) -> dict[str, str]:
+    tmp: Path = box["tmp"]
+    for name, body in (("rank", FAKE_RANK), ("bin/deepspeed", FAKE_LAUNCHER), *([("bin/sshd", sshd)] if sshd else [])):
+        (tmp / name).write_text(body, encoding="utf-8")
+        (tmp / name).chmod(0o755)
+    env = {"FAKE_RANK": str(tmp / "rank")}
+    if scoped:
+        wrapper = tmp / "stop_ranks_scoped.py"
+        wrapper.write_text(SCOPED_STOP_RANKS.format(view=str(tmp / "proc-view"), script=str(STOP_RANKS)))
+        env["VERTEX_STOP_RANKS"] = str(wrapper)
+    return env
+
+
+def start_and_stop(box: dict[str, Any], args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """vertex_start.sh until its rank is up, then SIGTERM to it alone, as Vertex AI sends it."""
+    proc = subprocess.Popen([box["bash"], str(START_SH), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**box["env"], **env}, cwd=box["tmp"])
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "rank ready"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_sigterm_reaches_the_ranks_which_save_before_the_launcher_stops(sandbox: dict[str, Any]) -> None:
+    """The primary (here a single host): its rank gets the SIGTERM and saves; the launcher ends by itself with the
+    rank's status, never signalled (DeepSpeed's runner would give the ranks 30 s, then SIGKILL)."""
+    proc = start_and_stop(sandbox, ["train.py"], stopping_box(sandbox))
+    assert proc.returncode == 143, proc.stderr
+    assert log_of(sandbox).splitlines() == ["rank saved", "launcher: rank exited 143"], proc.stderr
+    assert "passing it on to the training ranks" in proc.stderr
+
+
+def test_sigterm_on_a_worker_stops_sshd_only_after_its_ranks_saved(sandbox: dict[str, Any]) -> None:
+    need_ssh_keygen()
+    exchange = sandbox["tmp"] / "exchange"
+    exchange.mkdir()
+    (exchange / "primary_ed25519.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITESTKEY x\n")
+    env = {**stopping_box(sandbox, sshd=FAKE_SERVING_SSHD), "CLUSTER_SPEC": spec("workerpool1", 0),
+           "VERTEX_SSH_EXCHANGE_DIR": str(exchange)}
+    proc = start_and_stop(sandbox, ["train.py"], env)
+    assert proc.returncode == 143, proc.stderr
+    assert log_of(sandbox).splitlines() == ["rank saved", "sshd got TERM"]
+
+
+def test_without_stop_ranks_the_launcher_gets_the_sigterm(sandbox: dict[str, Any]) -> None:
+    """No VERTEX_STOP_RANKS (a spec from before the stack shipped it): DeepSpeed's runner gets it at once."""
+    proc = start_and_stop(sandbox, ["train.py"], stopping_box(sandbox, scoped=False))
+    assert proc.returncode == 143, proc.stderr
+    assert log_of(sandbox).splitlines() == ["launcher got TERM", "rank saved", "launcher: rank exited 143"]

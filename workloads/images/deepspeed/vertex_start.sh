@@ -20,9 +20,22 @@
 #   * workers install the published key into ~/.ssh/authorized_keys and serve SSH until the
 #     job ends.
 #
+# Stopping (preemption, a cancelled job): Vertex AI sends SIGTERM to each replica's main process only,
+# this script, and the container's other processes die with it. So on SIGTERM (or SIGINT) every host
+# passes it on to its own training ranks with the stack's stop_ranks.py (VERTEX_STOP_RANKS: the file
+# the stack ships beside the recipe on the bucket, copied to local disk at start), waits until they have
+# saved their checkpoint and exited (finetune.py and smoke_test.py save on SIGTERM; the ranks agree on it
+# at the next step, so every host saves whichever got the signal), and only then stops its own child:
+# DeepSpeed's runner on the primary (which by then exits with the ranks' status, 143), sshd on a worker.
+# Without VERTEX_STOP_RANKS the child gets the SIGTERM at once (DeepSpeed's runner kills the per-node
+# launchers, which give their ranks 30 s). The script then exits 143 unless the child finished with 0.
+# Vertex's SIGKILL bounds the wait. A restarted job (scheduling.restartJobOnWorkerRestart) starts the
+# same command again and the training script resumes from its newest checkpoint.
+#
 # Tunables (environment): VERTEX_SSH_PORT (2222), VERTEX_SSH_WAIT_RETRIES (180) and
 # VERTEX_SSH_WAIT_SLEEP (5 s) bound every wait, VERTEX_RUNTIME_DIR (/tmp/vertex-deepspeed),
-# VERTEX_SSH_EXCHANGE_DIR, VERTEX_PYTHON (python3), VERTEX_CLUSTER_PY.
+# VERTEX_SSH_EXCHANGE_DIR, VERTEX_PYTHON (python3), VERTEX_CLUSTER_PY, VERTEX_STOP_RANKS,
+# VERTEX_STOP_WAIT (seconds the stopped child gets to exit on its own once the ranks are gone: 10).
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,6 +46,8 @@ WAIT_RETRIES="${VERTEX_SSH_WAIT_RETRIES:-180}"
 WAIT_SLEEP="${VERTEX_SSH_WAIT_SLEEP:-5}"
 RUNTIME_DIR="${VERTEX_RUNTIME_DIR:-${TMPDIR:-/tmp}/vertex-deepspeed}"
 PUBLISHED_KEY_NAME="primary_ed25519.pub"
+STOP_WAIT="${VERTEX_STOP_WAIT:-10}"
+RANKS_WAIT=86400 # stop_ranks.py's own bound: Vertex's SIGKILL ends the wait first
 # Variables handed to processes started over SSH (~/.ssh/environment) when set.
 SSH_ENV_VARS=(
     PATH LD_LIBRARY_PATH CUDA_HOME TRITON_CACHE_DIR TORCH_EXTENSIONS_DIR HF_HOME
@@ -64,7 +79,7 @@ elif [[ "${1:-}" == "--" ]]; then
 fi
 (($# > 0)) || die "usage: vertex_start.sh [--] TRAINING_SCRIPT [ARGS...] | --command CMD [ARGS...]"
 
-# launch HOSTFILE ARGS...  (HOSTFILE empty: single node)
+# launch HOSTFILE ARGS...  (HOSTFILE empty: single node): the launch command, run as this script's child
 launch() {
     local hostfile="$1"
     shift
@@ -72,11 +87,71 @@ launch() {
         if [[ -n "$hostfile" ]]; then
             export DEEPSPEED_HOSTFILE="$hostfile"
         fi
-        "$@"
+        run_child "$@"
     elif [[ -n "$hostfile" ]]; then
-        deepspeed --hostfile="$hostfile" "$@"
+        run_child deepspeed --hostfile="$hostfile" "$@"
     else
-        deepspeed "$@"
+        run_child deepspeed "$@"
+    fi
+}
+
+# run_child CMD [ARGS...]: CMD in the background, waited for, its status returned. This script stays the
+# container's main process, the one Vertex signals; on_stop passes the signal on.
+CHILD_PID=""
+CHILD_IS_SSHD=""
+run_child() {
+    "$@" &
+    CHILD_PID=$!
+    local status=0
+    wait "$CHILD_PID" || status=$?
+    # A trapped signal ends `wait` early: wait again, until the child is gone, for its own status.
+    while kill -0 "$CHILD_PID" 2>/dev/null; do
+        status=0
+        wait "$CHILD_PID" || status=$?
+    done
+    CHILD_PID=""
+    return "$status"
+}
+
+# The stack's stop_ranks.py, copied to local disk at start: the bucket mount may be going away on SIGTERM.
+STOP_RANKS_PY=""
+prepare_stop_ranks() {
+    local source="${VERTEX_STOP_RANKS:-}"
+    [[ -n "$source" ]] || return 0
+    if [[ ! -r "$source" ]]; then
+        log "WARNING: VERTEX_STOP_RANKS=$source cannot be read: on SIGTERM the launcher gets it, not the ranks"
+        return 0
+    fi
+    mkdir -p "$RUNTIME_DIR"
+    cp "$source" "$RUNTIME_DIR/stop_ranks.py"
+    STOP_RANKS_PY="$RUNTIME_DIR/stop_ranks.py"
+}
+
+STOPPED_BY=""
+# on_stop SIGNAL: the ranks on this host first (they save, then exit), then the child.
+on_stop() {
+    if [[ -n "$STOPPED_BY" ]]; then
+        return 0 # already stopping
+    fi
+    STOPPED_BY="SIG$1"
+    if [[ -n "$STOP_RANKS_PY" ]]; then
+        log "SIG$1: passing it on to the training ranks on this host; waiting for their checkpoint"
+        "$VERTEX_PYTHON" "$STOP_RANKS_PY" --timeout "$RANKS_WAIT" >&2 || true
+        # DeepSpeed's runner ends by itself once the ranks have (with their status); a worker's sshd never does.
+        local waited=0
+        while [[ -z "$CHILD_IS_SSHD" && -n "$CHILD_PID" ]] && kill -0 "$CHILD_PID" 2>/dev/null &&
+            ((waited < STOP_WAIT * 20)); do
+            sleep 0.05
+            waited=$((waited + 1))
+        done
+    fi
+    if [[ -z "$CHILD_PID" ]]; then
+        log "SIG$1 before the launch: stopping"
+        exit 143
+    fi
+    if kill -0 "$CHILD_PID" 2>/dev/null; then
+        log "SIG$1: stopping the launch command (pid $CHILD_PID)"
+        kill -TERM "$CHILD_PID" 2>/dev/null || true
     fi
 }
 
@@ -224,18 +299,31 @@ run_worker() {
     cat "$pubfile" >>"$HOME/.ssh/authorized_keys"
     start_sshd
     log "serving SSH for the primary until the job ends"
+    # sshd as the child that on_stop stops, once this host's ranks have saved.
+    CHILD_PID="$SSHD_PID"
+    CHILD_IS_SSHD=1
     local status=0
-    wait "$SSHD_PID" || status=$?
+    wait "$CHILD_PID" || status=$?
+    while kill -0 "$CHILD_PID" 2>/dev/null; do
+        status=0
+        wait "$CHILD_PID" || status=$?
+    done
+    CHILD_PID=""
     SSHD_PID=""
     return "$status"
 }
+
+trap 'on_stop TERM' TERM
+trap 'on_stop INT' INT
+prepare_stop_ranks
 
 if [[ -z "${CLUSTER_SPEC:-}" ]]; then
     log "CLUSTER_SPEC is not set: single-node run"
     paths_env="$("$VERTEX_PYTHON" "$VERTEX_CLUSTER_PY" paths)" || die "cannot map the AIP_* paths (see the error above)"
     eval "$paths_env"
-    launch "" "$@"
-    exit $?
+    status=0
+    launch "" "$@" || status=$?
+    exit "$status"
 fi
 
 cluster_env="$("$VERTEX_PYTHON" "$VERTEX_CLUSTER_PY" env)" || die "cannot use CLUSTER_SPEC (see the error above)"
@@ -247,14 +335,13 @@ if [[ "$VERTEX_ROLE" == "other" ]]; then
 fi
 if ((VERTEX_NUM_HOSTS == 1)); then
     log "single host $VERTEX_PRIMARY_HOST"
-    launch "" "$@"
-    exit $?
+    status=0
+    launch "" "$@" || status=$?
+    exit "$status"
 fi
 
 log "multi-node job $VERTEX_JOB_ID: $VERTEX_NUM_HOSTS hosts, this is the $VERTEX_ROLE ($VERTEX_THIS_HOST)"
 trap cleanup EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
 setup_ssh
 if [[ "$VERTEX_ROLE" == "primary" ]]; then
     run_primary "$@"
