@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -223,6 +224,17 @@ def test_the_progress_callback_comes_before_tensorboards_writer(monkeypatch: pyt
     assert [type(c).__name__ for c in callbacks] == ["Progress", "TensorBoardCallback"] and said == []
     callbacks, _ = _callbacks_with(monkeypatch, writer, None)
     assert [type(c).__name__ for c in callbacks] == ["Progress"]
+
+
+def test_on_vertex_ai_the_event_files_go_to_aip_tensorboard_log_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Vertex AI uploads what lands under AIP_TENSORBOARD_LOG_DIR to the CustomJob's TensorBoard."""
+    folders: list[str | None] = []
+    writer = type("TensorBoardCallback", (), {"__init__": lambda self: folders.append(
+        os.environ.get("TENSORBOARD_LOGGING_DIR"))})  # transformers' writer reads its folder from there
+    monkeypatch.setenv("AIP_TENSORBOARD_LOG_DIR", "gs://bkt/vertex/logs/")
+    callbacks, _ = _callbacks_with(monkeypatch, writer, None)
+    assert [type(c).__name__ for c in callbacks] == ["Progress", "TensorBoardCallback"]
+    assert folders == ["/gcs/bkt/vertex/logs/"]
 
 
 def test_without_tensorboard_the_run_goes_on_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -63,6 +63,23 @@ def test_an_argument_wins_over_its_environment_variable(ft: ModuleType) -> None:
     assert args.model == "./mine" and args.save_steps == 7
 
 
+def test_on_vertex_ai_the_outputs_go_where_the_customjob_says(ft: ModuleType) -> None:
+    """Vertex AI sets AIP_CHECKPOINT_DIR and AIP_MODEL_DIR as gs:// URIs; the job sees the bucket at /gcs/BUCKET."""
+    vertex = {"AIP_CHECKPOINT_DIR": "gs://bkt/vertex/checkpoints/", "AIP_MODEL_DIR": "gs://bkt/vertex/model/"}
+    args = ft.parse_args(BASE[:4], vertex)
+    assert (args.checkpoint_dir, args.model_dir) == ("/gcs/bkt/vertex/checkpoints/", "/gcs/bkt/vertex/model/")
+    # The stack's own variable, then the argument, win over Vertex AI's.
+    args = ft.parse_args([*BASE[:4], "--model-dir", "/out"], {**vertex, "CHECKPOINT_DIR": "/ckpt"})
+    assert (args.checkpoint_dir, args.model_dir) == ("/ckpt", "/out")
+
+
+def test_tensorboards_folder_on_gke_and_on_vertex_ai(ft: ModuleType) -> None:
+    assert ft.tensorboard_dir({}) is None
+    assert ft.tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://bkt/vertex/logs/"}) == "/gcs/bkt/vertex/logs/"
+    assert ft.tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://bkt/vertex/logs/",
+                               "TENSORBOARD_LOGGING_DIR": "/gcs/logs/tune"}) == "/gcs/logs/tune"
+
+
 def test_defaults(ft: ModuleType) -> None:
     args = ft.parse_args(BASE, {})
     assert (args.save_steps, args.seq_len, args.learning_rate, args.lora, args.format, args.records) == (
@@ -86,7 +103,8 @@ def test_every_problem_is_reported_at_once(ft: ModuleType) -> None:
                        "--learning-rate", "0", "--lora", "--lora-rank", "0", "--lora-dropout", "1"], {})
     text = str(caught.value)
     for expected in ("--model (or FINETUNE_MODEL) is required", "--dataset (or FINETUNE_DATASET) is required",
-                     "--checkpoint-dir (or CHECKPOINT_DIR) is required", "--model-dir (or MODEL_DIR) is required",
+                     "--checkpoint-dir (or CHECKPOINT_DIR or AIP_CHECKPOINT_DIR) is required",
+                     "--model-dir (or MODEL_DIR or AIP_MODEL_DIR) is required",
                      "--prompt-field and --response-field go together", "give --epochs or --max-steps, not both",
                      "--seq-len must be 8 or more, got 4", "--learning-rate must be more than 0, got 0.0",
                      "--lora-rank must be 1 or more, got 0", "--lora-dropout must be in [0, 1), got 1.0"):

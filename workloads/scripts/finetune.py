@@ -24,6 +24,8 @@ Run on every rank by the DeepSpeed launcher, as the stack's MPIJob and Helm rele
   MODEL_DIR gets the adapter alone (--lora-export adapter, the default: peft's adapter_config.json and
   adapter_model.safetensors, a few MB, served on the base model by vLLM's LoRA support) or the base model with the
   adapter merged in (--lora-export merged).
+- On Vertex AI: --checkpoint-dir and --model-dir default to AIP_CHECKPOINT_DIR and AIP_MODEL_DIR, TensorBoard's
+  folder to AIP_TENSORBOARD_LOG_DIR (gs:// read as the /gcs mount) where the stack's variables are not set.
 - Checkpoints: the Trainer's checkpoint-N folders in --checkpoint-dir (CHECKPOINT_DIR), every --save-steps
   (CHECKPOINT_EVERY_STEPS) steps and when any rank gets SIGTERM (the ranks agree on it every step, then all
   save and stop with exit status 143). A restarted run resumes from the newest complete checkpoint by itself.
@@ -99,6 +101,12 @@ ENV_DEFAULTS = {
     "checkpoint_dir": "CHECKPOINT_DIR",
     "model_dir": "MODEL_DIR",
 }
+# Vertex AI's own variables (a CustomJob with baseOutputDirectory sets them, as gs:// URIs, on every replica; its
+# TensorBoard uploads what lands under AIP_TENSORBOARD_LOG_DIR): the fall-back where neither the argument nor the
+# contract's variable is given, so the same argv runs on Vertex AI and the files land where Vertex looks.
+VERTEX_DEFAULTS = {"checkpoint_dir": "AIP_CHECKPOINT_DIR", "model_dir": "AIP_MODEL_DIR"}
+LOGS_ENV, VERTEX_LOGS_ENV = "TENSORBOARD_LOGGING_DIR", "AIP_TENSORBOARD_LOG_DIR"
+GCS_URI, GCS_FUSE_ROOT = "gs://", "/gcs"  # Vertex AI mounts every bucket the job may read at /gcs/<bucket>
 REQUIRED = ("model", "dataset", "checkpoint_dir", "model_dir")
 PRECISIONS = ("bf16", "fp16", "fp32")
 LORA_EXPORTS = ("adapter", "merged")
@@ -194,6 +202,9 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> argpar
                 setattr(args, name, int(value))
             else:
                 setattr(args, name, value)
+    for name, variable in VERTEX_DEFAULTS.items():
+        if getattr(args, name) is None and environ.get(variable, "").strip():
+            setattr(args, name, fuse_path(environ[variable].strip()))
     if args.save_steps is None:
         args.save_steps = DEFAULT_SAVE_STEPS
     problems = argument_problems(args)
@@ -202,8 +213,28 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> argpar
     return args
 
 
+def fuse_path(value: str) -> str:
+    """A gs://BUCKET/PATH URI (Vertex AI's AIP_* variables) as the path of Vertex AI's FUSE mount; a path as is."""
+    if value.startswith(GCS_URI):
+        return f"{GCS_FUSE_ROOT}/{value[len(GCS_URI):]}"
+    return value
+
+
+def tensorboard_dir(environ: Mapping[str, str]) -> str | None:
+    """Where TensorBoard's event files go: TENSORBOARD_LOGGING_DIR (the stack's, on GKE), else Vertex AI's
+    AIP_TENSORBOARD_LOG_DIR (set when the CustomJob names a TensorBoard); None: no event files."""
+    for variable in (LOGS_ENV, VERTEX_LOGS_ENV):
+        if environ.get(variable, "").strip():
+            return fuse_path(environ[variable].strip())
+    return None
+
+
+def _variables(name: str) -> str:
+    return " or ".join(v for v in (ENV_DEFAULTS[name], VERTEX_DEFAULTS.get(name)) if v)
+
+
 def argument_problems(args: argparse.Namespace) -> list[str]:
-    problems = [f"{_flag(name)} (or {ENV_DEFAULTS[name]}) is required" for name in REQUIRED
+    problems = [f"{_flag(name)} (or {_variables(name)}) is required" for name in REQUIRED
                 if not getattr(args, name)]
     if bool(args.prompt_field) != bool(args.response_field):
         problems.append("--prompt-field and --response-field go together (or neither: --text-field)")
@@ -451,8 +482,8 @@ def _encoded(data: Any, the_plan: Plan, tokenizer: Any, seq_len: int, keys: Stac
 
 def _progress_callbacks(args: argparse.Namespace) -> list[Any]:
     """Progress and metrics (finetune_progress.py, shipped beside this file), then TensorBoard's writer where
-    TENSORBOARD_LOGGING_DIR names its folder: in that order, so the tokens/s and MFU the first adds to the logs are
-    written with the loss."""
+    TENSORBOARD_LOGGING_DIR (or Vertex AI's AIP_TENSORBOARD_LOG_DIR) names its folder: in that order, so the tokens/s
+    and MFU the first adds to the logs are written with the loss."""
     import importlib
 
     folder = str(Path(__file__).parent)
@@ -461,9 +492,11 @@ def _progress_callbacks(args: argparse.Namespace) -> list[Any]:
     progress = importlib.import_module("finetune_progress")
     out = [progress.progress_callback(progress.RunFacts.from_env(os.environ), args.checkpoint_dir, args.model_dir,
                                       say)]
-    if os.environ.get("TENSORBOARD_LOGGING_DIR", "").strip():
+    logs = tensorboard_dir(os.environ)
+    if logs is not None:
         from transformers.integrations import TensorBoardCallback
 
+        os.environ[LOGS_ENV] = logs  # the writer reads its folder from there
         try:
             out.append(TensorBoardCallback())
         except RuntimeError as error:  # an image without tensorboard: the run goes on, the log says why
