@@ -232,6 +232,7 @@ def test_on_vertex_ai_the_event_files_go_to_aip_tensorboard_log_dir(monkeypatch:
     writer = type("TensorBoardCallback", (), {"__init__": lambda self: folders.append(
         os.environ.get("TENSORBOARD_LOGGING_DIR"))})  # transformers' writer reads its folder from there
     monkeypatch.setenv("AIP_TENSORBOARD_LOG_DIR", "gs://bkt/vertex/logs/")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "")  # recorded as unset: the folder set by the run is undone
     callbacks, _ = _callbacks_with(monkeypatch, writer, None)
     assert [type(c).__name__ for c in callbacks] == ["Progress", "TensorBoardCallback"]
     assert folders == ["/gcs/bkt/vertex/logs/"]

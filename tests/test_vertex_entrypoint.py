@@ -4,6 +4,7 @@ vertex_start.sh driven with stand-ins for deepspeed, sshd, ssh and nvidia-smi (n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -637,16 +638,21 @@ STOP_RANKS = ROOT / "workloads" / "scripts" / "stop_ranks.py"
 # A rank: LOCAL_RANK in its environment (as DeepSpeed's launcher sets it), saves on SIGTERM and exits 143.
 FAKE_RANK = """#!/bin/bash
 trap 'echo "rank saved" >> "$FAKE_LOG"; exit 143' TERM
-echo "rank ready"
+touch "$FAKE_RANK_UP"
 while true; do sleep 0.05 & wait $!; done
 """
 
-# DeepSpeed's runner: starts the rank, returns its status; records a SIGTERM of its own.
+# Starts the rank; says "rank ready" once the rank and this parent both handle SIGTERM.
+START_RANK = """LOCAL_RANK=0 "$FAKE_RANK" &
+rank=$!
+until [[ -e "$FAKE_RANK_UP" ]]; do sleep 0.01; done
+echo "rank ready"
+"""
+
+# DeepSpeed's runner: starts the rank, returns its status; records a SIGTERM of its own and passes it on.
 FAKE_LAUNCHER = """#!/bin/bash
 trap 'echo "launcher got TERM" >> "$FAKE_LOG"; kill -TERM "$rank"' TERM
-LOCAL_RANK=0 "$FAKE_RANK" &
-rank=$!
-status=0; wait "$rank" || status=$?
+""" + START_RANK + """status=0; wait "$rank" || status=$?
 while kill -0 "$rank" 2>/dev/null; do status=0; wait "$rank" || status=$?; done
 echo "launcher: rank exited $status" >> "$FAKE_LOG"
 exit "$status"
@@ -655,8 +661,7 @@ exit "$status"
 # A worker's sshd serving one session's rank until it is stopped.
 FAKE_SERVING_SSHD = """#!/bin/bash
 trap 'echo "sshd got TERM" >> "$FAKE_LOG"; exit 143' TERM
-LOCAL_RANK=0 "$FAKE_RANK" &
-while true; do sleep 0.05 & wait $!; done
+""" + START_RANK + """while true; do sleep 0.05 & wait $!; done
 """
 
 # stop_ranks.py itself, shown only this test's processes (the descendants of vertex_start.sh, its parent): on a
@@ -693,7 +698,7 @@ def stopping_box(box: dict[str, Any], sshd: str | None = None, scoped: bool = Tr
     for name, body in (("rank", FAKE_RANK), ("bin/deepspeed", FAKE_LAUNCHER), *([("bin/sshd", sshd)] if sshd else [])):
         (tmp / name).write_text(body, encoding="utf-8")
         (tmp / name).chmod(0o755)
-    env = {"FAKE_RANK": str(tmp / "rank")}
+    env = {"FAKE_RANK": str(tmp / "rank"), "FAKE_RANK_UP": str(tmp / "rank-up")}
     if scoped:
         wrapper = tmp / "stop_ranks_scoped.py"
         wrapper.write_text(SCOPED_STOP_RANKS.format(view=str(tmp / "proc-view"), script=str(STOP_RANKS)))
@@ -704,15 +709,15 @@ def stopping_box(box: dict[str, Any], sshd: str | None = None, scoped: bool = Tr
 def start_and_stop(box: dict[str, Any], args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """vertex_start.sh until its rank is up, then SIGTERM to it alone, as Vertex AI sends it."""
     proc = subprocess.Popen([box["bash"], str(START_SH), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**box["env"], **env}, cwd=box["tmp"])
+                            text=True, env={**box["env"], **env}, cwd=box["tmp"], start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "rank ready"
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # whatever a failure left of this test's processes
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
