@@ -106,7 +106,7 @@ def warn_ranks_folders(m: StackConfig) -> list[str]:
         folders = gaudi_job.ranks_folders(w)
         fixes = dict.fromkeys(gaudi_job.admin_command(w, gaudi_job.relative(w, admin)) for _, admin in folders)
         out.append(f"{at('workloads', w.name, 'storage')}: the ranks (uid {gaudi_job.GAUDI_RANKS_USER}) keep the "
-                   f"caches (HF_HOME {w.cache_home}) and the output ({gaudi_job.output_dir(w)}) on claim "
+                   f"caches (HF_HOME {w.cache_home}) and the output ({', '.join(gaudi_job.outputs(w))}) on claim "
                    f"{w.storage.claim_name}, making the folders they lack; confirm uid {gaudi_job.GAUDI_RANKS_USER} "
                    f"can write there, or have the NFS server's admin run once `{'; '.join(fixes)}`, CLAIM being the "
                    f"claim's folder there (`{gaudi_job.nfs_folder_hint(w)}`): NFS volumes take no fsGroup, and "

@@ -148,6 +148,14 @@ def test_the_layout_is_the_same_everywhere(gke: Any, on_gaudi: Any) -> None:
     assert "LLM_MODEL" not in env  # Omnia's variables are `training`'s run's
 
 
+def test_the_gaudi_warning_names_the_recipes_folders() -> None:
+    from checks import gaudi as gaudi_checks
+
+    (said,) = [w for w in gaudi_checks.warnings(model("gaudi", fresh(GAUDI_CHANGES))) if "keep the caches" in w]
+    assert ("and the output (/storage/deepspeed-stack/checkpoints/gaudi-llm-ds-ft, "
+            "/storage/deepspeed-stack/models/gaudi-llm-ds-ft) on claim shared-model") in said
+
+
 def test_gaudi_ships_the_recipe_in_the_jobs_config_map(on_gaudi: Any) -> None:
     w = on_gaudi.workloads["gaudi-llm-ds-ft"]
     data = gaudi.config_map_data(w, placement(on_gaudi, w), has_token=False)
