@@ -124,6 +124,18 @@ def test_the_summary_says_where_results_land_and_the_preview_says_how_the_gate_d
     assert "kubectl logs -n serving -f deploy/chat -c evaluator" in body
 
 
+
+def test_a_server_memory_that_leaves_no_room_for_the_evaluator_is_refused() -> None:
+    """g2-standard-8: 27.7 GiB allocatable, 1.5 for the DaemonSets, 0.125 the FUSE sidecar, 2 the evaluator."""
+    found = problems("finetune", {**EVALUATION, f"{S}.resources.memory": "25Gi"})
+    assert found == [
+        f"{S}.resources.memory: 25Gi is more than what one g2-standard-8 node of pool l4 (32 GiB) gives pods: 27.7 GiB "
+        "allocatable (less the kernel's 0.6, kube-reserved 3.6 and the eviction threshold's 0.1 GiB), less 1.5 GiB for "
+        "its DaemonSets, 2.12 GiB for the GCS FUSE sidecar and the evaluator: at most 24Gi; the pod would stay "
+        "Pending. Leave it unset (the stack fits 24Gi), or choose a machine type with more memory"]
+    assert problems("finetune", {f"{S}.resources.memory": "25Gi"}) == []
+
+
 # --- the rules: each refused at its key --------------------------------------------------------------------------
 
 def test_evaluation_needs_adapters() -> None:
@@ -279,3 +291,36 @@ def test_a_merged_models_marker_is_not_an_adapter_export(evaluator: ModuleType, 
     assert evaluator.adapter_marker(tmp_path) is None
     (tmp_path / ".complete").write_text('{"export": "adapter", "step": 40}')
     assert evaluator.adapter_marker(tmp_path) == {"export": "adapter", "step": 40}
+
+
+def test_the_pods_arguments_are_the_scripts_own(gated: RunResult, evaluator: ModuleType, tmp_path: Path) -> None:
+    """What the pod passes evaluator.py, and what evaluator.py passes evaluate.py, each parsed by the script's own
+    parser (a renamed flag fails here, not in the pod)."""
+    evaluate = load_file(SCRIPTS / "evaluate.py", "evaluate_for_evaluator")
+    args = evaluator.parse_args(_containers(gated)["evaluator"]["args"][1:])
+    assert (args.url, args.base, args.task, args.evals, args.min_improvement, args.max_tokens) == (
+        "http://127.0.0.1:8000", BASE, f"/gcs/{TASK}", "/evals", 0.05, 32)
+    assert args.adapter == [evaluator.Adapter("tune", Path("/gcs/models/tune"))]
+    parsed = evaluate.parse_args(evaluator.evaluate_command(args, args.adapter[0])[2:])
+    assert (parsed.candidate, parsed.results, parsed.served_copy, parsed.min_improvement) == (
+        "/gcs/models/tune", "/evals/tune/results.json", "/evals/tune/adapter", 0.05)
+
+
+def test_one_adapters_server_error_does_not_stop_the_others(evaluator: ModuleType, tmp_path: Path) -> None:
+    import urllib.error
+
+    args, _, model_dir = _setup(evaluator, tmp_path)
+    other = tmp_path / "models" / "tune2"
+    other.mkdir()
+    (other / ".complete").write_text('{"export": "adapter", "step": 40}')
+    (tmp_path / "evals" / "tune" / "adapter").mkdir(parents=True)
+    (tmp_path / "evals" / "tune" / "adapter" / ".complete").write_text("{}")  # a copy vLLM refuses to load
+    stand = Stand(tmp_path / "evals")
+
+    def refuse(name: str, path: Path) -> None:
+        raise urllib.error.HTTPError(f"{name}", 400, "bad adapter", {}, None)  # type: ignore[arg-type]
+
+    server = evaluator.Server(served=lambda: ["base"], load=refuse, run=stand.run)
+    evaluator.poll(args, [evaluator.Adapter("tune", model_dir), evaluator.Adapter("tune2", other)], server,
+                   evaluator.State())
+    assert [c[c.index("--adapter") + 1] for c in stand.runs] == ["tune2"]

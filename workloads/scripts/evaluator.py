@@ -148,27 +148,35 @@ def poll(args: argparse.Namespace, adapters: Sequence[Adapter], server: Server, 
     """One pass over the adapters: serve the copies that passed, evaluate the new exports."""
     served = server.served()
     for adapter in adapters:
-        folder = Path(args.evals) / adapter.name
-        copy = folder / COPY
-        if needs_loading(adapter.name, served, copy):
-            server.load(adapter.name, copy)
-            log(f"{adapter.name}: serving its evaluated copy {copy}")
-        marker = adapter_marker(adapter.model_dir)
-        if marker is None:
-            say_once(state, adapter.name, f"{adapter.name}: waiting for an adapter export's "
-                                          f"{adapter.model_dir / MARKER} (written last by the training workload)")
-            continue
-        if not needs_evaluation(marker, evaluated_marker(folder), state.failed.get(adapter.name), now(),
-                                args.retry):
-            continue
-        log(f"{adapter.name}: evaluating the export of step {marker.get('step')} on {args.task}")
-        code = server.run(evaluate_command(args, adapter))
-        if code == 0:
-            state.failed.pop(adapter.name, None)
-        else:
-            state.failed[adapter.name] = (marker, now())
-            log(f"{adapter.name}: evaluate.py exited {code} (its log above says why); trying again in "
-                f"{args.retry:g} s")
+        try:
+            visit(args, adapter, served, server, state, now)
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as error:  # one adapter's: the others go on
+            log(f"{adapter.name}: {error}; trying again")
+
+
+def visit(args: argparse.Namespace, adapter: Adapter, served: Sequence[str], server: Server, state: State,
+          now: Callable[[], float]) -> None:
+    """One adapter: its copy served, its new export scored."""
+    folder = Path(args.evals) / adapter.name
+    copy = folder / COPY
+    if needs_loading(adapter.name, served, copy):
+        server.load(adapter.name, copy)
+        log(f"{adapter.name}: serving its evaluated copy {copy}")
+    marker = adapter_marker(adapter.model_dir)
+    if marker is None:
+        say_once(state, adapter.name, f"{adapter.name}: waiting for an adapter export's "
+                                      f"{adapter.model_dir / MARKER} (written last by the training workload)")
+        return
+    if not needs_evaluation(marker, evaluated_marker(folder), state.failed.get(adapter.name), now(), args.retry):
+        return
+    log(f"{adapter.name}: evaluating the export of step {marker.get('step')} on {args.task}")
+    code = server.run(evaluate_command(args, adapter))
+    if code == 0:
+        state.failed.pop(adapter.name, None)
+    else:
+        state.failed[adapter.name] = (marker, now())
+        log(f"{adapter.name}: evaluate.py exited {code} (its log above says why); trying again in "
+            f"{args.retry:g} s")
 
 
 def parse_adapter(text: str) -> Adapter:
@@ -203,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{'none' if args.min_improvement is None else args.min_improvement}")
     while True:
         if healthy(args.url):
+            state.said.pop("", None)
             try:
                 poll(args, args.adapter, server, state)
             except (urllib.error.URLError, OSError, ValueError, KeyError) as error:  # vLLM restarting, say
