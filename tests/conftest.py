@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 SHARED = PROJECT_DIR.parent / "shared" / "reference"
+# The example stacks as the project ships them, which the tests that pin an example's values read: the stack files
+# beside Pulumi.yaml are the user's to edit (or to add to), and only the checks every stack must pass (schema,
+# policy, manifests, preview) run over them (`stacks()`). `make examples-check` (CI) says when they differ.
+EXAMPLES_DIR = PROJECT_DIR / "tests" / "examples"
 
 _RUNS: dict[str, RunResult] = {}
 
@@ -124,14 +128,49 @@ def reference(*parts: str) -> Path:
     return path
 
 
-def stack_run(stack: str, overrides: dict[str, Any] | None = None) -> RunResult:
-    """The repo's stack file run under mocks, with `overrides` as engine.run_stack takes them; cached by both,
-    since a run is read-only for the tests (several modules run the same stack with the same token)."""
+def stack_path(stack: str, example: bool = True) -> Path:
+    """The example's file (tests/examples), or with example=False the project's own stack file of that name."""
+    return (EXAMPLES_DIR if example else PROJECT_DIR) / f"Pulumi.{stack}.yaml"
+
+
+def examples() -> list[str]:
+    """The example stacks the tests pin (tests/examples)."""
+    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in EXAMPLES_DIR.glob("Pulumi.*.yaml"))
+
+
+def stacks() -> list[str]:
+    """Every stack file of the project (Pulumi.*.yaml beside Pulumi.yaml), a user's own and edited ones included:
+    what the checks every stack must pass run over (with `example=False`)."""
+    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in PROJECT_DIR.glob("Pulumi.*.yaml"))
+
+
+def load_stack_config(stack: str, example: bool = True) -> tuple[dict[str, str], list[str]]:
+    """engine.load_stack_config of the example's file (example=False: the project's)."""
+    from preview import engine, stackfile
+
+    return engine.engine_config_from_yaml(stackfile.read(stack_path(stack, example)))
+
+
+def run_stack(stack: str, overrides: dict[str, Any] | None = None, *, example: bool = True) -> RunResult:
+    """engine.run_stack on the example's file (example=False: the project's): a fresh run, `overrides` replacing
+    top-level keys (values as in the YAML)."""
     from preview import engine
 
-    key = stack if not overrides else f"{stack} {json.dumps(overrides, sort_keys=True)}"
+    config, secret_keys = load_stack_config(stack, example)
+    if overrides:
+        extra, extra_secrets = engine.engine_config_from_yaml(overrides)
+        config.update(extra)
+        secret_keys = sorted(set(secret_keys) | set(extra_secrets))
+    return engine.run_program(config, secret_keys, stack=stack)
+
+
+def stack_run(stack: str, overrides: dict[str, Any] | None = None, *, example: bool = True) -> RunResult:
+    """run_stack, cached by the file's text, the stack's name and the overrides, since a run is read-only for the
+    tests: a project stack file still equal to its example shares the example's run."""
+    text = stack_path(stack, example).read_text(encoding="utf-8")
+    key = f"{stack} {json.dumps(overrides or {}, sort_keys=True)} {text}"
     if key not in _RUNS:
-        _RUNS[key] = engine.run_stack(stack, overrides)
+        _RUNS[key] = run_stack(stack, overrides, example=example)
     return _RUNS[key]
 
 
@@ -159,17 +198,16 @@ def omnia() -> dict[str, Any]:
 
 
 @functools.cache
-def _stack_file_config(stack: str) -> dict[str, Any]:
+def _stack_file_config(path: Path) -> dict[str, Any]:
     """Parsed once per session (a few hundred tests change one key of the same few files); callers get copies."""
-    from preview import engine
-
-    with open(engine.stack_file(stack), encoding="utf-8") as fh:
+    with open(path, encoding="utf-8") as fh:
         return yaml_load(fh)["config"]
 
 
-def stack_yaml(stack: str) -> dict[str, Any]:
-    """A stack file's config as nested YAML values, for tests that change one key (a fresh copy each call)."""
-    return copy.deepcopy(_stack_file_config(stack))
+def stack_yaml(stack: str, example: bool = True) -> dict[str, Any]:
+    """An example's config (example=False: the project's stack file's) as nested YAML values, for tests that change
+    one key (a fresh copy each call)."""
+    return copy.deepcopy(_stack_file_config(stack_path(stack, example)))
 
 
 _TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
@@ -193,9 +231,9 @@ def set_path(config: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 DELETE = object()
 
 
-def changed(stack: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+def changed(stack: str, changes: dict[str, Any] | None = None, example: bool = True) -> dict[str, Any]:
     """A stack file's config with keys changed as `pulumi config set --path` would."""
-    config = stack_yaml(stack)
+    config = stack_yaml(stack, example)
     for path, value in (changes or {}).items():
         set_path(config, path, value)
     return config
@@ -221,9 +259,9 @@ def config_problems(config: dict[str, Any], secure: tuple[str, ...] = ()) -> lis
     return []
 
 
-def problems(stack: str, changes: dict[str, Any], secure: tuple[str, ...] = ()) -> list[str]:
-    return config_problems(changed(stack, changes), secure)
+def problems(stack: str, changes: dict[str, Any], secure: tuple[str, ...] = (), *, example: bool = True) -> list[str]:
+    return config_problems(changed(stack, changes, example), secure)
 
 
-def model(stack: str, changes: dict[str, Any] | None = None) -> StackConfig:
-    return config_model(changed(stack, changes))
+def model(stack: str, changes: dict[str, Any] | None = None, *, example: bool = True) -> StackConfig:
+    return config_model(changed(stack, changes, example))

@@ -8,7 +8,18 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import DELETE, PROJECT_DIR, problems, reference, set_path, stack_yaml, validate_json, yaml_load
+from conftest import (
+    DELETE,
+    PROJECT_DIR,
+    load_stack_config,
+    problems,
+    reference,
+    run_stack,
+    set_path,
+    stack_yaml,
+    validate_json,
+    yaml_load,
+)
 
 from checks import ConfigError, load
 from preview import engine
@@ -37,7 +48,7 @@ def values(run: RunResult) -> dict[str, Any]:
 def two_pools_with_token() -> RunResult:
     """prod with a second (spot) L4 pool and an HF token that is a plain string marked secret, as the engine
     hands a decrypted `--secret` value to the program."""
-    config, secret_keys = engine.load_stack_config("prod")
+    config, secret_keys = load_stack_config("prod")
     pools = stack_yaml("prod")["deepspeed-stack:nodePools"]
     extra, _ = engine_config_from_yaml({"deepspeed-stack:nodePools": [*pools, {**pools[0], "name": "l4-spot",
                                                                                 "spot": True}]})
@@ -103,7 +114,7 @@ def test_client_runs_on_the_system_pool_without_a_gpu(dev: RunResult) -> None:
 
 
 def test_client_gpu_keeps_the_client_on_the_workers_pool() -> None:
-    run = engine.run_stack("dev", {"deepspeed-stack:workloads": {"smoke": {
+    run = run_stack("dev", {"deepspeed-stack:workloads": {"smoke": {
         **stack_yaml("dev")["deepspeed-stack:workloads"]["smoke"], "chart": {"version": "2.3.51", "clientGpu": True}}}})
     v = values(run)
     assert v["client"]["resources"] == v["worker"]["resources"] == {"requests": T4_WORKER, "limits": T4_WORKER}
@@ -373,7 +384,7 @@ def test_helm_namespace_is_a_dns_label() -> None:
 
 
 def test_nvme_offload_path_is_mounted_in_client_and_workers() -> None:
-    run = engine.run_stack("dev", {"deepspeed-stack:workloads": {"smoke": {
+    run = run_stack("dev", {"deepspeed-stack:workloads": {"smoke": {
         **stack_yaml("dev")["deepspeed-stack:workloads"]["smoke"],
         "deepspeed": {"zeroStage": 3, "offloadParams": "nvme", "nvmePath": "/local_nvme", "precision": "fp16"}}}})
     for role in ("client", "worker"):

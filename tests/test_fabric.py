@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import reference, stack_yaml, validate_json, yaml_load
+from conftest import reference, run_stack, stack_yaml, validate_json, yaml_load
 
 from model import fabric
-from preview.engine import RunResult, run_stack
+from preview.engine import RunResult
 
 CEA = ("gke-gpu-fabric", "container-engine-accelerators")
 NETWORK = "gcp:compute/network:Network"

@@ -13,10 +13,10 @@ import subprocess
 from typing import Any
 
 import pytest
-from conftest import DELETE, PROJECT_DIR, changed, config_problems, problems, stack_run
+from conftest import DELETE, PROJECT_DIR, changed, config_problems, problems, run_stack, stack_run
 from test_mpijob import crd_problems, pod_problems
 
-from preview.engine import RunResult, run_stack
+from preview.engine import RunResult
 
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import PROJECT_DIR, changed, config_model, config_problems, problems, stack_run, yaml_load
+from conftest import PROJECT_DIR, changed, config_model, config_problems, problems, stack_path, stack_run, yaml_load
 
 from planner import cost, sizing
 from planner.__main__ import main as planner_main
@@ -147,7 +147,7 @@ def test_a_gated_model_without_a_token_names_both_ways() -> None:
 
 def test_the_offline_form_as_the_messages_write_it_previews(tmp_path: Path) -> None:
     """The line the messages give, pasted under `config:` of a gated stack, previews with `make preview`."""
-    text = (PROJECT_DIR / "Pulumi.finetune.yaml").read_text(encoding="utf-8")
+    text = stack_path("finetune").read_text(encoding="utf-8")
     text = text.replace("model: Qwen/Qwen2.5-7B-Instruct", "model: meta-llama/Llama-3.1-8B-Instruct")
     # As the recipe's comment says for Llama: the server's model and a batch of 4 (its KV cache is twice Qwen's).
     text = text.replace("        name: Qwen2.5-7B\n", "        name: Llama-3.1-8B\n")

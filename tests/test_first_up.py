@@ -6,11 +6,11 @@ from __future__ import annotations
 import copy
 
 import msgspec
-from conftest import DELETE, stack_run, stack_yaml
+from conftest import DELETE, run_stack, stack_run, stack_yaml
 
 from model.yamlio import load_yaml
 from preview import diff, plan, replacements, summary
-from preview.engine import Registration, RunResult, run_stack
+from preview.engine import Registration, RunResult
 
 CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"

@@ -16,12 +16,12 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import DELETE, PROJECT_DIR, changed, model, problems, stack_run, stack_yaml
+from conftest import DELETE, PROJECT_DIR, changed, load_stack_config, model, problems, stack_run, stack_yaml
 from test_mpijob import crd_schema, unknown_fields
 
 from model import gaudi_software
 from model.config import ConfigError
-from preview.engine import SECRET, RunResult, engine_config_from_yaml, load_stack_config, run_program
+from preview.engine import SECRET, RunResult, engine_config_from_yaml, run_program
 from workloads import mpijob, network_policy, pod_security
 from workloads.placement import placement
 

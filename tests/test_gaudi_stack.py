@@ -10,8 +10,9 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from conftest import load_stack_config
 
-from preview.engine import SECRET, RunResult, load_stack_config, run_program
+from preview.engine import SECRET, RunResult, run_program
 
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
 NAMESPACE = "kubernetes:core/v1:Namespace"

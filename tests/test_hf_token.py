@@ -5,11 +5,11 @@ without it (issue 19.1). The token reaches pods as a mounted file that HF_TOKEN_
 from __future__ import annotations
 
 import pytest
-from conftest import stack_run
+from conftest import stack_run, stacks
 from test_policy import LAUNCHER, MPIJOB, RELEASE, changed, check
 
 from preview import policy_check
-from preview.engine import RunResult, stacks
+from preview.engine import RunResult
 
 TOKEN = {"secure": "v1:planted-ciphertext"}  # what `pulumi config set --secret hfToken hf_...` writes
 
@@ -18,7 +18,7 @@ TOKEN = {"secure": "v1:planted-ciphertext"}  # what `pulumi config set --secret 
 def test_every_stack_passes_the_policy_pack_with_a_token(stack: str) -> None:
     """Without a token: test_policy.test_repo_stacks_have_no_mandatory_violation. With one, the Secret and the
     path that names it are in every pod that downloads a model, and still nothing is mandatory."""
-    run = stack_run(stack, {"hfToken": TOKEN})
+    run = stack_run(stack, {"hfToken": TOKEN}, example=False)
     assert [(v.policy, v.message) for v in policy_check.evaluate(run) if v.mandatory] == []
 
 

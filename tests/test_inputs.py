@@ -488,10 +488,9 @@ def test_every_example_stack_previews_without_these_warnings() -> None:
 
 
 def test_the_warnings_reach_the_pr_summary() -> None:
-    from conftest import changed
+    from conftest import changed, run_stack
 
     from preview import summary
-    from preview.engine import run_stack
 
     run = run_stack("dev", changed("dev", {"workloads.smoke.deepspeed.nvmePath": "/ssd"}))
     expected = "workloads.smoke.deepspeed.nvmePath: not used: neither offloadOptimizer nor offloadParams is nvme"

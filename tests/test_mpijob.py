@@ -13,11 +13,11 @@ import kubernetes_validate
 import msgspec
 import pytest
 import yaml
-from conftest import DELETE, PROJECT_DIR, model, problems, reference, stack_yaml
+from conftest import DELETE, PROJECT_DIR, model, problems, reference, run_stack, stack_yaml
 
 from checks import ConfigError, load
 from model.types import StackConfig
-from preview.engine import RunResult, engine_config_from_yaml, run_stack
+from preview.engine import RunResult, engine_config_from_yaml
 from workloads import mpijob
 from workloads.placement import placement
 

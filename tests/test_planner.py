@@ -9,7 +9,17 @@ import re
 from typing import Any
 
 import pytest
-from conftest import PROJECT_DIR, changed, config_model, config_problems, set_path, stack_run, stack_yaml, yaml_load
+from conftest import (
+    PROJECT_DIR,
+    changed,
+    config_model,
+    config_problems,
+    run_stack,
+    set_path,
+    stack_run,
+    stack_yaml,
+    yaml_load,
+)
 
 from checks import planner as checks_planner
 from model import catalog, node_memory
@@ -275,7 +285,7 @@ def test_prod_stack_fails_when_its_model_cannot_fit() -> None:
     workloads = changed("prod", {})["deepspeed-stack:workloads"]
     workloads["zero3-smoke"]["model"] = {"name": "Llama-2-70B", "mode": "training", "precision": "bf16"}
     with pytest.raises(ConfigError) as err:
-        engine.run_stack("prod", {"workloads": workloads})
+        run_stack("prod", {"workloads": workloads})
     (problem,) = err.value.problems
     # prod trains at ZeRO-3 with the optimizer on the CPU, 2 workers x 1 L4, micro batch 4, sequence 2048:
     # fp16 weights 2 x 68.98e9 / 2 GPUs; gathered layer 4 x (32000 x 8192); activations 8192 tokens x 8192 x

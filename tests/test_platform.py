@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PROJECT_DIR, reference, stack_yaml
+from conftest import PROJECT_DIR, reference, run_stack, stack_yaml
 
 from components.gke_cluster import kubeconfig
-from preview.engine import RunResult, run_stack
+from preview.engine import RunResult
 
 CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"

@@ -8,9 +8,7 @@ import re
 from typing import Any
 
 import pytest
-from conftest import PROJECT_DIR, reference, stack_run, yaml_load
-
-from preview import engine
+from conftest import PROJECT_DIR, examples, reference, stack_path, stack_run, stacks, yaml_load
 
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
 JOB = "kubernetes:batch/v1:Job"
@@ -31,11 +29,12 @@ DAEMON_CHECKS = {"CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_12", "CKV_K8S_13", "CKV_K8
                  "CKV_K8S_37", "CKV_K8S_40", "CKV_K8S_43"}
 
 
-def nvidia_jobs() -> list[tuple[str, str, dict[str, Any]]]:
-    """(stack, job, MPIJob spec) of every example stack's MPIJob whose workers take NVIDIA GPUs."""
+def nvidia_jobs(example: bool = False) -> list[tuple[str, str, dict[str, Any]]]:
+    """(stack, job, MPIJob spec) of every stack's MPIJob whose workers take NVIDIA GPUs: the project's stack files
+    (a user's own too), or the examples."""
     out = []
-    for stack in engine.stacks():
-        for reg in stack_run(stack).by_type(MPIJOB):
+    for stack in examples() if example else stacks():
+        for reg in stack_run(stack, example=example).by_type(MPIJOB):
             worker = reg.inputs["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
             if "nvidia.com/gpu" in worker["resources"]["limits"]:
                 out.append((stack, reg.inputs["metadata"]["name"], reg.inputs["spec"]))
@@ -69,10 +68,10 @@ def writable_paths(spec: dict[str, Any], container: dict[str, Any]) -> set[str]:
             and {"emptyDir", "persistentVolumeClaim"} & set(kinds[m["name"]])}
 
 
-def test_every_example_nvidia_mpijob_is_checked(jobs: list[tuple[str, str, dict[str, Any]]]) -> None:
-    assert {(stack, name) for stack, name, _ in jobs} == NVIDIA_JOBS
+def test_every_example_nvidia_mpijob_is_checked() -> None:
+    assert {(stack, name) for stack, name, _ in nvidia_jobs(example=True)} == NVIDIA_JOBS
     # tune is kind finetune, smoke and pretrain kind mpijob: both kinds' pods are below.
-    assert engine.stack_file("finetune").read_text(encoding="utf-8").count("kind: finetune") == 1
+    assert stack_path("finetune").read_text(encoding="utf-8").count("kind: finetune") == 1
 
 
 def test_launchers_and_workers_are_hardened(jobs: list[tuple[str, str, dict[str, Any]]]) -> None:

@@ -10,12 +10,12 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import reference, stack_run, stack_yaml, yaml_load
+from conftest import reference, run_stack, stack_run, stack_yaml, yaml_load
 from test_deepspeed_release import _unknown_paths
 from test_mpijob import crd_problems, pod_problems
 from test_platform import waits_for
 
-from preview.engine import RunResult, run_stack
+from preview.engine import RunResult
 
 BUCKET = "gcp:storage/bucket:Bucket"
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "workloads/vertex_customjob.schema.json").read_text())

@@ -11,7 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import changed, config_model, problems, stack_run, yaml_load
+from conftest import changed, config_model, problems, stack_path, stack_run, stacks, yaml_load
 
 # prod's L4s serving Llama-2-7B in fp16, 24 sequences of 2048 at once: it fits, with under 10 % of the 24 GB free
 # (test_planner pins the arithmetic: 22.1 GB). One definition, so the run below is the one test_planner shares.
@@ -138,7 +138,7 @@ def test_hook_markdown_tables_are_aligned_text_in_the_terminal() -> None:
 
 
 def test_wrote_line_names_every_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--stack", "vertex", "--out", str(tmp_path)]) == 0
+    assert main(["--stack", "vertex", "--stack-file", str(stack_path("vertex")), "--out", str(tmp_path)]) == 0
     (wrote,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
     assert wrote.endswith("/vertex/: plan.json, summary.md, vertex-customjob.yaml")
 
@@ -168,10 +168,9 @@ def test_every_manifest_file_is_a_valid_kubernetes_object(dev: RunResult, tmp_pa
     checked against their CRDs by their own tests). Helm's files go to helm/."""
     from preview import manifests
     from preview.__main__ import write_build
-    from preview.engine import stacks
-
-    # The token as test_hf_token sets it: that run is shared.
-    runs = [*(stack_run(s) for s in stacks()), stack_run("dev", {"hfToken": {"secure": "v1:planted-ciphertext"}})]
+    # Every stack file of the project (a user's own too); the token as test_hf_token sets it: that run is shared.
+    runs = [*(stack_run(s, example=False) for s in stacks()),
+            stack_run("dev", {"hfToken": {"secure": "v1:planted-ciphertext"}})]
     assert any(r.type == "kubernetes:core/v1:Secret" for r in runs[-1].resources)
     checked = 0
     for run in runs:
