@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
 
-.PHONY: help preview test test-recipe e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check
+.PHONY: help preview test examples-check test-user-stacks test-recipe e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check
 
 # uv (from PyPI, pinned) installs requirements.txt in a few seconds where pip took two minutes (README: Speed).
 UV_VERSION := 0.13.9
@@ -28,10 +28,21 @@ bench: $(STAMP)  ## time the offline preview against the bare Pulumi SDK (each s
 # 2 workers (pytest-xdist), tests handed out one by one (--dist load): a module's fixtures may then run on both
 # workers, but loadscope's whole-module batches left one worker idle for the last ~8 s (docs/measurements.md).
 # Bytecode is written even where the environment sets PYTHONDONTWRITEBYTECODE: later runs skip recompiling.
+# The tests that pin an example's values read tests/examples; the Pulumi.*.yaml beside Pulumi.yaml are yours to edit
+# and add to (the checks every stack must pass run over each): a stack file that differs is a note, never a failure.
 test: $(STAMP)  ## the whole test suite under Pulumi mocks (2 workers, pytest-xdist), plus ruff and the import contracts
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 --dist load
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache --no-logo
+	@$(BIN)/python tests/user_stacks.py --examples-check --note
+
+examples-check: $(STAMP)  ## the stack files are still the examples the tests pin (tests/examples); CI runs it
+	$(BIN)/python tests/user_stacks.py --examples-check
+
+# A temporary copy with two examples edited and two stack files added, as a user who adapts the stack has it: the
+# whole suite passes there, and the checks every stack must pass ran over the added files (CI runs it).
+test-user-stacks: $(STAMP)  ## the suite on a copy with edited example stacks and stack files of a user's own
+	$(BIN)/python tests/user_stacks.py
 
 # finetune.py's record formats trained on the tiny Llama with the e2e venv's torch and transformers (after make e2e's
 # install; skips without it): tests/recipe.

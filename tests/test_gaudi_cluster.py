@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import PROJECT_DIR, config_problems, model, problems, stack_yaml
+from test_image import tool
 
 import checks
 from model import gaudi_software, storage_classes
@@ -234,14 +235,14 @@ def stubs(tmp_path: Path, deny: Path) -> dict[str, str]:
     or written under it. The tests may run as root, which permissions would not stop."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("mkdir", "touch"):
-        real = shutil.which(tool)
-        (bin_dir / tool).write_text(f'#!/bin/bash\nfor a in "$@"; do case "$a" in "$DENY"/*) exit 1;; esac; done\n'
+    for name in ("mkdir", "touch"):
+        real = shutil.which(name)
+        (bin_dir / name).write_text(f'#!/bin/bash\nfor a in "$@"; do case "$a" in "$DENY"/*) exit 1;; esac; done\n'
                                     f'exec {real} "$@"\n', encoding="utf-8")
     (bin_dir / "id").write_text("#!/bin/bash\necho 10001\n", encoding="utf-8")
     (bin_dir / "stat").write_text("#!/bin/bash\necho 0:0\n", encoding="utf-8")
-    for tool in bin_dir.iterdir():
-        tool.chmod(0o755)
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DENY": str(deny)}
 
 
@@ -287,8 +288,7 @@ def test_the_folder_check_is_shellcheck_clean(tmp_path: Path) -> None:
     script = tmp_path / "check.sh"
     script.write_text("#!/bin/bash\n" + gaudi_job.writable_folders_check(model("gaudi").workloads[JOB]) + "\n",
                       encoding="utf-8")
-    shellcheck = PROJECT_DIR / ".venv" / "bin" / "shellcheck"
-    done = subprocess.run([str(shellcheck), str(script)], capture_output=True, text=True, check=False)
+    done = subprocess.run([tool("shellcheck"), str(script)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout
 
 
