@@ -41,6 +41,8 @@ from model.workload_types import (
     ServeWorkloadConfig,
     ServingConfig,
     StorageClaimConfig,
+    TensorboardConfig,
+    TensorboardWorkloadConfig,
     TrainingConfig,
     TrainingRun,
     WorkloadConfig,
@@ -53,7 +55,8 @@ __all__ = [
     "GaudiConfig", "GcsFuseConfig",
     "HelmWorkloadConfig", "LaunchConfig", "LoraConfig", "ModelConfig", "MpiJobBaseConfig", "MpiJobWorkloadConfig",
     "OpenAiConfig", "ProxyConfig", "ResourcesConfig", "ServeWorkloadConfig", "ServingConfig", "StackConfig",
-    "StorageClaimConfig", "TrainingConfig", "TrainingRun", "WorkloadConfig", "build", "camel", "key_path", "snake",
+    "StorageClaimConfig", "TensorboardConfig", "TensorboardWorkloadConfig", "TrainingConfig", "TrainingRun",
+    "WorkloadConfig", "build", "camel", "key_path", "snake",
 ]
 
 

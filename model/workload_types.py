@@ -194,6 +194,16 @@ class ServingConfig(msgspec.Struct, frozen=True):
     evaluation: EvaluationConfig | None = None  # None: the adapters are served as training exports them
 
 
+class TensorboardConfig(msgspec.Struct, frozen=True):
+    """`tensorboard` of a `tensorboard` workload: whose event files the server shows, and where it listens."""
+
+    workloads: list[str]  # finetune workloads of this stack; empty: every one that writes to the bucket
+    port: int
+    cpu: str  # the server's request and limit (requests = limits, as every pod of the stack)
+    memory: str
+    reload_seconds: int  # TensorBoard's --reload_interval
+
+
 class FinetuneConfig(msgspec.Struct, frozen=True):
     """`finetune` of a `finetune` workload: what workloads/scripts/finetune.py trains on what (the fine-tuning
     contract's arguments, from typed keys)."""
@@ -571,10 +581,35 @@ class ServeWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):
         return (self.model.name if self.model else None) or self.serving.model
 
 
+# What a TensorBoard server is not: it holds no accelerator, takes one small pod on the system pool, sizes no model.
+NO_ACCELERATOR = AcceleratorConfig(kind="none", type="none")
+NO_RESOURCES = ResourcesConfig(shm_size="0")
+
+
+class TensorboardWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):
+    """kind tensorboard: a TensorBoard server (one pod on the system pool, no GPU) of the event files finetune
+    workloads write to the bucket (`logs/<workload>`), read through a read-only GCS FUSE mount; reached by
+    `kubectl port-forward`. Its schema branch has the common keys that apply (namespace, image, gcsFuse) and
+    `tensorboard`; the GPU keys are fixed here (FIXED_FIELDS), not in the config."""
+
+    FIXED_FIELDS: ClassVar[tuple[str, ...]] = ("accelerator", "workers", "resources", "pool", "fallback_pool", "model")
+
+    tensorboard: TensorboardConfig
+    accelerator: AcceleratorConfig = NO_ACCELERATOR
+    workers: int = 1
+    resources: ResourcesConfig = NO_RESOURCES
+
+    @property
+    def pulls_stack_image(self) -> bool:
+        # On the system pool, whose nodes pull the stack's image with the same read grant as the GPU pools'.
+        return not self.image
+
+
 # The one kind -> class table: a new kind adds its class here and its branch in model/schema.yaml.
 WORKLOAD_TYPES: dict[str, type[WorkloadConfig]] = {
     "helm": HelmWorkloadConfig,
     "mpijob": MpiJobWorkloadConfig,
     "finetune": FinetuneWorkloadConfig,
     "serve": ServeWorkloadConfig,
+    "tensorboard": TensorboardWorkloadConfig,
 }

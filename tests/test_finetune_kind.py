@@ -34,10 +34,10 @@ CHECKPOINTING_MOUNT_OPTIONS = ",".join([
 
 
 # No bucket: the data is a Hugging Face dataset (alpaca's field names). Without the bucket nothing can serve the
-# result from another namespace, so the stack's server goes too.
+# result from another namespace, so the stack's server goes too, and its TensorBoard server (it reads the bucket).
 NO_BUCKET = ((f"{W}.gcsFuse.enabled", False), (f"{W}.finetune.datasetPath", DELETE),
              (f"{W}.finetune.dataset", "tatsu-lab/alpaca"), (f"{W}.finetune.promptField", "instruction"),
-             (f"{W}.finetune.responseField", "output"), ("workloads.chat", DELETE))
+             (f"{W}.finetune.responseField", "output"), ("workloads.chat", DELETE), ("workloads.board", DELETE))
 
 
 @functools.cache
@@ -312,10 +312,11 @@ def test_a_gated_model_needs_the_token() -> None:
 
 
 def test_data_in_the_bucket_needs_the_bucket() -> None:
-    assert problems("finetune", {f"{W}.gcsFuse.enabled": False, "workloads.chat": DELETE}) == [
+    no_readers = {"workloads.chat": DELETE, "workloads.board": DELETE}  # the server and TensorBoard read the bucket
+    assert problems("finetune", {f"{W}.gcsFuse.enabled": False, **no_readers}) == [
         f"{W}.finetune.datasetPath: data/train.jsonl is read from the stack's bucket through the pods' GCS FUSE "
         f"mount; set {W}.gcsFuse.enabled: true (and storage.enabled: true)"]
-    found = problems("finetune", {"storage.enabled": False, "workloads.chat": DELETE})
+    found = problems("finetune", {"storage.enabled": False, **no_readers})
     assert found == [f"{W}.gcsFuse.enabled: needs the stack's bucket; set storage.enabled: true"]
 
 

@@ -23,7 +23,7 @@ WORKLOAD_NODE = schema()["properties"]["workloads"]["additionalProperties"]
 
 
 def test_one_list_of_kinds_everywhere() -> None:
-    kinds = ["helm", "mpijob", "finetune", "serve"]
+    kinds = ["helm", "mpijob", "finetune", "serve", "tensorboard"]
     assert list(KINDS) == kinds
     assert list(WORKLOAD_TYPES) == kinds
     assert WORKLOAD_NODE["properties"]["kind"]["enum"] == kinds
@@ -66,7 +66,8 @@ def test_a_misspelt_key_of_the_kind_is_suggested() -> None:
 def test_an_unknown_kind_lists_the_kinds_and_nothing_else() -> None:
     # No follow-on errors: with no kind to check them against, the other keys say nothing.
     assert problems("dev", {"workloads.smoke.kind": "finetuning"}) == [
-        'workloads.smoke.kind: "finetuning" is not one of helm, mpijob, finetune, serve; did you mean `finetune`?']
+        'workloads.smoke.kind: "finetuning" is not one of helm, mpijob, finetune, serve, tensorboard; did you mean '
+        '`finetune`?']
 
 
 def test_a_workload_gets_only_its_kinds_defaults() -> None:

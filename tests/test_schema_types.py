@@ -15,8 +15,10 @@ import pytest
 from model.config import kind_branches, schema
 from model.types import WORKLOAD_TYPES, StackConfig, WorkloadConfig, build, camel
 
-# Fields filled from outside the `deepspeed-stack:` keys: gcp:project and gcp:region.
-NOT_FROM_THE_SCHEMA = {(StackConfig, "project"), (StackConfig, "region")}
+# Fields filled from outside the `deepspeed-stack:` keys: gcp:project and gcp:region; and the keys every workload has
+# that a kind fixes in its class instead (a TensorBoard server's GPU keys: it takes none).
+NOT_FROM_THE_SCHEMA = {(StackConfig, "project"), (StackConfig, "region"),
+                       *((cls, name) for cls in WORKLOAD_TYPES.values() for name in getattr(cls, "FIXED_FIELDS", ()))}
 
 
 def _key(f: msgspec.structs.FieldInfo) -> str:

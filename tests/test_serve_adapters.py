@@ -54,7 +54,7 @@ def adapters() -> RunResult:
 
 
 def _pod(run: RunResult) -> dict[str, Any]:
-    return run.one(DEPLOYMENT).inputs["spec"]["template"]["spec"]
+    return run.one(DEPLOYMENT, "chat-deployment").inputs["spec"]["template"]["spec"]
 
 
 def test_one_server_loads_the_base_and_both_adapters(adapters: RunResult) -> None:

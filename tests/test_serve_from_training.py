@@ -36,7 +36,7 @@ def finetune() -> RunResult:
 
 
 def _pod(run: RunResult) -> dict[str, Any]:
-    return run.one(DEPLOYMENT).inputs["spec"]["template"]["spec"]
+    return run.one(DEPLOYMENT, "chat-deployment").inputs["spec"]["template"]["spec"]
 
 
 def test_the_server_loads_the_base_and_the_adapter_under_the_trainers_name(finetune: RunResult) -> None:
@@ -80,7 +80,7 @@ def test_the_pod_waits_for_the_marker_in_a_hardened_init_container(finetune: Run
                                  "limits": {"cpu": "100m", "memory": "64Mi"}}
     # The probes start after the init containers: startupMinutes counts the load, not the training.
     assert server["startupProbe"]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTP"}
-    template = finetune.one(DEPLOYMENT).inputs["spec"]["template"]
+    template = finetune.one(DEPLOYMENT, "chat-deployment").inputs["spec"]["template"]
     # GKE injects the FUSE sidecar (a native sidecar, first of the init containers since 1.29) for this annotation.
     assert template["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
     doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chat"}, "spec": pod}
@@ -88,14 +88,14 @@ def test_the_pod_waits_for_the_marker_in_a_hardened_init_container(finetune: Run
 
 
 def test_pulumi_up_does_not_wait_for_a_model_training_has_not_written(finetune: RunResult) -> None:
-    assert finetune.one(DEPLOYMENT).inputs["metadata"]["annotations"].items() >= SKIP_AWAIT.items()
+    assert finetune.one(DEPLOYMENT, "chat-deployment").inputs["metadata"]["annotations"].items() >= SKIP_AWAIT.items()
     # The Service would otherwise wait for ready endpoints (pulumi_kubernetes core/v1/Service's await logic).
-    assert finetune.one(SERVICE).inputs["metadata"]["annotations"] == SKIP_AWAIT
+    assert finetune.one(SERVICE, "chat-service").inputs["metadata"]["annotations"] == SKIP_AWAIT
     # Nor does the server wait for the training job's resources: they start side by side.
     job = finetune.one("deepspeed-stack:workloads:TrainingJob")
     server = finetune.one("deepspeed-stack:workloads:ModelServer")
     assert job.urn not in server.dependencies
-    assert not any(d.startswith(job.urn) for d in finetune.one(DEPLOYMENT).dependencies)
+    assert not any(d.startswith(job.urn) for d in finetune.one(DEPLOYMENT, "chat-deployment").dependencies)
 
 
 def _fake_sleep(bin_dir: Path, marker: Path, text: str = '{"step": 3, "export": "adapter"}') -> None:
@@ -190,7 +190,7 @@ def test_a_workload_that_trains_nothing_is_refused() -> None:
 def test_a_model_on_the_trainers_claim_is_refused() -> None:
     # Without the bucket tune writes to its volume claim, which only its own namespace can mount.
     no_bucket = {f"{T}.gcsFuse.enabled": False, f"{T}.finetune.datasetPath": DELETE,
-                 f"{T}.finetune.dataset": "tatsu-lab/alpaca"}
+                 f"{T}.finetune.dataset": "tatsu-lab/alpaca", "workloads.board": DELETE}  # TensorBoard's: its own
     assert problems("finetune", no_bucket) == [
         f"{S}.serving.fromWorkload: tune writes its model to its volume claim (finetune-shared, namespace finetune), "
         f"which no other namespace can mount; set {T}.gcsFuse.enabled: true (storage.enabled) so that MODEL_DIR is in "

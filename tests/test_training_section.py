@@ -39,11 +39,12 @@ def test_the_recipes_steps_in_order(body: str) -> None:
         "kubectl logs -n finetune -f job/tune-launcher",
         # CHECKPOINT_DIR=/gcs/checkpoints/tune, TENSORBOARD_LOGGING_DIR=/gcs/logs/tune, MODEL_DIR=/gcs/models/tune
         f"gcloud storage cat {bucket}/checkpoints/tune/progress.json",
-        f"gcloud storage cp --recursive {bucket}/logs/tune . && tensorboard --logdir tune",
+        # the example's TensorBoard server `board` (kind tensorboard, namespace tensorboard) shows tune
+        "kubectl port-forward svc/board 6006:6006 -n tensorboard &",
         f"gcloud storage ls {bucket}/models/tune/",
         f"gcloud storage cat {bucket}/models/tune/run.json"]
-    assert "# TensorBoard: no server in this stack (yet); the run's event files (loss, tokens/s, MFU) are in " \
-           "logs/tune/ of the bucket" in body
+    assert "# then open http://localhost:6006" in body
+    assert "tensorboard --logdir" not in body  # the alternative only where no server shows the run
     assert "| tune | Qwen/Qwen2.5-7B-Instruct | 2 worker(s) x 4 (pool l4x4) | `data/train.jsonl` (bucket) | about " \
            "1.8–3.9 h, $6.56–$14.37 (spot) | `models/tune/` (bucket) |" in body
 
@@ -105,18 +106,32 @@ def test_without_a_bucket_the_progress_and_event_files_are_named_on_the_claim() 
             "progressFile": "/data/checkpoints/tune/progress.json", "logsDir": "/data/logs/tune"}
     [(_, text)] = training.section(_fake({"tune": {**TUNE, **keys}}))
     assert "# progress: /data/checkpoints/tune/progress.json on the claim, written by rank 0" in text
-    assert "# TensorBoard: no server in this stack (yet); the run's event files are in /data/logs/tune on the claim" \
-        in text
+    assert "# TensorBoard: no server of this stack shows it (kind tensorboard reads the bucket only); the run's " \
+           "event files are in /data/logs/tune on the claim" in text
     assert "gcloud storage" not in text
 
 
+BOARD = {"kind": "tensorboard", "deployment": "board", "workloads": ["tune"],
+         "portForward": "kubectl port-forward svc/board 6006:6006 -n tb", "url": "http://localhost:6006"}
+
+
 def test_tensorboard_step_only_where_the_stack_deploys_one() -> None:
-    board = {"kind": "tensorboard", "job": "board", "portForward": "kubectl -n ft port-forward svc/board 6006:6006",
-             "url": "http://localhost:6006"}
-    summaries = {"tune": {**TUNE, "datasetHub": "d", "modelInBucket": "models/tune"}, "board": board}
+    summaries = {"tune": {**TUNE, "datasetHub": "d", "modelInBucket": "models/tune", "logsInBucket": "logs/tune"},
+                 "board": BOARD}
     [(_, text)] = training.section(_fake(summaries))
-    assert "kubectl -n ft port-forward svc/board 6006:6006 &\n# then open http://localhost:6006" in text
-    assert "no server in this stack" not in text
+    assert "kubectl port-forward svc/board 6006:6006 -n tb &\n# then open http://localhost:6006" in text
+    assert "no server of this stack" not in text and "tensorboard --logdir" not in text
+
+
+def test_a_server_that_shows_other_runs_is_not_this_runs() -> None:
+    """A TensorBoard server lists the finetune workloads it shows: a run it does not show gets the alternative
+    (the bucket's event files viewed on your machine), not another run's port-forward."""
+    summaries = {"tune": {**TUNE, "datasetHub": "d", "logsInBucket": "logs/tune"},
+                 "board": {**BOARD, "workloads": ["other"]}}
+    [(_, text)] = training.section(_fake(summaries))
+    assert "svc/board" not in text
+    assert "gcloud storage cp --recursive gs://$(pulumi stack output bucket -s s)/logs/tune . && tensorboard " \
+           "--logdir tune" in text
 
 
 def test_no_finetune_workload_no_section() -> None:

@@ -22,7 +22,7 @@ import pulumi_kubernetes as k8s
 from model.types import HelmWorkloadConfig
 from workloads import fabric, gcs_fuse, pod_security, recovery
 from workloads.ds_config import build_ds_config, nvme_volume, runs_hf_trainer
-from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
+from workloads.placement import CONFIG_DIGEST_ANNOTATION, SYSTEM_POOL_SELECTOR, Placement, config_digest
 from workloads.placement import labels as workload_labels
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
@@ -109,8 +109,6 @@ def source_files(w: HelmWorkloadConfig, per_worker: int, with_token: bool = Fals
 # the e2e venv's CPU torch (measured 2026-11-23); CUDA torch maps more [U]. 2Gi holds the runner and a probe's
 # second interpreter; 1 CPU keeps the import well inside the probes' 60-90 s timeouts (chart values.yaml).
 CLIENT_RESOURCES = {"cpu": "1", "memory": "2Gi"}
-# The stack's system pool's node label (components/gke_cluster.py); it has no taint, so no toleration is needed.
-SYSTEM_POOL_SELECTOR = {"deepspeed-stack/pool": "system"}
 
 
 def _placement_values(w: HelmWorkloadConfig, where: Placement, worker: bool) -> dict[str, Any]:

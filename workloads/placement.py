@@ -159,6 +159,10 @@ def labels(w: WorkloadConfig) -> dict[str, str]:
     return {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/workload": w.name}
 
 
+# The stack's system pool's node label (components/gke_cluster.py); it has no taint, so no toleration is needed: where
+# pods that hold no GPU run (the Helm chart's client, the TensorBoard server).
+SYSTEM_POOL_SELECTOR = {"deepspeed-stack/pool": "system"}
+
 CONFIG_DIGEST_ANNOTATION = "deepspeed-stack/config-sha256"
 
 

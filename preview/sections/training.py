@@ -14,7 +14,7 @@ from preview.engine import RunResult
 from preview.sections import Section
 
 KIND = "finetune"
-TENSORBOARD = "tensorboard"  # a workload summary of this kind: a TensorBoard server (issue 29 item 2)
+TENSORBOARD = "tensorboard"  # a workload summary of this kind: a TensorBoard server (workloads/tensorboard.py)
 SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")  # a datasetPath with one is a file, else a folder
 
 
@@ -65,19 +65,22 @@ def _steps(stack: str, name: str, s: dict[str, Any], tensorboards: list[dict[str
                   f"gcloud storage cat {_bucket(stack)}/{s['progressInBucket']}"]
     elif s.get("progressFile"):
         lines.append(f"# progress: {s['progressFile']} on the claim, written by rank 0 at each logging step: {what}")
+    # The stack's TensorBoard servers that show this run (each lists the finetune workloads it reads).
+    tensorboards = [tb for tb in tensorboards if name in (tb.get("workloads") or [])]
     for tb in tensorboards:
-        lines += [f"# TensorBoard ({tb.get('job') or tb.get('deployment') or 'server'}): the run's loss and speed",
+        lines += [f"# TensorBoard ({tb.get('deployment') or 'server'}): the run's loss, learning rate, tokens/s and "
+                  "MFU, under the name " + name,
                   *([f"{tb['portForward']} &"] if tb.get("portForward") else []),
                   *([f"# then open {tb['url']}"] if tb.get("url") else [])]
     if not tensorboards and s.get("logsInBucket"):
         folder = s["logsInBucket"]
-        lines += [f"# TensorBoard: no server in this stack (yet); the run's event files (loss, tokens/s, MFU) are in "
-                  f"{folder}/ of the bucket: view them on your machine",
+        lines += [f"# TensorBoard: no server of this stack shows it (a workload of kind tensorboard would); the run's "
+                  f"event files (loss, tokens/s, MFU) are in {folder}/ of the bucket: view them on your machine",
                   f"gcloud storage cp --recursive {_bucket(stack)}/{folder} . && tensorboard --logdir "
                   f"{shlex.quote(PurePosixPath(folder).name)}"]
     elif not tensorboards:
-        lines.append(f"# TensorBoard: no server in this stack (yet); the run's event files are in "
-                     f"{s.get('logsDir', 'logs/<workload>')} on the claim")
+        lines.append(f"# TensorBoard: no server of this stack shows it (kind tensorboard reads the bucket only); the "
+                     f"run's event files are in {s.get('logsDir', 'logs/<workload>')} on the claim")
     if s.get("modelInBucket"):
         folder = s["modelInBucket"]
         lines += [f"# the result: {folder}/ in the bucket, complete once its marker .complete is there",

@@ -8,7 +8,7 @@ model/schema.yaml, a module here that builds its `Kind` (config, rules, builder;
 from __future__ import annotations
 
 from model.types import WorkloadConfig
-from workloads.kinds import finetune, helm, mpijob, serve
+from workloads.kinds import finetune, helm, mpijob, serve, tensorboard
 from workloads.kinds.kind import Built, Kind, Platform
 
 KINDS: dict[str, Kind] = {
@@ -16,6 +16,7 @@ KINDS: dict[str, Kind] = {
     "mpijob": mpijob.KIND,
     "finetune": finetune.KIND,
     "serve": serve.KIND,
+    "tensorboard": tensorboard.KIND,
 }
 
 
