@@ -40,7 +40,7 @@ def plain() -> RunResult:
 
 
 def _pod(run: RunResult) -> dict[str, Any]:
-    return run.one(DEPLOYMENT).inputs["spec"]["template"]["spec"]
+    return run.one(DEPLOYMENT, "chat-deployment").inputs["spec"]["template"]["spec"]
 
 
 def _containers(run: RunResult) -> dict[str, dict[str, Any]]:
