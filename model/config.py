@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 PROJECT = "deepspeed-stack"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
+LOCAL_PATH_STARTS = ("/", "./", "../", "~")  # a path, not an id nor a path relative to a root the stack names
 PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 
 
@@ -242,6 +243,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"{where}: {json.dumps(error.instance)} is not one of {choices}{hint}"
     if error.validator == "pattern":
         form = error.schema.get("x-form", error.validator_value)
+        local = error.schema.get("x-local-path")  # what to write instead of a path of the deploying machine or pod
+        if local and str(error.instance).startswith(LOCAL_PATH_STARTS):
+            return f"{where}: {json.dumps(error.instance)} is a local path; {local} (the key takes {form})"
         if error.schema.get("x-bucket-path") and str(error.instance).startswith(GS_SCHEME):
             return f"{where}: {json.dumps(error.instance)} is a gs:// URL; {_in_bucket(error.instance)} ({form})"
         return f"{where}: {json.dumps(error.instance)} is not of the form {form}"

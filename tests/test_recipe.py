@@ -206,6 +206,28 @@ def test_a_flag_the_gaudi_launcher_passes_is_refused(flag: str, says: str) -> No
     assert found == [f"{GAUDI_W}.training.args[0]: {flag} {says}"]
 
 
+def test_a_local_or_file_dataset_on_gaudi_is_sent_to_the_claim() -> None:
+    found = problems("gaudi", {f"{GAUDI_W}.training.dataset": "/storage/data/train.jsonl"})
+    assert found == [
+        f"{GAUDI_W}.training.dataset: \"/storage/data/train.jsonl\" is a local path; training.dataset is a Hugging "
+        "Face dataset id (run_lora_clm.py's --dataset_name). Gaudi reads your own data from the shared claim with the "
+        "stack's recipe: put it on the claim and set finetune.datasetPath to its path under storage.mountPath (e.g. "
+        "data/train.jsonl), with finetune.model in place of training (docs/platforms.md) (the key takes a Hugging Face "
+        "dataset id such as tatsu-lab/alpaca)"]
+    found = problems("gaudi", {f"{GAUDI_W}.training.dataset": "data/train.jsonl"})
+    assert found == [
+        f"{GAUDI_W}.training.dataset: 'data/train.jsonl' names a file, but training.dataset is a Hugging Face dataset "
+        "id (run_lora_clm.py's --dataset_name, looked up on the Hub). Put the file on the claim and set "
+        f"{GAUDI_W}.finetune.datasetPath to its path under storage.mountPath, with finetune.model in place of "
+        "training (the recipe, finetune.py on HPU)"]
+    found = problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.finetune.datasetPath": "/storage/data/train.jsonl"})
+    assert found == [
+        f"{GAUDI_W}.finetune.datasetPath: \"/storage/data/train.jsonl\" is a local path; write it relative to the "
+        "data root (the bucket on GKE and Vertex AI, `storage.mountPath`, the claim, on Gaudi), e.g. data/train.jsonl "
+        "for /storage/data/train.jsonl on a claim mounted at /storage (the key takes a file or folder of the bucket "
+        "such as data/train.jsonl)"]
+
+
 def test_gaudi_data_off_the_claim_is_refused() -> None:
     found = problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.finetune.datasetPath": "../elsewhere/train.jsonl"})
     assert found == [f"{GAUDI_W}.finetune.datasetPath: '../elsewhere/train.jsonl' has a '..' part, which climbs out "

@@ -124,6 +124,25 @@ def check_training_args(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     return problems
 
 
+# What a file of data is named (finetune.py's SUFFIXES and run_lora_clm.py's --train_file kinds): a
+# `training.dataset` ending so is a file, not a Hugging Face id, whatever its slash says.
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".csv", ".arrow")
+
+
+def check_training_dataset_is_a_hub_id(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """`training.dataset` goes to run_lora_clm.py's --dataset_name, which the Hub is asked for: `data/train.jsonl`
+    has the form of an id (OWNER/NAME) but names a file, which would be looked for on the Hub and fail after the
+    model's download. Your file belongs on the claim, read by the recipe."""
+    dataset = w.training.dataset
+    if not w.on_gaudi or w.launch.command or w.finetune is not None or not dataset.lower().endswith(
+            DATA_FILE_SUFFIXES):
+        return []
+    return [f"{at('workloads', w.name, 'training', 'dataset')}: {dataset!r} names a file, but training.dataset is a "
+            "Hugging Face dataset id (run_lora_clm.py's --dataset_name, looked up on the Hub). Put the file on the "
+            f"claim and set {at('workloads', w.name, 'finetune', 'datasetPath')} to its path under "
+            "storage.mountPath, with finetune.model in place of training (the recipe, finetune.py on HPU)"]
+
+
 def _recipe_site(w: MpiJobWorkloadConfig) -> recipe.RecipeSite:
     assert w.finetune is not None
     return recipe.RecipeSite(run=w.finetune, prefix=("workloads", w.name), deepspeed=w.deepspeed,
@@ -287,7 +306,7 @@ KIND: Kind[MpiJobWorkloadConfig] = Kind(
     config=MpiJobWorkloadConfig,
     rules=(check_gaudi_placement, check_launch_script, check_launch_args, check_mpijob_name, check_mpijob_storage,
            check_training_args, check_training_on_nvidia, check_gaudi_launch_unused, check_gaudi_env,
-           check_gaudi_recipe),
+           check_gaudi_recipe, check_training_dataset_is_a_hub_id),
     build=build,
     warnings=(warn_install_at_start, warn_gaudi_keys_on_nvidia, warn_training_under_command, warn_nvidia_learning_rate),
 )
