@@ -221,7 +221,8 @@ def _callbacks_with(monkeypatch: pytest.MonkeyPatch, tensorboard: Any, logs_dir:
 def test_the_progress_callback_comes_before_tensorboards_writer(monkeypatch: pytest.MonkeyPatch) -> None:
     writer = type("TensorBoardCallback", (), {})
     callbacks, said = _callbacks_with(monkeypatch, writer, "/gcs/logs/tune")
-    assert [type(c).__name__ for c in callbacks] == ["Progress", "TensorBoardCallback"] and said == []
+    assert [type(c).__name__ for c in callbacks] == ["Progress", "TensorBoardCallback", "CloseEventFile"]
+    assert said == []
     callbacks, _ = _callbacks_with(monkeypatch, writer, None)
     assert [type(c).__name__ for c in callbacks] == ["Progress"]
 
@@ -234,7 +235,7 @@ def test_on_vertex_ai_the_event_files_go_to_aip_tensorboard_log_dir(monkeypatch:
     monkeypatch.setenv("AIP_TENSORBOARD_LOG_DIR", "gs://bkt/vertex/logs/")
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "")  # recorded as unset: the folder set by the run is undone
     callbacks, _ = _callbacks_with(monkeypatch, writer, None)
-    assert [type(c).__name__ for c in callbacks] == ["Progress", "TensorBoardCallback"]
+    assert [type(c).__name__ for c in callbacks] == ["Progress", "TensorBoardCallback", "CloseEventFile"]
     assert folders == ["/gcs/bkt/vertex/logs/"]
 
 
@@ -245,3 +246,27 @@ def test_without_tensorboard_the_run_goes_on_and_says_why(monkeypatch: pytest.Mo
     callbacks, said = _callbacks_with(monkeypatch, missing, "/gcs/logs/tune")
     assert [type(c).__name__ for c in callbacks] == ["Progress"]
     assert said == ["no TensorBoard event files: TensorBoardCallback requires tensorboard to be installed."]
+
+
+def test_each_logging_steps_event_file_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GCS FUSE uploads a file when it is closed: the writer's file is closed after its on_log, and the writer left
+    without one (transformers' writer opens a new file at its next on_log when it has none)."""
+    closed: list[str] = []
+
+    class File:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def close(self) -> None:
+            closed.append(self.name)
+
+    writer = type("TensorBoardCallback", (), {"__init__": lambda self: setattr(self, "tb_writer", None)})
+    callbacks, _ = _callbacks_with(monkeypatch, writer, "/gcs/logs/tune")
+    tensorboard, closer = callbacks[1], callbacks[2]
+    control = object()
+    for step in ("first", "second"):
+        tensorboard.tb_writer = File(step)  # what the writer's on_log opened
+        assert closer.on_log(None, None, control, logs={"loss": 1.0}) is control
+        assert tensorboard.tb_writer is None
+    assert closer.on_log(None, None, control) is control  # a step where nothing was written (not rank 0)
+    assert closed == ["first", "second"]

@@ -482,8 +482,9 @@ def _encoded(data: Any, the_plan: Plan, tokenizer: Any, seq_len: int, keys: Stac
 
 def _progress_callbacks(args: argparse.Namespace) -> list[Any]:
     """Progress and metrics (finetune_progress.py, shipped beside this file), then TensorBoard's writer where
-    TENSORBOARD_LOGGING_DIR (or Vertex AI's AIP_TENSORBOARD_LOG_DIR) names its folder: in that order, so the tokens/s
-    and MFU the first adds to the logs are written with the loss."""
+    TENSORBOARD_LOGGING_DIR (or Vertex AI's AIP_TENSORBOARD_LOG_DIR) names its folder, then what closes its file at
+    each logging step: in that order, so the tokens/s and MFU the first adds to the logs are written with the loss,
+    and the file is in the bucket (GCS FUSE uploads it on close) while the run lasts."""
     import importlib
 
     folder = str(Path(__file__).parent)
@@ -498,9 +499,11 @@ def _progress_callbacks(args: argparse.Namespace) -> list[Any]:
 
         os.environ[LOGS_ENV] = logs  # the writer reads its folder from there
         try:
-            out.append(TensorBoardCallback())
+            writer = TensorBoardCallback()
         except RuntimeError as error:  # an image without tensorboard: the run goes on, the log says why
             say(f"no TensorBoard event files: {error}")
+        else:  # each logging step's points in a file of their own, closed: in the bucket while the run lasts
+            out += [writer, progress.event_file_closer(writer)]
     return out
 
 

@@ -228,3 +228,25 @@ def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say:
                                                   args.world_size))
 
     return Progress()
+
+
+def event_file_closer(writer: Any) -> Any:
+    """A TrainerCallback after TensorBoard's (`writer`: transformers' TensorBoardCallback) that closes the writer's
+    event file at each logging step; the writer opens a new one at its next on_log (transformers 5.19,
+    integration_utils.py: `if self.tb_writer is None: self._init_summary_writer(args)`). On the bucket's GCS FUSE
+    mount a file reaches Cloud Storage only once closed: gcsfuse stages a write and uploads it on close or fsync, and
+    with streaming writes (the pods' `checkpointing` mount options) fsync does not finalize the object (gcsfuse
+    v2.9.1's release notes); the writer only flushes (no fsync) and would keep one file open until the end of
+    training, so a TensorBoard server reading the bucket (kind tensorboard) would show nothing while the run lasts.
+    A file per logging step (about 1 KB each) is what TensorBoard reads in order, like a writer's own rotation."""
+    from transformers import TrainerCallback
+
+    class CloseEventFile(TrainerCallback):  # type: ignore[misc]
+        def on_log(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+            opened = getattr(writer, "tb_writer", None)
+            if opened is not None:
+                opened.close()
+                writer.tb_writer = None
+            return control
+
+    return CloseEventFile()
