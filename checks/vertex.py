@@ -84,8 +84,20 @@ def check_vertex_launch_with_recipe(m: StackConfig) -> list[str]:
                         f"finetune.py (uploaded to gs://<bucket>/{vertex_job.RECIPE_PREFIX}/); remove "
                         "vertex.launch.script, or remove vertex.finetune to run your own script")
     args_key = ("vertex", "launch", "args")
-    return [*problems, *recipe.check_args(site, args_key, v.launch.args),
-            *recipe.check_args_known(args_key, v.launch.args)]
+    # A launcher option or --local_rank is check_vertex_launcher_args' (one problem per key).
+    theirs = {f"{at(*args_key, i)}:" for i, arg in enumerate(v.launch.args)
+              if vertex_job.launcher_arg_problem(arg.split("=", 1)[0]) is not None}
+    mine = [*recipe.check_args(site, args_key, v.launch.args), *recipe.check_args_known(args_key, v.launch.args)]
+    return [*problems, *(p for p in mine if p.split(" ", 1)[0] not in theirs)]
+
+
+def check_vertex_launcher_args(m: StackConfig) -> list[str]:
+    """`vertex.launch.args` go to the script after its name: a deepspeed launcher option there never reaches the
+    launcher, and a --local_rank would override the launcher's on every rank (data/deepspeed_launcher.yaml)."""
+    if not m.vertex.enabled:
+        return []
+    return [f"{at('vertex', 'launch', 'args', i)}: {flag} {why}" for i, arg in enumerate(m.vertex.launch.args)
+            if (why := vertex_job.launcher_arg_problem(flag := arg.split("=", 1)[0])) is not None]
 
 
 def check_vertex_deepspeed_unused(m: StackConfig) -> list[str]:
@@ -255,6 +267,7 @@ CHECKS: list[Check] = [
     check_vertex_recipe,
     check_vertex_launch_with_recipe,
     check_vertex_deepspeed_unused,
+    check_vertex_launcher_args,
     check_gcs_fuse_needs_storage_and_gke,
     check_gcs_fuse_mount_path,
     check_storage_names,

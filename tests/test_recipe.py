@@ -333,3 +333,34 @@ def test_finetune_py_picks_the_gaudi_trainer_on_hpu_only() -> None:
     assert hpu.hpu_run({}, lambda: True) is True
     assert hpu.hpu_run({}, lambda: False) is False
     assert hpu.gaudi_trainer_kwargs() == {"use_habana": True, "use_lazy_mode": True}
+
+
+def test_vertex_args_meant_for_the_deepspeed_launcher_are_refused() -> None:
+    """vertex_start.sh runs `deepspeed [--hostfile=H] SCRIPT ARGS`: ARGS are the script's, and the launcher puts
+    --local_rank=N before them (data/deepspeed_launcher.yaml), with your script or the recipe."""
+    local_rank = ("vertex.launch.args[{i}]: --local_rank is passed to every rank by DeepSpeed's launcher "
+                  "(--local_rank=N, before these arguments: this one would win and every rank on a host would take the "
+                  "same GPU); remove it")
+    hostfile = ("vertex.launch.args[{i}]: --num_gpus is an option of the deepspeed launcher, which vertex_start.sh "
+                "runs itself (the hostfile from Vertex's CLUSTER_SPEC, a rank per GPU): after the script's name it "
+                "reaches the script, not the launcher; remove it")
+    found = problems("vertex", {"vertex.launch.args": ["--zero_stage", "3", "--local_rank=0", "--num_gpus", "1"]})
+    assert found == [local_rank.format(i=2), hostfile.format(i=3)]
+    # With the recipe too, and once each (not also as a flag finetune.py's parser lacks).
+    found = problems("vertex", {**fresh(VERTEX_CHANGES), "vertex.launch": {"args": ["--local_rank=0", "--num_gpus",
+                                                                                       "1"]}})
+    assert found == [local_rank.format(i=0), hostfile.format(i=1)]
+
+
+def test_the_launcher_facts_match_deepspeed_where_it_is_installed() -> None:
+    """data/deepspeed_launcher.yaml against the e2e venv's DeepSpeed (skipped without it)."""
+    from pathlib import Path
+
+    found = sorted(Path("/opt/ds-e2e-venv/lib").glob("python3*/site-packages/deepspeed/launcher"))
+    if not found:
+        pytest.skip("no DeepSpeed in /opt/ds-e2e-venv (make e2e installs it)")
+    runner, launch = (found[0] / "runner.py").read_text(), (found[0] / "launch.py").read_text()
+    for flag in vertex_job.deepspeed_launcher()["launcherFlags"]:
+        assert f'"{flag}"' in runner, flag
+    # The rank's command: the script, --local_rank=N, then the script's arguments.
+    assert 'cmd.append(f"--local_rank={local_rank}")\n        cmd += args.training_script_args' in launch

@@ -11,10 +11,13 @@ GKE and Gaudi (workloads/recipe.py): the stack uploads the script, its modules a
 
 from __future__ import annotations
 
+import functools
 import json
+from pathlib import Path
 from typing import Any
 
 from model.types import VertexConfig
+from model.yamlio import load_yaml
 from workloads import recipe
 from workloads.ds_config import build_ds_config
 
@@ -24,6 +27,29 @@ VERTEX_OUTPUT_DIR = "vertex"
 VERTEX_MOUNT = "/gcs"  # Vertex AI mounts every bucket the job may read at /gcs/<bucket> (Cloud Storage FUSE)
 RECIPE_PREFIX = "deepspeed-stack/scripts"  # the bucket's folder of finetune.py, its modules and ds_config.json
 STACK_PREFIX = ("vertex",)  # where the recipe's keys are: vertex.finetune, vertex.deepspeed
+
+
+LAUNCHER_PATH = Path(__file__).resolve().parent.parent / "data" / "deepspeed_launcher.yaml"
+
+
+@functools.cache
+def deepspeed_launcher() -> dict[str, Any]:
+    """data/deepspeed_launcher.yaml: the `deepspeed` launcher's own options, and what it passes every rank."""
+    return load_yaml(LAUNCHER_PATH)
+
+
+def launcher_arg_problem(flag: str) -> str | None:
+    """Why a flag in `vertex.launch.args` cannot do what it says: vertex_start.sh runs `deepspeed [--hostfile=H]
+    SCRIPT ARGS`, so ARGS are the script's, and the launcher passes --local_rank before them."""
+    facts = deepspeed_launcher()
+    if flag in facts["rankFlags"]:
+        return ("is passed to every rank by DeepSpeed's launcher (--local_rank=N, before these arguments: this one "
+                "would win and every rank on a host would take the same GPU); remove it")
+    if flag in facts["launcherFlags"]:
+        return ("is an option of the deepspeed launcher, which vertex_start.sh runs itself (the hostfile from "
+                "Vertex's CLUSTER_SPEC, a rank per GPU): after the script's name it reaches the script, not the "
+                "launcher; remove it")
+    return None
 
 
 def replicas(cfg: VertexConfig) -> int:
