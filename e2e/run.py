@@ -27,9 +27,10 @@ Three hosts (e2e/hosts.py) run the stack's own files, rendered by the stack's ow
 - adapters: two LoRA runs of the `finetune` kind at once (two workloads of the dev stack on one base, each its
           own answer, one worker each) export adapter-only folders (each under 5 % of the model's bytes); one
           vLLM CPU server, with the stack's base and LoRA flags, lists the base and both adapters, and each
-          adapter's greedy tokens are transformers + peft's; workloads/scripts/evaluate.py (lm-eval on 20 held-out
-          records) scores base vs tuned, equal to transformers' exact matches, into evals/<workload>/results.json,
-          and an impossible gate keeps the served adapter served.
+          adapter's greedy tokens are transformers + peft's; serving.evaluation's evaluator (one pass of
+          workloads/scripts/evaluator.py, which runs evaluate.py: lm-eval on 20 held-out records) scores base vs
+          tuned, equal to transformers' exact matches, into evals/<workload>/results.json, and a second pass scores
+          nothing; an impossible gate keeps the served adapter served.
 
 Run as root after e2e/install.sh (the Makefile's `e2e` target does both); skips with a reason where
 network namespaces are not permitted. Every launch runs under a timeout; every process and namespace
@@ -1074,6 +1075,7 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
 # --- adapters: two LoRA runs served by one vLLM, the evaluation and its gate -----------------------------------
 
 EVALUATE = ROOT / "workloads" / "scripts" / "evaluate.py"
+EVALUATOR = ROOT / "workloads" / "scripts" / "evaluator.py"  # serving.evaluation's container: it runs EVALUATE
 LORA_LLM = Path(__file__).resolve().parent / "lora_llm.py"
 ADAPTER_INPUTS = "e2e-adapters"  # the base model, both data sets and the held-out task, in the bucket
 # Two finetune workloads on the same base, each taught its own one-word answer; the server serves `no` (its
@@ -1198,16 +1200,19 @@ def _ask(cluster: nshosts.Cluster, host: nshosts.Host, model: str, reference: di
     return str(answer["choices"][0].get("text", ""))
 
 
-def _evaluate(cluster: nshosts.Cluster, host: nshosts.Host, logs: Path, name: str, args: list[str]) -> dict[str, Any]:
-    """workloads/scripts/evaluate.py on the server's host, as the image's user, against the running server."""
+def _evaluate(cluster: nshosts.Cluster, host: nshosts.Host, logs: Path, name: str, args: list[str],
+              script: Path = EVALUATE, scored: bool = True) -> dict[str, Any]:
+    """workloads/scripts/evaluate.py (or evaluator.py, which runs it) on the server's host, as the image's user,
+    against the running server; `scored`: its base vs tuned line is printed."""
     log = logs / f"adapters-evaluate-{name}.log"
     status, output = launch(cluster, host, " ".join(shlex.quote(a) for a in [str(VENV / "bin" / "python"),
-                                                                           str(EVALUATE), *args]), log,
+                                                                           str(script), *args]), log,
                             env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, timeout=LAUNCH_TIMEOUT)
-    fail_unless(status == 0, f"evaluate.py: exit {status} (log {log})")
+    fail_unless(status == 0, f"{script.name}: exit {status} (log {log})")
     line = [t for t in output.splitlines() if t.startswith("[evaluate] ") and " vs tuned " in t]
-    fail_unless(bool(line), f"evaluate.py printed no base vs tuned line (log {log})")
-    print(f"[e2e] adapters: {line[-1]}", flush=True)
+    fail_unless(bool(line) == scored, f"{script.name} printed {len(line)} base vs tuned line(s) (log {log})")
+    if line:
+        print(f"[e2e] adapters: {line[-1]}", flush=True)
     return {"output": output}
 
 
@@ -1286,14 +1291,21 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     replies = {w.name: _ask(cluster, launcher, w.name, refs[w.name], server_log) for w in trainers}
     phases.end("/v1/models and both adapters' tokens")
 
-    # 4. The evaluation of `yes`'s export (no gate): base vs tuned on the 20 held-out records, results.json beside
-    #    the model in the bucket; lm-eval's scores are transformers' exact matches, and the tuning shows.
+    # 4. The evaluation of `yes`'s export (no gate) by serving.evaluation's evaluator (one pass, --once), which runs
+    #    evaluate.py: base vs tuned on the 20 held-out records, results.json beside the model in the bucket; lm-eval's
+    #    scores are transformers' exact matches, and the tuning shows. A second pass scores nothing: results.json
+    #    names the export it scored (its marker).
     evals = f"{mount}/evals/{gated.name}"
     results = outside(f"{evals}/results.json", mount, bucket)
-    common = ["--url", f"http://127.0.0.1:{VLLM_PORT}", "--base", source.served_name, "--adapter", gated.name,
-              "--task", f"{mount}/{ADAPTER_INPUTS}/task.jsonl", "--results", f"{evals}/results.json",
-              "--max-tokens", str(EVAL_MAX_TOKENS)]
-    _evaluate(cluster, launcher, logs, "export", [*common, "--candidate", gated.model_dir])
+    task = f"{mount}/{ADAPTER_INPUTS}/task.jsonl"
+    url = f"http://127.0.0.1:{VLLM_PORT}"
+    one_pass = ["--url", url, "--base", source.served_name, "--task", task, "--evals", f"{mount}/evals",
+                "--max-tokens", str(EVAL_MAX_TOKENS), "--adapter", f"{gated.name}={gated.model_dir}", "--once"]
+    _evaluate(cluster, launcher, logs, "export", one_pass, script=EVALUATOR)
+    again = _evaluate(cluster, launcher, logs, "again", one_pass, script=EVALUATOR, scored=False)
+    fail_unless("evaluating" not in again["output"], f"the evaluator scored the same export twice: {again}")
+    common = ["--url", url, "--base", source.served_name, "--adapter", gated.name, "--task", task,
+              "--results", f"{evals}/results.json", "--max-tokens", str(EVAL_MAX_TOKENS)]
     first = json.loads(results.read_text())
     scores = first["scores"]
     fail_unless(first["records"] == TASK_RECORDS and first["served"] is True,

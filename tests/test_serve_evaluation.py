@@ -73,6 +73,7 @@ def test_the_evaluator_runs_evaluate_py_beside_vllm(gated: RunResult) -> None:
         "/app/evaluator.py", "--url", "http://127.0.0.1:8000", "--base", BASE, "--task", f"/gcs/{TASK}",
         "--evals", "/evals", "--max-tokens", "32", "--min-improvement", "0.05", "--adapter", "tune=/gcs/models/tune"]
     assert _env(evaluator) == {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    assert evaluator["workingDir"] == "/tmp"  # the root filesystem is read-only
     # data/node_memory.yaml podSidecars.evaluator: 1 CPU and 2 GiB, requests = limits.
     assert evaluator["resources"] == {"requests": {"cpu": "1", "memory": "2048Mi"},
                                       "limits": {"cpu": "1", "memory": "2048Mi"}}

@@ -465,6 +465,7 @@ def evaluator_container(inp: ServerInputs, mounts: list[dict[str, Any]]) -> dict
         "imagePullPolicy": "IfNotPresent",
         "command": ["python"],
         "args": evaluator_args(inp),
+        "workingDir": "/tmp",  # anything lm-eval or datasets writes beside it lands in a writable place
         "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "HF_DATASETS_OFFLINE", "value": "1"}],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "volumeMounts": [{"name": "server", "mountPath": SCRIPT_DIR, "readOnly": True}, *bucket,

@@ -13,9 +13,9 @@ Every --poll seconds, once vLLM answers /health, for each adapter NAME:
    `candidateMarker` differs), evaluate.py scores it against the base and the copy served now, writes results.json
    and, when it passes the gate (or there is none), copies it to EVALS/NAME/adapter and loads it in place.
    A failed evaluation (exit 1: the server; 2: the task file) is tried again after --retry seconds, not every poll.
-The loop never exits on its own: a container that ended would make the pod not Ready, and the server with it.
-Standard library only; evaluate.py (beside this file) is run as a child process, so lm-eval's memory is freed
-after each evaluation.
+The loop never exits on its own: a container that ended would make the pod not Ready, and the server with it;
+--once makes one pass and exits (make e2e's `adapters` scenario). Standard library only; evaluate.py (beside this
+file) is run as a child process, so lm-eval's memory is freed after each evaluation.
 """
 
 from __future__ import annotations
@@ -198,6 +198,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
     parser.add_argument("--poll", type=float, default=POLL_SECONDS, help="seconds between passes")
     parser.add_argument("--retry", type=float, default=RETRY_SECONDS, help="seconds before a failed one again")
+    parser.add_argument("--once", action="store_true", help="one pass, then exit (1 if the server is down)")
     return parser.parse_args(argv)
 
 
@@ -209,6 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = State()
     log(f"{len(args.adapter)} adapter(s) on {args.base}, task {args.task}, gate "
         f"{'none' if args.min_improvement is None else args.min_improvement}")
+    if args.once:
+        if not healthy(args.url):
+            log(f"the server at {args.url}/health does not answer")
+            return 1
+        poll(args, args.adapter, server, state)
+        return 0
     while True:
         if healthy(args.url):
             state.said.pop("", None)
