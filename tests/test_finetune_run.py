@@ -6,6 +6,7 @@ test fails instead of hanging."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -195,6 +196,7 @@ class FakeTokenizer:
 class FakeDataset:
     def __init__(self, records: list[dict[str, Any]]) -> None:
         self.records = records
+        self._fingerprint = f"fake {len(records)} records"
 
     @property
     def column_names(self) -> list[str]:
@@ -204,8 +206,23 @@ class FakeDataset:
         return self.records[key] if isinstance(key, int) else [record[key] for record in self.records]
 
     def map(self, fn: Callable[..., dict[str, Any]], remove_columns: list[str], desc: str,
-            with_indices: bool = False) -> Any:
+            with_indices: bool = False, features: Any = None) -> Any:
         return FakeDataset([fn(record, i) if with_indices else fn(record) for i, record in enumerate(self.records)])
+
+    def iter(self, batch_size: int) -> Iterator[dict[str, list[Any]]]:
+        for start in range(0, len(self.records), batch_size):
+            chunk = self.records[start:start + batch_size]
+            yield {name: [record[name] for record in chunk] for name in (chunk[0] if chunk else {})}
+
+    def save_to_disk(self, path: str) -> None:
+        """One JSON file (`datasets` writes Arrow files and its state): what load_from_disk reads back."""
+        Path(path).mkdir(parents=True)
+        (Path(path) / "records.json").write_text(json.dumps(self.records))
+
+    @classmethod
+    def from_generator(cls, generator: Callable[[], Iterator[dict[str, Any]]], features: Any = None,
+                       cache_dir: str | None = None) -> FakeDataset:
+        return cls(list(generator()))
 
     def remove_columns(self, names: list[str]) -> FakeDataset:
         return FakeDataset([{k: v for k, v in record.items() if k not in names} for record in self.records])
@@ -324,6 +341,18 @@ class Fakes:
                 self.__dict__.update(kwargs)
                 self.world_size, self.process_index, self.device = fakes.world.size, fakes.world.rank, "cpu"
 
+            @contextlib.contextmanager
+            def main_process_first(self, local: bool = True, desc: str = "work") -> Iterator[None]:
+                """Rank 0's body first, the others' after it (transformers': a barrier before theirs, after its)."""
+                fakes.events.append(("main_process_first", local))
+                if fakes.world.rank != 0:
+                    fakes.world.meet("main_process_first")
+                try:
+                    yield
+                finally:
+                    if fakes.world.rank == 0:
+                        fakes.world.meet("main_process_first")
+
         def tokenizer_from_pretrained(name: str, token: str | None = None) -> FakeTokenizer:
             fakes.events.append(("AutoTokenizer.from_pretrained", name, token))
             return FakeTokenizer(fakes)
@@ -355,7 +384,8 @@ class Fakes:
                       LoraConfig=lambda **kwargs: SimpleNamespace(**kwargs), get_peft_model=get_peft_model)
 
         def load_dataset(loader: str, data_files: list[str] | None = None, split: str | None = None,
-                         cache_dir: str | None = None, token: str | None = None) -> FakeDataset:
+                         cache_dir: str | None = None, token: str | None = None,
+                         streaming: bool = False) -> FakeDataset:
             fakes.events.append(("load_dataset", loader, split, token))
             if loader in fakes.hub:
                 return FakeDataset(fakes.hub[loader])
@@ -363,12 +393,18 @@ class Fakes:
             lines = [line for f in data_files or [] for line in Path(f).read_text().splitlines() if line.strip()]
             return FakeDataset([json.loads(line) for line in lines])
 
+        def load_from_disk(path: str) -> FakeDataset:
+            fakes.events.append(("load_from_disk", path))
+            return FakeDataset(json.loads((Path(path) / "records.json").read_text()))
+
         def partial_state(backend: str | None = None) -> None:
             fakes.events.append(("PartialState", backend, os.environ.get("ACCELERATE_USE_DEEPSPEED")))
 
         return {"torch": torch, "torch.distributed": dist, "transformers": transformers,
                 "transformers.integrations": integrations, "transformers.integrations.deepspeed": hf_deepspeed,
-                "peft": peft, "datasets": module("datasets", load_dataset=load_dataset),
+                "peft": peft, "datasets": module("datasets", load_dataset=load_dataset, load_from_disk=load_from_disk,
+                                                 Dataset=FakeDataset, Features=dict, List=lambda value: [value],
+                                                 Value=str),
                 "accelerate": module("accelerate", PartialState=partial_state)}
 
 
@@ -576,7 +612,8 @@ def run_main(ft: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *e
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
     data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"q": f"question {i}", "a": f"answer {i}"}) + "\n" for i in range(6)))
+    if not data.exists():  # a second start finds the same file (rewritten, it would be new data)
+        data.write_text("".join(json.dumps({"q": f"question {i}", "a": f"answer {i}"}) + "\n" for i in range(6)))
     (tmp_path / "ds_config.json").write_text(json.dumps(DS_CONFIG))
     code = ft.main(["--model", "org/base", "--dataset", str(data), "--prompt-field", "q", "--response-field", "a",
                     "--max-steps", "4", "--save-steps", "100", "--deepspeed", str(tmp_path / "ds_config.json"),
@@ -655,10 +692,12 @@ def test_a_hub_dataset_is_read_with_the_token(ft: ModuleType, tmp_path: Path, mo
     fakes = install(monkeypatch, tmp_path)
     fakes.hub["org/data"] = [{"body": "hello"}, {"body": " "}]
     args = export_args(ft, tmp_path, "--text-field", "body", "--seq-len", "8")
-    data, held_out, first = ft._datasets(args, FakeTokenizer(fakes), "hf_token", ft.StackKeys())
+    tokenizer = FakeTokenizer(fakes)
+    head = ft._head(args, tokenizer, "hf_token", ft.StackKeys())
+    data, held_out = ft._datasets(args, tokenizer, "hf_token", ft.StackKeys(), head)
     assert ("load_dataset", "org/data", "train", "hf_token") in fakes.events
     # "hello": BOS, 5 tokens, EOS; the blank record (a blank line of a text file) is left out.
-    assert [record["input_ids"] for record in data] == [[1, 7, 4, 11, 11, 14, 2]] == [first.input_ids]
+    assert [record["input_ids"] for record in data] == [[1, 7, 4, 11, 11, 14, 2]] == [head.first.input_ids]
     assert held_out is None and "length" not in data.column_names
 
 
@@ -730,3 +769,47 @@ def test_check_data_reads_the_first_records_and_stops_on_a_bad_one(ft: ModuleTyp
     assert "[finetune] data check, --dataset: 1 records read: prompt-completion (prompt/completion); raw" in \
         capsys.readouterr().out
     assert [e[0] for e in fakes.events] == ["AutoTokenizer.from_pretrained"] * 3  # no Trainer, no model
+
+
+def test_the_tokenized_data_is_made_once_and_reused_on_the_next_start(ft: ModuleType, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The first start tokenizes every record into CHECKPOINT_DIR/tokenized/<fingerprint>/ (marker last); the next
+    start (a resume) memory-maps that folder and reads no record; another --seq-len is another folder."""
+    code, fakes = run_main(ft, tmp_path, monkeypatch)
+    assert code == 0
+    out = capsys.readouterr().out
+    (folder,) = (tmp_path / "checkpoints" / "tokenized").iterdir()
+    assert "[finetune] tokenized 6 records in " in out and str(folder) in out
+    assert json.loads((folder / "tokenized.json").read_text())["samples"] == 6
+    code, fakes = run_main(ft, tmp_path, monkeypatch)
+    assert code == 0
+    out = capsys.readouterr().out
+    assert f"[finetune] tokenized data reused from {folder} (6 samples" in out and "tokenized 6 records" not in out
+    assert "load_dataset" not in fakes.event_names()  # no record read again
+    assert ("load_from_disk", str(folder / "train")) in fakes.events
+    code, _ = run_main(ft, tmp_path, monkeypatch, "--seq-len", "512")
+    assert code == 0 and len(list((tmp_path / "checkpoints" / "tokenized").iterdir())) == 2
+
+
+def test_rank_0_tokenizes_while_the_others_wait_then_all_read_its_folder(ft: ModuleType, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = install(monkeypatch, tmp_path, size=2)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(3)))
+    args = ft.parse_args(["--model", "org/base", "--dataset", str(data), "--checkpoint-dir", str(tmp_path / "c"),
+                          "--model-dir", str(tmp_path / "m"), "--seq-len", "8"], {})
+
+    def rank_main(rank: int) -> list[list[int]]:
+        tokenizer = FakeTokenizer(fakes)
+        head = ft._head(args, tokenizer, None, ft.StackKeys())
+        training = fakes.modules()["transformers"].TrainingArguments()
+        with training.main_process_first(local=False):
+            train, _ = ft._datasets(args, tokenizer, None, ft.StackKeys(), head)
+        return [record["input_ids"] for record in train]
+
+    blocks, same = fakes.world.run(rank_main)
+    assert blocks == same
+    assert [e for e in fakes.event_names() if e == "load_dataset"] == ["load_dataset"]  # one rank read the records
+    # "document 0".."document 2": BOS, 10 characters, EOS each; 36 tokens in 8-token blocks, the last 4 long.
+    assert [len(b) for b in blocks] == [8, 8, 8, 8, 4]

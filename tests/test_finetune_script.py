@@ -341,3 +341,71 @@ def test_main_refuses_bad_input_before_importing_anything(ft: ModuleType, tmp_pa
                     "--model-dir", "/m", "--precision", "fp16"])
     assert code == ft.EXIT_USAGE
     assert "FAILED: fp16 does not run on CPUs" in capsys.readouterr().out
+
+
+# --- packing and the tokenized data's fingerprint (finetune_tokenized.py, issue 31 item 2) -----------------------
+
+@pytest.fixture(scope="module")
+def tk() -> ModuleType:
+    from workloads.finetune import script_module
+
+    return script_module("finetune_tokenized")
+
+
+def test_documents_are_packed_end_to_end_into_full_blocks(tk: ModuleType) -> None:
+    documents = [[1, 10, 11, 2], [1, 20, 21, 22, 23, 24, 25, 2], [1, 2], [1, 30, 2]]
+    blocks = list(tk.pack_blocks(documents, 5))
+    assert blocks == [[1, 10, 11, 2, 1], [20, 21, 22, 23, 24], [25, 2, 1, 2, 1], [30, 2]]
+    assert list(tk.pack_blocks([[1, 2, 3], [4, 5, 6]], 3)) == [[1, 2, 3], [4, 5, 6]]  # no empty last block
+    assert list(tk.pack_blocks([], 4)) == []
+
+
+@pytest.mark.parametrize(("flag", "kind", "packing"), [
+    ("auto", "text", "blocks"), ("on", "text", "blocks"), ("off", "text", "off"),
+    ("auto", "chat", "off"), ("auto", "plain", "off"), ("on", "chat", "padding-free"), ("on", "plain", "padding-free"),
+    ("off", "chat", "off")])
+def test_packing_is_blocks_for_text_and_padding_free_for_chat_only_when_asked(tk: ModuleType, flag: str, kind: str,
+                                                                               packing: str) -> None:
+    assert tk.packing_for(flag, kind) == packing
+
+
+def test_a_changed_file_or_setting_is_a_new_fingerprint(tk: ModuleType, tmp_path: Path) -> None:
+    from workloads.finetune import script_module
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "a"}\n')
+    source = script_module("finetune_data").data_source(str(data))
+    parts = {"data": tk.source_identity(source), "seqLen": 2048, "packing": "blocks"}
+    same = {"data": tk.source_identity(source), "packing": "blocks", "seqLen": 2048}
+    assert tk.fingerprint(parts) == tk.fingerprint(same) and len(tk.fingerprint(parts)) == 16
+    assert tk.fingerprint({**parts, "seqLen": 4096}) != tk.fingerprint(parts)
+    assert tk.fingerprint({**parts, "packing": "off"}) != tk.fingerprint(parts)
+    data.write_text('{"text": "ab"}\n')  # rewritten in place: another size (and time)
+    assert tk.fingerprint({**parts, "data": tk.source_identity(source)}) != tk.fingerprint(parts)
+
+
+def test_the_tokenizer_is_named_by_its_whole_tokenizer_json_and_template(tk: ModuleType) -> None:
+    class Backend:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def to_str(self) -> str:
+            return self.text
+
+    def tokenizer(vocab: str, template: str | None = None) -> object:
+        return type("T", (), {"backend_tokenizer": Backend(vocab), "chat_template": template, "eos_token_id": 2})()
+
+    assert tk.tokenizer_identity(tokenizer("v1")) == tk.tokenizer_identity(tokenizer("v1"))
+    assert tk.tokenizer_identity(tokenizer("v2")) != tk.tokenizer_identity(tokenizer("v1"))
+    assert tk.tokenizer_identity(tokenizer("v1", "{{ x }}")) != tk.tokenizer_identity(tokenizer("v1"))
+
+
+def test_a_folder_without_its_marker_is_not_complete(tk: ModuleType, tmp_path: Path) -> None:
+    assert tk.read_marker(tmp_path) is None
+    (tmp_path / tk.MARKER_FILE).write_text("{cut off")
+    assert tk.read_marker(tmp_path) is None
+    made = datetime.datetime(2026, 11, 27, 13, 0, tzinfo=datetime.UTC)
+    (tmp_path / tk.MARKER_FILE).write_text(tk.tokenized_marker_text({"samples": 3, "tokens": 48, "packing": "blocks"},
+                                                                    seconds=1.25, parts={"seqLen": 16}, made=made))
+    assert tk.read_marker(tmp_path) == {"samples": 3, "tokens": 48, "packing": "blocks", "seconds": 1.2,
+                                        "made": "2026-11-27T13:00:00+00:00", "from": {"seqLen": 16}}

@@ -88,3 +88,40 @@ def test_the_zephyr_template_renders_zephyrs_format(trained: dict[str, Any]) -> 
                                    "<|im_end|>\n<|assistant|>\ntwo plus three is 5.<|im_end|>\n")
     assert reference["zephyr_prompt"] == ("<|system|>\nYou add numbers.<|im_end|>\n<|user|>\nWhat is two plus three?"
                                           "<|im_end|>\n<|assistant|>\n")
+
+
+# --- packing and the tokenized data (issue 31 item 2) -----------------------------------------------------------
+
+def test_text_documents_are_packed_into_full_blocks_with_nothing_lost(trained: dict[str, Any]) -> None:
+    """--packing auto on text: the documents (each BOS ... EOS, as the tokenizer gives them) end to end, cut into
+    --seq-len blocks: every block 16 tokens but the last, every token there once and in order, no padding."""
+    run = trained["packed"]["text"]
+    assert run["exit"] == [0, 0], run["first_log"][-2000:] + run["again_log"][-2000:]
+    blocks, documents = run["blocks"], run["documents"]
+    assert [len(b) for b in blocks[:-1]] == [16] * (len(blocks) - 1) and 0 < len(blocks[-1]) <= 16
+    assert [t for b in blocks for t in b] == [t for d in documents for t in d]
+    assert len(documents[2]) > 16  # a document longer than a block: its tail is in the next block, not cut off
+    assert run["columns"] == ["input_ids"]  # text learns every token: the collator's labels are the ids
+
+
+def test_the_second_start_reuses_the_tokenized_data(trained: dict[str, Any]) -> None:
+    run = trained["packed"]["text"]
+    assert "[finetune] tokenized 5 records in " in run["first_log"]
+    assert "[finetune] tokenized data reused from " in run["again_log"]
+    assert "[finetune] tokenized 5 records" not in run["again_log"]
+
+
+def test_conversations_in_a_padding_free_batch_keep_their_assistant_only_labels(trained: dict[str, Any]) -> None:
+    """--packing on with chat records: transformers' DataCollatorWithFlattening puts the two records in one row with
+    no padding and no attention mask, position ids restarting at the second record; the labels learn the
+    assistant turns only, of both records."""
+    run = trained["packed"]["chat"]
+    assert run["exit"] == 0, run["log"][-2000:]
+    first, second = run["sample_lengths"]
+    assert run["shape"] == [1, first + second]
+    assert run["batch_keys"] == ["input_ids", "labels", "position_ids"]
+    assert run["positions"] == [*range(first), *range(second)]
+    assert run["learned"] == ["two plus three is 5.<|im_end|>\n", "three plus two is 5 too.<|im_end|>\n",
+                              "two plus three is 5.<|im_end|>\n"]
+    assert run["labels_match_ids"]
+    assert "padding-free" in run["log"]

@@ -97,6 +97,66 @@ def train(name: str, model: Path, work: Path) -> dict[str, Any]:
             "log": out.getvalue()[-2000:] if code else ""}
 
 
+# Packing (issue 31 item 2): text documents of different lengths, packed into --seq-len 16 blocks; conversations in
+# padding-free batches (--packing on). The documents' words are the records' own, so the tokenizer knows them.
+PACKED_SEQ_LEN = 16
+DOCUMENTS = ["two plus three is 5.", "And three plus two?", "one plus one is 2. " * 4, "5", "You add numbers."]
+
+
+def packed(model: Path, work: Path) -> dict[str, Any]:
+    """The text documents trained packed, then started again on the same folders (the tokenized data reused);
+    the conversations trained padding-free, and transformers' DataCollatorWithFlattening's batch of them (what the
+    Trainer handed the model). Per run: its log, and what the tokenized folder holds."""
+    import datasets
+    import finetune
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    out: dict[str, Any] = {}
+    text = work / "packed-text"
+    text.mkdir()
+    (text / "data.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS), encoding="utf-8")
+    argv = ["--model", str(model), "--dataset", str(text / "data.jsonl"), "--checkpoint-dir", str(text / "checkpoints"),
+            "--model-dir", str(text / "model"), "--save-steps", "100", "--seq-len", str(PACKED_SEQ_LEN),
+            "--logging-steps", "1", "--learning-rate", "0.001"]
+    first = run_main(finetune, [*argv, "--max-steps", "1"])
+    again = run_main(finetune, [*argv, "--max-steps", "2"])
+    (folder,) = (text / "checkpoints" / "tokenized").iterdir()
+    blocks = [list(b) for b in datasets.load_from_disk(str(folder / "train"))["input_ids"]]
+    out["text"] = {"exit": [first[0], again[0]], "first_log": first[1], "again_log": again[1],
+                   "blocks": blocks, "columns": datasets.load_from_disk(str(folder / "train")).column_names,
+                   # Each document as the tokenizer gives it (BOS first), then EOS: what the blocks must hold.
+                   "documents": [[*tokenizer(d)["input_ids"], tokenizer.eos_token_id] for d in DOCUMENTS]}
+    chat = work / "packed-chat"
+    chat.mkdir()
+    records, _ = FORMATS["messages"]
+    (chat / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    code, log = run_main(finetune, ["--model", str(model), "--dataset", str(chat / "data.jsonl"), "--checkpoint-dir",
+                                    str(chat / "checkpoints"), "--model-dir", str(chat / "model"), "--max-steps", "2",
+                                    "--save-steps", "100", "--seq-len", "128", "--logging-steps", "1",
+                                    "--learning-rate", "0.001", "--packing", "on"])
+    (folder,) = (chat / "checkpoints" / "tokenized").iterdir()
+    samples = list(datasets.load_from_disk(str(folder / "train")))
+    batch = finetune._collator(tokenizer.pad_token_id, "padding-free")(samples)
+    ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+    out["chat"] = {"exit": code, "log": log, "batch_keys": sorted(batch), "shape": list(batch["input_ids"].shape),
+                   "positions": batch["position_ids"][0].tolist(),
+                   "sample_lengths": [len(sample["input_ids"]) for sample in samples],
+                   "learned": learned_runs(tokenizer, ids, [label != -100 for label in labels]),
+                   "labels_match_ids": all(label in (-100, t) for t, label in zip(ids, labels, strict=True))}
+    return out
+
+
+def run_main(finetune: Any, argv: list[str]) -> tuple[int, str]:
+    """finetune.main's exit status and what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = finetune.main(argv)
+    sys.stdout = sys.__stdout__  # main wraps the streams; put them back
+    sys.stderr = sys.__stderr__
+    return code, out.getvalue()
+
+
 def references(model: Path) -> dict[str, Any]:
     """transformers' assistant mask (the template with the markers) of CONVERSATION, decoded as learned text; and
     zephyr's rendering."""
@@ -124,7 +184,7 @@ def main(work: Path) -> None:
     with contextlib.redirect_stdout(io.StringIO()):
         tiny_llm.make(corpus_file(work), model)
     results = {name: train(name, model, work) for name in FORMATS}
-    print(json.dumps({"runs": results, "references": references(model)}))
+    print(json.dumps({"runs": results, "references": references(model), "packed": packed(model, work)}))
 
 
 if __name__ == "__main__":

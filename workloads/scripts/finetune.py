@@ -16,6 +16,11 @@ Run on every rank by the DeepSpeed launcher, as the stack's MPIJob and Helm rele
 - --check-data: read the first records, check and render them as the ranks would, print what was found and the
   first record as trained, and exit (2 on a data error): the launcher runs it before the ranks
   (finetune_check.py).
+- --prepare-data: the data check, then every record tokenized once into --tokenized-dir (default
+  CHECKPOINT_DIR/tokenized/<fingerprint>, finetune_tokenized.py), or found there from an earlier start: the
+  launcher's step before the ranks, which then memory-map that folder (rank 0 makes it first where it is missing).
+- --packing: text records packed into --seq-len blocks (auto, the default, and on); chat and prompt/completion
+  records in padding-free batches (on only); off: one record a sample, padded (finetune_tokenized.py says why).
 - --eval-split: a held-out fraction of the records, or a file of them; the eval loss is logged at every save.
 - DeepSpeed: ds_config.json from --deepspeed (the launcher's --deepspeed_config). Values the Trainer owns may
   be "auto" there; where the file gives a batch size, accumulation, clipping or precision, the Trainer is set
@@ -52,12 +57,14 @@ import contextlib
 import datetime
 import json
 import os
+import shutil
 import sys
 import tempfile
+import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from finetune_check import Plan, check, check_fields, encode_record, plan, report_lines
 from finetune_checkpoints import newest_checkpoint
@@ -86,7 +93,35 @@ from finetune_data import (
     parse_roles,
 )
 from finetune_hpu import trainer_classes
-from finetune_render import CHAT_TEMPLATE_AUTO, CHAT_TEMPLATE_RAW, learns_something, pad_batch, template_file
+from finetune_render import (
+    CHAT_TEMPLATE_AUTO,
+    CHAT_TEMPLATE_RAW,
+    IGNORE_INDEX,
+    Encoded,
+    learns_something,
+    pad_batch,
+    template_file,
+)
+from finetune_tokenized import (
+    BLOCKS,
+    EVAL,
+    MARKER_FILE,
+    PACKING_FLAGS,
+    PADDING_FREE,
+    TOKENIZED_FOLDER,
+    TRAIN,
+    code_identity,
+    describe,
+    fingerprint,
+    made_line,
+    pack_blocks,
+    packing_for,
+    read_marker,
+    reused_line,
+    source_identity,
+    tokenized_marker_text,
+    tokenizer_identity,
+)
 
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports it: stopped on notice, after saving a checkpoint
@@ -160,7 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-split", help="held-out records: a fraction (e.g. 0.05) or a file or folder of them")
     parser.add_argument("--check-data", action="store_true",
                         help=f"check and render the first {CHECK_RECORDS} records, then exit (2 on a data error)")
+    parser.add_argument("--prepare-data", action="store_true",
+                        help="the data check, then every record tokenized (and packed) into --tokenized-dir, or found "
+                             "there; then exit: the launcher's step before the ranks")
     parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"tokens per sample ({DEFAULT_SEQ_LEN})")
+    parser.add_argument("--packing", choices=PACKING_FLAGS, default="auto",
+                        help="auto (default): text records packed into --seq-len blocks, others not; on: also "
+                             "padding-free batches of chat and prompt/completion records; off: neither")
+    parser.add_argument("--tokenized-dir", help=f"where the tokenized data is kept (default CHECKPOINT_DIR/"
+                        f"{TOKENIZED_FOLDER}): made once, reused on every restart and resume")
     parser.add_argument("--epochs", type=float, help="passes over the data (default 1; or --max-steps)")
     parser.add_argument("--max-steps", type=int, help="optimizer steps in all (instead of --epochs)")
     parser.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE,
@@ -441,16 +484,16 @@ def _last_step_callback() -> Any:
     return StopAtLastStep()
 
 
-def _load_records(source: DataSource, token: str | None, what: str) -> Any:
+def _load_records(source: DataSource, token: str | None, what: str, cache: str | None = None) -> Any:
     """The whole data set (`datasets`, its train split), or UsageError naming `what` (--dataset, --eval-split)."""
     import datasets
 
     try:
         if source.loader == "hub":
             return datasets.load_dataset(source.hub_id, split="train", token=token)
-        # Each rank's Arrow cache on its own local disk: not shared between ranks (their locks would race) nor on
-        # the bucket's FUSE mount (no file locks there).
-        cache = tempfile.mkdtemp(prefix="finetune-data-")
+        # The Arrow cache on this host's own disk: not shared between hosts (their locks would race) nor on the
+        # bucket's FUSE mount (no file locks there).
+        cache = cache or tempfile.mkdtemp(prefix="finetune-data-")
         return datasets.load_dataset(source.loader, data_files=list(source.files), split="train", cache_dir=cache)
     except (ValueError, TypeError, datasets.exceptions.DatasetGenerationError) as error:
         # A file Arrow cannot read as one table (a line that is not JSON, a field of two types, ...).
@@ -458,26 +501,166 @@ def _load_records(source: DataSource, token: str | None, what: str) -> Any:
         raise UsageError(f"{what}: cannot read the records ({type(cause).__name__}: {cause})") from None
 
 
-def _encoded(data: Any, the_plan: Plan, tokenizer: Any, seq_len: int, keys: StackKeys, what: str) -> Any:
-    """Every record as trained (finetune_check.encode_record); the samples with nothing to learn left out."""
+def _encoded(data: Any, the_plan: Plan, tokenizer: Any, seq_len: int | None, keys: StackKeys, what: str) -> Any:
+    """Every record as trained (finetune_check.encode_record), ids and labels as int32 (half of Python's int64 on
+    disk: 8 bytes a token); the samples with nothing to learn left out. seq_len None: not cut (packed into blocks
+    after)."""
+    import datasets
+
+    cut = sys.maxsize if seq_len is None else seq_len
 
     def encode(record: dict[str, Any], index: int) -> dict[str, Any]:
         try:
-            encoded = encode_record(record, index + 1, the_plan, tokenizer, seq_len)
+            encoded = encode_record(record, index + 1, the_plan, tokenizer, cut)
         except RecordError as error:
             raise UsageError(error.named(keys)) from None
         if encoded is None:  # a blank text record
-            return {"input_ids": [], "attention_mask": [], "labels": [], "length": 0}
-        return encoded.as_columns()
+            return {"input_ids": [], "labels": [], "length": 0}
+        return {"input_ids": encoded.input_ids, "labels": encoded.labels, "length": encoded.length}
 
-    encoded = data.map(encode, with_indices=True, remove_columns=list(data.column_names), desc=f"tokenize {what}")
-    longer = sum(1 for length in encoded["length"] if length > seq_len)
+    ids = datasets.List(datasets.Value("int32"))
+    features = datasets.Features({"input_ids": ids, "labels": ids, "length": datasets.Value("int64")})
+    encoded = data.map(encode, with_indices=True, remove_columns=list(data.column_names), features=features,
+                       desc=f"tokenize {what}")
+    longer = 0 if seq_len is None else sum(1 for length in encoded["length"] if length > seq_len)
     kept = encoded.filter(learns_something).remove_columns(["length"])
     if len(kept) == 0:
-        raise UsageError(f"{keys.of('--seq-len')}: no record of {what} has anything to learn within {seq_len} tokens")
-    say(f"{what}: {len(kept)} samples of {len(data)} records ({longer} longer than {seq_len} tokens, cut; "
-        f"{len(data) - len(kept)} with nothing to learn, left out)")
+        raise UsageError(f"{keys.of('--seq-len')}: no record of {what} has anything to learn within {cut} tokens")
+    cut_said = "" if seq_len is None else f" ({longer} longer than {seq_len} tokens, cut;"
+    say(f"{what}: {len(kept)} samples of {len(data)} records{cut_said or ' ('}"
+        f"{' ' if cut_said else ''}{len(data) - len(kept)} with nothing to learn, left out)")
     return kept
+
+
+def _blocks(encoded: Any, seq_len: int, cache: str) -> Any:
+    """Text samples packed (finetune_tokenized.pack_blocks), written by `datasets` as they come: memory holds one
+    block and one batch of documents, whatever the data's size. Text learns every token: the labels are the ids
+    (the collator's), so only the ids are kept."""
+    import datasets
+
+    def documents() -> Iterator[list[int]]:
+        for batch in encoded.iter(batch_size=1000):
+            yield from batch["input_ids"]
+
+    def blocks() -> Iterator[dict[str, list[int]]]:
+        for block in pack_blocks(documents(), seq_len):
+            yield {"input_ids": block}
+
+    features = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))})
+    return datasets.Dataset.from_generator(blocks, features=features, cache_dir=cache)
+
+
+class Head(NamedTuple):
+    """What the first record settles for the whole run: how records are read and rendered, the first as trained,
+    the packing, and the named chat template (None: the model's own or none)."""
+
+    plan: Plan
+    first: Encoded | None
+    packing: str
+    named: str | None
+
+
+def _head(args: argparse.Namespace, tokenizer: Any, token: str | None, keys: StackKeys) -> Head:
+    """The first record read (without loading the whole data set), its plan and rendering. The tokenizer gets
+    the named chat template afterwards, so the export saves the template the model was trained with."""
+    source = data_source(args.dataset, args.format)
+    named = named_template(args)
+    try:
+        head = first_records(source, 1, token)
+        if not head:
+            raise UsageError(f"{keys.of('--dataset')}: no records")
+        the_plan = plan(head[0], field_spec(args), args.chat_template, tokenizer.chat_template, named)
+        first = encode_record(head[0], 1, the_plan, tokenizer, args.seq_len)
+    except RecordError as error:
+        raise UsageError(error.named(keys)) from None
+    packing = packing_for(args.packing, the_plan.data_kind)
+    return Head(the_plan, first, packing, named)
+
+
+def tokenized_root(args: argparse.Namespace) -> Path:
+    return Path(args.tokenized_dir) if args.tokenized_dir else Path(args.checkpoint_dir) / TOKENIZED_FOLDER
+
+
+def fingerprint_parts(args: argparse.Namespace, source: DataSource, tokenizer: Any, head: Head,
+                      data_fingerprint: str | None) -> dict[str, Any]:
+    """Everything that decides the tokenized data (finetune_tokenized.py): its folder's name."""
+    identity = source_identity(source)
+    if data_fingerprint is not None:
+        identity["datasets"] = data_fingerprint
+    return {"data": identity, "tokenizer": tokenizer_identity(tokenizer), "records": args.records,
+            "fields": [getattr(args, name) for name in FIELD_FLAGS], "format": args.format,
+            "chatTemplate": args.chat_template, "namedTemplate": head.named, "seqLen": args.seq_len,
+            "packing": head.packing, "evalSplit": args.eval_split, "seed": args.seed,
+            "code": code_identity(Path(__file__).resolve().parent)}
+
+
+def _datasets(args: argparse.Namespace, tokenizer: Any, token: str | None, keys: StackKeys, head: Head,
+              talk: bool = True, load: bool = True) -> tuple[Any, Any]:
+    """(train, eval or None): the tokenized folder of these settings memory-mapped where it is complete; else the
+    records read, rendered, split and packed, saved there (the marker last) and memory-mapped."""
+    import datasets
+
+    source = data_source(args.dataset, args.format)
+    data = None
+    if source.loader == "hub":  # a hub dataset's id does not name its revision: its download's fingerprint does
+        data = _load_records(source, token, keys.of("--dataset"))
+    parts = fingerprint_parts(args, source, tokenizer, head, None if data is None else data._fingerprint)
+    if head.named is not None:
+        tokenizer.chat_template = head.named
+    folder = tokenized_root(args) / fingerprint(parts)
+    marker = read_marker(folder)
+    if marker is None:
+        started = time.monotonic()
+        marker = _make_tokenized(args, head, tokenizer, token, keys, data, source, folder, parts)
+        say(made_line(folder, marker["records"], marker["samples"], marker["tokens"], time.monotonic() - started))
+    elif talk:
+        say(reused_line(folder, marker))
+    if not load:
+        return None, None
+    train = datasets.load_from_disk(str(folder / TRAIN))
+    held_out = datasets.load_from_disk(str(folder / EVAL)) if marker.get("heldOut") is not None else None
+    return train, held_out
+
+
+def _make_tokenized(args: argparse.Namespace, head: Head, tokenizer: Any, token: str | None, keys: StackKeys,
+                    data: Any, source: DataSource, folder: Path, parts: dict[str, Any]) -> dict[str, Any]:
+    """Every record read, split, rendered and packed; saved into `folder` with `datasets`' save_to_disk, then the
+    marker, last. The working copies go into a temporary folder of this host's disk, removed afterwards."""
+    cache = tempfile.mkdtemp(prefix="finetune-data-")
+    started = time.monotonic()
+    try:
+        if data is None:
+            data = _load_records(source, token, keys.of("--dataset"), cache)
+        if len(data) == 0:
+            raise UsageError(f"{keys.of('--dataset')}: no records")
+        records = len(data)
+        held_out = None
+        fraction, _ = eval_split(args.eval_split)
+        if isinstance(fraction, float):
+            split = data.train_test_split(test_size=fraction, seed=args.seed)
+            data, held_out = split["train"], split["test"]
+        elif fraction is not None:
+            held_out = _load_records(data_source(fraction), token, keys.of("--eval-split"), cache)
+        seq_len = None if head.packing == BLOCKS else args.seq_len
+        train = _encoded(data, head.plan, tokenizer, seq_len, keys, "the training records")
+        evaluation = (None if held_out is None
+                      else _encoded(held_out, head.plan, tokenizer, seq_len, keys, "the held-out records"))
+        if head.packing == BLOCKS:
+            train = _blocks(train, args.seq_len, cache)
+            evaluation = None if evaluation is None else _blocks(evaluation, args.seq_len, cache)
+        folder.mkdir(parents=True, exist_ok=True)
+        train.save_to_disk(str(folder / TRAIN))
+        if evaluation is not None:
+            evaluation.save_to_disk(str(folder / EVAL))
+        tokens = sum(len(ids) for batch in train.iter(batch_size=1000) for ids in batch["input_ids"])
+        marker = {"records": records, "samples": len(train), "tokens": tokens, "packing": head.packing,
+                  "heldOut": None if evaluation is None else len(evaluation)}
+        (folder / MARKER_FILE).write_text(tokenized_marker_text(
+            marker, seconds=time.monotonic() - started, parts=parts, made=datetime.datetime.now(datetime.UTC)),
+            encoding="utf-8")
+        return marker
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def _progress_callbacks(args: argparse.Namespace) -> list[Any]:
@@ -507,34 +690,6 @@ def _progress_callbacks(args: argparse.Namespace) -> list[Any]:
     return out
 
 
-def _datasets(args: argparse.Namespace, tokenizer: Any, token: str | None, keys: StackKeys) -> tuple[Any, Any, Any]:
-    """(train, eval or None, the first record as trained): the records read, rendered and split. The tokenizer gets
-    the named chat template, so the export saves the template the model was trained with."""
-    data = _load_records(data_source(args.dataset, args.format), token, keys.of("--dataset"))
-    if len(data) == 0:
-        raise UsageError(f"{keys.of('--dataset')}: no records")
-    named = named_template(args)
-    try:
-        the_plan = plan(data[0], field_spec(args), args.chat_template, tokenizer.chat_template, named)
-        first = encode_record(data[0], 1, the_plan, tokenizer, args.seq_len)
-    except RecordError as error:
-        raise UsageError(error.named(keys)) from None
-    if named is not None:
-        tokenizer.chat_template = named
-    say(f"records: {the_plan.layout.format}; {the_plan.rendering.describe()}")
-    held_out = None
-    fraction, _ = eval_split(args.eval_split)
-    if isinstance(fraction, float):
-        split = data.train_test_split(test_size=fraction, seed=args.seed)
-        data, held_out = split["train"], split["test"]
-    elif fraction is not None:
-        held_out = _load_records(data_source(fraction), token, keys.of("--eval-split"))
-    train = _encoded(data, the_plan, tokenizer, args.seq_len, keys, "the training records")
-    evaluation = (None if held_out is None
-                  else _encoded(held_out, the_plan, tokenizer, args.seq_len, keys, "the held-out records"))
-    return train, evaluation, first
-
-
 def _write_sample(checkpoint_dir: str, first: Any, tokenizer: Any) -> None:
     """CHECKPOINT_DIR/rendered-sample.json: the first record as the ranks train on it (make e2e compares it with
     the tokenizer's own rendering; a person reads what the model learns)."""
@@ -546,9 +701,10 @@ def _write_sample(checkpoint_dir: str, first: Any, tokenizer: Any) -> None:
                                 "learned": tokenizer.decode(learned)}, indent=1) + "\n", encoding="utf-8")
 
 
-def _check_data(args: argparse.Namespace, token: str | None, keys: StackKeys) -> int:
+def _check_data(args: argparse.Namespace, token: str | None, keys: StackKeys) -> Any:
     """--check-data: the first records (and the held-out file's) read, checked and rendered as the ranks will;
-    what was found printed. A data error is a UsageError (exit 2, final at the launcher)."""
+    what was found printed; the tokenizer, or None where it cannot be loaded here. A data error is a UsageError
+    (exit 2, final at the launcher)."""
     sources = [("--dataset", data_source(args.dataset, args.format))]
     fraction, _ = eval_split(args.eval_split)
     if isinstance(fraction, str):
@@ -576,6 +732,18 @@ def _check_data(args: argparse.Namespace, token: str | None, keys: StackKeys) ->
         say(f"data check, {keys.of(flag)}: {first}")
         for line in rest:
             say(f"  {line}")
+    return tokenizer
+
+
+def _prepare_data(args: argparse.Namespace, token: str | None, keys: StackKeys) -> int:
+    """--prepare-data: the check, then the tokenized folder made (or found): the ranks then only memory-map it."""
+    tokenizer = _check_data(args, token, keys)
+    if tokenizer is None:
+        say("the ranks tokenize the data (rank 0 first, the others wait)")
+        return 0
+    head = _head(args, tokenizer, token, keys)
+    say(f"records: {head.plan.layout.format}; {describe(head.packing, args.seq_len)}")
+    _datasets(args, tokenizer, token, keys, head, load=False)
     return 0
 
 
@@ -588,7 +756,14 @@ def _tokenizer(model: str, token: str | None) -> Any:
     return tokenizer
 
 
-def _collator(pad_id: int) -> Any:
+def _collator(pad_id: int, packing: str) -> Any:
+    """Padding-free: transformers' DataCollatorWithFlattening (a micro batch's records in one row, position ids
+    restarting at each, the first label of each masked); else right-padded to the longest sample (text blocks are
+    all full but the last)."""
+    if packing == PADDING_FREE:
+        from transformers import DataCollatorWithFlattening
+
+        return DataCollatorWithFlattening(return_position_ids=True, separator_id=IGNORE_INDEX)
     import torch
 
     def collate(examples: list[dict[str, list[int]]]) -> dict[str, Any]:
@@ -661,8 +836,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv, os.environ)
         keys = StackKeys.from_env(os.environ)
         token = hf_token(os.environ)
+        if args.prepare_data:
+            return _prepare_data(args, token, keys)
         if args.check_data:
-            return _check_data(args, token, keys)
+            _check_data(args, token, keys)
+            return 0
         ds = prepared_ds_config(load_ds_config(args.deepspeed))
         precision = resolve_precision(args.precision, ds)
         cpu = cpu_run(os.environ)
@@ -689,7 +867,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # transformers' Trainer, or on Intel Gaudi optimum-habana's GaudiTrainer (finetune_hpu.py): the same keywords.
     Trainer, TrainingArguments = trainer_classes(os.environ)  # noqa: N806 (classes)
 
-    # TrainingArguments first: under ZeRO-3 it makes from_pretrained load the model partitioned (zero.Init).
+    tokenizer = _tokenizer(args.model, token)
+    try:
+        head = _head(args, tokenizer, token, keys)
+    except UsageError as error:
+        say(f"FAILED: {error}")
+        return EXIT_USAGE
+    say(f"records: {head.plan.layout.format}; {head.plan.rendering.describe()}; {describe(head.packing, args.seq_len)}")
+    # TrainingArguments before the model: under ZeRO-3 it makes from_pretrained load the model partitioned
+    # (zero.Init).
     ds_args = trainer_ds_args(ds, precision)
     training = TrainingArguments(
         output_dir=args.checkpoint_dir,
@@ -704,21 +890,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         report_to="none",  # TensorBoard's writer is among the callbacks below, after the progress callback
         disable_tqdm=True,  # one line per logging step (the log dicts), not progress bars in a pod log
-        include_num_input_tokens_seen="non_padding",  # every rank's tokens, summed: tokens/s and MFU
+        # Every rank's tokens, summed: tokens/s and MFU. Padding-free batches have no padding and no attention mask
+        # (the Trainer would count the tokens that are not the pad id, and EOS is the pad id here).
+        include_num_input_tokens_seen="all" if head.packing == PADDING_FREE else "non_padding",
         gradient_checkpointing=args.gradient_checkpointing,
         use_cpu=cpu and not cpu_deepspeed,
         accelerator_config={"use_configured_state": cpu_deepspeed},
         **eval_args(args, ds_args),
         **ds_args,
     )
-    tokenizer = _tokenizer(args.model, token)
     try:
-        data, held_out, first = _datasets(args, tokenizer, token, keys)
+        # Rank 0 first (the others wait at a barrier): it makes the tokenized folder where the launcher's
+        # --prepare-data has not, then every rank memory-maps it.
+        with training.main_process_first(local=False, desc="the tokenized data"):
+            data, held_out = _datasets(args, tokenizer, token, keys, head, talk=training.process_index == 0)
     except UsageError as error:
         say(f"FAILED: {error}")
         return EXIT_USAGE
-    if training.process_index == 0 and first is not None:
-        _write_sample(args.checkpoint_dir, first, tokenizer)
+    if training.process_index == 0 and head.first is not None:
+        _write_sample(args.checkpoint_dir, head.first, tokenizer)
     import torch
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
@@ -727,7 +917,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = _lora(model, args)
     callback = _stop_callback(stop)
     trainer = Trainer(model=model, args=training, train_dataset=data, eval_dataset=held_out,
-                      data_collator=_collator(tokenizer.pad_token_id), processing_class=tokenizer,
+                      data_collator=_collator(tokenizer.pad_token_id, head.packing), processing_class=tokenizer,
                       callbacks=[_last_step_callback(), *_progress_callbacks(args), callback])
     resume = newest_checkpoint(args.checkpoint_dir)
     say(f"rank {training.process_index}/{training.world_size}: {len(data)} samples"

@@ -213,14 +213,16 @@ def learns_something(example: Mapping[str, Sequence[int]]) -> bool:
 
 
 def pad_batch(examples: Sequence[Mapping[str, Sequence[int]]], pad_id: int) -> dict[str, list[list[int]]]:
-    """Right-padded to the longest sample: pad ids, attention 0, labels masked."""
+    """Right-padded to the longest sample: pad ids, attention 0, labels masked. The tokenized data keeps no
+    attention mask (every token attends), and packed text blocks no labels (every token is learned)."""
     longest = max(len(e["input_ids"]) for e in examples)
     out: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": [], "labels": []}
     for e in examples:
-        pad = longest - len(e["input_ids"])
-        out["input_ids"].append([*e["input_ids"], *[pad_id] * pad])
-        out["attention_mask"].append([*e["attention_mask"], *[0] * pad])
-        out["labels"].append([*e["labels"], *[IGNORE_INDEX] * pad])
+        ids = list(e["input_ids"])
+        pad = longest - len(ids)
+        out["input_ids"].append([*ids, *[pad_id] * pad])
+        out["attention_mask"].append([*e.get("attention_mask", [1] * len(ids)), *[0] * pad])
+        out["labels"].append([*e.get("labels", ids), *[IGNORE_INDEX] * pad])
     return out
 
 
