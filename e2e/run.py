@@ -671,10 +671,11 @@ FINETUNE_SAVE_STEPS = 5
 BUCKET_INPUTS = "e2e-finetune"  # the data and the base model, in the bucket
 # The kind's `finetune` keys: its defaults (LoRA on every linear layer; gradient checkpointing) but for the data,
 # the model and the run's length, and the export: merged here (the `adapters` scenario serves adapters).
-# The data: chat conversations (OpenAI's messages), one in eight held out for the eval loss at every save.
+# The data: chat conversations (OpenAI's messages), one in eight held out for the eval loss at every save, in
+# padding-free batches (packing: a micro batch's records in one row).
 FINETUNE_KEYS = {"finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/data.jsonl",
                               "recordFormat": "messages", "evalSplit": 0.125, "sequenceLength": 96,
-                              "maxSteps": FINETUNE_STEPS, "saveSteps": FINETUNE_SAVE_STEPS,
+                              "maxSteps": FINETUNE_STEPS, "saveSteps": FINETUNE_SAVE_STEPS, "packing": True,
                               "lora": {"export": "merged"}},
                  # A bucket folder names no shape: the tiny Llama's, for the planner's memory check (e2e/tiny_llm.py:
                  # 2 x 512 x 64 embedding and head + 2 layers x (4 x 64^2 + 3 x 64 x 128) = 148k parameters).
@@ -783,6 +784,29 @@ def finetune_records() -> list[dict[str, Any]]:
                              {"role": "assistant", "content": f"{b} plus {a} is {i + j} too."}]
             records.append({"messages": messages})
     return records
+
+
+TOKENIZED_MADE = re.compile(r"\[finetune\] tokenized (\d+) records in ([\d.]+) s")
+TOKENIZED_REUSED = "[finetune] tokenized data reused from "
+PADDING_FREE_BATCH = re.compile(r"\[finetune\] padding-free batch: (\d+) records in one row of (\d+) tokens")
+
+
+def tokenized_problems(first: str, second: str) -> list[str]:
+    """The data tokenized once (issue 31 item 2): by the first start's launcher (--prepare-data, before the ranks),
+    which its ranks then reuse; the second start (the resume) tokenizes nothing and reuses the same folder; and the
+    batches are padding-free (each rank's first: its micro batch's records in one row)."""
+    problems = []
+    made, again = TOKENIZED_MADE.findall(first), TOKENIZED_MADE.findall(second)
+    if len(made) != 1:
+        problems.append(f"the first start tokenized the data {len(made)} times, expected once (the launcher's step)")
+    if again:
+        problems.append(f"the second start tokenized the data again ({len(again)} times): expected it reused")
+    if TOKENIZED_REUSED not in first or TOKENIZED_REUSED not in second:
+        problems.append("no 'tokenized data reused from' in both starts: the ranks did not memory-map the folder")
+    batches = PADDING_FREE_BATCH.findall(first + second)
+    if not batches or any(int(records) < 2 for records, _ in batches):
+        problems.append(f"padding-free batches {batches}: expected the micro batch's records in one row")
+    return problems
 
 
 def trainer_losses(output: str) -> list[float]:
@@ -995,6 +1019,8 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     checked = [line for line in first.splitlines() if line.startswith("[finetune] data check, ")]
     fail_unless(bool(checked) and "messages" in checked[0], "the launcher's data check did not run before the ranks "
                 f"(log {log1})")
+    problems = tokenized_problems(first, second)
+    fail_unless(not problems, f"{'; '.join(problems)} (logs {log1}, {logs / 'finetune-2-resumed.log'})")
     phases.end(f"resume from step {saved_step}, train to {FINETUNE_STEPS}, export")
 
     # Progress and metrics: progress.json beside the checkpoints, the event files under logs/<workload>, run.json.
@@ -1063,7 +1089,11 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     phases.end("/metrics has the autoscaler's gauges")
     text = (answer["choices"][0].get("message") or {}).get("content") or ""
     stopped = on_term.group(1) if on_term else saved_step
-    return (f"kind finetune: chat data (messages, {len(finetune_records())} records, 1/8 held out), LoRA under "
+    (records, seconds), = TOKENIZED_MADE.findall(first)
+    (packed, row), *_ = PADDING_FREE_BATCH.findall(first)
+    return (f"kind finetune: chat data (messages, {len(finetune_records())} records, 1/8 held out), tokenized once "
+            f"by the launcher ({records} records in {seconds} s; the resume reused it), padding-free batches ({packed} "
+            f"records in one row of {row} tokens), LoRA under "
             f"ZeRO-3 on {len(workers)} hosts, preempted at step {stopped} (preStop: {pre_stop_summary(stop)}; saved "
             f"{saved.name}), resumed to step {FINETUNE_STEPS} (loss {losses[0]:.2f} -> {losses[-1]:.2f}, eval loss "
             f"{held_out[0]:.2f} -> {held_out[-1]:.2f}), merged and exported; record 1 trained on "

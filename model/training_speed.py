@@ -41,6 +41,9 @@ class TrainingSpeed(msgspec.Struct, frozen=True):
     lora_speedup_over_full: float
     rates: StrategyRates
     chars_per_token: float
+    # finetune.py's data step (--prepare-data): characters rendered, tokenized and saved per second on one CPU, by
+    # the records' kind (text, chat).
+    tokenize_chars_per_second: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 def parse(raw: dict) -> TrainingSpeed:
@@ -54,6 +57,8 @@ def parse(raw: dict) -> TrainingSpeed:
         rates=StrategyRates(float(rates["zero0"]), float(rates["zero1"]), float(rates["zero2"]), float(rates["zero3"]),
                             float(rates["zero3Offload"])),
         chars_per_token=float(raw["charsPerToken"]),
+        tokenize_chars_per_second={kind: float(rate) for kind, rate in
+                                   raw["tokenization"]["charsPerSecondPerCpu"].items()},
     )
 
 

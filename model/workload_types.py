@@ -230,6 +230,9 @@ class FinetuneConfig(msgspec.Struct, frozen=True):
     epochs: float | None = None  # None with max_steps None: finetune.py's default, one pass
     max_steps: int | None = None
     dataset_tokens: int | None = None  # the data's token count, for the run's estimate (planner/run_estimate.py)
+    # None: finetune.py's --packing auto (text records packed into blocks, chat and prompt/completion not); true:
+    # chat and prompt/completion records in padding-free batches too; false: nothing packed.
+    packing: bool | None = None
 
 
 class TrainingRun(msgspec.Struct, frozen=True):

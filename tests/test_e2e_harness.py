@@ -176,7 +176,8 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
     assert ("/etc/deepspeed/finetune.py --deepspeed /etc/deepspeed/ds_config.json --model /gcs/e2e-finetune/base "
             "--dataset /gcs/e2e-finetune/data.jsonl --format auto --records messages --eval-split 0.125") in script
     assert "--lora" in script and "--max-steps 40" in script and script.endswith("--logging-steps 5")
-    assert "check_inputs python /etc/deepspeed/finetune.py --check-data " in script  # the data check first
+    # The data check and the tokenized data first.
+    assert "check_inputs python /etc/deepspeed/finetune.py --prepare-data " in script
     # The contract's layout on the bucket's mount, and the stack's key names, in the environment every rank is sent.
     # The progress callback's: LoRA's 4N FLOPs a token of the tiny Llama's 150k parameters (the model block's
     # 0.00015 B) = 600,000; the CPU's stand-in peak and price; TensorBoard's folder under logs/ in the bucket.

@@ -100,11 +100,12 @@ def test_the_launcher_waits_for_the_data_in_the_bucket() -> None:
 
 
 def test_the_launcher_checks_the_data_before_the_ranks() -> None:
-    """After the wait: finetune.py --check-data with the ranks' own arguments (their record format, fields, template,
-    sequence length), on the launcher, before any rank starts (issue 27: the data is checked before the GPUs work)."""
+    """After the wait: finetune.py --prepare-data with the ranks' own arguments (their record format, fields,
+    template, sequence length, packing), on the launcher, before any rank starts (issue 27: the data is checked before
+    the GPUs work; issue 31: and tokenized once, for every rank to memory-map)."""
     lines = _launcher_script(_run()).splitlines()
     check, ranks = lines[-2], lines[-1]
-    assert check.startswith("check_inputs python /etc/deepspeed/finetune.py --check-data ")
+    assert check.startswith("check_inputs python /etc/deepspeed/finetune.py --prepare-data ")
     assert shlex.split(check)[4:] == shlex.split(ranks.split('"$MASTER_ADDR" ', 1)[1])[1:]
     assert "check_inputs() {" in lines  # defined with run_ranks, before anything runs
     # A copy of yours (here one of the image) may not have --check-data: no check then.
@@ -125,6 +126,20 @@ def test_the_script_accepts_what_the_stack_passes() -> None:
         True, 16, 32.0, ["all-linear"])
     assert (parsed.learning_rate, parsed.save_steps, parsed.gradient_checkpointing) == (0.0002, 200, True)
     assert parsed.checkpoint_dir == "/gcs/checkpoints/tune" and parsed.precision is None  # ds_config.json's bf16
+
+
+def test_packing_is_passed_only_where_set() -> None:
+    """finetune.packing unset: the script's auto (text packed, chat not), nothing passed; true and false: on, off."""
+    import msgspec
+    from conftest import changed, config_model
+
+    from workloads import finetune
+
+    assert "--packing" not in _launcher_script(_run()).splitlines()[-1]
+    assert "--packing on" in _launcher_script(_run(changes=((f"{W}.finetune.packing", True),))).splitlines()[-1]
+    w = config_model(changed("finetune")).workloads["tune"]
+    off = msgspec.structs.replace(w, finetune=msgspec.structs.replace(w.finetune, packing=False))
+    assert finetune.script_args(off)[finetune.script_args(off).index("--packing") + 1] == "off"
 
 
 def test_max_steps_instead_of_epochs() -> None:

@@ -224,11 +224,12 @@ def test_the_flags_read_from_the_source_are_the_parsers(script: str, capsys: pyt
     flags = script_flags.read(SCRIPTS / f"{script}.py")
     assert flags is not None
     values = {"--format": "auto", "--precision": "bf16", "--lora-target-modules": "q_proj", "--lora-export": "merged",
-              "--records": "auto", "--roles": "bot=assistant", "--eval-split": "0.1"}
+              "--records": "auto", "--roles": "bot=assistant", "--eval-split": "0.1", "--packing": "on"}
     for flag in flags.flags:
         if flag in ("-h", "--help"):
             continue
-        value = [] if flag in ("--lora", "--gradient-checkpointing", "--check-data") else [values.get(flag, "1")]
+        switches = ("--lora", "--gradient-checkpointing", "--check-data", "--prepare-data")
+        value = [] if flag in switches else [values.get(flag, "1")]
         assert _accepts(parse, [*base, flag, *value]), flag
     assert not _accepts(parse, [*base, "--no-such-flag", "1"])
     prefix = "--logging-step" if script == "finetune" else "--hidd"  # a unique prefix of one flag

@@ -143,3 +143,42 @@ def test_a_run_without_a_token_count_says_so_in_the_table() -> None:
     [(_, text)] = training.section(_fake({"tune": {**TUNE, "datasetHub": "d"}}, copy.deepcopy(costs)))
     assert "| unknown: see Estimated cost |" in text
     assert stack_yaml("finetune")["deepspeed-stack:workloads"]["tune"]["finetune"]["datasetTokens"] == 10_000_000
+
+
+# --- the data step (issue 31 item 2) ----------------------------------------------------------------------------
+
+def test_the_measured_tokenization_rates() -> None:
+    """data/training_speed.yaml's rates per CPU, measured with finetune.py --prepare-data (docs/measurements.md)."""
+    from model import training_speed
+
+    speed = training_speed.load()
+    assert speed.tokenize_chars_per_second == {"text": 1_690_000, "chat": 770_000}
+    assert speed.chars_per_token == 4
+
+
+def test_the_preview_says_how_long_the_data_step_takes(body: str) -> None:
+    """Pulumi.finetune.yaml's 10,000,000 datasetTokens x 4 characters: 23.7 s of text or 51.9 s of chat on the
+    launcher's one CPU (its record format is found at run time: both)."""
+    assert ("- `tune`: about 24 s (text records) to 52 s (chat records) for 10,000,000 tokens, once, before the ranks "
+            "start: finetune.py --prepare-data on the launcher's 1 CPU, into /gcs/checkpoints/tune/tokenized/, reused "
+            "on every restart and resume") in body
+
+
+@pytest.mark.parametrize(("changes", "said"), [
+    # 2B tokens of text: 8e9 characters / 1.69e6 a CPU-second = 4,734 s.
+    ({"recordFormat": "text", "datasetTokens": 2_000_000_000}, "about 79 min (text records) for 2,000,000,000 tokens"),
+    # Conversations: 8e9 / 770,000 = 10,390 s.
+    ({"recordFormat": "messages", "datasetTokens": 2_000_000_000}, "about 2.9 h (chat records) for 2,000,000,000"),
+    ({"datasetTokens": None}, "reused on every restart and resume; set workloads.tune.finetune.datasetTokens for how "
+                              "long it takes"),
+])
+def test_the_data_steps_time_follows_the_data(changes: dict[str, Any], said: str) -> None:
+    import msgspec
+    from conftest import config_model
+
+    from workloads import finetune
+
+    w = config_model(stack_yaml("finetune")).workloads["tune"]
+    fields = {"record_format" if k == "recordFormat" else "dataset_tokens": v for k, v in changes.items()}
+    w = msgspec.structs.replace(w, finetune=msgspec.structs.replace(w.finetune, **fields))
+    assert said in finetune.data_step(w)

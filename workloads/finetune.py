@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 
-from model import chat_templates
+from model import chat_templates, training_speed
 from model.types import FinetuneWorkloadConfig
-from workloads import recipe
+from model.validators import at
+from workloads import pod_security, recipe
 from workloads.mpijob import script_source
 from workloads.mpijob.nvidia import NvidiaLaunch, output_env
 from workloads.mpijob.shape import CONFIG_DIR, HF_TOKEN_KEY, TOKEN_DIR, TOKEN_VOLUME, token_secret_name
@@ -53,6 +54,41 @@ def dataset_arg(w: FinetuneWorkloadConfig) -> str:
     return recipe.dataset_arg(w.finetune, roots(w))
 
 
+# The record formats whose records go through a chat template (the slower data step: a conversation's assistant
+# turns are found by rendering its prefixes); text is rendered as it is.
+CHAT_RECORDS = ("messages", "sharegpt", "prompt-completion", "alpaca")
+
+
+def data_step(w: FinetuneWorkloadConfig, speed: training_speed.TrainingSpeed | None = None) -> str:
+    """How long the launcher's data step (finetune.py --prepare-data) takes on its CPUs for `datasetTokens`: the
+    characters (tokens x charsPerToken) over the measured rate per CPU of the records' kind
+    (data/training_speed.yaml `tokenization`); both kinds where the record format is found at run time."""
+    speed = speed or training_speed.load()
+    tokens = w.finetune.dataset_tokens
+    cpus = float(pod_security.NVIDIA_LAUNCHER_RESOURCES["cpu"])
+    where = (f"once, before the ranks start: finetune.py --prepare-data on the launcher's {cpus:g} CPU, into "
+             f"{w.checkpoint_dir}/tokenized/, reused on every restart and resume")
+    if tokens is None:
+        return f"{where}; set {at('workloads', w.name, 'finetune', 'datasetTokens')} for how long it takes"
+    f = w.finetune
+    kinds = (("text",) if f.record_format == "text" or f.format == "text" else
+             ("chat",) if f.record_format in CHAT_RECORDS else ("text", "chat"))
+    rates = speed.tokenize_chars_per_second
+    took = " to ".join(f"{_duration(tokens * speed.chars_per_token / (rates[kind] * cpus))} ({kind} records)"
+                       for kind in kinds)
+    return (f"about {took} for {tokens:,} tokens, {where} (data/training_speed.yaml: "
+            f"{', '.join(f'{rates[k]:,.0f} characters/s a CPU for {k}' for k in kinds)}, {speed.chars_per_token:g} "
+            "characters a token)")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def where_to_look(w: FinetuneWorkloadConfig) -> dict[str, str]:
     """What a person needs to start and follow the run (the preview's "Training" section): where the data goes in
     the bucket (or the Hugging Face dataset the ranks download), the launcher Job whose log is the run's output (the
@@ -60,7 +96,7 @@ def where_to_look(w: FinetuneWorkloadConfig) -> dict[str, str]:
     f = w.finetune
     data = {"datasetInBucket": f.dataset_path} if f.dataset_path else {"datasetHub": f.dataset or ""}
     lands = {"modelInBucket": w.model_folder} if w.gcs_fuse.enabled else {"modelOnClaim": w.model_dir}
-    return {**data, **lands, "launcherJob": f"{w.name}-launcher"}
+    return {**data, **lands, "launcherJob": f"{w.name}-launcher", "dataStep": data_step(w)}
 
 
 def eval_fraction(w: FinetuneWorkloadConfig) -> float | None:
@@ -101,11 +137,13 @@ def files(w: FinetuneWorkloadConfig) -> dict[str, str]:
 
 
 def data_check_command(w: FinetuneWorkloadConfig) -> list[str]:
-    """The launcher's data check before the ranks (finetune.py --check-data, finetune_check.py): the project's
-    script only, with the ranks' arguments (a copy of yours may not have the flag; `launch.command` runs its own)."""
+    """The launcher's data step before the ranks (finetune.py --prepare-data): the data check (finetune_check.py),
+    then every record tokenized once into the folder beside the checkpoints the ranks memory-map, or found there
+    from an earlier start (finetune_tokenized.py). The project's script only, with the ranks' arguments (a copy of
+    yours may not have the flag; `launch.command` runs its own)."""
     if w.launch.command or w.launch.script != SCRIPT.name:
         return []
-    return ["python", script_source.source(w).path, "--check-data", *script_args(w)]
+    return ["python", script_source.source(w).path, "--prepare-data", *script_args(w)]
 
 
 def launch(w: FinetuneWorkloadConfig, has_token: bool, run_env: dict[str, str] | None = None) -> NvidiaLaunch:

@@ -131,6 +131,8 @@ def recipe_args(f: FinetuneConfig, learning_rate: float, roots: RecipeRoots) -> 
     elif (fraction := eval_fraction(f)) is not None:
         args += ["--eval-split", number(fraction)]
     args += ["--seq-len", str(f.sequence_length)]
+    if f.packing is not None:  # unset: the script's auto (text packed into blocks, chat and prompt/completion not)
+        args += ["--packing", "on" if f.packing else "off"]
     # One or the other (the rules refuse both); neither: the script's own default, one pass over the data.
     if f.max_steps is not None:
         args += ["--max-steps", str(f.max_steps)]
@@ -174,6 +176,7 @@ STACK_FLAGS: dict[str, tuple[str, ...]] = {
     "--messages-field": ("finetune", "messagesField"), "--role-field": ("finetune", "roleField"),
     "--content-field": ("finetune", "contentField"), "--roles": ("finetune", "roles"),
     "--chat-template": ("finetune", "chatTemplate"), "--eval-split": ("finetune", "evalSplit"),
+    "--packing": ("finetune", "packing"),
 }
 OUTPUT_FLAGS = ("--checkpoint-dir", "--model-dir")
 

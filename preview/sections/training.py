@@ -1,7 +1,7 @@
 """The "Training" section: each `finetune` workload (the `workloads` output) with its run's time and cost (the
-`costs` output's `runs`) and the next steps, in order, as the "Serving" section gives a server's: `pulumi up`, the
-data uploaded where the run reads it, the run's log followed, TensorBoard where the stack deploys one, and where the
-model lands."""
+`costs` output's `runs`), how long its data step takes (tokenized once, before the ranks), and the next steps, in
+order, as the "Serving" section gives a server's: `pulumi up`, the data uploaded where the run reads it, the run's
+log followed, TensorBoard where the stack deploys one, and where the model lands."""
 
 from __future__ import annotations
 
@@ -106,6 +106,7 @@ def section(run: RunResult) -> list[Section]:
     steps = [f"pulumi up -s {shlex.quote(run.stack)}   # the cluster, the bucket and the job; the GPU nodes come "
              "up when the job's pods ask for them"]
     tensorboards = _tensorboards(workloads)
+    data_steps = [f"- `{name}`: {s['dataStep']}" for name, s in trainers.items() if s.get("dataStep")]
     for name, s in trainers.items():
         gpus = f"{s.get('workers')} worker(s) x {s.get('acceleratorsPerWorker')} (pool {s.get('pool')})"
         data = f"`{s['datasetInBucket']}` (bucket)" if s.get("datasetInBucket") else f"`{s.get('datasetHub', '')}`"
@@ -113,6 +114,8 @@ def section(run: RunResult) -> list[Section]:
         rows.append(f"| {name} | {s.get('model', '')} | {gpus} | {data} | {_run(run.outputs.get('costs'), name)} | "
                     f"{lands} |")
         steps += ["", *_steps(run.stack, name, s, tensorboards)]
-    body = "\n".join(rows) + ("\n\nNext steps (README, \"Fine-tune and serve your own model\"):\n\n```sh\n"
+    tokenized = ("\n\nThe data step (every record tokenized and packed once, docs/finetune.md):\n\n"
+                 + "\n".join(data_steps)) if data_steps else ""
+    body = "\n".join(rows) + tokenized + ("\n\nNext steps (README, \"Fine-tune and serve your own model\"):\n\n```sh\n"
                               + "\n".join(steps) + "\n```")
     return [("Training", body)]

@@ -756,6 +756,12 @@ def _tokenizer(model: str, token: str | None) -> Any:
     return tokenizer
 
 
+def padding_free_line(examples: Sequence[Mapping[str, Sequence[int]]], row: int) -> str:
+    longest = max(len(e["input_ids"]) for e in examples)
+    return (f"padding-free batch: {len(examples)} records in one row of {row} tokens (padded, "
+            f"{len(examples)} x {longest} = {len(examples) * longest})")
+
+
 def _collator(pad_id: int, packing: str) -> Any:
     """Padding-free: transformers' DataCollatorWithFlattening (a micro batch's records in one row, position ids
     restarting at each, the first label of each masked); else right-padded to the longest sample (text blocks are
@@ -763,7 +769,17 @@ def _collator(pad_id: int, packing: str) -> Any:
     if packing == PADDING_FREE:
         from transformers import DataCollatorWithFlattening
 
-        return DataCollatorWithFlattening(return_position_ids=True, separator_id=IGNORE_INDEX)
+        flatten = DataCollatorWithFlattening(return_position_ids=True, separator_id=IGNORE_INDEX)
+        said: list[bool] = []
+
+        def flattened(examples: list[dict[str, list[int]]]) -> dict[str, Any]:
+            batch = flatten(examples)
+            if not said:  # the first batch, as the model gets it (the log shows the packing at work)
+                said.append(True)
+                say(padding_free_line(examples, int(batch["input_ids"].shape[-1])))
+            return batch
+
+        return flattened
     import torch
 
     def collate(examples: list[dict[str, list[int]]]) -> dict[str, Any]:
