@@ -597,9 +597,8 @@ def fingerprint_parts(args: argparse.Namespace, source: DataSource, tokenizer: A
 def _datasets(args: argparse.Namespace, tokenizer: Any, token: str | None, keys: StackKeys, head: Head,
               talk: bool = True, load: bool = True) -> tuple[Any, Any]:
     """(train, eval or None): the tokenized folder of these settings memory-mapped where it is complete; else the
-    records read, rendered, split and packed, saved there (the marker last) and memory-mapped."""
-    import datasets
-
+    records read, rendered, split and packed, saved there (the marker last) and memory-mapped. `datasets` is
+    imported only to make or read the folder: the launcher's step on a restart finds it complete and stops there."""
     source = data_source(args.dataset, args.format)
     data = None
     if source.loader == "hub":  # a hub dataset's id does not name its revision: its download's fingerprint does
@@ -617,6 +616,8 @@ def _datasets(args: argparse.Namespace, tokenizer: Any, token: str | None, keys:
         say(reused_line(folder, marker))
     if not load:
         return None, None
+    import datasets
+
     train = datasets.load_from_disk(str(folder / TRAIN))
     held_out = datasets.load_from_disk(str(folder / EVAL)) if marker.get("heldOut") is not None else None
     return train, held_out
