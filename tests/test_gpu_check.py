@@ -4,13 +4,13 @@ needs torch (and a GPU): docs/measurements.md "GPU check" records it."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import yaml
+from conftest import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 WANTED = {"deepspeed": "0.19.8", "datasets": "5.2.0", "pydantic-core": "2.50.5"}
@@ -19,23 +19,14 @@ GOOD = ["deepspeed-0.19.8.tar.gz", "datasets-5.2.0-py3-none-any.whl",
         "ds_config_bf16.json"]
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def gc() -> ModuleType:
-    return _load("gpu_check_under_test", ROOT / "e2e" / "gpu_check.py")
+    return load_file(ROOT / "e2e" / "gpu_check.py", "gpu_check_under_test")
 
 
 @pytest.fixture(scope="module")
 def ft() -> ModuleType:
-    return _load("finetune_script_for_gpu_check", ROOT / "workloads" / "scripts" / "finetune.py")
+    return load_file(ROOT / "workloads" / "scripts" / "finetune.py", "finetune_script_for_gpu_check")
 
 
 def test_no_heavy_import_at_module_level() -> None:
@@ -137,7 +128,7 @@ def test_losses_read_from_the_trainers_log(gc: ModuleType) -> None:
 @pytest.fixture(scope="module")
 def gw(gc: ModuleType) -> ModuleType:
     sys.modules.setdefault("e2e.gpu_check", gc)
-    return _load("gpu_wheels_under_test", ROOT / "e2e" / "gpu_wheels.py")
+    return load_file(ROOT / "e2e" / "gpu_wheels.py", "gpu_wheels_under_test")
 
 
 def test_the_wheels_are_data_versions_pins_and_gpu_check_yaml(gw: ModuleType) -> None:
