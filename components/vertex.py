@@ -1,8 +1,9 @@
 """VertexTraining: what Vertex AI custom training needs, and the CustomJob spec to start runs with.
 
 A training service account with only the roles a run needs, an optional TensorBoard instance, and
-the rendered spec as an output (see workloads/vertex_job.py). With `vertex.finetune`, the recipe's files (finetune.py,
-its modules, ds_config.json) as objects of the bucket, where every replica reads them at /gcs/<bucket>/.
+the rendered spec as an output (see workloads/vertex_job.py). stop_ranks.py (what vertex_start.sh runs on SIGTERM) and,
+with `vertex.finetune`, the recipe's files (finetune.py, its modules, ds_config.json) as objects of the bucket, where
+every replica reads them at /gcs/<bucket>/.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pulumi_gcp as gcp
 
 from components.node_identity import account_id
 from model.types import VertexConfig
-from workloads.vertex_job import customjob_spec, recipe_files
+from workloads.vertex_job import customjob_spec, vertex_files
 
 TRAINING_ROLES = (
     "roles/aiplatform.user",  # write TensorBoard experiments and read the job's own metadata
@@ -48,8 +49,7 @@ class VertexTraining(pulumi.ComponentResource):
         gcp.artifactregistry.RepositoryIamMember(
             f"{name}-image-reader", project=args.project, location=args.region, repository=args.repository,
             role="roles/artifactregistry.reader", member=member, opts=child)
-        if cfg.finetune is not None:
-            self._upload_recipe(name, args, child)
+        self._upload_files(name, args, child)
         tensorboard = None
         if cfg.tensorboard:
             tensorboard = gcp.vertex.AiTensorboard(
@@ -59,9 +59,9 @@ class VertexTraining(pulumi.ComponentResource):
             lambda v: customjob_spec(cfg, v[0], v[1], v[2], v[3]))
         self.register_outputs({"serviceAccount": self.account.email, "customJobSpec": self.spec})
 
-    def _upload_recipe(self, name: str, args: VertexTrainingArgs, opts: pulumi.ResourceOptions) -> None:
+    def _upload_files(self, name: str, args: VertexTrainingArgs, opts: pulumi.ResourceOptions) -> None:
         """The GKE ConfigMap's counterpart: what the CustomJob runs, written by `pulumi up`, so a run started from the
-        spec runs this stack's recipe and ds_config.json."""
-        for object_name, text in recipe_files(args.config).items():
+        spec runs this stack's recipe, ds_config.json and stop_ranks.py."""
+        for object_name, text in vertex_files(args.config).items():
             gcp.storage.BucketObject(f"{name}-{object_name.rsplit('/', 1)[-1].replace('.', '-').replace('_', '-')}",
                                      bucket=args.bucket, name=object_name, content=text, opts=opts)

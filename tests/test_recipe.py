@@ -53,7 +53,7 @@ def _keys(**more: Any) -> dict[str, Any]:
 GKE_CHANGES = {f"{GKE_W}.finetune": _keys(), f"{GKE_W}.deepspeed.learningRate": LEARNING_RATE}
 GAUDI_CHANGES = {f"{GAUDI_W}.training": DELETE, f"{GAUDI_W}.finetune": _keys(),
                  f"{GAUDI_W}.deepspeed.learningRate": LEARNING_RATE}
-VERTEX_CHANGES = {"vertex.launch": DELETE, "vertex.finetune": _keys(),
+VERTEX_CHANGES = {"vertex.launch": {}, "vertex.finetune": _keys(), "vertex.displayName": "deepspeed-training",
                   "vertex.deepspeed": {"learningRate": LEARNING_RATE, "precision": "fp16", "zeroStage": 2}}
 
 
@@ -296,12 +296,17 @@ def test_vertex_args_the_stack_sets_or_the_script_lacks_are_refused() -> None:
     assert len(found) == 3
 
 
+# The vertex stack with your own script instead of the recipe (the keys before vertex.finetune).
+YOUR_SCRIPT = {"vertex.finetune": DELETE, "vertex.deepspeed": DELETE,
+               "vertex.launch": {"script": f"/gcs/{BUCKET}/code/train.py", "args": ["--zero_stage", "3"]}}
+
+
 def test_vertex_script_and_ds_config_that_would_go_unread_are_refused() -> None:
     assert problems("vertex", {**fresh(VERTEX_CHANGES), "vertex.launch": {"script": "/gcs/b/code/train.py"}}) == [
         "vertex.launch.script: not used: with vertex.finetune every replica runs the stack's finetune.py (uploaded "
         "to gs://<bucket>/deepspeed-stack/scripts/); remove vertex.launch.script, or remove vertex.finetune to run "
         "your own script"]
-    assert problems("vertex", {"vertex.deepspeed": {"zeroStage": 3}}) == [
+    assert problems("vertex", {**YOUR_SCRIPT, "vertex.deepspeed": {"zeroStage": 3}}) == [
         "vertex.deepspeed.zeroStage: not used: vertex.deepspeed is the ds_config.json of vertex.finetune's run; your "
         "script (/gcs/my-gcp-project-deepspeed-data/code/train.py) takes its settings in vertex.launch.args. Remove "
         "it, or set vertex.finetune to run the stack's recipe"]
@@ -318,7 +323,7 @@ def test_vertex_paths_stay_in_the_bucket_and_the_run_name_is_a_folder() -> None:
 
 
 def test_the_old_vertex_keys_still_run_your_script() -> None:
-    m = model("vertex")
+    m = model("vertex", YOUR_SCRIPT)
     assert m.vertex.finetune is None
     spec = vertex_job.customjob_spec(m.vertex, "img", BUCKET, "sa@p.iam.gserviceaccount.com")
     assert spec["workerPoolSpecs"][0]["containerSpec"]["args"] == [

@@ -239,7 +239,10 @@ def test_an_existing_bucket_is_granted_on_and_nothing_else() -> None:
     run = _existing_run()
     assert run.by_type(BUCKET) == []  # never created, so never changed, protected or deleted by the stack
     storage_types = {r.type for r in run.resources if r.type.startswith("gcp:storage/")}
-    assert storage_types == {"gcp:storage/bucketIAMMember:BucketIAMMember"}  # additive members only: no policy
+    # Additive members only (no policy), and the stack's own objects for Vertex AI runs under its own folder.
+    assert storage_types == {"gcp:storage/bucketIAMMember:BucketIAMMember", "gcp:storage/bucketObject:BucketObject"}
+    objects = [(r.inputs["bucket"], r.inputs["name"]) for r in run.by_type("gcp:storage/bucketObject:BucketObject")]
+    assert objects == [(EXISTING, "deepspeed-stack/scripts/stop_ranks.py")]
     grants = [r.inputs for r in run.by_type("gcp:storage/bucketIAMMember:BucketIAMMember")]
     assert {(g["bucket"], g["role"], g["member"]) for g in grants} == {
         (EXISTING, "roles/storage.objectUser", "serviceAccount:ds-data-dev@my-gcp-project.iam.gserviceaccount.com"),

@@ -11,7 +11,7 @@ from conftest import model, problems, stack_yaml
 
 from model import catalog
 from model.types import VertexConfig, VertexGpuConfig, VertexLaunchConfig
-from workloads.vertex_job import customjob_spec, vertex_accelerator
+from workloads.vertex_job import customjob_spec, vertex_accelerator, vertex_files
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "workloads" / "vertex_customjob.schema.json").read_text())
 IMAGE = "us-west1-docker.pkg.dev/p/deepspeed/deepspeed@sha256:" + "b" * 64
@@ -41,7 +41,8 @@ def test_two_pool_spec_matches_the_original_example_and_vertex_fields() -> None:
         assert pool["containerSpec"]["args"] == ["train.py", "--zero_stage", "3"]
     assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://bkt/vertex"}
     assert spec["serviceAccount"] == SA
-    assert "scheduling" not in spec and "tensorboard" not in spec
+    # A restarted replica restarts the whole job: DeepSpeed's SSH launch cannot take one host back.
+    assert spec["scheduling"] == {"restartJobOnWorkerRestart": True} and "tensorboard" not in spec
 
 
 def test_single_node_spot_with_tensorboard() -> None:
@@ -121,3 +122,19 @@ def test_soft_delete_days_are_0_or_7_to_90(days: int, ok: bool) -> None:
     found = problems("dev", {"storage.enabled": True, "storage.softDeleteDays": days})
     assert found == ([] if ok else [
         f"storage.softDeleteDays: Cloud Storage keeps deleted objects 7 to 90 days (or 0: off), got {days}"])
+
+
+def test_every_replica_is_told_where_stop_ranks_py_is_and_the_stack_uploads_it() -> None:
+    """Vertex AI sends SIGTERM to each replica's vertex_start.sh only: it passes it on to the ranks with the stack's
+    stop_ranks.py, read from the bucket (the GKE ConfigMap's counterpart), with or without the recipe."""
+    spec = customjob_spec(vertex(), IMAGE, "bkt", SA)
+    for pool in spec["workerPoolSpecs"]:
+        assert pool["containerSpec"]["env"] == [
+            {"name": "VERTEX_STOP_RANKS", "value": "/gcs/bkt/deepspeed-stack/scripts/stop_ranks.py"}]
+    hook = (Path(__file__).resolve().parent.parent / "workloads" / "scripts" / "stop_ranks.py").read_text()
+    assert vertex_files(vertex()) == {"deepspeed-stack/scripts/stop_ranks.py": hook}
+
+
+def test_a_single_replica_job_restarts_alone() -> None:
+    """restartJobOnWorkerRestart only where there are hosts to restart together."""
+    assert "scheduling" not in customjob_spec(vertex(workers=0), IMAGE, "bkt", SA)

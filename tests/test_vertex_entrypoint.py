@@ -542,6 +542,9 @@ def test_start_multi_node_needs_exchange_dir(sandbox: dict[str, Any]) -> None:
     assert log_of(sandbox) == ""
 
 
+STACK_KEYS = '{"--dataset":"vertex.finetune.datasetPath","--model":"vertex.finetune.model"}'
+
+
 def test_start_worker_installs_key_and_serves_ssh(sandbox: dict[str, Any]) -> None:
     need_ssh_keygen()
     exchange = sandbox["tmp"] / "exchange"
@@ -554,12 +557,15 @@ def test_start_worker_installs_key_and_serves_ssh(sandbox: dict[str, Any]) -> No
         CLUSTER_SPEC=spec("workerpool1", 1),
         AIP_MODEL_DIR="gs://bkt/run/model",
         VERTEX_SSH_EXCHANGE_DIR=str(exchange),
+        FINETUNE_STACK_KEYS=STACK_KEYS,
     )
     assert proc.returncode == 0, proc.stderr
     ssh_dir: Path = sandbox["home"] / ".ssh"
     assert key in (ssh_dir / "authorized_keys").read_text(encoding="utf-8")
     environment = (ssh_dir / "environment").read_text(encoding="utf-8").splitlines()
     assert "AIP_MODEL_DIR=/gcs/bkt/run/model" in environment
+    # The recipe's stack keys reach the ranks this host serves as they are (sshd does not parse the value).
+    assert f"FINETUNE_STACK_KEYS={STACK_KEYS}" in environment
     assert any(line.startswith("PATH=") for line in environment)
     assert "Port 2222" in (ssh_dir / "config").read_text(encoding="utf-8")
     log = log_of(sandbox)

@@ -18,7 +18,7 @@ from typing import Any
 
 from model.types import VertexConfig
 from model.yamlio import load_yaml
-from workloads import recipe
+from workloads import recipe, recovery
 from workloads.ds_config import build_ds_config
 
 # Installed by workloads/images/deepspeed/Dockerfile.
@@ -87,6 +87,19 @@ def recipe_files(cfg: VertexConfig) -> dict[str, str]:
     return {f"{RECIPE_PREFIX}/{name}": text for name, text in files.items()}
 
 
+def stop_ranks_path(bucket: str) -> str:
+    """Where every replica reads the stack's stop_ranks.py (vertex_start.sh runs it on SIGTERM)."""
+    return f"{VERTEX_MOUNT}/{bucket}/{RECIPE_PREFIX}/{recovery.STOP_RANKS_KEY}"
+
+
+def vertex_files(cfg: VertexConfig) -> dict[str, str]:
+    """Every object the stack writes to the bucket for its runs: stop_ranks.py (Vertex AI sends SIGTERM to each
+    replica's main process only: vertex_start.sh passes it on to the ranks with it, so that they save first), and
+    with `vertex.finetune` the recipe's files."""
+    files = {f"{RECIPE_PREFIX}/{name}": text for name, text in recovery.stop_ranks_file().items()}
+    return {**files, **(recipe_files(cfg) if cfg.finetune is not None else {})}
+
+
 def recipe_env(cfg: VertexConfig) -> list[dict[str, str]]:
     """The container's environment: the stack's key for each flag (the script's errors name `vertex.finetune.*`)."""
     assert cfg.finetune is not None
@@ -100,10 +113,12 @@ def vertex_accelerator(gpu_type: str) -> str:
 
 
 def _container(cfg: VertexConfig, image: str, bucket: str) -> dict[str, Any]:
+    stop = [{"name": "VERTEX_STOP_RANKS", "value": stop_ranks_path(bucket)}]
     if cfg.finetune is None:
-        return {"imageUri": image, "command": [VERTEX_ENTRYPOINT], "args": [cfg.launch.script, *cfg.launch.args]}
+        return {"imageUri": image, "command": [VERTEX_ENTRYPOINT], "args": [cfg.launch.script, *cfg.launch.args],
+                "env": stop}
     return {"imageUri": image, "command": [VERTEX_ENTRYPOINT], "args": recipe_argv(cfg, bucket),
-            "env": recipe_env(cfg)}
+            "env": [*recipe_env(cfg), *stop]}
 
 
 def _pool(cfg: VertexConfig, image: str, replicas: int, bucket: str = "") -> dict[str, Any]:
@@ -134,6 +149,21 @@ def customjob_spec(cfg: VertexConfig, image: str, bucket: str, service_account: 
     }
     if tensorboard:
         spec["tensorboard"] = tensorboard
-    if cfg.spot:
-        spec["scheduling"] = {"strategy": "SPOT"}
+    scheduling = _scheduling(cfg)
+    if scheduling:
+        spec["scheduling"] = scheduling
     return spec
+
+
+def _scheduling(cfg: VertexConfig) -> dict[str, Any]:
+    """Vertex AI restarts a replica whose VM goes to maintenance or whose container exits non-zero (a preempted run
+    exits 143 once saved), under the same host name. A multi-node DeepSpeed run cannot take one host back: the
+    primary's SSH sessions to it are gone and its key exchange is over. So the whole job restarts
+    (restartJobOnWorkerRestart), every replica exchanges keys again, and the recipe resumes from its newest
+    checkpoint on the bucket."""
+    scheduling: dict[str, Any] = {}
+    if cfg.spot:
+        scheduling["strategy"] = "SPOT"
+    if cfg.workers:
+        scheduling["restartJobOnWorkerRestart"] = True
+    return scheduling

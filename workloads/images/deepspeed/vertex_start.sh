@@ -48,11 +48,14 @@ RUNTIME_DIR="${VERTEX_RUNTIME_DIR:-${TMPDIR:-/tmp}/vertex-deepspeed}"
 PUBLISHED_KEY_NAME="primary_ed25519.pub"
 STOP_WAIT="${VERTEX_STOP_WAIT:-10}"
 RANKS_WAIT=86400 # stop_ranks.py's own bound: Vertex's SIGKILL ends the wait first
-# Variables handed to processes started over SSH (~/.ssh/environment) when set.
+# Variables handed to processes started over SSH (~/.ssh/environment) when set. FINETUNE_STACK_KEYS (the stack's
+# key of each recipe flag, JSON, set on every replica by the CustomJob) goes this way only: sshd reads the file's
+# values as they are, where DeepSpeed's runner would pass ~/.deepspeed_env's through a shell that drops its quotes.
 SSH_ENV_VARS=(
     PATH LD_LIBRARY_PATH CUDA_HOME TRITON_CACHE_DIR TORCH_EXTENSIONS_DIR HF_HOME
     PDSH_RCMD_TYPE PYTHONUNBUFFERED PYTHONDONTWRITEBYTECODE
     AIP_MODEL_DIR AIP_CHECKPOINT_DIR AIP_TENSORBOARD_LOG_DIR CLOUD_ML_JOB_ID CLOUD_ML_PROJECT_ID
+    FINETUNE_STACK_KEYS
 )
 
 log() { printf '[vertex_start] %s\n' "$*" >&2; }
