@@ -11,8 +11,9 @@ Three hosts (e2e/hosts.py) run the stack's own files, rendered by the stack's ow
           own host key, sshd with StrictModes off for the operator's key Secret) and the launcher script
           over the operator's hostfile, /etc/deepspeed holding the job's ConfigMap;
 - mpirun: the same hosts launched with OpenMPI (`deepspeed --launcher openmpi`);
-- vertex: vertex_start.sh on every host with a CLUSTER_SPEC, a local folder standing in for the bucket
-          at /gcs;
+- vertex: the vertex stack's CustomJob: the files `pulumi up` uploads in a local folder standing in for
+          the bucket at /gcs, vertex_start.sh with each replica's containerSpec and CLUSTER_SPEC on 2 hosts,
+          the recipe (finetune.py) on the tiny Llama for one epoch;
 - recovery: a run with checkpoints is preempted, relaunched and resumes from the step saved on SIGTERM;
           then the same checkpoint resumes with one worker fewer through DeepSpeed's universal checkpoint.
           A worker pod is stopped as a kubelet stops one and nothing more (hosts.Cluster.terminate_pod):
@@ -45,6 +46,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -436,54 +438,96 @@ def vertex_cluster_spec(task: str, index: int, workers: int) -> str:
                        "task": {"type": task, "index": index, "trial": ""}, "environment": "cloud"})
 
 
-def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
-    from workloads import vertex_job
-    from workloads.ds_config import build_ds_config
+# The vertex stack's recipe on the tiny Llama: its `finetune` keys but for the data, the model and the run's
+# saves; one epoch, as Pulumi.vertex.yaml's (64 records, 2 ranks x 4 a step: 8 steps), LoRA (its adapter exported).
+VERTEX_RUN = "e2e-vertex"  # vertex.displayName: the run's folders, checkpoints/<run> and models/<run>
+VERTEX_STEPS = 8  # one epoch: len(finetune_records()) / (microBatchPerGpu 4 x 2 ranks)
+VERTEX_JOB_ENV = {"CLOUD_ML_JOB_ID": "e2e-vertex-1", "VERTEX_SSH_WAIT_SLEEP": "0.5", "VERTEX_SSH_WAIT_RETRIES": "120",
+                  "VERTEX_PYTHON": f"{VENV}/bin/python", "HF_HUB_OFFLINE": "1"}
 
-    w, _ = stack_workload("helm")
+
+def vertex_keys() -> dict[str, Any]:
+    """The e2e's `vertex` keys (the finetune scenario's data and DeepSpeed block, defined further down)."""
+    return {"displayName": VERTEX_RUN, "tensorboard": True, "launch": {"args": ["--logging-steps", "2"]},
+            "deepspeed": FINETUNE_DS,
+            "finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/data.jsonl",
+                         "recordFormat": "messages", "sequenceLength": 96, "epochs": 1, "saveSteps": 4}}
+
+
+def vertex_aip_env(base_output: str) -> dict[str, str]:
+    """What Vertex AI sets on every replica from the CustomJob's baseOutputDirectory."""
+    return {"AIP_MODEL_DIR": f"{base_output}/model/", "AIP_CHECKPOINT_DIR": f"{base_output}/checkpoints/",
+            "AIP_TENSORBOARD_LOG_DIR": f"{base_output}/logs/"}
+
+
+def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
+    """The vertex stack's CustomJob as Vertex AI runs it, on 2 hosts: its uploaded files in the bucket, each
+    replica's containerSpec (command, args, env) under its own CLUSTER_SPEC and the AIP_* variables. The recipe
+    trains the tiny Llama for one epoch; the adapter and .complete land in models/<run>, the event files in
+    AIP_TENSORBOARD_LOG_DIR. (SIGTERM to vertex_start.sh, passed on to the ranks, is tested with stand-ins in
+    tests/test_vertex_entrypoint.py, and finetune.py's save on SIGTERM and resume by the finetune scenario: a second
+    run here would cost make e2e's time budget 20 s.)"""
+    from workloads import vertex_job
+
+    phases = Phases("vertex")
     image_etc(cluster, image_sshd_drop_in())
-    hosts = cluster.hosts
-    bucket = cluster.work / "gcs"
-    code = bucket / BUCKET / "code"
-    code.mkdir(parents=True, exist_ok=True)
-    write(code / "smoke_test.py", (ROOT / "workloads" / "scripts" / "smoke_test.py").read_text())
-    write(code / "ds_config.json", json.dumps(build_ds_config(w.deepspeed, len(hosts), 1), indent=2))
-    _chown_dirs(bucket)
-    # The image's /app (its WORKDIR) with the user's ~/.deepspeed_env equivalent: vertex_start.sh
-    # rewrites ~/.deepspeed_env, DeepSpeed also reads ./.deepspeed_env.
+    hosts = cluster.hosts[:2]
+    gcs = cluster.work / "gcs"
+    bucket = gcs / BUCKET
+    finetune_assets(bucket, cluster.work / "tiny-llm")
+    cfg = _vertex_config(vertex_keys(), len(hosts) - 1)
+    for name, text in vertex_job.vertex_files(cfg).items():  # what `pulumi up` uploads
+        write(bucket / name, text)
+    _chown_dirs(gcs)
+    # The image's /app (its WORKDIR): DeepSpeed's runner reads ./.deepspeed_env too (vertex_start.sh rewrites ~'s).
     app = cluster.work / "vertex-app"
     app.mkdir(exist_ok=True)
-    write(app / ".deepspeed_env", "".join(f"{k}={v}\n" for k, v in RANK_ENV.items()))
+    write(app / ".deepspeed_env", "".join(f"{k}={v}\n" for k, v in {**RANK_ENV, "HF_HUB_OFFLINE": "1"}.items()))
     stand_in = cluster.work / "vertex-bin"
-    stand_in.mkdir(exist_ok=True)
     write(stand_in / "nvidia-smi", NVIDIA_SMI_STAND_IN, 0o755)
     for host in hosts:
-        cluster.bind(host, bucket, "/gcs")
+        cluster.bind(host, gcs, "/gcs")
         cluster.bind(host, app, "/app")
-    spec = {"launch": {"script": f"/gcs/{BUCKET}/code/smoke_test.py",
-                       "args": ["--deepspeed_config", f"/gcs/{BUCKET}/code/ds_config.json", *SMOKE_ARGS]}}
-    pool = vertex_job._pool(_vertex_config(spec, len(hosts) - 1), "image", 1)["containerSpec"]
+    spec = vertex_job.customjob_spec(cfg, "image", BUCKET, "e2e@p.iam.gserviceaccount.com")
+    container = spec["workerPoolSpecs"][0]["containerSpec"]
+    fail_unless(all(p["containerSpec"] == container for p in spec["workerPoolSpecs"]), "the pools run different things")
+    fail_unless(container["command"] == [vertex_job.VERTEX_ENTRYPOINT], f"unexpected command {container['command']}")
     entry = str(IMAGE_DIR / "vertex_start.sh")  # the image installs it at containerSpec.command[0]
-    fail_unless(pool["command"] == [vertex_job.VERTEX_ENTRYPOINT], f"unexpected command {pool['command']}")
-    command = "cd /app && exec " + " ".join(shlex.quote(a) for a in [entry, *pool["args"]])
-    base = {**IMAGE_ENV, "PATH": f"{stand_in}:{IMAGE_ENV['PATH']}", "CLOUD_ML_JOB_ID": "e2e-vertex-1",
-            "AIP_MODEL_DIR": f"gs://{BUCKET}/vertex/model", "AIP_CHECKPOINT_DIR": f"gs://{BUCKET}/vertex/checkpoints",
-            "VERTEX_SSH_WAIT_SLEEP": "0.5", "VERTEX_SSH_WAIT_RETRIES": "120", "VERTEX_PYTHON": f"{VENV}/bin/python"}
+    command = "cd /app && exec " + " ".join(shlex.quote(a) for a in [entry, *container["args"]])
+    env = {**IMAGE_ENV, "PATH": f"{stand_in}:{IMAGE_ENV['PATH']}", **VERTEX_JOB_ENV,
+           **vertex_aip_env(spec["baseOutputDirectory"]["outputUriPrefix"]),
+           **{e["name"]: e["value"] for e in container["env"]}}
+    run_dir = f"/gcs/{BUCKET}"
+    model_dir = outside(f"{run_dir}/models/{VERTEX_RUN}", "/gcs", gcs)
+    phases.end("tiny Llama, data and the uploaded recipe")
+
+    workers = len(hosts) - 1
     for i, host in enumerate(hosts[1:]):
         cluster.spawn(host, ["/bin/bash", "-c", command], log=logs / f"vertex-{host.name}.log",
-                      env={**base, "CLUSTER_SPEC": vertex_cluster_spec("workerpool1", i, len(hosts) - 1)})
+                      env={**env, "CLUSTER_SPEC": vertex_cluster_spec("workerpool1", i, workers)})
     status, output = launch(cluster, hosts[0], command, logs / "vertex-primary.log",
-                            env={**base, "CLUSTER_SPEC": vertex_cluster_spec("workerpool0", 0, len(hosts) - 1)})
-    problems = check_run(output, len(hosts), [h.name for h in hosts])
-    fail_unless(status == 0 and not problems, f"exit {status}; {'; '.join(problems)}")
-    saved = sorted(p.name for p in (bucket / BUCKET / "vertex" / "checkpoints").glob("global_step*"))
-    fail_unless(bool(saved), "no checkpoint under AIP_CHECKPOINT_DIR (/gcs/...)")
-    return (f"vertex_start.sh on {len(hosts)} hosts (CLUSTER_SPEC, /gcs folder): {len(hosts)} ranks, "
-            f"checkpoint {saved[-1]}")
+                            env={**env, "CLUSTER_SPEC": vertex_cluster_spec("workerpool0", 0, workers)})
+    cluster.stop_services()
+    fail_unless(status == 0, f"exit {status} (log {logs / 'vertex-primary.log'})")
+    marker = json.loads((model_dir / ".complete").read_text())
+    fail_unless(marker.get("step") == VERTEX_STEPS and marker.get("world_size") == len(hosts)
+                and marker.get("export") == "adapter", f"marker {marker}: expected one epoch ({VERTEX_STEPS} steps) "
+                f"on {len(hosts)} ranks, the adapter")
+    missing = [n for n in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json")
+               if not (model_dir / n).is_file()]
+    fail_unless(not missing, f"models/{VERTEX_RUN} lacks {missing}")
+    events = sorted(outside(f"{run_dir}/vertex/logs", "/gcs", gcs).rglob("events.out.tfevents.*"))
+    fail_unless(bool(events) and events[-1].stat().st_size > 0, "no TensorBoard event files in AIP_TENSORBOARD_LOG_DIR")
+    losses = trainer_losses(output)
+    phases.end("one epoch, exported")
+    return (f"the vertex stack's CustomJob on {len(hosts)} hosts (vertex_start.sh, CLUSTER_SPEC, /gcs): the recipe "
+            f"(finetune.py from the bucket) on the tiny Llama for one epoch ({VERTEX_STEPS} steps, loss "
+            f"{' -> '.join(f'{v:.2f}' for v in losses[:1] + losses[-1:])}): adapter and .complete in "
+            f"models/{VERTEX_RUN}, event files in AIP_TENSORBOARD_LOG_DIR. Phases: {phases.summary()}")
 
 
 def _vertex_config(spec: dict[str, Any], workers: int) -> Any:
-    """The vertex stack's Vertex AI block, loaded by the stack's code, with the e2e's script and workers."""
+    """The vertex stack's Vertex AI block, loaded by the stack's code, with the e2e's keys and workers."""
     import yaml
 
     from checks import load
@@ -919,12 +963,18 @@ def _venv_python(*args: str, timeout: float = 120) -> str:
     return result.stdout
 
 
-def finetune_assets(bucket: Path) -> None:
-    """The data set and the base model (random weights, a tokenizer trained on the data) uploaded to the bucket."""
+def finetune_assets(bucket: Path, cache: Path | None = None) -> None:
+    """The data set and the base model (random weights, a tokenizer trained on the data) uploaded to the bucket; the
+    model made once a run of make e2e and copied from `cache` after (the vertex and finetune scenarios share it)."""
     base = bucket / BUCKET_INPUTS
     base.mkdir(parents=True, exist_ok=True)
     write(base / "data.jsonl", "".join(json.dumps(r) + "\n" for r in finetune_records()))
-    _venv_python(str(TINY_LLM), "make", str(base / "data.jsonl"), str(base / "base"))
+    if cache is not None and (cache / "base").is_dir():
+        shutil.copytree(cache / "base", base / "base", dirs_exist_ok=True)
+    else:
+        _venv_python(str(TINY_LLM), "make", str(base / "data.jsonl"), str(base / "base"))
+        if cache is not None:
+            shutil.copytree(base / "base", cache / "base")
     _chown_dirs(bucket)
 
 
@@ -961,7 +1011,7 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     launcher, workers = cluster.hosts[0], cluster.hosts[1:]
     w, where, job_launch = finetune_workload()
     bucket, claim = cluster.work / "bucket", cluster.work / "finetune-claim"  # the claim: the job's, both runs
-    finetune_assets(bucket)
+    finetune_assets(bucket, cluster.work / "tiny-llm")
     for host in cluster.hosts:  # the bucket's FUSE mount on every pod (start_mpijob mounts the claim)
         cluster.bind(host, bucket, w.gcs_fuse.mount_path)
     checkpoints = outside(w.checkpoint_dir, w.gcs_fuse.mount_path, bucket)
