@@ -349,7 +349,8 @@ def test_vertex_args_meant_for_the_deepspeed_launcher_are_refused() -> None:
     hostfile = ("vertex.launch.args[{i}]: --num_gpus is an option of the deepspeed launcher, which vertex_start.sh "
                 "runs itself (the hostfile from Vertex's CLUSTER_SPEC, a rank per GPU): after the script's name it "
                 "reaches the script, not the launcher; remove it")
-    found = problems("vertex", {"vertex.launch.args": ["--zero_stage", "3", "--local_rank=0", "--num_gpus", "1"]})
+    found = problems("vertex", {**fresh(YOUR_SCRIPT),
+                                "vertex.launch.args": ["--zero_stage", "3", "--local_rank=0", "--num_gpus", "1"]})
     assert found == [local_rank.format(i=2), hostfile.format(i=3)]
     # With the recipe too, and once each (not also as a flag finetune.py's parser lacks).
     found = problems("vertex", {**fresh(VERTEX_CHANGES), "vertex.launch": {"args": ["--local_rank=0", "--num_gpus",
