@@ -442,7 +442,7 @@ def vertex_cluster_spec(task: str, index: int, workers: int) -> str:
 # saves; one epoch, as Pulumi.vertex.yaml's (64 records, 2 ranks x 4 a step: 8 steps), LoRA (its adapter exported).
 VERTEX_RUN = "e2e-vertex"  # vertex.displayName: the run's folders, checkpoints/<run> and models/<run>
 VERTEX_STEPS = 8  # one epoch: len(finetune_records()) / (microBatchPerGpu 4 x 2 ranks)
-VERTEX_JOB_ENV = {"CLOUD_ML_JOB_ID": "e2e-vertex-1", "VERTEX_SSH_WAIT_SLEEP": "0.5", "VERTEX_SSH_WAIT_RETRIES": "120",
+VERTEX_JOB_ENV = {"CLOUD_ML_JOB_ID": "e2e-vertex-1", "VERTEX_SSH_WAIT_SLEEP": "0.1", "VERTEX_SSH_WAIT_RETRIES": "600",
                   "VERTEX_PYTHON": f"{VENV}/bin/python", "HF_HUB_OFFLINE": "1"}
 
 
@@ -451,7 +451,7 @@ def vertex_keys() -> dict[str, Any]:
     return {"displayName": VERTEX_RUN, "tensorboard": True, "launch": {"args": ["--logging-steps", "2"]},
             "deepspeed": FINETUNE_DS,
             "finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/data.jsonl",
-                         "recordFormat": "messages", "sequenceLength": 96, "epochs": 1, "saveSteps": 4}}
+                         "recordFormat": "messages", "sequenceLength": 96, "epochs": 1, "saveSteps": VERTEX_STEPS}}
 
 
 def vertex_aip_env(base_output: str) -> dict[str, str]:
