@@ -135,11 +135,15 @@ def test_what_counts_as_a_hugging_face_id_in_arguments(args: list[str], ids: lis
     assert hub_ids(args) == ids
 
 
+# The vertex stack running your own script (not the recipe, whose --model the stack sets from vertex.finetune).
+YOUR_SCRIPT = {"vertex.finetune": DELETE, "vertex.deepspeed": DELETE, "vertex.launch.script": "/gcs/b/code/train.py"}
+
+
 def test_the_vertex_job_gets_no_token_so_a_gated_model_in_its_arguments_is_refused() -> None:
     args = ["--model", LLAMA_70B]
-    (msg,) = problems("vertex", {"vertex.launch.args": args})
+    (msg,) = problems("vertex", {**YOUR_SCRIPT, "vertex.launch.args": args})
     assert msg.startswith(f"vertex.launch.args[1]: {LLAMA_70B} is gated on Hugging Face (data/gated_models.yaml: "
                           "Meta Llama") and "the stack gives the Vertex AI job no token" in msg
     # hfToken does not reach it: still refused.
-    assert problems("vertex", {"vertex.launch.args": args, "hfToken": {"secure": "v1:planted"}}) == [msg]
-    assert problems("vertex", {"vertex.launch.args": ["--model", "/gcs/bucket/models/llama"]}) == []
+    assert problems("vertex", {**YOUR_SCRIPT, "vertex.launch.args": args, "hfToken": {"secure": "v1:planted"}}) == [msg]
+    assert problems("vertex", {**YOUR_SCRIPT, "vertex.launch.args": ["--model", "/gcs/bucket/models/llama"]}) == []
