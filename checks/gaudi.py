@@ -53,6 +53,34 @@ def check_optimum_habana_release(m: StackConfig) -> list[str]:
             for w in installs_optimum_habana(m) if (matching := optimum_habana_mismatch(w))]
 
 
+def recipe_releases(software_version: str) -> str:
+    """The releases validated with this Gaudi software that run the recipe, or what to move to where none does."""
+    validated = gaudi_software.optimum_habana_for(software_version)
+    fit = [r.release for r in gaudi_software.optimum_habana_releases() if gaudi_software.runs_the_recipe(r)]
+    usable = [release for release in validated if release in fit]
+    if usable:
+        return f"use {' or '.join(usable)}"
+    first = next(r for r in gaudi_software.optimum_habana_releases() if r.release == fit[0])
+    return (f"no release validated with Gaudi software {software_version} does: {fit[0]} and later do (Gaudi "
+            f"software {first.gaudi} and later)")
+
+
+def check_recipe_transformers(m: StackConfig) -> list[str]:
+    """finetune.py runs on the transformers that the image's optimum-habana installs: a release that pins one older
+    than the recipe runs on (data/gaudi_software.yaml recipeOnGaudi) would fail at its first step, after the build.
+    A release refused for its Gaudi software already is that rule's problem alone."""
+    out = []
+    for w in installs_optimum_habana(m):
+        r = gaudi_software.release_named(w.training.optimum_habana_version)
+        if w.finetune is None or optimum_habana_mismatch(w) or r is None or gaudi_software.runs_the_recipe(r):
+            continue
+        out.append(f"{at('workloads', w.name, 'training', 'optimumHabanaVersion')}: {r.release} installs transformers "
+                   f"{r.transformers} (its setup.py); finetune.py ({at('workloads', w.name, 'finetune')}) runs on "
+                   f"transformers {gaudi_software.recipe_min_transformers()} and later; "
+                   f"{recipe_releases(w.gaudi.software_version)} (data/gaudi_software.yaml)")
+    return out
+
+
 def check_one_gaudi_build(m: StackConfig) -> list[str]:
     """One Gaudi image per stack: the workloads that run it agree on what goes into it."""
     jobs = gaudi_image.workloads_on_it(m)
@@ -91,6 +119,7 @@ CHECKS: list[Check] = [
     check_gaudi_base_image,
     check_one_gaudi_build,
     check_optimum_habana_release,
+    check_recipe_transformers,
     check_gaudi_registry,
     check_registry_login,
 ]

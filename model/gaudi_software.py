@@ -54,13 +54,42 @@ class OptimumHabanaRelease(msgspec.Struct, frozen=True):
     release: str  # the git tag, as `training.optimumHabanaVersion` spells it
     gaudi: str  # the Gaudi software major.minor it was validated with
     confirmed: bool
+    transformers: str | None = None  # its setup.py's pin, e.g. ">=4.45.2,<4.46.0"
+
+    @property
+    def transformers_floor(self) -> tuple[int, ...] | None:
+        """The oldest transformers the release installs (the pin's `>=` bound), None where not recorded."""
+        lower = [part.strip()[2:] for part in (self.transformers or "").split(",") if part.strip().startswith(">=")]
+        return version_tuple(lower[0]) if lower else None
 
 
 @functools.cache
 def optimum_habana_releases() -> tuple[OptimumHabanaRelease, ...]:
     data = load_yaml(DATA_PATH)["optimumHabana"]
-    return tuple(OptimumHabanaRelease(release=e["release"], gaudi=str(e["gaudi"]), confirmed=bool(e["confirmed"]))
+    return tuple(OptimumHabanaRelease(release=e["release"], gaudi=str(e["gaudi"]), confirmed=bool(e["confirmed"]),
+                                      transformers=e.get("transformers"))
                  for e in data["releases"])
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """"4.45.2" -> (4, 45, 2), for comparing release numbers."""
+    return tuple(int(part) for part in version.split("."))
+
+
+@functools.cache
+def recipe_min_transformers() -> str:
+    """The oldest transformers finetune.py runs on (measured; data/gaudi_software.yaml recipeOnGaudi)."""
+    return str(load_yaml(DATA_PATH)["recipeOnGaudi"]["minTransformers"])
+
+
+def release_named(release: str) -> OptimumHabanaRelease | None:
+    return next((r for r in optimum_habana_releases() if r.release == release), None)
+
+
+def runs_the_recipe(r: OptimumHabanaRelease) -> bool:
+    """Whether the transformers this release installs is one finetune.py runs on (unknown: not refused)."""
+    floor = r.transformers_floor
+    return floor is None or floor >= version_tuple(recipe_min_transformers())
 
 
 def gaudi_minor(software_version: str) -> str:

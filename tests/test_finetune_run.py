@@ -19,6 +19,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "workloads" / "scripts" / "finetune.py"
@@ -27,6 +28,10 @@ STALE_MARKER = "an older model's marker"
 BARRIER_TIMEOUT_S = 5.0  # only a broken test waits this long: a healthy collective meets in microseconds
 # What the stand-in dtypes are called (torch.bfloat16 and so on).
 DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+# The stand-ins are the recipe's transformers (data/versions.yaml); OLD_TRANSFORMERS the Gaudi image's with the
+# default optimum-habana release (v1.15.0's setup.py: >=4.45.2,<4.46.0), whose keywords differ (finetune_hpu.py).
+RECIPE_TRANSFORMERS = str(yaml.safe_load((ROOT / "data" / "versions.yaml").read_text())["python"]["transformers"])
+OLD_TRANSFORMERS = "4.45.2"
 
 
 @pytest.fixture(scope="module")
@@ -313,6 +318,7 @@ class Fakes:
         self.handlers: dict[int, Any] = {}
         self.sigterm_at_step: int | None = None
         self.hub: dict[str, list[dict[str, Any]]] = {}  # Hugging Face dataset id: its records
+        self.transformers_version = RECIPE_TRANSFORMERS
 
     def event_names(self) -> list[str]:
         return [event[0] for event in self.events]
@@ -357,9 +363,18 @@ class Fakes:
             fakes.events.append(("AutoTokenizer.from_pretrained", name, token))
             return FakeTokenizer(fakes)
 
-        def model_from_pretrained(name: str, dtype: Any = None, token: str | None = None) -> FakeModel:
+        def model_from_pretrained(name: str, token: str | None = None, **kwargs: Any) -> FakeModel:
+            # transformers 4.45 reads torch_dtype and hands any other keyword to the model's __init__ (a TypeError).
+            dtype = kwargs.pop("torch_dtype" if fakes.transformers_version == OLD_TRANSFORMERS else "dtype", None)
+            if kwargs:
+                raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
             fakes.events.append(("AutoModelForCausalLM.from_pretrained", name, dtype, token))
             return FakeModel(fakes, f"base {name}", dtype)
+
+        def trainer(**kwargs: Any) -> FakeTrainer:
+            if fakes.transformers_version == OLD_TRANSFORMERS:  # 4.45's Trainer: tokenizer=, no processing_class
+                kwargs["processing_class"] = kwargs.pop("tokenizer")
+            return FakeTrainer(fakes, **kwargs)
 
         hf_deepspeed = module("transformers.integrations.deepspeed",
                               unset_hf_deepspeed_config=lambda: fakes.events.append(("unset_hf_deepspeed_config",)))
@@ -369,7 +384,7 @@ class Fakes:
                                                                              "on_train_begin": _passes_control}),
                               AutoTokenizer=SimpleNamespace(from_pretrained=tokenizer_from_pretrained),
                               AutoModelForCausalLM=SimpleNamespace(from_pretrained=model_from_pretrained),
-                              Trainer=lambda **kwargs: FakeTrainer(fakes, **kwargs))
+                              Trainer=trainer, __version__=fakes.transformers_version)
 
         def peft_from_pretrained(base: FakeModel, path: str) -> FakePeftModel:
             fakes.events.append(("PeftModel.from_pretrained", base.weights, path,
@@ -416,8 +431,9 @@ def module(name: str, **attributes: Any) -> ModuleType:
 
 
 def install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, size: int = 1, *,
-            initialized: bool = True) -> Fakes:
+            initialized: bool = True, transformers: str = RECIPE_TRANSFORMERS) -> Fakes:
     fakes = Fakes(World(size, initialized=initialized), Disk(tmp_path, tmp_path / "model"))
+    fakes.transformers_version = transformers
     for name, module in fakes.modules().items():
         monkeypatch.setitem(sys.modules, name, module)
     return fakes
@@ -595,10 +611,10 @@ DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps":
 
 
 def run_main(ft: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str,
-             sigterm_at_step: int | None = None) -> tuple[int, Fakes]:
+             sigterm_at_step: int | None = None, transformers: str = RECIPE_TRANSFORMERS) -> tuple[int, Fakes]:
     """main() on one CPU rank under DeepSpeed (DS_ACCELERATOR=cpu, ZeRO-3, bf16), 4 steps of prompt/response
-    records, SIGTERM in `sigterm_at_step`."""
-    fakes = install(monkeypatch, tmp_path)
+    records, SIGTERM in `sigterm_at_step`, under stand-ins of that `transformers` release."""
+    fakes = install(monkeypatch, tmp_path, transformers=transformers)
     fakes.sigterm_at_step = sigterm_at_step
 
     def install_handler(signum: int, handler: Any) -> None:  # not the pytest worker's own handler
@@ -642,6 +658,25 @@ def test_a_finished_run_exports_and_exits_0(ft: ModuleType, tmp_path: Path, monk
     assert fakes.disk.order() == ["model/model.safetensors", "model/config.json", "model/tokenizer.json",
                                   "model/tokenizer_config.json", "model/.complete"]
     assert json.loads((tmp_path / "model" / MARKER).read_text())["step"] == 4
+
+
+def test_the_gaudi_images_older_transformers_gets_its_own_keywords(ft: ModuleType, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 4.45 (optimum-habana v1.15.0's): from_pretrained(torch_dtype=), Trainer(tokenizer=), the token
+    count a bool; with the recipe's own keywords its from_pretrained raises TypeError and the run never starts."""
+    code, fakes = run_main(ft, tmp_path, monkeypatch, transformers=OLD_TRANSFORMERS)
+    assert code == 0
+    assert ("AutoModelForCausalLM.from_pretrained", "org/base", "torch.bfloat16", None) in fakes.events
+    (arguments,) = [event[1] for event in fakes.events if event[0] == "TrainingArguments"]
+    assert arguments["include_num_input_tokens_seen"] is True
+    assert json.loads((tmp_path / "model" / MARKER).read_text())["step"] == 4
+
+
+def test_the_recipes_transformers_counts_the_tokens_that_are_not_padding(ft: ModuleType, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _, fakes = run_main(ft, tmp_path, monkeypatch)
+    (arguments,) = [event[1] for event in fakes.events if event[0] == "TrainingArguments"]
+    assert arguments["include_num_input_tokens_seen"] == "non_padding"
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_143_without_export(ft: ModuleType, tmp_path: Path,

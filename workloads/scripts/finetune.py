@@ -92,7 +92,7 @@ from finetune_data import (
     first_records,
     parse_roles,
 )
-from finetune_hpu import trainer_classes
+from finetune_hpu import dtype_keyword, logging_dir_arguments, tokenizer_keyword, tokens_seen, trainer_classes
 from finetune_render import (
     CHAT_TEMPLATE_AUTO,
     CHAT_TEMPLATE_RAW,
@@ -824,13 +824,15 @@ def _merge_adapter(args: argparse.Namespace, adapter: Path, token: str | None,
                    precision: str) -> None:
     """The base model, whole on this host's CPU (outside ZeRO-3's partitioning), with the adapter merged in."""
     import torch
+    import transformers
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     unset_hf_deepspeed_config()  # else from_pretrained would partition the base model across the ranks again
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-    base = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, token=token)
+    base = AutoModelForCausalLM.from_pretrained(args.model, token=token,
+                                                **{dtype_keyword(transformers.__version__): dtype})
     merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     merged.save_pretrained(args.model_dir, safe_serialization=True)
 
@@ -879,8 +881,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cpu_deepspeed:
         _configure_cpu_deepspeed()
 
+    import transformers
     from transformers import AutoModelForCausalLM
 
+    # The Gaudi image's transformers is older (finetune_hpu.py): four keywords by its version.
+    version = transformers.__version__
     # transformers' Trainer, or on Intel Gaudi optimum-habana's GaudiTrainer (finetune_hpu.py): the same keywords.
     Trainer, TrainingArguments = trainer_classes(os.environ)  # noqa: N806 (classes)
 
@@ -909,10 +914,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         disable_tqdm=True,  # one line per logging step (the log dicts), not progress bars in a pod log
         # Every rank's tokens, summed: tokens/s and MFU. Padding-free batches have no padding and no attention mask
         # (the Trainer would count the tokens that are not the pad id, and EOS is the pad id here).
-        include_num_input_tokens_seen="all" if head.packing == PADDING_FREE else "non_padding",
+        include_num_input_tokens_seen=tokens_seen(version, padding_free=head.packing == PADDING_FREE),
         gradient_checkpointing=args.gradient_checkpointing,
         use_cpu=cpu and not cpu_deepspeed,
         accelerator_config={"use_configured_state": cpu_deepspeed},
+        **logging_dir_arguments(version, tensorboard_dir(os.environ)),
         **eval_args(args, ds_args),
         **ds_args,
     )
@@ -929,12 +935,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, token=token)
+    model = AutoModelForCausalLM.from_pretrained(args.model, token=token, **{dtype_keyword(version): dtype})
     if args.lora:
         model = _lora(model, args)
     callback = _stop_callback(stop)
     trainer = Trainer(model=model, args=training, train_dataset=data, eval_dataset=held_out,
-                      data_collator=_collator(tokenizer.pad_token_id, head.packing), processing_class=tokenizer,
+                      data_collator=_collator(tokenizer.pad_token_id, head.packing),
+                      **{tokenizer_keyword(version): tokenizer},
                       callbacks=[_last_step_callback(), *_progress_callbacks(args), callback])
     resume = newest_checkpoint(args.checkpoint_dir)
     say(f"rank {training.process_index}/{training.world_size}: {len(data)} samples"

@@ -4,6 +4,12 @@ Trainer class for the GaudiTrainer one": optimum-habana's quickstart), so every 
 formats, the chat templates, LoRA, resume, the SIGTERM checkpoint, the export and its marker) is the one that runs on
 NVIDIA GPUs and on Vertex AI.
 
+The Gaudi image carries the transformers its optimum-habana release pins (4.45 for v1.14.0-v1.16.0, up to 4.55 for
+v1.20.0-v1.21.0: data/gaudi_software.yaml), older than the one the recipe is written against (data/versions.yaml).
+Four keywords changed since; the functions at the end pick each by the installed version. The recipe runs from
+transformers 4.45 on (docs/measurements.md, "finetune.py on the Gaudi image's older transformers"); the stack refuses
+an optimum-habana release that pins an older one (checks/gaudi.py).
+
 The run is on HPU when DS_ACCELERATOR says `hpu` (DeepSpeed's own variable; the stack's Gaudi MPIJob sets it), or,
 unset, when Habana's PyTorch bridge is installed. Standard library only at the top: the stack reads this module
 without torch.
@@ -17,6 +23,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 HPU = "hpu"
+# transformers releases that renamed or widened a keyword the recipe passes (their release notes; the wheels' code).
+PROCESSING_CLASS_SINCE = (4, 46)  # Trainer(processing_class=); before, Trainer(tokenizer=)
+NON_PADDING_TOKENS_SINCE = (4, 57)  # include_num_input_tokens_seen="non_padding"; before, a bool (True: all tokens)
+DTYPE_SINCE = (4, 56)  # from_pretrained(dtype=); before, torch_dtype= (still read, deprecated, after)
+LOGS_ENV_SINCE = (5, 0)  # TensorBoard's writer reads TENSORBOARD_LOGGING_DIR; before, TrainingArguments(logging_dir=)
 
 
 def hpu_run(environ: Mapping[str, str], bridge_installed: Callable[[], bool] | None = None) -> bool:
@@ -48,3 +59,34 @@ def trainer_classes(environ: Mapping[str, str]) -> tuple[Callable[..., Any], Cal
     config = GaudiConfig(use_fused_adam=True, use_fused_clip_norm=True)
     return (functools.partial(GaudiTrainer, gaudi_config=config),
             functools.partial(GaudiTrainingArguments, **gaudi_trainer_kwargs()))
+
+
+def release(version: str) -> tuple[int, int]:
+    """A transformers version's (major, minor): "4.45.2" -> (4, 45), "5.0.0.dev0" -> (5, 0)."""
+    major, minor, *_ = version.split(".")
+    return int(major), int(minor)
+
+
+def tokenizer_keyword(version: str) -> str:
+    """The Trainer's keyword for the tokenizer under this transformers version."""
+    return "processing_class" if release(version) >= PROCESSING_CLASS_SINCE else "tokenizer"
+
+
+def dtype_keyword(version: str) -> str:
+    """from_pretrained's keyword for the weights' dtype under this transformers version."""
+    return "dtype" if release(version) >= DTYPE_SINCE else "torch_dtype"
+
+
+def tokens_seen(version: str, *, padding_free: bool = False) -> str | bool:
+    """include_num_input_tokens_seen: the tokens that are not padding ("all" for padding-free batches, which have
+    none); before 4.57 a bool, True counting every token, so there the tokens/s and MFU in the logs are high by the
+    padded share of each batch."""
+    if release(version) < NON_PADDING_TOKENS_SINCE:
+        return True
+    return "all" if padding_free else "non_padding"
+
+
+def logging_dir_arguments(version: str, logs: str | None) -> dict[str, str]:
+    """TrainingArguments' logging_dir where this transformers' TensorBoard writer does not read its folder from
+    TENSORBOARD_LOGGING_DIR (before 5.0: else its event files go to the checkpoints' runs/ folder)."""
+    return {"logging_dir": logs} if logs is not None and release(version) < LOGS_ENV_SINCE else {}
