@@ -30,7 +30,8 @@ BARRIER_TIMEOUT_S = 5.0  # only a broken test waits this long: a healthy collect
 DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
 # The stand-ins are the recipe's transformers (data/versions.yaml); OLD_TRANSFORMERS the Gaudi image's with the
 # default optimum-habana release (v1.15.0's setup.py: >=4.45.2,<4.46.0), whose keywords differ (finetune_hpu.py).
-RECIPE_TRANSFORMERS = str(yaml.safe_load((ROOT / "data" / "versions.yaml").read_text())["python"]["transformers"])
+RECIPE_VERSIONS = yaml.safe_load((ROOT / "data" / "versions.yaml").read_text())["python"]
+RECIPE_TRANSFORMERS = str(RECIPE_VERSIONS["transformers"])
 OLD_TRANSFORMERS = "4.45.2"
 
 
@@ -419,7 +420,7 @@ class Fakes:
                 "transformers.integrations": integrations, "transformers.integrations.deepspeed": hf_deepspeed,
                 "peft": peft, "datasets": module("datasets", load_dataset=load_dataset, load_from_disk=load_from_disk,
                                                  Dataset=FakeDataset, Features=dict, List=lambda value: [value],
-                                                 Value=str),
+                                                 Value=str, __version__=str(RECIPE_VERSIONS["datasets"])),
                 "accelerate": module("accelerate", PartialState=partial_state)}
 
 

@@ -7,6 +7,7 @@ the keyword releases from the transformers wheels (data/gaudi_software.yaml says
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -54,9 +55,10 @@ def test_the_recipe_runs_from_the_measured_transformers_on() -> None:
 
 def test_finetune_hpu_switches_keywords_at_the_recorded_transformers_releases(hpu: Any) -> None:
     since = load_yaml(gaudi_software.DATA_PATH)["recipeOnGaudi"]["keywordsSince"]
-    assert since == {"processingClass": "4.46", "dtype": "4.56", "nonPaddingTokens": "4.57", "loggingDirEnv": "5.0"}
-    assert (hpu.PROCESSING_CLASS_SINCE, hpu.DTYPE_SINCE, hpu.NON_PADDING_TOKENS_SINCE, hpu.LOGS_ENV_SINCE) == (
-        (4, 46), (4, 56), (4, 57), (5, 0))
+    assert since == {"processingClass": "4.46", "dtype": "4.56", "nonPaddingTokens": "4.57", "loggingDirEnv": "5.0",
+                     "datasetsList": "4.0"}
+    assert (hpu.PROCESSING_CLASS_SINCE, hpu.DTYPE_SINCE, hpu.NON_PADDING_TOKENS_SINCE, hpu.LOGS_ENV_SINCE,
+            hpu.DATASETS_LIST_SINCE) == ((4, 46), (4, 56), (4, 57), (5, 0), (4, 0))
 
 
 @pytest.mark.parametrize(("version", "tokenizer", "dtype", "tokens", "logging_dir"), [
@@ -100,3 +102,12 @@ def test_a_release_refused_for_its_gaudi_software_is_one_problem() -> None:
     assert [p for p in found if p.startswith(KEY)] == [
         f"{KEY}: v1.12.0 is not validated with Gaudi software 1.19.1 ({GAUDI_W}.gaudi.softwareVersion); use v1.15.0 "
         "(optimum-habana's README at each release, data/gaudi_software.yaml)"]
+
+
+@pytest.mark.parametrize(("version", "kind"), [("2.19.2", "Sequence"), ("3.2.0", "Sequence"), ("4.0.0", "List"),
+                                               ("5.2.0", "List")])
+def test_token_ids_are_datasets_own_list_feature_of_each_release(hpu: Any, version: str, kind: str) -> None:
+    # v1.19.x's examples pin datasets<=2.19.2, which has no List (4.0's); Sequence of a Value is the same list there.
+    fake = SimpleNamespace(__version__=version, Value=lambda t: ("Value", t), List=lambda v: ("List", v),
+                           Sequence=lambda v: ("Sequence", v))
+    assert hpu.token_ids_feature(fake) == (kind, ("Value", "int32"))

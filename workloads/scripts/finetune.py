@@ -92,7 +92,14 @@ from finetune_data import (
     first_records,
     parse_roles,
 )
-from finetune_hpu import dtype_keyword, logging_dir_arguments, tokenizer_keyword, tokens_seen, trainer_classes
+from finetune_hpu import (
+    dtype_keyword,
+    logging_dir_arguments,
+    token_ids_feature,
+    tokenizer_keyword,
+    tokens_seen,
+    trainer_classes,
+)
 from finetune_render import (
     CHAT_TEMPLATE_AUTO,
     CHAT_TEMPLATE_RAW,
@@ -518,7 +525,7 @@ def _encoded(data: Any, the_plan: Plan, tokenizer: Any, seq_len: int | None, key
             return {"input_ids": [], "labels": [], "length": 0}
         return {"input_ids": encoded.input_ids, "labels": encoded.labels, "length": encoded.length}
 
-    ids = datasets.List(datasets.Value("int32"))
+    ids = token_ids_feature(datasets)  # datasets' own List or, before 4.0 (the Gaudi image's), Sequence
     features = datasets.Features({"input_ids": ids, "labels": ids, "length": datasets.Value("int64")})
     encoded = data.map(encode, with_indices=True, remove_columns=list(data.column_names), features=features,
                        desc=f"tokenize {what}")
@@ -546,7 +553,7 @@ def _blocks(encoded: Any, seq_len: int, cache: str) -> Any:
         for block in pack_blocks(documents(), seq_len):
             yield {"input_ids": block}
 
-    features = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))})
+    features = datasets.Features({"input_ids": token_ids_feature(datasets)})
     return datasets.Dataset.from_generator(blocks, features=features, cache_dir=cache)
 
 

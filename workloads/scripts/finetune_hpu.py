@@ -28,6 +28,7 @@ PROCESSING_CLASS_SINCE = (4, 46)  # Trainer(processing_class=); before, Trainer(
 NON_PADDING_TOKENS_SINCE = (4, 57)  # include_num_input_tokens_seen="non_padding"; before, a bool (True: all tokens)
 DTYPE_SINCE = (4, 56)  # from_pretrained(dtype=); before, torch_dtype= (still read, deprecated, after)
 LOGS_ENV_SINCE = (5, 0)  # TensorBoard's writer reads TENSORBOARD_LOGGING_DIR; before, TrainingArguments(logging_dir=)
+DATASETS_LIST_SINCE = (4, 0)  # datasets' List feature; before, Sequence (v1.19.x pins datasets<=2.19.2)
 
 
 def hpu_run(environ: Mapping[str, str], bridge_installed: Callable[[], bool] | None = None) -> bool:
@@ -90,3 +91,10 @@ def logging_dir_arguments(version: str, logs: str | None) -> dict[str, str]:
     """TrainingArguments' logging_dir where this transformers' TensorBoard writer does not read its folder from
     TENSORBOARD_LOGGING_DIR (before 5.0: else its event files go to the checkpoints' runs/ folder)."""
     return {"logging_dir": logs} if logs is not None and release(version) < LOGS_ENV_SINCE else {}
+
+
+def token_ids_feature(datasets: Any) -> Any:
+    """A column of int32 token ids: datasets' List from 4.0, Sequence before (the same Arrow list type)."""
+    if release(datasets.__version__) >= DATASETS_LIST_SINCE:
+        return datasets.List(datasets.Value("int32"))
+    return datasets.Sequence(datasets.Value("int32"))
