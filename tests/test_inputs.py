@@ -512,10 +512,9 @@ def test_the_scripts_exit_2_on_bad_arguments_or_data() -> None:
 def test_the_mpijob_crd_has_no_pod_failure_policy() -> None:
     """Why the launcher remembers a final status itself: MPIJob v2beta1 has no podFailurePolicy (a Job's way to fail
     at once on an exit code), and its runPolicy has only these (mpi-operator v0.8.0's CRD)."""
-    import yaml
-    from conftest import reference
+    from conftest import reference, yaml_load
 
-    crd = yaml.safe_load(reference("mpi-operator", "kubeflow.org_mpijobs.v0.8.0.yaml").read_text())
+    crd = yaml_load(reference("mpi-operator", "kubeflow.org_mpijobs.v0.8.0.yaml").read_text())  # 9,000 lines: libyaml
     (v2,) = [v for v in crd["spec"]["versions"] if v["name"] == "v2beta1"]
     spec = v2["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     assert "podFailurePolicy" not in spec and "podFailurePolicy" not in spec["runPolicy"]["properties"]
