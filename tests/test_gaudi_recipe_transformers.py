@@ -7,6 +7,8 @@ the keyword releases from the transformers wheels (data/gaudi_software.yaml says
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -111,3 +113,43 @@ def test_token_ids_are_datasets_own_list_feature_of_each_release(hpu: Any, versi
     fake = SimpleNamespace(__version__=version, Value=lambda t: ("Value", t), List=lambda v: ("List", v),
                            Sequence=lambda v: ("Sequence", v))
     assert hpu.token_ids_feature(fake) == (kind, ("Value", "int32"))
+
+
+# What Python 3.11 added to the standard library that a 3.10 interpreter lacks (module, name): "What's New In Python
+# 3.11". A script that uses one parses on 3.10 and fails when the line runs (datetime.UTC: at the first log step).
+NEW_IN_3_11 = {("datetime", "UTC"), ("typing", "Self"), ("typing", "LiteralString"), ("typing", "Never"),
+               ("typing", "assert_never"), ("typing", "reveal_type"), ("enum", "StrEnum"), ("tomllib", None)}
+SCRIPTS = Path(__file__).resolve().parent.parent / "workloads" / "scripts"
+
+
+def python_3_11_names(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            used = [(node.value.id, node.attr)]
+        elif isinstance(node, ast.ImportFrom):
+            used = [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            used = [(alias.name, None) for alias in node.names]
+        else:
+            continue
+        found += [f"{module}.{name}" if name else str(module) for module, name in used if (module, name) in NEW_IN_3_11]
+    return found
+
+
+def test_the_recipe_runs_on_the_gaudi_images_python() -> None:
+    """finetune.py and its modules run on the Habana base image's Python (3.10 on Ubuntu 22.04: its row in
+    data/gaudi_software.yaml): they parse as 3.10 and use nothing of 3.11's standard library."""
+    (base,) = load_yaml(gaudi_software.DATA_PATH)["baseImages"]
+    assert base["python"] == "3.10"
+    major, minor = (int(part) for part in base["python"].split("."))
+    scripts = sorted(SCRIPTS.glob("finetune*.py"))
+    assert {"finetune.py", "finetune_hpu.py", "finetune_progress.py"} <= {path.name for path in scripts}
+    for path in scripts:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path), feature_version=(major, minor))
+        assert python_3_11_names(tree) == [], path.name
+
+
+def test_a_python_3_11_name_is_found() -> None:
+    tree = ast.parse("import datetime\nfrom typing import Self\nimport tomllib\nx = datetime.UTC\n")
+    assert sorted(python_3_11_names(tree)) == ["datetime.UTC", "tomllib", "typing.Self"]

@@ -664,7 +664,7 @@ def _make_tokenized(args: argparse.Namespace, head: Head, tokenizer: Any, token:
         marker = {"records": records, "samples": len(train), "tokens": tokens, "packing": head.packing,
                   "heldOut": None if evaluation is None else len(evaluation)}
         (folder / MARKER_FILE).write_text(tokenized_marker_text(
-            marker, seconds=time.monotonic() - started, parts=parts, made=datetime.datetime.now(datetime.UTC)),
+            marker, seconds=time.monotonic() - started, parts=parts, made=datetime.datetime.now(datetime.timezone.utc)),
             encoding="utf-8")
         return marker
     finally:
@@ -820,7 +820,7 @@ def _export(trainer: Any, args: argparse.Namespace, tokenizer: Any, token: str |
         tokenizer.save_pretrained(str(model_dir))
         world = trainer.args.world_size
         text = marker_text(step, args.model, lora=args.lora, dataset=args.dataset, precision=precision,
-                           world_size=world, finished=datetime.datetime.now(datetime.UTC), export=export,
+                           world_size=world, finished=datetime.datetime.now(datetime.timezone.utc), export=export,
                            lora_rank=args.lora_rank if args.lora else None)
         (model_dir / MARKER).write_text(text, encoding="utf-8")
         say(f"exported step {step} to {model_dir} ({export})")

@@ -108,7 +108,7 @@ def trainer_status(s: Snapshot, now: datetime.datetime) -> dict[str, Any]:
                                                  ("mfu", s.mfu)) if value is not None]
     out: dict[str, Any] = {"progressPercentage": progress_percentage(s.step, s.steps),
                            "metrics": [{"name": n, "value": f"{v:.6g}"} for n, v in metrics],
-                           "lastUpdatedTime": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           "lastUpdatedTime": now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                            "step": s.step, "steps": s.steps, "elapsedSeconds": round(s.elapsed, 3)}
     if s.eta is not None:
         out["estimatedRemainingSeconds"] = round(s.eta)
@@ -212,7 +212,7 @@ def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say:
             self.last = s
             say(rank_line(args.process_index, s, args.world_size))
             if state.is_world_process_zero:
-                write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.UTC)))
+                write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.timezone.utc)))
 
         def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if not state.is_world_process_zero:
@@ -222,7 +222,7 @@ def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say:
             last = self.last
             s = Snapshot(state.global_step, state.max_steps, elapsed, eta, self.loss,
                          last.tokens_per_second if last else None, last.mfu if last else None)
-            write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.UTC)))
+            write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.timezone.utc)))
             if state.global_step >= state.max_steps:
                 write_atomic(run_path, run_record(elapsed, facts.price_per_hour, state.global_step,
                                                   args.world_size))
