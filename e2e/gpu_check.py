@@ -15,6 +15,12 @@
    rounding may move a near-tied argmax: then it is reported, not failed).
 5. Prints one JSON line, {"gpu_check": "pass" | "fail", ...}, last; exit status 0 only on pass.
 
+`--packing` trains both runs padding-free (finetune.py --packing on: transformers' DataCollatorWithFlattening, a
+micro batch's records in one row, position ids restarting at each) and first checks, on the device, that the base
+model's logits for two records flattened into one row equal each record's own (no record attends to another: the
+attention reads the boundaries from the position ids); in fp32 they must agree to PACKED_TOLERANCE, in the training
+precision the difference is reported.
+
 `--cpu` runs the same path on CPUs (fp32, DS_ACCELERATOR=cpu, gloo): how it was tested without a device.
 Everything above `run_check` is plain Python, unit-tested without torch (tests/test_gpu_check.py).
 """
@@ -52,6 +58,8 @@ NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven")
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 HELD_OUT = [{"role": "user", "content": "What is seven plus seven?"}]
+# fp32 logits of a record alone and inside a flattened row: the same sums in another order (measured: ~1e-6).
+PACKED_TOLERANCE = 1e-3
 LOSS_LINE = re.compile(r"\{'loss': '?([\d.]+)'?")
 WHEEL_NAME = re.compile(r"^(?P<name>[A-Za-z0-9_.]+?)-(?P<version>[0-9][^-]*?)(-[^-]+-[^-]+-[^-]+\.whl|\.tar\.gz)$")
 
@@ -84,9 +92,11 @@ def wheel_problems(files: Sequence[str], wanted: Mapping[str, str]) -> list[str]
 
 
 def finetune_args(model: Path, data: Path, ds_config: Path, checkpoints: Path, out: Path, precision: str,
-                  steps: int, export: str) -> list[str]:
-    """finetune.py's arguments as the stack's finetune kind passes them, LoRA and gradient checkpointing on."""
-    return ["--deepspeed_config", str(ds_config), "--model", str(model), "--dataset", str(data),
+                  steps: int, export: str, packing: bool = False) -> list[str]:
+    """finetune.py's arguments as the stack's finetune kind passes them, LoRA and gradient checkpointing on;
+    `packing`: padding-free batches (finetune.packing: true)."""
+    return [*(["--packing", "on"] if packing else []),
+            "--deepspeed_config", str(ds_config), "--model", str(model), "--dataset", str(data),
             "--prompt-field", "prompt", "--response-field", "response", "--seq-len", str(SEQ_LEN),
             "--max-steps", str(steps), "--save-steps", str(steps), "--learning-rate", str(LEARNING_RATE),
             "--precision", precision, "--lora", "--lora-export", export, "--gradient-checkpointing",
@@ -127,6 +137,15 @@ def token_problems(tokens: Mapping[str, list[int]], precision: str) -> list[str]
     if len(tokens["merged_export"]) != NEW_TOKENS:
         problems.append(f"{len(tokens['merged_export'])} new tokens, expected {NEW_TOKENS}")
     return problems
+
+
+def packed_problems(max_diff: Mapping[str, float]) -> list[str]:
+    """The fp32 logits of records flattened into one row must equal each record's own (to PACKED_TOLERANCE)."""
+    fp32 = max_diff.get("fp32")
+    if fp32 is None or fp32 > PACKED_TOLERANCE:
+        return [f"flattened records' fp32 logits differ from each record's own by {fp32} (over {PACKED_TOLERANCE}): "
+                "records of a padding-free batch attend to each other"]
+    return []
 
 
 def step_problems(adapter_step: int, merged_step: int, steps: int) -> list[str]:
@@ -238,6 +257,34 @@ def compare_exports(base: Path, adapter: Path, merged: Path, checkpoints: Path, 
             "merged_bytes": sum(p.stat().st_size for p in merged.iterdir())}
 
 
+def packed_logits(base: Path, precision: str, device: str) -> dict[str, Any]:
+    """The base model's logits for two held-out records, each alone and both flattened into one row by the collator
+    the Trainer uses with --packing on (position ids restarting, no attention mask): the largest difference, in fp32
+    and at the training precision."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorWithFlattening
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    rows = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {a} plus {b}?"}],
+                                          add_generation_prompt=True, tokenize=True)
+            for a, b in (("two", "three"), ("seven", "one"))]
+    rows = [list(r["input_ids"] if isinstance(r, Mapping) else r) for r in rows]
+    batch = DataCollatorWithFlattening(return_position_ids=True)([{"input_ids": r} for r in rows])
+    dtypes = {"fp32": torch.float32, precision: {"bf16": torch.bfloat16, "fp16": torch.float16,
+                                                "fp32": torch.float32}[precision]}
+    max_diff: dict[str, float] = {}
+    attention = ""
+    for name, dtype in dtypes.items():
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype).to(device).eval()
+        attention = str(model.config._attn_implementation)
+        with torch.no_grad():
+            flat = model(input_ids=batch["input_ids"].to(device),
+                         position_ids=batch["position_ids"].to(device)).logits[0].float()
+            alone = torch.cat([model(input_ids=torch.tensor([r], device=device)).logits[0].float() for r in rows])
+        max_diff[name] = float((flat - alone).abs().max())
+    return {"packed_max_diff": max_diff, "attention": attention, "packed_tokens": [len(r) for r in rows]}
+
+
 def versions() -> dict[str, str]:
     import datasets
     import deepspeed
@@ -249,14 +296,14 @@ def versions() -> dict[str, str]:
             "peft": peft.__version__, "datasets": datasets.__version__}
 
 
-def run_check(cpu: bool, steps: int, work: Path, wheels: Path, timeout: float) -> int:
+def run_check(cpu: bool, steps: int, work: Path, wheels: Path, timeout: float, packing: bool = False) -> int:
     import torch
 
     start = time.monotonic()
     precision = "fp32" if cpu else "bf16"
     device = "cpu" if cpu else "cuda"
     facts: dict[str, Any] = {"precision": precision, "zero_stage": 3, "lora": True, "gradient_checkpointing": True,
-                             "steps": steps, **versions(),
+                             "steps": steps, "packing": packing, **versions(),
                              "device": "cpu" if cpu else torch.cuda.get_device_name(0)}
     problems: list[str] = []
     if not cpu and not torch.cuda.is_available():
@@ -269,10 +316,14 @@ def run_check(cpu: bool, steps: int, work: Path, wheels: Path, timeout: float) -
     data, base = work / "data.jsonl", work / "base"
     data.write_text("".join(json.dumps(r) + "\n" for r in records()), encoding="utf-8")
     make_model(data, base)
+    if packing:
+        facts.update(packed_logits(base, precision, device))
+        problems += packed_problems(facts["packed_max_diff"])
     checkpoints, adapter, merged = work / "checkpoints", work / "adapter", work / "merged"
     phases: dict[str, float] = {}
+    trained = True
     for export, out, port in (("adapter", adapter, 29511), ("merged", merged, 29512)):
-        args = finetune_args(base, data, ds_config, checkpoints, out, precision, steps, export)
+        args = finetune_args(base, data, ds_config, checkpoints, out, precision, steps, export, packing)
         code, output, seconds = run_finetune(args, cpu, port, work / f"finetune-{export}.log", timeout)
         phases[f"finetune_{export}_s"] = round(seconds, 1)
         if export == "adapter":
@@ -280,8 +331,9 @@ def run_check(cpu: bool, steps: int, work: Path, wheels: Path, timeout: float) -
         if code != 0 or not (out / ".complete").is_file():
             tail = output.strip().splitlines()[-15:]
             problems.append(f"finetune.py ({export} export) exited {code}: " + " | ".join(tail))
+            trained = False
             break
-    if not problems:
+    if trained:
         compared = compare_exports(base, adapter, merged, checkpoints, precision, device)
         facts.update(compared)
         problems += step_problems(compared["adapter_step"], compared["merged_step"], steps)
@@ -298,13 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="fp32 on CPUs (DS_ACCELERATOR=cpu, gloo)")
     parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--packing", action="store_true", help="padding-free batches, and the flattened logits check")
     parser.add_argument("--timeout", type=float, default=FINETUNE_TIMEOUT, help="seconds per finetune.py run")
     parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
     parser.add_argument("--wheels", type=Path, default=WHEELS, help="make gpu-wheels' folder (its ds_config.json)")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    return run_check(args.cpu, args.steps, work, args.wheels, args.timeout)
+    return run_check(args.cpu, args.steps, work, args.wheels, args.timeout, args.packing)
 
 
 if __name__ == "__main__":

@@ -146,3 +146,21 @@ def test_the_check_passes_the_stacks_zero3_config(gw: ModuleType) -> None:
     assert (bf16["train_micro_batch_size_per_gpu"], bf16["train_batch_size"]) == (4, 4)
     fp32 = gw.stack_ds_config("fp32")
     assert "bf16" not in fp32 and "fp16" not in fp32
+
+
+def test_packing_asks_finetune_py_for_padding_free_batches(gc: ModuleType) -> None:
+    argv = gc.finetune_args(Path("/w/base"), Path("/w/data.jsonl"), Path("/w/ds.json"), Path("/w/ck"),
+                            Path("/w/out"), "bf16", 20, "adapter", packing=True)
+    assert argv[argv.index("--packing") + 1] == "on"
+    plain = gc.finetune_args(Path("/w/base"), Path("/w/data.jsonl"), Path("/w/ds.json"), Path("/w/ck"),
+                             Path("/w/out"), "bf16", 20, "adapter")
+    assert "--packing" not in plain  # finetune.py's auto: off for prompt/response records
+
+
+@pytest.mark.parametrize(("max_diff", "fails"), [
+    ({"fp32": 2e-6, "bf16": 0.03}, False),   # bf16 rounding is reported, not failed
+    ({"fp32": 0.5, "bf16": 0.5}, True),      # one record saw the other
+    ({"bf16": 0.0}, True),                   # no fp32 comparison ran
+])
+def test_flattened_logits_must_match_in_fp32(gc: ModuleType, max_diff: dict[str, float], fails: bool) -> None:
+    assert bool(gc.packed_problems(max_diff)) is fails
