@@ -181,6 +181,19 @@ def _tiny_llm() -> Any:
     return module
 
 
+def _finetune() -> Any:
+    """workloads/scripts/finetune.py as a module, its own modules beside it on sys.path (as `python finetune.py`)."""
+    import importlib.util
+
+    sys.path.insert(0, str(FINETUNE.parent))
+    spec = importlib.util.spec_from_file_location("gpu_check_finetune", FINETUNE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def make_model(data: Path, base: Path) -> None:
     """tiny_llm's model and tokenizer; a chat template added where the builder gives none."""
     from transformers import AutoTokenizer
@@ -262,7 +275,8 @@ def packed_logits(base: Path, precision: str, device: str) -> dict[str, Any]:
     the Trainer uses with --packing on (position ids restarting, no attention mask): the largest difference, in fp32
     and at the training precision."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorWithFlattening
+    import transformers
+    from transformers import AutoTokenizer, DataCollatorWithFlattening
 
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     rows = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {a} plus {b}?"}],
@@ -274,8 +288,10 @@ def packed_logits(base: Path, precision: str, device: str) -> dict[str, Any]:
                                                 "fp32": torch.float32}[precision]}
     max_diff: dict[str, float] = {}
     attention = ""
+    finetune = _finetune()
     for name, dtype in dtypes.items():
-        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype).to(device).eval()
+        # The model as finetune.py loads it to train (its KV cache off: training_model says why).
+        model = finetune.training_model(str(base), None, transformers.__version__, dtype)[0].to(device).eval()
         attention = str(model.config._attn_implementation)
         with torch.no_grad():
             flat = model(input_ids=batch["input_ids"].to(device),

@@ -147,6 +147,7 @@ class FakeModel:
 
     def __init__(self, fakes: Fakes, weights: str, dtype: Any = None) -> None:
         self.fakes, self.weights, self.dtype = fakes, weights, dtype
+        self.config = SimpleNamespace(use_cache=True)  # a causal LM's default
 
     def enable_input_require_grads(self) -> None:
         self.fakes.events.append(("enable_input_require_grads",))
@@ -154,7 +155,7 @@ class FakeModel:
     def save_pretrained(self, path: str, safe_serialization: bool = True) -> None:
         self.fakes.events.append(("save_pretrained", self.weights, path, safe_serialization))
         self.fakes.disk.write(Path(path) / "model.safetensors", self.weights)
-        self.fakes.disk.write(Path(path) / "config.json", "{}")
+        self.fakes.disk.write(Path(path) / "config.json", json.dumps({"use_cache": self.config.use_cache}))
 
 
 class FakePeftModel:
@@ -162,6 +163,10 @@ class FakePeftModel:
 
     def __init__(self, fakes: Fakes, base: FakeModel, adapter: str) -> None:
         self.fakes, self.base, self.adapter = fakes, base, adapter
+
+    @property
+    def config(self) -> Any:
+        return self.base.config  # peft hands the base model's config through
 
     def save_pretrained(self, path: str, safe_serialization: bool = True) -> None:
         self.fakes.events.append(("save_pretrained", f"adapter {self.adapter}", path, safe_serialization))
@@ -283,6 +288,7 @@ class FakeTrainer:
         max_steps checked only after a step (DefaultFlowCallback.on_step_end), so a run resumed at its last step
         (its epoch with batches left) trains one more."""
         self.fakes.events.append(("train", resume_from_checkpoint))
+        self.fakes.events.append(("use_cache while training", self.model.config.use_cache))
         if resume_from_checkpoint:
             self.state.global_step = int(Path(resume_from_checkpoint).name.removeprefix("checkpoint-"))
         self.state.max_steps = self.args.max_steps
@@ -719,6 +725,7 @@ def test_a_lora_run_trains_an_adapter_and_exports_the_merged_model(ft: ModuleTyp
     (config,) = [e[1] for e in fakes.events if e[0] == "get_peft_model"]
     assert (config.r, config.target_modules, config.task_type) == (8, "all-linear", "CAUSAL_LM")
     assert "enable_input_require_grads" in fakes.event_names()
+    assert [e[1] for e in fakes.events if e[0] == "use_cache while training"] == [False]
     adapter = tmp_path / "checkpoints" / "adapter-export"
     assert (tmp_path / "model" / "model.safetensors").read_text() == f"base org/base merged with adapter {adapter}"
     assert not (tmp_path / "model" / "adapter_config.json").exists()
@@ -849,3 +856,13 @@ def test_rank_0_tokenizes_while_the_others_wait_then_all_read_its_folder(ft: Mod
     assert [e for e in fakes.event_names() if e == "load_dataset"] == ["load_dataset"]  # one rank read the records
     # "document 0".."document 2": BOS, 10 characters, EOS each; 36 tokens in 8-token blocks, the last 4 long.
     assert [len(b) for b in blocks] == [8, 8, 8, 8, 4]
+
+
+def test_the_model_trains_without_its_kv_cache_and_is_exported_with_it(ft: ModuleType, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the cache on, transformers' masks never look for the records of a padding-free batch (they would attend
+    to each other); the exported config has the model's own setting back, for generate()."""
+    code, fakes = run_main(ft, tmp_path, monkeypatch)
+    assert code == 0
+    assert [e[1] for e in fakes.events if e[0] == "use_cache while training"] == [False]
+    assert json.loads((tmp_path / "model" / "config.json").read_text()) == {"use_cache": True}

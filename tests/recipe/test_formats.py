@@ -125,3 +125,11 @@ def test_conversations_in_a_padding_free_batch_keep_their_assistant_only_labels(
                               "two plus three is 5.<|im_end|>\n"]
     assert run["labels_match_ids"]
     assert "padding-free" in run["log"]
+
+
+def test_no_record_of_a_padding_free_batch_sees_another(trained: dict[str, Any]) -> None:
+    """The model as finetune.py trains it: the flattened row's logits are each record's own (fp32, to rounding), so
+    the attention kept the records apart; and the exported model's config has its KV cache back on."""
+    run = trained["packed"]["chat"]
+    assert run["flattened_diff"] < 1e-4, run["flattened_diff"]
+    assert run["exported_use_cache"] is True

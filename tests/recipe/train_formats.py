@@ -143,8 +143,24 @@ def packed(model: Path, work: Path) -> dict[str, Any]:
                    "positions": batch["position_ids"][0].tolist(),
                    "sample_lengths": [len(sample["input_ids"]) for sample in samples],
                    "learned": learned_runs(tokenizer, ids, [label != -100 for label in labels]),
-                   "labels_match_ids": all(label in (-100, t) for t, label in zip(ids, labels, strict=True))}
+                   "labels_match_ids": all(label in (-100, t) for t, label in zip(ids, labels, strict=True)),
+                   "exported_use_cache": json.loads((chat / "model" / "config.json").read_text())["use_cache"],
+                   "flattened_diff": flattened_diff(finetune, model, samples, batch)}
     return out
+
+
+def flattened_diff(finetune: Any, model: Path, samples: list[dict[str, Any]], batch: Any) -> float:
+    """The largest difference between the logits of the padding-free batch (the records in one row) and each record's
+    own, from the model as finetune.py loads it for training, in train mode (dropout is 0 in the tiny config)."""
+    import torch
+    import transformers
+
+    trained, _ = finetune.training_model(str(model), None, transformers.__version__, torch.float32)
+    trained.train()
+    with torch.no_grad():
+        flat = trained(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits[0]
+        alone = torch.cat([trained(input_ids=torch.tensor([s["input_ids"]])).logits[0] for s in samples])
+    return float((flat - alone).abs().max())
 
 
 def run_main(finetune: Any, argv: list[str]) -> tuple[int, str]:
