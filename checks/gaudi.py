@@ -144,10 +144,21 @@ def warn_ranks_folders(m: StackConfig) -> list[str]:
     return out
 
 
+def warn_padding_free(m: StackConfig) -> list[str]:
+    """finetune.packing: true on Gaudi: text records are packed into blocks, but chat and prompt/completion records
+    would go padding-free, which finetune.py refuses on HPU at its data step (finetune_hpu.padding_free_problem):
+    the stack cannot see the records' format before the run."""
+    return [f"{at('workloads', w.name, 'finetune', 'packing')}: on Gaudi only text records are packed (into "
+            "sequenceLength blocks); chat or prompt/completion records stop finetune.py at its data step, since "
+            "padding-free batches are not proven with optimum-habana's attention: leave packing unset for them"
+            for w in m.workloads.values()
+            if isinstance(w, MpiJobWorkloadConfig) and w.finetune is not None and w.finetune.packing]
+
+
 def warnings(m: StackConfig) -> list[str]:
     """What deploys but must be confirmed: an unpinned base digest, the ranks' folders on the claim (the
-    install-at-start opt-in: its kind's warning, workloads/kinds/mpijob.py)."""
-    out = warn_ranks_folders(m)
+    install-at-start opt-in: its kind's warning, workloads/kinds/mpijob.py), packing on Gaudi."""
+    out = warn_ranks_folders(m) + warn_padding_free(m)
     if not m.gaudi_image.prebuilt:
         for w in gaudi_image.workloads_on_it(m)[:1]:
             base = gaudi_software.base_image(w.gaudi)

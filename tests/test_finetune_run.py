@@ -866,3 +866,13 @@ def test_the_model_trains_without_its_kv_cache_and_is_exported_with_it(ft: Modul
     assert code == 0
     assert [e[1] for e in fakes.events if e[0] == "use_cache while training"] == [False]
     assert json.loads((tmp_path / "model" / "config.json").read_text()) == {"use_cache": True}
+
+
+def test_padding_free_batches_are_refused_on_transformers_without_packed_masks(
+        ft: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Gaudi image's 4.45: its masks let each record of a padding-free row attend to the ones before it (measured
+    with tests/recipe in a 4.45.2 venv: logits off by 0.40): refused before anything trains, naming the flag."""
+    code, fakes = run_main(ft, tmp_path, monkeypatch, "--packing", "on", transformers=OLD_TRANSFORMERS)
+    assert code == ft.EXIT_USAGE
+    assert "train" not in fakes.event_names()
+    assert "--packing: padding-free batches need transformers 4.54 or later" in capsys.readouterr().out

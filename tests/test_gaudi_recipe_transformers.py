@@ -153,3 +153,16 @@ def test_the_recipe_runs_on_the_gaudi_images_python() -> None:
 def test_a_python_3_11_name_is_found() -> None:
     tree = ast.parse("import datetime\nfrom typing import Self\nimport tomllib\nx = datetime.UTC\n")
     assert sorted(python_3_11_names(tree)) == ["datetime.UTC", "tomllib", "typing.Self"]
+
+
+@pytest.mark.parametrize(("version", "hpu_run", "refused"), [
+    ("4.45.2", False, "transformers 4.54 or later"),   # optimum-habana v1.14.0-v1.16.0's pin: records see each other
+    ("4.53.3", False, "transformers 4.54 or later"),   # 4.53.0's masking_utils has no find_packed_sequence_indices
+    ("4.54.0", False, None),
+    ("5.19.0", False, None),                           # data/versions.yaml's
+    ("4.55.4", True, "not proven on Gaudi"),           # optimum-habana v1.20.0's pin, on HPU
+])
+def test_padding_free_batches_only_where_the_masks_keep_records_apart(hpu: Any, version: str, hpu_run: bool,
+                                                                      refused: str | None) -> None:
+    problem = hpu.padding_free_problem(version, hpu_run)
+    assert (problem is None) if refused is None else (refused in problem)

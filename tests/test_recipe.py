@@ -370,3 +370,17 @@ def test_the_launcher_facts_match_deepspeed_where_it_is_installed() -> None:
         assert f'"{flag}"' in runner, flag
     # The rank's command: the script, --local_rank=N, then the script's arguments.
     assert 'cmd.append(f"--local_rank={local_rank}")\n        cmd += args.training_script_args' in launch
+
+
+@pytest.mark.parametrize(("packing", "warned"), [(True, True), (False, False), (None, False)])
+def test_packing_on_gaudi_is_warned_for_chat_records(packing: bool | None, warned: bool) -> None:
+    """finetune.py refuses padding-free batches on HPU at its data step; the stack cannot see the records' format."""
+    from checks import gaudi as gaudi_checks
+
+    changes = {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.finetune": _keys(**({} if packing is None else
+                                                                        {"packing": packing}))}
+    said = [w for w in gaudi_checks.warnings(model("gaudi", changes)) if ".finetune.packing: " in w]
+    assert len(said) == int(warned)
+    if warned:
+        assert said[0].startswith(f"workloads.{GAUDI_W.removeprefix('workloads.')}.finetune.packing: on Gaudi only "
+                                  "text records are packed")

@@ -94,7 +94,9 @@ from finetune_data import (
 )
 from finetune_hpu import (
     dtype_keyword,
+    hpu_run,
     logging_dir_arguments,
+    padding_free_problem,
     token_ids_feature,
     tokenizer_keyword,
     tokens_seen,
@@ -581,6 +583,12 @@ def _head(args: argparse.Namespace, tokenizer: Any, token: str | None, keys: Sta
     except RecordError as error:
         raise UsageError(error.named(keys)) from None
     packing = packing_for(args.packing, the_plan.data_kind)
+    if packing == PADDING_FREE:
+        import transformers
+
+        problem = padding_free_problem(transformers.__version__, hpu_run(os.environ))
+        if problem:
+            raise UsageError(f"{keys.of('--packing')}: {problem}")
     return Head(the_plan, first, packing, named)
 
 
