@@ -65,7 +65,8 @@ e2e: $(STAMP)  ## DeepSpeed's launch paths and preemption recovery across networ
 # The GPU path on a lent device machine (issue 27.5; docs/measurements.md "GPU check"): gpu-wheels fills
 # build/gpu-wheels/ here (deepspeed's sdist, datasets and the wheels data/gpu_check.yaml names, 5.5 MiB; the stack's
 # ds_config.json); gpu-check runs there, with build/gpu-wheels carried: finetune.py in bf16 under ZeRO-3 with LoRA on
-# one GPU, exports reloaded and compared by greedy tokens. ARGS=--cpu runs it on CPUs (PYTHON= a python with torch).
+# one GPU, exports reloaded and compared by greedy tokens. ARGS=--cpu runs it on CPUs (PYTHON= a python with torch);
+# ARGS=--packing trains padding-free and first checks that the flattened records' logits equal each one's own.
 gpu-wheels: $(STAMP)  ## fill build/gpu-wheels/ for make gpu-check on a device machine (run here, with network)
 	$(BIN)/python e2e/gpu_wheels.py
 
