@@ -357,6 +357,8 @@ def test_documents_are_packed_end_to_end_into_full_blocks(tk: ModuleType) -> Non
     blocks = list(tk.pack_blocks(documents, 5))
     assert blocks == [[1, 10, 11, 2, 1], [20, 21, 22, 23, 24], [25, 2, 1, 2, 1], [30, 2]]
     assert list(tk.pack_blocks([[1, 2, 3], [4, 5, 6]], 3)) == [[1, 2, 3], [4, 5, 6]]  # no empty last block
+    # A document longer than two blocks: cut into as many, its tail in the last.
+    assert list(tk.pack_blocks([list(range(12))], 5)) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
     assert list(tk.pack_blocks([], 4)) == []
 
 
