@@ -241,3 +241,17 @@ def test_event_problems_name_each_missing_scalar(e2e: ModuleType) -> None:
     assert e2e.event_problems({"train/loss", "train/tokens_per_second", "train/mfu", "train/epoch"}) == []
     assert e2e.event_problems({"train/loss"}) == ["the TensorBoard event files have no train/tokens_per_second",
                                                   "the TensorBoard event files have no train/mfu"]
+
+
+def test_the_second_start_must_reuse_the_tokenized_data(e2e: ModuleType) -> None:
+    """Issue 31 item 2: the launcher tokenizes once on the first start, its ranks and the whole second start reuse
+    that one folder; a second start that tokenizes again fails the scenario."""
+    folder = "/gcs/checkpoints/ds-e2e/tokenized/0123456789abcdef"
+    made = f"[finetune] tokenized 56 records in 0.4 s (56 samples, 3412 tokens, 8,530 tokens/s) into {folder}\n"
+    reused = f"[finetune] tokenized data reused from {folder} (56 samples, 3412 tokens, off; made ... in 0.4 s)\n"
+    assert e2e.tokenized_problems(made + reused, reused) == []
+    again = e2e.tokenized_problems(made + reused, made + reused)
+    assert again == ["the second start tokenized the data again (1 times): expected it reused"]
+    other = reused.replace("0123456789abcdef", "fedcba9876543210")
+    assert e2e.tokenized_problems(made + reused, other)[0].startswith("folders reused")
+    assert e2e.tokenized_problems(reused, reused)[0].startswith("the first start tokenized the data 0 times")
