@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -712,12 +713,14 @@ def stopping_box(box: dict[str, Any], sshd: str | None = None, scoped: bool = Tr
     return env
 
 
-def start_and_stop(box: dict[str, Any], args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """vertex_start.sh until its rank is up, then SIGTERM to it alone, as Vertex AI sends it."""
+def start_and_stop(box: dict[str, Any], args: list[str], env: dict[str, str],
+                   meanwhile: Callable[[], None] = lambda: None) -> subprocess.CompletedProcess[str]:
+    """vertex_start.sh until its rank is up, then `meanwhile`, then SIGTERM to it alone, as Vertex AI sends it."""
     proc = subprocess.Popen([box["bash"], str(START_SH), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**box["env"], **env}, cwd=box["tmp"], start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "rank ready"
+        meanwhile()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
     finally:
@@ -742,10 +745,37 @@ def test_sigterm_on_a_worker_stops_sshd_only_after_its_ranks_saved(sandbox: dict
     exchange.mkdir()
     (exchange / "primary_ed25519.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITESTKEY x\n")
     env = {**stopping_box(sandbox, sshd=FAKE_SERVING_SSHD), "CLUSTER_SPEC": spec("workerpool1", 0),
-           "VERTEX_SSH_EXCHANGE_DIR": str(exchange)}
+           "VERTEX_SSH_EXCHANGE_DIR": str(exchange), "VERTEX_SSH_WAIT_SLEEP": "0.01"}
     proc = start_and_stop(sandbox, ["train.py"], env)
     assert proc.returncode == 143, proc.stderr
     assert log_of(sandbox).splitlines() == ["rank saved", "sshd got TERM"]
+
+
+def test_a_worker_takes_the_restarted_primarys_key_over_a_stale_one(sandbox: dict[str, Any]) -> None:
+    """Vertex AI restarts a job whole under the same job id, so the same exchange folder: a key the last attempt's
+    primary left there is read first; the worker installs the new primary's key as well, until the primary deletes
+    it (every host answered)."""
+    need_ssh_keygen()
+    exchange = sandbox["tmp"] / "exchange"
+    exchange.mkdir()
+    published = exchange / "primary_ed25519.pub"
+    stale, fresh = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAISTALE x", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFRESH y"
+    published.write_text(stale + "\n")
+    authorized = sandbox["home"] / ".ssh" / "authorized_keys"
+
+    def primary_republishes() -> None:
+        published.write_text(fresh + "\n")
+        for _ in range(2000):  # the worker polls every 0.01 s here
+            if fresh in authorized.read_text():
+                break
+            subprocess.run(["sleep", "0.01"], check=False)
+        published.unlink()  # every host answered: the primary deletes it
+
+    env = {**stopping_box(sandbox, sshd=FAKE_SERVING_SSHD), "CLUSTER_SPEC": spec("workerpool1", 0),
+           "VERTEX_SSH_EXCHANGE_DIR": str(exchange), "VERTEX_SSH_WAIT_SLEEP": "0.01"}
+    proc = start_and_stop(sandbox, ["train.py"], env, primary_republishes)
+    assert proc.returncode == 143, proc.stderr
+    assert authorized.read_text().splitlines() == [stale, fresh]
 
 
 def test_without_stop_ranks_the_launcher_gets_the_sigterm(sandbox: dict[str, Any]) -> None:

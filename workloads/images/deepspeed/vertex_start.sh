@@ -294,17 +294,35 @@ run_primary() {
     return "$status"
 }
 
+# install_published_key FILE: the key in FILE into authorized_keys, unless it is there already.
+install_published_key() {
+    local key
+    key="$(cat "$1" 2>/dev/null || true)"
+    if [[ -n "$key" ]] && ! grep -qxF -- "$key" "$HOME/.ssh/authorized_keys"; then
+        printf '%s\n' "$key" >>"$HOME/.ssh/authorized_keys"
+        log "installed the primary's public key from $1"
+    fi
+}
+
 run_worker() {
     local pubfile="$VERTEX_SSH_EXCHANGE_DIR/$PUBLISHED_KEY_NAME"
     log "waiting for the primary's public key at $pubfile"
     retry_while "[[ -s $(printf '%q' "$pubfile") ]]" "$WAIT_RETRIES" "$WAIT_SLEEP" ||
         die "the primary did not publish its key at $pubfile"
-    cat "$pubfile" >>"$HOME/.ssh/authorized_keys"
+    install_published_key "$pubfile"
     start_sshd
     log "serving SSH for the primary until the job ends"
     # sshd as the child that on_stop stops, once this host's ranks have saved.
     CHILD_PID="$SSHD_PID"
     CHILD_IS_SSHD=1
+    # Until the primary deletes its published key (every host answered), a newer one is installed too: a job
+    # that Vertex AI restarts whole keeps its job id, hence its exchange folder, and a key the last attempt's
+    # primary left there (stopped before it deleted it) may be read here before this attempt's primary replaces it.
+    while [[ -e "$pubfile" ]] && kill -0 "$CHILD_PID" 2>/dev/null; do
+        install_published_key "$pubfile"
+        sleep "$WAIT_SLEEP" &
+        wait $! || true
+    done
     local status=0
     wait "$CHILD_PID" || status=$?
     while kill -0 "$CHILD_PID" 2>/dev/null; do
