@@ -206,6 +206,7 @@ if storage is not None:
 if vertex is not None:
     pulumi.export("vertexServiceAccount", vertex.account.email)
     pulumi.export("vertexCustomJob", vertex.spec)
+    pulumi.export("vertexDisplayName", cfg.vertex.display_name)
 if workload_summary:
     pulumi.export("workloads", workload_summary)
 if recovery_plan := recovery.stack_recovery(cfg, TERMINATION_GRACE_SECONDS):  # checkpoint size, save time, interval

@@ -206,6 +206,16 @@ def test_preview_writes_the_customjob_spec(run: RunResult) -> None:
     assert "| workerpool1 | 2 | n1-standard-8 | 1 x NVIDIA_TESLA_T4 |" in body
 
 
+def test_the_customjob_command_names_the_stacks_display_name() -> None:
+    """vertex.displayName (the run's folders in the bucket are named so), not a fixed name."""
+    from preview.sections import render_files, vertex
+
+    displayed = stack_yaml("vertex")["deepspeed-stack:vertex"]["displayName"]
+    files = render_files(stack_run("vertex"), [vertex.files])
+    assert files["vertex-customjob.yaml"].splitlines()[1] == (
+        f"# gcloud ai custom-jobs create --region=REGION --display-name={displayed} --config=vertex-customjob.yaml")
+
+
 def test_a_changed_script_or_ds_config_changes_the_pods() -> None:
     # The pods mount their ConfigMaps by name; the content digest in the pod annotations makes a change
     # roll the Helm pods and start a new MPIJob run.

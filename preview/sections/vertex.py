@@ -16,9 +16,9 @@ def files(run: RunResult) -> dict[str, str]:
     spec = run.outputs.get("vertexCustomJob")
     if not isinstance(spec, dict):
         return {}
+    name = run.outputs.get("vertexDisplayName", "NAME")  # vertex.displayName: the run's folders in the bucket too
     header = ("# Vertex AI CustomJob spec rendered by deepspeed-stack's offline preview (placeholder names).\n"
-              "# gcloud ai custom-jobs create --region=REGION --display-name=deepspeed-training "
-              f"--config={SPEC_FILE}\n")
+              f"# gcloud ai custom-jobs create --region=REGION --display-name={name} --config={SPEC_FILE}\n")
     return {SPEC_FILE: header + yaml.safe_dump(spec, sort_keys=False)}
 
 
