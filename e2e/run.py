@@ -439,19 +439,39 @@ def vertex_cluster_spec(task: str, index: int, workers: int) -> str:
 
 
 # The vertex stack's recipe on the tiny Llama: its `finetune` keys but for the data, the model and the run's
-# saves; one epoch, as Pulumi.vertex.yaml's (64 records, 2 ranks x 4 a step: 8 steps), LoRA (its adapter exported).
+# saves; one epoch, LoRA (its adapter exported). Its data are text records (pre-training style: the conversations'
+# words as plain documents), so make e2e shows them packed into full blocks (issue 31 item 2; the chat path is the
+# finetune scenario's): 64 documents of ~16 tokens in VERTEX_SEQ_LEN-token blocks, 2 ranks x 4 blocks a step.
 VERTEX_RUN = "e2e-vertex"  # vertex.displayName: the run's folders, checkpoints/<run> and models/<run>
-VERTEX_STEPS = 8  # one epoch: len(finetune_records()) / (microBatchPerGpu 4 x 2 ranks)
+VERTEX_SEQ_LEN = 32
+VERTEX_BATCH = 8  # microBatchPerGpu 4 (FINETUNE_DS) x 2 ranks
+VERTEX_TEXT = "text.jsonl"
 VERTEX_JOB_ENV = {"CLOUD_ML_JOB_ID": "e2e-vertex-1", "VERTEX_SSH_WAIT_SLEEP": "0.1", "VERTEX_SSH_WAIT_RETRIES": "600",
                   "VERTEX_PYTHON": f"{VENV}/bin/python", "HF_HUB_OFFLINE": "1"}
 
 
+def vertex_text_records() -> list[dict[str, str]]:
+    """The finetune scenario's questions and answers as plain documents, one a record."""
+    return [{"text": f"What is {a} plus {b}? {a} plus {b} is {i + j}."}
+            for i, a in enumerate(NUMBERS) for j, b in enumerate(NUMBERS)]
+
+
 def vertex_keys() -> dict[str, Any]:
-    """The e2e's `vertex` keys (the finetune scenario's data and DeepSpeed block, defined further down)."""
+    """The e2e's `vertex` keys (the finetune scenario's DeepSpeed block, defined further down; packing unset: text
+    records are packed into blocks by default)."""
     return {"displayName": VERTEX_RUN, "tensorboard": True, "launch": {"args": ["--logging-steps", "2"]},
             "deepspeed": FINETUNE_DS,
-            "finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/data.jsonl",
-                         "recordFormat": "messages", "sequenceLength": 96, "epochs": 1, "saveSteps": VERTEX_STEPS}}
+            "finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/{VERTEX_TEXT}",
+                         "recordFormat": "text", "sequenceLength": VERTEX_SEQ_LEN, "epochs": 1, "saveSteps": 1000}}
+
+
+def packed_steps(tokenized: dict[str, Any]) -> int:
+    """One epoch's steps from the tokenized folder's marker, after checking that the documents were packed: as many
+    samples as full blocks of their tokens hold (unpacked, each of the 64 documents would be a sample)."""
+    blocks = -(-int(tokenized["tokens"]) // VERTEX_SEQ_LEN)
+    fail_unless(tokenized.get("packing") == "blocks" and tokenized.get("samples") == blocks,
+                f"the text was not packed into {VERTEX_SEQ_LEN}-token blocks: {tokenized}")
+    return -(-blocks // VERTEX_BATCH)
 
 
 def vertex_aip_env(base_output: str) -> dict[str, str]:
@@ -475,6 +495,8 @@ def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
     gcs = cluster.work / "gcs"
     bucket = gcs / BUCKET
     finetune_assets(bucket, cluster.work / "tiny-llm")
+    write(bucket / BUCKET_INPUTS / VERTEX_TEXT, "".join(json.dumps(r) + "\n" for r in vertex_text_records()))
+    _chown_dirs(bucket)
     cfg = _vertex_config(vertex_keys(), len(hosts) - 1)
     for name, text in vertex_job.vertex_files(cfg).items():  # what `pulumi up` uploads
         write(bucket / name, text)
@@ -509,9 +531,13 @@ def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
                             env={**env, "CLUSTER_SPEC": vertex_cluster_spec("workerpool0", 0, workers)})
     cluster.stop_services()
     fail_unless(status == 0, f"exit {status} (log {logs / 'vertex-primary.log'})")
+    (tokenized,) = outside(f"{run_dir}/checkpoints/{VERTEX_RUN}/tokenized", "/gcs", gcs).glob("*/tokenized.json")
+    packed = json.loads(tokenized.read_text())
+    steps = packed_steps(packed)
+    fail_unless("packed: the documents end to end" in output, "the log does not say the documents were packed")
     marker = json.loads((model_dir / ".complete").read_text())
-    fail_unless(marker.get("step") == VERTEX_STEPS and marker.get("world_size") == len(hosts)
-                and marker.get("export") == "adapter", f"marker {marker}: expected one epoch ({VERTEX_STEPS} steps) "
+    fail_unless(marker.get("step") == steps and marker.get("world_size") == len(hosts)
+                and marker.get("export") == "adapter", f"marker {marker}: expected one epoch ({steps} steps) "
                 f"on {len(hosts)} ranks, the adapter")
     missing = [n for n in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json")
                if not (model_dir / n).is_file()]
@@ -521,7 +547,8 @@ def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
     losses = trainer_losses(output)
     phases.end("one epoch, exported")
     return (f"the vertex stack's CustomJob on {len(hosts)} hosts (vertex_start.sh, CLUSTER_SPEC, /gcs): the recipe "
-            f"(finetune.py from the bucket) on the tiny Llama for one epoch ({VERTEX_STEPS} steps, loss "
+            f"(finetune.py from the bucket) on the tiny Llama for one epoch of {len(vertex_text_records())} text "
+            f"documents packed into {packed['samples']} blocks of {VERTEX_SEQ_LEN} tokens ({steps} steps, loss "
             f"{' -> '.join(f'{v:.2f}' for v in losses[:1] + losses[-1:])}): adapter and .complete in "
             f"models/{VERTEX_RUN}, event files in AIP_TENSORBOARD_LOG_DIR. Phases: {phases.summary()}")
 

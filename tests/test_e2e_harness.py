@@ -255,3 +255,13 @@ def test_the_second_start_must_reuse_the_tokenized_data(e2e: ModuleType) -> None
     other = reused.replace("0123456789abcdef", "fedcba9876543210")
     assert e2e.tokenized_problems(made + reused, other)[0].startswith("folders reused")
     assert e2e.tokenized_problems(reused, reused)[0].startswith("the first start tokenized the data 0 times")
+
+
+def test_the_vertex_scenario_requires_text_packed_into_full_blocks(e2e: ModuleType) -> None:
+    """Issue 31 item 2 in make e2e: 950 tokens in 32-token blocks are 30 samples (29 full, the last 22 tokens), one
+    epoch of 2 ranks x 4 a step is 4 steps; unpacked (one document a sample) it fails."""
+    assert e2e.packed_steps({"packing": "blocks", "samples": 30, "tokens": 950}) == 4
+    with pytest.raises(RuntimeError, match="not packed into 32-token blocks"):
+        e2e.packed_steps({"packing": "off", "samples": 64, "tokens": 950})
+    with pytest.raises(RuntimeError, match="not packed"):
+        e2e.packed_steps({"packing": "blocks", "samples": 64, "tokens": 950})
