@@ -55,13 +55,10 @@ def check_vertex_recipe(m: StackConfig) -> list[str]:
     site = _vertex_site(m)
     if site is None:
         return []
-    problems = recipe.problems(site)
-    for camel, path in (("modelPath", site.run.model_path), ("datasetPath", site.run.dataset_path),
-                        ("evalSplit", recipe.eval_path(site.run))):
-        why = bucket_path_problem(path) if path is not None else None
-        if why is not None:
-            problems.append(f"{site.key(camel)}: the bucket path {path!r} {why} (Vertex AI shows the bucket at "
-                            f"{vertex_job.VERTEX_MOUNT}/<bucket>)")
+    problems = recipe.problems(site) + recipe.path_problems(
+        site, site.run, bucket_path_problem,
+        lambda key, path, why: f"{key}: the bucket path {path!r} {why} (Vertex AI shows the bucket at "
+                               f"{vertex_job.VERTEX_MOUNT}/<bucket>)")
     name = m.vertex.display_name
     if not K8S_NAME.match(name):
         problems.append(f"vertex.displayName: {name!r} names the run's folders with vertex.finetune "

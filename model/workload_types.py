@@ -378,6 +378,12 @@ class HelmWorkloadConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
         return self.workers, f"{self.workers} worker(s)"  # the chart's client runs on the system pool
 
 
+def run_dirs(root: str, name: str) -> tuple[str, str]:
+    """The fine-tuning contract's layout under an output root, on every platform (GKE's bucket or claim, Gaudi's
+    claim, Vertex AI's bucket): CHECKPOINT_DIR <root>/checkpoints/<name> and MODEL_DIR <root>/models/<name>."""
+    base = root.rstrip("/")
+    return f"{base}/checkpoints/{name}", f"{base}/models/{name}"
+
 class MpiJobBaseConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
     """A workload that runs as a Kubeflow MPIJob (workloads/mpijob/shape.py): a launcher and workers on a shared
     volume claim (`storage`, with HF_HOME on it), behind a proxy where the cluster has one. A kind built on the
@@ -423,7 +429,8 @@ class MpiJobBaseConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
         `hfHome`, or, unset, `huggingface` under the ranks' folder."""
         return self.hf_home or f"{self.ranks_root.rstrip('/')}/huggingface"
 
-    # The fine-tuning contract's layout: CHECKPOINT_DIR=<out>/checkpoints/<workload>, MODEL_DIR=<out>/models/<workload>.
+    # The fine-tuning contract's layout (run_dirs): CHECKPOINT_DIR=<out>/checkpoints/<workload>,
+    # MODEL_DIR=<out>/models/<workload>.
     @property
     def output_root(self) -> str:
         """Where CHECKPOINT_DIR and MODEL_DIR live in the pods: the bucket's mount, else the claim's."""
@@ -433,15 +440,15 @@ class MpiJobBaseConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
     @property
     def model_folder(self) -> str:
         """MODEL_DIR relative to the output root (the bucket, or the claim): what a server of the result reads."""
-        return f"models/{self.name}"
+        return run_dirs("", self.name)[1].lstrip("/")
 
     @property
     def checkpoint_dir(self) -> str:
-        return f"{self.output_root.rstrip('/')}/checkpoints/{self.name}"
+        return run_dirs(self.output_root, self.name)[0]
 
     @property
     def model_dir(self) -> str:
-        return f"{self.output_root.rstrip('/')}/{self.model_folder}"
+        return run_dirs(self.output_root, self.name)[1]
 
 
 class MpiJobWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):

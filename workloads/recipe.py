@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from types import ModuleType
 
@@ -26,6 +27,7 @@ import msgspec
 from model import chat_templates
 from model.types import DeepSpeedConfig, FinetuneConfig
 from model.validators import at
+from model.workload_types import run_dirs
 from workloads import script_flags
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -60,11 +62,11 @@ class RecipeRoots(msgspec.Struct, frozen=True):
 
     @property
     def checkpoint_dir(self) -> str:
-        return f"{self.output.rstrip('/')}/checkpoints/{self.name}"
+        return run_dirs(self.output, self.name)[0]
 
     @property
     def model_dir(self) -> str:
-        return f"{self.output.rstrip('/')}/models/{self.name}"
+        return run_dirs(self.output, self.name)[1]
 
 
 def number(value: float) -> str:
@@ -413,3 +415,16 @@ RULES = (check_model_and_data, check_data_format, check_record_fields, check_cha
 
 def problems(site: RecipeSite) -> list[str]:
     return [problem for rule in RULES for problem in rule(site)]
+
+
+def path_problems(site: RecipeSite, run: FinetuneConfig, problem_of: Callable[[str], str | None],
+                  say: Callable[[str, str, str], str]) -> list[str]:
+    """The recipe's paths (modelPath, datasetPath, an evalSplit file) by a platform's rule for where they may lie
+    (`problem_of`: why a path cannot be read there, or None), each problem worded by `say(key, path, why)`."""
+    out = []
+    for camel, path in (("modelPath", run.model_path), ("datasetPath", run.dataset_path),
+                        ("evalSplit", eval_path(run))):
+        why = problem_of(path) if path is not None else None
+        if why is not None:
+            out.append(say(site.key(camel), path, why))
+    return out

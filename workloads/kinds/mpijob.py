@@ -173,13 +173,10 @@ def check_gaudi_recipe(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
         return [f"{at('workloads', w.name, 'launch', 'command')}: replaces the recipe's run that `finetune` "
                 "configures (finetune.py with its keys' arguments); remove launch.command or finetune"]
     site = _recipe_site(w)
-    problems = recipe.problems(site)
-    for name, path in (("modelPath", w.finetune.model_path), ("datasetPath", w.finetune.dataset_path),
-                       ("evalSplit", recipe.eval_path(w.finetune))):
-        why = claim_path_problem(path) if path is not None else None
-        if why is not None:
-            problems.append(f"{site.key(name)}: {path!r} {why} (the pods see the claim at "
-                            f"{w.storage.mount_path}; copy your data onto it)")
+    problems = recipe.problems(site) + recipe.path_problems(
+        site, w.finetune, claim_path_problem,
+        lambda key, path, why: f"{key}: {path!r} {why} (the pods see the claim at {w.storage.mount_path}; copy your "
+                               "data onto it)")
     defaults = _training_defaults()
     for field, instead in TRAINING_TO_RECIPE.items():
         if getattr(w.training, field) != getattr(defaults, field):

@@ -106,13 +106,19 @@ run_child() {
     "$@" &
     CHILD_PID=$!
     local status=0
+    wait_child || status=$?
+    CHILD_PID=""
+    return "$status"
+}
+
+# wait_child: CHILD_PID's own exit status. A trapped signal ends `wait` early: wait again, until the child is gone.
+wait_child() {
+    local status=0
     wait "$CHILD_PID" || status=$?
-    # A trapped signal ends `wait` early: wait again, until the child is gone, for its own status.
     while kill -0 "$CHILD_PID" 2>/dev/null; do
         status=0
         wait "$CHILD_PID" || status=$?
     done
-    CHILD_PID=""
     return "$status"
 }
 
@@ -324,11 +330,7 @@ run_worker() {
         wait $! || true
     done
     local status=0
-    wait "$CHILD_PID" || status=$?
-    while kill -0 "$CHILD_PID" 2>/dev/null; do
-        status=0
-        wait "$CHILD_PID" || status=$?
-    done
+    wait_child || status=$?
     CHILD_PID=""
     SSHD_PID=""
     return "$status"
