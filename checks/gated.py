@@ -39,15 +39,22 @@ def check_gated_models_have_a_token(m: StackConfig) -> list[str]:
 
 
 def check_vertex_job_downloads_no_gated_model(m: StackConfig) -> list[str]:
-    """The Vertex AI job's script gets no Hugging Face token from the stack (hfToken reaches the GKE pods only), so a
-    gated id in its arguments fails with 401 whatever the stack holds."""
+    """The Vertex AI job gets no Hugging Face token from the stack (hfToken reaches the GKE pods only), so a gated id
+    it downloads, in its script's arguments or as the recipe's `vertex.finetune.model`, fails with 401 whatever the
+    stack holds."""
     if not m.vertex.enabled:
         return []
-    return [f"{at('vertex', 'launch', 'args', j)}: {model_id} is gated on Hugging Face (data/gated_models.yaml: "
-            f"{family.family}), and the stack gives the Vertex AI job no token (hfToken reaches the GKE pods only), "
-            "so its download would fail with 401. Copy the model into the stack's bucket and pass its "
-            f"/gcs/<bucket>/... folder, or use a model that is not gated, e.g. {OPEN_EXAMPLE}"
-            for j, model_id in hub_ids(m.vertex.launch.args) if (family := gated_family(model_id)) is not None]
+    recipe = m.vertex.finetune
+    named = [(("vertex", "launch", "args", j), model_id) for j, model_id in hub_ids(m.vertex.launch.args)]
+    if recipe is not None and recipe.model:
+        named.append((("vertex", "finetune", "model"), recipe.model))
+    instead = {"model": "give finetune.modelPath, its folder in the bucket,"}
+    return [f"{at(*key)}: {model_id} is gated on Hugging Face (data/gated_models.yaml: {family.family}), and the "
+            "stack gives the Vertex AI job no token (hfToken reaches the GKE pods only), so its download would fail "
+            f"with 401. Copy the model into the stack's bucket and "
+            f"{instead.get(key[-1], 'pass its /gcs/<bucket>/... folder')}, or use a model that is not gated, "
+            f"e.g. {OPEN_EXAMPLE}"
+            for key, model_id in named if (family := gated_family(model_id)) is not None]
 
 
 CHECKS: list[Check] = [check_gated_models_have_a_token, check_vertex_job_downloads_no_gated_model]

@@ -147,3 +147,13 @@ def test_the_vertex_job_gets_no_token_so_a_gated_model_in_its_arguments_is_refus
     # hfToken does not reach it: still refused.
     assert problems("vertex", {**YOUR_SCRIPT, "vertex.launch.args": args, "hfToken": {"secure": "v1:planted"}}) == [msg]
     assert problems("vertex", {**YOUR_SCRIPT, "vertex.launch.args": ["--model", "/gcs/bucket/models/llama"]}) == []
+
+
+def test_the_vertex_recipe_downloading_a_gated_model_is_refused() -> None:
+    """vertex.finetune.model is downloaded by every replica of the CustomJob, which gets no token (issue 31 item 5:
+    a gated model anywhere a workload downloads it)."""
+    (msg,) = problems("vertex", {"vertex.finetune.model": LLAMA_70B})
+    assert msg.startswith(f"vertex.finetune.model: {LLAMA_70B} is gated on Hugging Face (data/gated_models.yaml: "
+                          "Meta Llama") and "give finetune.modelPath, its folder in the bucket," in msg
+    assert problems("vertex", {"vertex.finetune.model": LLAMA_70B, "hfToken": {"secure": "v1:planted"}}) == [msg]
+    assert problems("vertex", {"vertex.finetune.model": DELETE, "vertex.finetune.modelPath": "models/llama"}) == []
