@@ -378,6 +378,19 @@ class HelmWorkloadConfig(DeepSpeedWorkloadConfig, frozen=True, kw_only=True):
         return self.workers, f"{self.workers} worker(s)"  # the chart's client runs on the system pool
 
 
+def eval_path(f: FinetuneConfig) -> str | None:
+    """`evalSplit` when it names a file or folder, not a fraction (a number, or text that reads as one: `pulumi config
+    set` may store 0.05 as text)."""
+    value = f.eval_split
+    if not isinstance(value, str):
+        return None
+    try:
+        float(value)
+    except ValueError:
+        return value
+    return None
+
+
 def run_dirs(root: str, name: str) -> tuple[str, str]:
     """The fine-tuning contract's layout under an output root, on every platform (GKE's bucket or claim, Gaudi's
     claim, Vertex AI's bucket): CHECKPOINT_DIR <root>/checkpoints/<name> and MODEL_DIR <root>/models/<name>."""
@@ -535,15 +548,8 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
 
     @property
     def eval_path(self) -> str | None:
-        """`evalSplit` when it names a file of the bucket, not a fraction (a number, or text that reads as one)."""
-        value = self.finetune.eval_split
-        if not isinstance(value, str):
-            return None
-        try:
-            float(value)
-        except ValueError:
-            return value
-        return None
+        """`evalSplit` when it names a file of the bucket (eval_path)."""
+        return eval_path(self.finetune)
 
     @property
     def sized_model_name(self) -> str | None:

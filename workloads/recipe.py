@@ -27,7 +27,7 @@ import msgspec
 from model import chat_templates
 from model.types import DeepSpeedConfig, FinetuneConfig
 from model.validators import at
-from model.workload_types import run_dirs
+from model.workload_types import eval_path, run_dirs
 from workloads import script_flags
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -72,18 +72,6 @@ class RecipeRoots(msgspec.Struct, frozen=True):
 def number(value: float) -> str:
     """A float argument as the script's argparse reads it: 1.0 -> 1, 0.0003 -> 0.0003."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def eval_path(f: FinetuneConfig) -> str | None:
-    """`evalSplit` when it names a file or folder, not a fraction (a number, or text that reads as one)."""
-    value = f.eval_split
-    if not isinstance(value, str):
-        return None
-    try:
-        float(value)
-    except ValueError:
-        return value
-    return None
 
 
 def eval_fraction(f: FinetuneConfig) -> float | None:

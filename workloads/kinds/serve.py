@@ -192,8 +192,7 @@ def check_serve_from_workload(m: StackConfig, w: ServeWorkloadConfig) -> list[st
              "a workload of kind finetune (the stack has none)")
     target = m.workloads.get(name)
     if target is None:
-        known = sorted(n for n in m.workloads if n != w.name)
-        return [f"{key}: no workload named {name!r} in this stack; valid: {valid}{did_you_mean(name, known)}"]
+        return [_no_such_workload(m, w, name, key, valid)]
     if name == w.name or not target.writes_model or target.model_folder is None:
         what = "is this server itself" if name == w.name else (
             f"is kind {target.kind}, which trains no model a server can load (only kind finetune, or an NVIDIA "
@@ -274,6 +273,12 @@ def _base_text(base: tuple[str, str]) -> str:
     return value if kind == "model" else f"the bucket's {value}"
 
 
+def _no_such_workload(m: StackConfig, w: ServeWorkloadConfig, name: str, key: str, valid: str) -> str:
+    """`name` names no workload of the stack: what would be valid, and the closest names."""
+    known = sorted(n for n in m.workloads if n != w.name)
+    return f"{key}: no workload named {name!r} in this stack; valid: {valid}{did_you_mean(name, known)}"
+
+
 def _adapter_problem(m: StackConfig, w: ServeWorkloadConfig, name: str, key: str) -> str | None:
     """Why `name` is no adapter this server can load, or None."""
     exporting = _adapter_trainers(m, w)
@@ -281,8 +286,7 @@ def _adapter_problem(m: StackConfig, w: ServeWorkloadConfig, name: str, key: str
              "a finetune workload with finetune.lora.enabled and finetune.lora.export: adapter (the stack has none)")
     target = m.workloads.get(name)
     if target is None:
-        known = sorted(n for n in m.workloads if n != w.name)
-        return f"{key}: no workload named {name!r} in this stack; valid: {valid}{did_you_mean(name, known)}"
+        return _no_such_workload(m, w, name, key, valid)
     if name == w.name:
         return f"{key}: {name} is this server itself; valid: {valid}"
     if not isinstance(target, FinetuneWorkloadConfig):
