@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
 
-.PHONY: help preview test examples-check test-user-stacks test-recipe e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check
+.PHONY: help preview test examples-check test-user-stacks test-lone-clone test-recipe e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check
 
 # uv (from PyPI, pinned) installs requirements.txt in a few seconds where pip took two minutes (README: Speed).
 UV_VERSION := 0.13.9
@@ -51,6 +51,11 @@ examples-check: $(STAMP)  ## the stack files are still the examples the tests pi
 # whole suite passes there, and the checks every stack must pass ran over the added files (CI runs it).
 test-user-stacks: $(STAMP)  ## the suite on a copy with edited example stacks and stack files of a user's own
 	$(BIN)/python tests/user_stacks.py
+
+# A user's clone has no ../shared beside it: the suite in a plain temporary copy must pass there too (CI runs it;
+# the tests that compare with ../shared/reference skip, the facts they need are in data/ and tests/).
+test-lone-clone: $(STAMP)  ## the suite in a copy of the project with no ../shared beside it, as a user's clone has it
+	$(BIN)/python tests/user_stacks.py --lone
 
 # finetune.py's record formats trained on the tiny Llama with the e2e venv's torch and transformers (after make e2e's
 # install; skips without it): tests/recipe.

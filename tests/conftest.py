@@ -26,7 +26,11 @@ if TYPE_CHECKING:
     from preview.engine import RunResult
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
-SHARED = PROJECT_DIR.parent / "shared" / "reference"
+# ../shared: the reference copies and seed documents the project came from. A user's clone has none, so a test reads
+# them only through reference() and seed(), which skip when they are absent; what a test needs in every clone is a
+# fact in data/ or tests/ with its source (tests/test_lone_clone.py holds every test module to that).
+SHARED_DIR = PROJECT_DIR.parent / "shared"
+SHARED = SHARED_DIR / "reference"
 # The example stacks as the project ships them, which the tests that pin an example's values read: the stack files
 # beside Pulumi.yaml are the user's to edit (or to add to), and only the checks every stack must pass (schema,
 # policy, manifests, preview) run over them (`stacks()`). `make examples-check` (CI) says when they differ.
@@ -161,6 +165,14 @@ def reference(*parts: str) -> Path:
     path = SHARED.joinpath(*parts)
     if not path.exists():
         pytest.skip(f"reference file {path} is absent (../shared is not beside this checkout)")
+    return path
+
+
+def seed(name: str) -> Path:
+    """A document under ../shared/seeds (what the project came from), or skip, as reference() does."""
+    path = SHARED_DIR / "seeds" / name
+    if not path.exists():
+        pytest.skip(f"seed {path} is absent (../shared is not beside this checkout)")
     return path
 
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import argparse
 import types
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import stack_run
+from conftest import reference, stack_run
 from test_fabric_in_use import _Tensor
 
 from model import fabric
 from workloads.scripts import nccl_bench
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "gke-gpu-fabric"
 JOB = "kubernetes:batch/v1:Job"
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 
@@ -196,12 +194,14 @@ def test_each_machine_types_pass_line(machine: str, gbps: float, low: str, high:
 
 def test_the_sizes_are_those_of_googles_pinned_tests() -> None:
     # nccl-tests' K/M/G are 2^10/2^20/2^30 (the rows above: 1M is 1048576).
-    tcpx = (SHARED / "container-engine-accelerators/gpudirect-tcpx/nccl-config.yaml").read_text(encoding="utf-8")
+    # Read in place where ../shared is beside the checkout; the sizes themselves are data/gpu_fabric.yaml's facts.
+    tcpx = reference("gke-gpu-fabric", "container-engine-accelerators/gpudirect-tcpx/nccl-config.yaml").read_text(
+        encoding="utf-8")
     assert "/scripts/run-allgather.sh 8 eth1,eth2,eth3,eth4 1M 512M" in tcpx
     for path in ("cluster-toolkit/examples/gke-a4/nccl-jobset-example.yaml",
                  "cluster-toolkit/examples/gke-consumption-options/dws-flex-start-queued-provisioning/"
                  "nccl-jobset-example.yaml"):
-        assert "all_gather_perf -b 1K -e 8G -f 2" in (SHARED / path).read_text(encoding="utf-8")
+        assert "all_gather_perf -b 1K -e 8G -f 2" in reference("gke-gpu-fabric", path).read_text(encoding="utf-8")
 
 
 # --- the stack: the line reaches the Job, and the training waits -------------------------------------------------

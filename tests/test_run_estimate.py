@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DELETE, PROJECT_DIR, changed, config_model, stack_run, yaml_load
+from conftest import DELETE, PROJECT_DIR, changed, config_model, seed, stack_run, yaml_load
 
 from planner import cost, run_estimate
 from planner.requests import mode_request
@@ -21,7 +21,7 @@ from preview import summary
 from preview.__main__ import SECTIONS
 from preview.sections import render_sections
 
-SEED = PROJECT_DIR.parent / "shared" / "seeds" / "004_f4f5c41d5745b6f2.txt"
+SEED = "004_f4f5c41d5745b6f2.txt"  # the GPT example this project started from (../shared/seeds)
 
 
 def _data(name: str) -> dict[str, Any]:
@@ -58,9 +58,7 @@ def test_peak_tflops_are_the_datasheets_dense_figures(catalog: dict[str, Any]) -
 def test_the_seeds_measured_rates_are_the_data(speed: dict[str, Any]) -> None:
     """The GPT example this project started from: DeepSpeed's RunningAvgSamplesPerSec at step 2000 per setting;
     ZeRO-3 with CPU offload about a tenth of plain data parallelism's."""
-    if not SEED.exists():
-        pytest.skip("../shared/seeds is not beside this checkout")
-    text = SEED.read_text(encoding="utf-8")
+    text = seed(SEED).read_text(encoding="utf-8")
     measured = [float(v) for v in __import__("re").findall(r"RunningAvgSamplesPerSec=([0-9.]+)", text)]
     rates = speed["strategies"]["samplesPerSecond"]
     # In the seed's order: no ZeRO, stage 1, 2, 3, 3 with offload, then stage 1 in fp16 (not used).

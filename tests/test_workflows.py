@@ -121,7 +121,8 @@ def test_ci_runs_checkov_on_every_stacks_workloads() -> None:
     tests."""
     ci = (PROJECT_DIR / ".ci" / "run").read_text(encoding="utf-8")
     assert [line for line in ci.splitlines() if line.startswith("make ")] == [
-        "make test", "make examples-check", "make test-user-stacks", "make checkov-all", "make e2e", "make test-recipe"]
+        "make test", "make examples-check", "make test-user-stacks", "make test-lone-clone", "make checkov-all",
+        "make e2e", "make test-recipe"]
     makefile = (PROJECT_DIR / "Makefile").read_text(encoding="utf-8")
     recipe = makefile.split("\ncheckov-all:", 1)[1].split("\n\n", 1)[0]
     assert "for file in Pulumi.*.yaml" in recipe

@@ -4,6 +4,9 @@ registry, dataset, kube context; dev: the Google Cloud project), adds two stack 
 prod and gaudi under other names, projects, namespaces and claims), and runs the whole suite there: it must pass,
 and the checks every stack must pass must have run over the added files.
 
+`make test-lone-clone` (CI): the suite in a plain copy with no ../shared beside it, as a user's own clone has it
+(issue 40 item 1): every test passes or skips, none reads outside the repository.
+
 `make examples-check` (CI): the project's stack files are still the examples the tests pin (tests/examples). In a
 user's own copy an edited stack file is theirs: `make test` prints the differences as a note, never a failure.
 """
@@ -70,9 +73,13 @@ def own_gke(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def user_copy(dest: Path) -> None:
-    """The project as a user who adapted it has it: two examples edited, two stack files added."""
+def user_copy(dest: Path, lone: bool = False) -> None:
+    """The project as a user who adapted it has it: two examples edited, two stack files added; with `lone`, the
+    project as cloned, with nothing beside it."""
     shutil.copytree(PROJECT_DIR, dest, ignore=shutil.ignore_patterns(*LEFT_OUT))
+    if lone:
+        assert not (dest.parent / "shared").exists()
+        return
     shared = PROJECT_DIR.parent / "shared"
     if shared.is_dir():  # the tests read ../shared/reference in place
         (dest.parent / "shared").symlink_to(shared)
@@ -93,14 +100,29 @@ def outcomes(report: Path) -> tuple[list[str], list[str]]:
     return ran, bad
 
 
-def suite_on_user_stacks() -> int:
-    with tempfile.TemporaryDirectory(prefix="deepspeed-stack-user-") as tmp:
+def suite_in_copy(lone: bool) -> tuple[list[str], list[str]]:
+    """(tests run, tests failed) of the whole suite in a temporary copy (see user_copy)."""
+    with tempfile.TemporaryDirectory(prefix="deepspeed-stack-lone-" if lone else "deepspeed-stack-user-") as tmp:
         copy = Path(tmp) / "project"
-        user_copy(copy)
+        user_copy(copy, lone)
         report = Path(tmp) / "report.xml"
         subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "load", "-q", "-p", "no:cacheprovider",
                         f"--junitxml={report}"], cwd=copy, check=False)
-        ran, bad = outcomes(report)
+        return outcomes(report)
+
+
+def suite_on_lone_clone() -> int:
+    ran, bad = suite_in_copy(lone=True)
+    for test in bad:
+        print(f"failed in a clone with no ../shared beside it: {test}", file=sys.stderr)
+    if bad or not ran:
+        return 1
+    print(f"the suite passes in a clone with no ../shared beside it: {len(ran)} tests")
+    return 0
+
+
+def suite_on_user_stacks() -> int:
+    ran, bad = suite_in_copy(lone=False)
     unchecked = [stack for stack in ADDED if not any(f"[{stack}]" in test for test in ran)]
     for test in bad:
         print(f"failed on a user's stacks: {test}", file=sys.stderr)
@@ -128,8 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples-check", action="store_true", help="compare the stack files with tests/examples")
     parser.add_argument("--note", action="store_true", help="with --examples-check: report differences, exit 0")
+    parser.add_argument("--lone", action="store_true", help="the suite in a plain copy with no ../shared beside it")
     args = parser.parse_args(argv)
-    return examples_check(args.note) if args.examples_check else suite_on_user_stacks()
+    if args.examples_check:
+        return examples_check(args.note)
+    return suite_on_lone_clone() if args.lone else suite_on_user_stacks()
 
 
 if __name__ == "__main__":
