@@ -25,7 +25,7 @@ from pulumi.runtime import config as runtime_config
 from model import cache, defaults, repair
 from model.suggest import did_you_mean
 from model.types import StackConfig, build, camel, key_path, snake
-from model.workload_types import GS_SCHEME
+from model.workload_types import GS_SCHEME, WRITTEN_KEY
 from model.yamlio import load_yaml
 
 if TYPE_CHECKING:
@@ -403,6 +403,16 @@ class Parsed(msgspec.Struct, frozen=True):
         return repair.without_echoes(problems, self.reported)
 
 
+def written_training(raw: dict[str, Any], filled: dict[str, Any]) -> None:
+    """Record in each workload's `training` the keys the stack file wrote there (TrainingConfig.written): a rule
+    refuses them beside `finetune` whatever their value, and a value equal to its default tells nothing."""
+    for name, workload in (filled.get("workloads") or {}).items():
+        given = ((raw.get("workloads") or {}).get(name) or {})
+        training = workload.get("training") if isinstance(workload, dict) else None
+        if isinstance(training, dict) and isinstance(given, dict) and isinstance(given.get("training"), dict):
+            training[WRITTEN_KEY] = sorted(given["training"])
+
+
 def parse_all(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None) -> Parsed:
     """Read the stack's config into the typed model and every schema problem, without stopping at the first."""
     cfg = engine_config() if cfg is None else cfg
@@ -427,6 +437,9 @@ def parse_all(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = 
     # A schema-valid config has no unknown keys, so no default stands in for one.
     unknown = defaults.objects_with_unknown_keys(errors)
     variant = defaults.other_defaults(schema(), raw, valid, unknown)
+    written_training(raw, valid)
+    if variant is not None:
+        written_training(raw, variant)
     secrets = {snake(k): pulumi.Output.secret(valid.pop(k)) for k, p in schema()["properties"].items()
                if p.get("x-secret") and k in valid}
     model = build(StackConfig, valid, project=project, region=region, **secrets)

@@ -67,6 +67,10 @@ class LaunchConfig(msgspec.Struct, frozen=True):
     command: str | None = None
 
 
+# Not a schema key (the schema refuses a stack file that writes it): the config reader's record of what was written.
+WRITTEN_KEY = "x-written"
+
+
 class LoraConfig(msgspec.Struct, frozen=True):
     enabled: bool
     rank: int
@@ -92,6 +96,9 @@ class TrainingConfig(msgspec.Struct, frozen=True):
     optimum_habana_version: str
     args: list[str]
     lora: LoraConfig
+    # The keys of `training` the stack file wrote (the config reader fills it: model/config.py written_training):
+    # a key beside `finetune` is refused even at its default value, which the value alone cannot tell from none.
+    written: tuple[str, ...] = msgspec.field(default=(), name=WRITTEN_KEY)
 
 
 class StorageClaimConfig(msgspec.Struct, frozen=True):

@@ -251,6 +251,32 @@ def test_training_keys_beside_the_recipe_are_refused_with_their_new_place() -> N
         "training.epochs"]
 
 
+def test_training_keys_at_their_defaults_beside_the_recipe_are_refused_too() -> None:
+    """Pulumi.gaudi.yaml's `training.epochs: 3` (the default) next to `finetune` was a silent 1-epoch run (issue 39
+    item 3): a written key is refused whatever its value; optimumHabanaVersion (the image's) stays."""
+    found = problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.training": {
+        "epochs": 3, "model": "meta-llama/Llama-2-7b-hf", "dataset": "tatsu-lab/alpaca", "script": "run_lora_clm.py",
+        "lora": {"rank": 8}, "args": [], "optimumHabanaVersion": "v1.15.0"}})
+    assert found == [
+        f"{GAUDI_W}.training.model: not used with {GAUDI_W}.finetune: the recipe (finetune.py on HPU) replaces "
+        f"training's optimum-habana example; use {GAUDI_W}.finetune.model (or finetune.modelPath, a folder on the "
+        "claim), and remove training.model",
+        f"{GAUDI_W}.training.dataset: not used with {GAUDI_W}.finetune: the recipe (finetune.py on HPU) replaces "
+        f"training's optimum-habana example; use {GAUDI_W}.finetune.dataset (or finetune.datasetPath, your file or "
+        "folder on the claim), and remove training.dataset",
+        f"{GAUDI_W}.training.epochs: not used with {GAUDI_W}.finetune: the recipe (finetune.py on HPU) replaces "
+        f"training's optimum-habana example; use {GAUDI_W}.finetune.epochs (or finetune.maxSteps), and remove "
+        "training.epochs",
+        f"{GAUDI_W}.training.script: not used with {GAUDI_W}.finetune: the recipe (finetune.py on HPU) replaces "
+        "training's optimum-habana example; the ranks run finetune.py; remove training.script",
+        f"{GAUDI_W}.training.lora: not used with {GAUDI_W}.finetune: the recipe (finetune.py on HPU) replaces "
+        f"training's optimum-habana example; use {GAUDI_W}.finetune.lora (rank, alpha, dropout, targetModules, "
+        "export), and remove training.lora",
+        f"{GAUDI_W}.training.args: not used with {GAUDI_W}.finetune: the recipe (finetune.py on HPU) replaces "
+        f"training's optimum-habana example; use {GAUDI_W}.launch.args (more finetune.py flags), and remove "
+        "training.args"]
+
+
 def test_gaudi_recipe_args_are_finetune_py_flags_the_stack_does_not_set() -> None:
     args = ["--dataset", "x", "--logging-steps", "5", "--train_file", "y"]
     found = problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.launch.args": args})
@@ -384,3 +410,12 @@ def test_packing_on_gaudi_is_warned_for_chat_records(packing: bool | None, warne
     if warned:
         assert said[0].startswith(f"workloads.{GAUDI_W.removeprefix('workloads.')}.finetune.packing: on Gaudi only "
                                   "text records are packed")
+
+
+def test_training_written_on_an_nvidia_mpijob_is_refused_at_its_default_too() -> None:
+    found = problems("h100", {"workloads.smoke.training": {"epochs": 3}})
+    assert found == [
+        "workloads.smoke.training.epochs: `training` is the Gaudi fine-tuning run's (optimum-habana); an NVIDIA MPIJob "
+        "runs launch.script and would ignore it. Fine-tune on NVIDIA with kind finetune (finetune.model, "
+        "finetune.dataset or datasetPath, finetune.epochs, finetune.lora), or pass your script its arguments in "
+        "launch.args"]

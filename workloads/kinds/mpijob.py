@@ -150,10 +150,10 @@ def _recipe_site(w: MpiJobWorkloadConfig) -> recipe.RecipeSite:
 
 
 # `training`'s keys and where each one's meaning went in the recipe's keys (the migration the refusal names).
-TRAINING_TO_RECIPE = {
+TRAINING_TO_RECIPE: dict[str, str | None] = {
     "model": "finetune.model (or finetune.modelPath, a folder on the claim)",
     "dataset": "finetune.dataset (or finetune.datasetPath, your file or folder on the claim)",
-    "epochs": "finetune.epochs (or finetune.maxSteps)", "script": "nothing: the recipe is finetune.py",
+    "epochs": "finetune.epochs (or finetune.maxSteps)", "script": None,  # the recipe is finetune.py itself
     "lora": "finetune.lora (rank, alpha, dropout, targetModules, export)",
     "args": "launch.args (more finetune.py flags)",
 }
@@ -161,8 +161,8 @@ TRAINING_TO_RECIPE = {
 
 def check_gaudi_recipe(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     """`finetune` on a Gaudi MPIJob: the recipe's rules (the same keys and rules as on GKE and Vertex AI), its paths
-    on the claim, and `training` (optimum-habana's example, which it replaces) left as its defaults; the image's
-    optimum-habana (`training.optimumHabanaVersion`) still applies."""
+    on the claim, and `training` (optimum-habana's example, which it replaces) not written at all, not even at a
+    default value; the image's optimum-habana (`training.optimumHabanaVersion`) still applies."""
     if w.finetune is None:
         return []
     key = at("workloads", w.name, "finetune")
@@ -179,10 +179,13 @@ def check_gaudi_recipe(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
                                "data onto it)")
     defaults = _training_defaults()
     for field, instead in TRAINING_TO_RECIPE.items():
-        if getattr(w.training, field) != getattr(defaults, field):
+        # Written, even at its default (`training.epochs: 3` beside finetune.epochs: 1 would be a silent 1-epoch
+        # run), or changed (a model built without the reader's record).
+        if camel(field) in w.training.written or getattr(w.training, field) != getattr(defaults, field):
+            use = f"use {at('workloads', w.name)}.{instead}, and " if instead else "the ranks run finetune.py; "
             problems.append(f"{at('workloads', w.name, 'training', camel(field))}: not used with {key}: the recipe "
-                            f"(finetune.py on HPU) replaces training's optimum-habana example; use "
-                            f"{at('workloads', w.name)}.{instead}, and remove training.{camel(field)}")
+                            f"(finetune.py on HPU) replaces training's optimum-habana example; {use}remove "
+                            f"training.{camel(field)}")
     args_key = ("workloads", w.name, "launch", "args")
     return [*problems, *recipe.check_args(site, args_key, w.launch.args),
             *recipe.check_args_known(args_key, w.launch.args)]
@@ -203,13 +206,14 @@ def _training_defaults() -> TrainingConfig:
 
 def check_training_on_nvidia(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     """`training` is the Gaudi run's (optimum-habana's script, model, dataset, epochs, LoRA): an NVIDIA MPIJob runs
-    `launch.script` and would silently ignore it. A value other than its default is refused, pointing at the kind
-    that does fine-tune on NVIDIA (a value equal to its default cannot be told from none)."""
+    `launch.script` and would silently ignore it. A key written (at any value) or changed is refused, pointing at
+    the kind that does fine-tune on NVIDIA."""
     if not w.on_nvidia:
         return []
     defaults, problems = _training_defaults(), []
     for field in TrainingConfig.__struct_fields__:
-        if getattr(w.training, field) != getattr(defaults, field):
+        if field != "written" and (camel(field) in w.training.written or
+                                   getattr(w.training, field) != getattr(defaults, field)):
             key = at("workloads", w.name, "training", camel(field))
             problems.append(f"{key}: `training` is the Gaudi fine-tuning run's (optimum-habana); an NVIDIA MPIJob "
                             "runs launch.script and would ignore it. Fine-tune on NVIDIA with kind finetune "
@@ -263,7 +267,9 @@ def warn_training_under_command(m: StackConfig, w: MpiJobWorkloadConfig) -> list
         return []
     defaults = workload_default(w.kind, "training")
     return [f"{at('workloads', w.name, 'training', key)}: not used: launch.command replaces optimum-habana's run "
-            "that `training` configures; pass it in your command" for key in changed_keys(w.training, defaults)]
+            "that `training` configures; pass it in your command" for key in
+            dict.fromkeys([*changed_keys(w.training, defaults, ("written",)),
+                          *(k for k in w.training.written if k != "optimumHabanaVersion")])]
 
 
 def warn_nvidia_learning_rate(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
