@@ -14,10 +14,11 @@ import pytest
 
 from model.config import kind_branches, schema
 from model.types import WORKLOAD_TYPES, StackConfig, WorkloadConfig, build, camel
+from model.workload_types import TrainingConfig  # written: the reader's record of the keys a file wrote
 
 # Fields filled from outside the `deepspeed-stack:` keys: gcp:project and gcp:region; and the keys every workload has
 # that a kind fixes in its class instead (a TensorBoard server's GPU keys: it takes none).
-NOT_FROM_THE_SCHEMA = {(StackConfig, "project"), (StackConfig, "region"),
+NOT_FROM_THE_SCHEMA = {(StackConfig, "project"), (StackConfig, "region"), (TrainingConfig, "written"),
                        *((cls, name) for cls in WORKLOAD_TYPES.values() for name in getattr(cls, "FIXED_FIELDS", ()))}
 
 
