@@ -59,14 +59,13 @@ def _kueue_install(kq: dict[str, Any]) -> KueueInstall:
 class ReservationEndFacts(msgspec.Struct, frozen=True):
     """What the stack does at a reservation's end (data/capacity.yaml kueue.reservationEnd)."""
     flavor_fungibility: dict[str, str]
-    image: str
     namespace: str
     time_zone: str
 
 
 def _reservation_end(raw: dict[str, Any]) -> ReservationEndFacts:
-    return ReservationEndFacts(flavor_fungibility=dict(raw["flavorFungibility"]), image=str(raw["image"]),
-                               namespace=str(raw["namespace"]), time_zone=str(raw["timeZone"]))
+    return ReservationEndFacts(flavor_fungibility=dict(raw["flavorFungibility"]), namespace=str(raw["namespace"]),
+                               time_zone=str(raw["timeZone"]))
 
 
 class ComputeClassFacts(msgspec.Struct, frozen=True):

@@ -13,7 +13,7 @@ from test_kueue import crd_problems
 
 from model import reservation
 from planner import cost, spill
-from workloads import kueue
+from workloads import kueue, reservation_end
 
 NOW = "2026-11-27T12:00:00Z"
 UTC = datetime.UTC
@@ -76,7 +76,10 @@ def test_workload_on_an_ending_reservation_without_a_fallback_is_refused() -> No
 
 def _objects(m: Any) -> list[dict[str, Any]]:
     pools = kueue.flavor_pools(m)
-    return [*kueue.cluster_objects(m.kueue, pools), *kueue.reservation_end_objects(m.kueue, pools)]
+    where = kueue.end_namespaces(m, pools)
+    return [*kueue.cluster_objects(m.kueue, pools),
+            *reservation_end.objects(m.kueue.queue_name, pools, where, "registry.example/deepspeed@sha256:" + "0" * 64),
+            *(o for ns in sorted({n for v in where.values() for n in v}) for o in reservation_end.namespace_access(ns))]
 
 
 def _apply(patch: list[dict[str, Any]], obj: dict[str, Any]) -> dict[str, Any]:
@@ -115,16 +118,24 @@ def test_cluster_queue_tries_the_reservation_then_its_fallback() -> None:
     assert queue["spec"]["flavorFungibility"] == {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor"}
 
 
+def _args(cron: dict[str, Any]) -> list[str]:
+    (container,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    return container["args"]
+
+
 def test_at_the_end_the_requeued_job_fits_only_on_the_fallback() -> None:
     objects = _objects(model("dws"))
     (queue,) = [o for o in objects if o["kind"] == "ClusterQueue"]
     (cron,) = [o for o in objects if o["kind"] == "CronJob"]
     assert cron["spec"]["schedule"] == "0 0 1 1 *" and cron["spec"]["timeZone"] == "Etc/UTC"  # 2030-01-01T00:00Z
-    args = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:5] == ["patch", "clusterqueue", "deepspeed", "--type=json", args[4]]
-    import json
+    args = _args(cron)
+    # The program, the ClusterQueue, the flavor at index 0, the end, and pretrain's namespace.
+    assert args == ["/opt/deepspeed-stack/reservation-end/reservation_end.py", "--queue", "deepspeed",
+                    "--flavor", "h100-reserved", "--index", "0", "--end", "2030-01-01T00:00:00Z",
+                    "--namespaces", "pretrain", "--kueue-api", "kueue.x-k8s.io/v1beta2"]
+    from test_reservation_requeue import program
 
-    patch = json.loads(args[4].removeprefix("-p="))
+    patch = program().quota_patch("h100-reserved", 0)
     # 2 workers x 8 H100s: the reservation's flavor before the end, the DWS flavor after it.
     assert _first_fit(queue, 16) == "h100-reserved"
     after = _apply(patch, queue)
@@ -136,22 +147,50 @@ def test_at_the_end_the_requeued_job_fits_only_on_the_fallback() -> None:
         _apply(patch, moved)
 
 
+def test_a_schedule_with_seconds_fires_at_the_next_minute() -> None:
+    # Cron has no seconds: firing at 00:00 for an end at 00:00:30 would be 30 s early, and the program waits for
+    # the end itself (test_reservation_requeue.py), so it would do nothing.
+    assert reservation_end.cron_schedule("2030-01-01T00:00:30Z") == "1 0 1 1 *"
+    assert reservation_end.cron_schedule("2030-12-31T23:59:01Z") == "0 0 1 1 *"
+    assert reservation_end.cron_schedule("2030-06-15T09:30:00+02:00") == "30 7 15 6 *"
+
+
 def test_reservation_end_objects_are_valid_kubernetes() -> None:
     import kubernetes_validate
 
     objects = [o for o in _objects(model("dws")) if not o["apiVersion"].startswith("kueue.")]
-    assert [o["kind"] for o in objects] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CronJob"]
+    assert [o["kind"] for o in objects] == ["ConfigMap", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                                            "CronJob", "Role", "RoleBinding"]
     for obj in objects:
         kubernetes_validate.validate(obj, "1.33.0", strict=True)
     (cron,) = [o for o in objects if o["kind"] == "CronJob"]
-    # checkov's checks it cannot pass, skipped on it with their reasons: the token kubectl needs, a tag from a source.
-    assert sorted(v.split("=")[0] for v in cron["metadata"]["annotations"].values()) == ["CKV_K8S_38", "CKV_K8S_43"]
-    (container,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
-    assert container["imagePullPolicy"] == "Always" and container["securityContext"]["readOnlyRootFilesystem"]
-    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
-    # Only the one ClusterQueue, only read and patch.
-    assert role["rules"] == [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"],
-                              "resourceNames": ["deepspeed"], "verbs": ["get", "patch"]}]
+    # checkov's check it cannot pass, skipped on it with its reason: the token the program needs.
+    assert sorted(v.split("=")[0] for v in cron["metadata"]["annotations"].values()) == ["CKV_K8S_38"]
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"].startswith("registry.example/deepspeed@sha256:")  # the stack's image, by digest
+    assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+    (config,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert sorted(config["data"]) == ["kube_api.py", "reservation_end.py"]
+
+
+def test_the_requeue_access_is_the_minimum() -> None:
+    """Patch on the one ClusterQueue (a JSON patch needs no read first); list and patch on Workloads in the one
+    namespace whose job may use the reservation. A Workload's name carries a hash of its job's UID, unknown before
+    the job exists (Kueue workload_names.go), so no resourceNames there; waiting lists again: no get, no watch."""
+    objects = _objects(model("dws"))
+    rules = {(o["kind"], o["metadata"].get("namespace")): o["rules"] for o in objects if "rules" in o}
+    assert rules == {
+        ("ClusterRole", None): [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"],
+                                 "resourceNames": ["deepspeed"], "verbs": ["patch"]}],
+        ("Role", "pretrain"): [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
+                                "verbs": ["list", "patch"]}],
+    }
+    bindings = [o for o in objects if o["kind"].endswith("Binding")]
+    assert {(b["kind"], b["metadata"].get("namespace")) for b in bindings} == {
+        ("ClusterRoleBinding", None), ("RoleBinding", "pretrain")}
+    for b in bindings:
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "reservation-end", "namespace": "kueue-system"}]
 
 
 def test_without_an_end_nothing_changes() -> None:

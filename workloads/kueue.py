@@ -22,7 +22,6 @@ The objects are plain dicts from pure functions, validated in tests against Kueu
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import msgspec
@@ -30,11 +29,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from model import capacity, reservation
+from model import capacity
 from model import catalog as gpu_catalog
 from model.types import KueueConfig, NodePoolConfig, StackConfig, WorkloadConfig
+from workloads import reservation_end
 from workloads.placement import NVIDIA_RESOURCE
-from workloads.pod_security import skip_annotations
 
 POOL_LABEL = "deepspeed-stack/pool"  # the node label every GPU pool sets (components/gpu_node_pool.py)
 CPU_FLAVOR = "cpu-memory"  # the label-less flavor of the cpu/memory group (launchers, the workers' CPU and memory)
@@ -142,102 +141,17 @@ def cluster_objects(config: KueueConfig, pools: list[NodePoolConfig]) -> list[di
     return [*objects, cluster_queue(config.queue_name, pools)]
 
 
-# --- A reservation's end: its flavor's quota goes to 0, so a requeued job is admitted on the next flavor -------
-
-END_JOB = "reservation-end"  # the ServiceAccount, ClusterRole and binding of the CronJobs
-END_USER = 65532  # a non-root uid for kubectl (the image's own user is not documented: data/capacity.yaml)
-# checkov's checks the CronJob cannot pass, each with its reason (skip annotations, as the fabric's daemons have).
-END_WAIVERS = {
-    "CKV_K8S_38": "the pod is kubectl patching the ClusterQueue: it needs its ServiceAccount's token (a role that may "
-                  "get and patch that one ClusterQueue only)",
-    "CKV_K8S_43": "kubectl's image is pinned by tag, as the source that names it (kumahq/kuma#14300) pins it; no "
-                  "digest in a pinned source (data/capacity.yaml kueue.reservationEnd); pulled Always",
-}
-
-
-def end_job_name(pool: NodePoolConfig) -> str:
-    return f"{END_JOB}-{pool.name}"[:52].rstrip("-")  # a CronJob's name: at most 52 characters
-
-
-def quota_patch(pools: list[NodePoolConfig], pool: NodePoolConfig) -> list[dict[str, Any]]:
-    """The JSON patch that takes the pool's flavor's GPU quota away: it tests the flavor's name at its index in the
-    GPU resource group first, so a ClusterQueue changed since (another flavor order) is left as it is."""
-    at = f"/spec/resourceGroups/0/flavors/{[p.name for p in pools].index(pool.name)}"
-    return [{"op": "test", "path": f"{at}/name", "value": flavor_name(pool)},
-            {"op": "replace", "path": f"{at}/resources/0/nominalQuota", "value": 0}]
-
-
-def cron_schedule(end: str) -> str:
-    """The minute of the end, in UTC, as a cron line: `0 0 4 12 *` for 2026-12-04T00:00:00Z. (It would fire again
-    on that date a year later: the quota is 0 by then either way.)"""
-    when = reservation.parse_time(end)
-    return f"{when.minute} {when.hour} {when.day} {when.month} *"
-
-
-def _end_pod(queue: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
-    facts = capacity.load().reservation_end
-    return {
-        "serviceAccountName": END_JOB,
-        "restartPolicy": "OnFailure",
-        "securityContext": {"runAsNonRoot": True, "runAsUser": END_USER, "runAsGroup": END_USER,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{
-            "name": "kubectl",
-            "image": facts.image,
-            "imagePullPolicy": "Always",  # a few MB, once at the end
-            "args": ["patch", "clusterqueue", queue, "--type=json", f"-p={json.dumps(patch)}"],
-            "env": [{"name": "HOME", "value": "/tmp"}],  # kubectl's cache; the root file system is read-only
-            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}},
-            "securityContext": {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
-                                "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
-            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-        }],
-        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
-    }
-
-
-def end_cron_job(queue: str, pools: list[NodePoolConfig], pool: NodePoolConfig) -> dict[str, Any]:
-    """At the reservation's end (its minute, UTC), the pool's flavor's quota goes to 0 (quota_patch)."""
-    assert pool.reservation_end_time is not None
-    facts = capacity.load().reservation_end
-    meta = _meta(end_job_name(pool), facts.namespace)
-    return {"apiVersion": "batch/v1", "kind": "CronJob",
-            "metadata": {**meta, "annotations": skip_annotations(END_WAIVERS)},
-            "spec": {"schedule": cron_schedule(pool.reservation_end_time), "timeZone": facts.time_zone,
-                     # Run late rather than never (the control plane busy at that minute): within a day.
-                     "startingDeadlineSeconds": 86400, "concurrencyPolicy": "Forbid",
-                     "successfulJobsHistoryLimit": 1, "failedJobsHistoryLimit": 3,
-                     "jobTemplate": {"spec": {"backoffLimit": 6, "template": {
-                         "metadata": {"labels": {"app.kubernetes.io/name": END_JOB}},
-                         "spec": _end_pod(queue, quota_patch(pools, pool))}}}}}
-
-
-def end_access(queue: str) -> list[dict[str, Any]]:
-    """The CronJobs' ServiceAccount, allowed to read and patch the one ClusterQueue and nothing else."""
-    namespace = capacity.load().reservation_end.namespace
-    role = f"deepspeed-stack-{END_JOB}"
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(END_JOB, namespace)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(role),
-         "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "resourceNames": [queue],
-                    "verbs": ["get", "patch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": _meta(role),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-         "subjects": [{"kind": "ServiceAccount", "name": END_JOB, "namespace": namespace}]},
-    ]
-
-
-def reservation_end_objects(config: KueueConfig, pools: list[NodePoolConfig]) -> list[dict[str, Any]]:
-    """For each flavor's pool whose reservation ends: a CronJob that takes its quota away then, with its access."""
-    ending = [p for p in pools if p.reservation_end_time]
-    if not ending:
-        return []
-    return [*end_access(config.queue_name), *(end_cron_job(config.queue_name, pools, p) for p in ending)]
-
-
 class KueueArgs(msgspec.Struct, frozen=True):
     config: KueueConfig
     pools: list[NodePoolConfig]  # the GPU flavors' pools in the ClusterQueue's order (flavor_pools)
+    # A reservation's end (workloads/reservation_end.py): ending pool -> namespaces of the jobs that may use it,
+    # and the stack's image the CronJob runs its program in (an Output in the program, a string in tests).
+    end_namespaces: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    image: Any = None
+
+
+def end_namespaces(cfg: StackConfig, pools: list[NodePoolConfig]) -> dict[str, list[str]]:
+    return {p.name: reservation_end.namespaces(cfg, p) for p in reservation_end.ending(pools)}
 
 
 def manager_config() -> dict[str, Any]:
@@ -310,10 +224,12 @@ class Kueue(pulumi.ComponentResource):
             opts_ = pulumi.ResourceOptions.merge(after_install, pulumi.ResourceOptions(
                 depends_on=[self.release, *self.objects])) if names_others else after_install
             self.objects.append(self._custom(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, opts_))
-        # At a reservation's end its flavor's quota goes to 0 (after the ClusterQueue the patch names).
+        # At a reservation's end its flavor's quota goes to 0 and its jobs are requeued (after the ClusterQueue).
         after_queue = pulumi.ResourceOptions(parent=self, depends_on=[self.release, *self.objects])
         self.reservation_end = [self._plain(f"{name}-{o['kind'].lower()}-{o['metadata']['name']}", o, after_queue)
-                                for o in reservation_end_objects(args.config, args.pools)]
+                                for o in reservation_end.objects(self._queue, args.pools, args.end_namespaces,
+                                                                 args.image)]
+        self._end_namespaces = {n for where in args.end_namespaces.values() for n in where}
         self.local_queues: list[k8s.apiextensions.CustomResource] = []
         self.register_outputs({"version": args.config.version, "chart": install.chart_repository,
                                "clusterQueue": self._queue})
@@ -325,30 +241,41 @@ class Kueue(pulumi.ComponentResource):
         queue = self._custom(f"{self._name}-localqueue-{namespace}", local_queue(self._queue, namespace), in_queue,
                              namespace_output)
         self.local_queues.append(queue)
+        if namespace in self._end_namespaces:  # the reservation-end CronJob may list and patch its Workloads
+            in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[queue])
+            self.reservation_end += [self._plain(f"{self._name}-{o['kind'].lower()}-{namespace}", o, in_namespace,
+                                                 namespace_output) for o in reservation_end.namespace_access(namespace)]
         return queue
 
     @staticmethod
-    def _plain(logical: str, obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
-        """A built-in kind from its dict: the ServiceAccount and RBAC through their typed classes (rules and
-        subjects are no `spec`), the CronJob's spec as it is."""
+    def _plain(logical: str, obj: dict[str, Any], opts: pulumi.ResourceOptions,
+               namespace: pulumi.Input[str] | None = None) -> pulumi.CustomResource:
+        """A built-in kind from its dict: the ServiceAccount, ConfigMap and RBAC through their typed classes (rules,
+        data and subjects are no `spec`), the CronJob's spec as it is. `namespace`: the Namespace's output, so the
+        object waits for it."""
         meta = obj["metadata"]
-        metadata = k8s.meta.v1.ObjectMetaArgs(name=meta["name"], namespace=meta.get("namespace"),
+        metadata = k8s.meta.v1.ObjectMetaArgs(name=meta["name"], namespace=namespace or meta.get("namespace"),
                                               labels=meta["labels"], annotations=meta.get("annotations"))
-        if obj["kind"] == "ServiceAccount":
+        kind = obj["kind"]
+        if kind == "ServiceAccount":
             return k8s.core.v1.ServiceAccount(logical, metadata=metadata, opts=opts)
-        if obj["kind"] == "ClusterRole":
+        if kind == "ConfigMap":
+            return k8s.core.v1.ConfigMap(logical, metadata=metadata, data=obj["data"], opts=opts)
+        if kind in ("ClusterRole", "Role"):
             rules = [k8s.rbac.v1.PolicyRuleArgs(api_groups=r["apiGroups"], resources=r["resources"],
-                                                resource_names=r["resourceNames"], verbs=r["verbs"])
+                                                resource_names=r.get("resourceNames"), verbs=r["verbs"])
                      for r in obj["rules"]]
-            return k8s.rbac.v1.ClusterRole(logical, metadata=metadata, rules=rules, opts=opts)
-        if obj["kind"] == "ClusterRoleBinding":
+            role = k8s.rbac.v1.ClusterRole if kind == "ClusterRole" else k8s.rbac.v1.Role
+            return role(logical, metadata=metadata, rules=rules, opts=opts)
+        if kind in ("ClusterRoleBinding", "RoleBinding"):
             ref = obj["roleRef"]
-            return k8s.rbac.v1.ClusterRoleBinding(
+            binding = k8s.rbac.v1.ClusterRoleBinding if kind == "ClusterRoleBinding" else k8s.rbac.v1.RoleBinding
+            return binding(
                 logical, metadata=metadata, opts=opts,
                 role_ref=k8s.rbac.v1.RoleRefArgs(api_group=ref["apiGroup"], kind=ref["kind"], name=ref["name"]),
                 subjects=[k8s.rbac.v1.SubjectArgs(kind=x["kind"], name=x["name"], namespace=x["namespace"])
                           for x in obj["subjects"]])
-        return k8s.apiextensions.CustomResource(logical, api_version=obj["apiVersion"], kind=obj["kind"],
+        return k8s.apiextensions.CustomResource(logical, api_version=obj["apiVersion"], kind=kind,
                                                 metadata=metadata, spec=obj.get("spec"), opts=opts)
 
     @staticmethod
