@@ -206,7 +206,8 @@ def test_gaudi_launcher_runs_gaudi_spawn_over_the_operator_hostfile(gaudi_job: d
     for installing in ("git clone", "pip install", "mpirun", "/etc/ssh/ssh_config"):
         assert installing not in script
     train = script.splitlines()[-1]
-    assert train.startswith('python ../gaudi_spawn.py --hostfile="$HOSTSFILE" --use_deepspeed --world_size 8 '
+    # run_ranks: the launcher's function that remembers a final status and passes a stop on (test_gaudi_launcher.py).
+    assert train.startswith('run_ranks python ../gaudi_spawn.py --hostfile="$HOSTSFILE" --use_deepspeed --world_size 8 '
                             'run_lora_clm.py --model_name_or_path "$LLM_MODEL" --dataset_name tatsu-lab/alpaca '
                             '--num_train_epochs "$NUM_EPOCHS" --deepspeed /etc/deepspeed/ds_config.json ')
     # Trainer arguments that must agree with ds_config.json come from the deepspeed block (8 x 2, bf16).

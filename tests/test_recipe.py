@@ -95,11 +95,11 @@ def test_gaudi_renders_the_launcher_command_from_the_same_keys(on_gaudi: Any) ->
     w = on_gaudi.workloads["gaudi-llm-ds-ft"]
     script = gaudi.launcher_script(w, placement(on_gaudi, w), has_token=False)
     last = shlex.split(script.splitlines()[-1])
-    assert last[:7] == ["python", "../gaudi_spawn.py", "--hostfile=$HOSTSFILE", "--use_deepspeed", "--world_size",
-                        "8", "/etc/deepspeed/finetune.py"]
+    assert last[:8] == ["run_ranks", "python", "../gaudi_spawn.py", "--hostfile=$HOSTSFILE", "--use_deepspeed",
+                        "--world_size", "8", "/etc/deepspeed/finetune.py"]
     # The outputs in the ranks' own folder of the claim (<mountPath>/deepspeed-stack: whatever made the claim's
     # other folders first), your data where you put it on the claim.
-    assert last[7:] == expected("/storage", "/etc/deepspeed", "/storage/deepspeed-stack", "gaudi-llm-ds-ft")
+    assert last[8:] == expected("/storage", "/etc/deepspeed", "/storage/deepspeed-stack", "gaudi-llm-ds-ft")
     assert "cd /opt/optimum-habana/examples/language-modeling" in script.splitlines()
 
 

@@ -19,6 +19,18 @@ from model import gaudi_software
 from model.types import MpiJobWorkloadConfig
 from workloads import pod_security, recipe, recovery
 from workloads.ds_config import runs_hf_trainer
+
+# run_lora_clm.py's flags the stack sets or that `training.args` cannot give (workloads/kinds/mpijob.py reads them).
+from workloads.mpijob.gaudi_flags import LAUNCHER_FLAGS, RESERVED_TRAINING_FLAGS, reserved_flag  # noqa: F401
+from workloads.mpijob.nvidia import (
+    CHECK_INPUTS,
+    RUN_RANKS,
+    check_inputs_function,
+    final_status_guard,
+    launcher_state,
+    run_ranks_function,
+    wait_for_paths,
+)
 from workloads.mpijob.shape import (
     CONFIG_DIR,
     DS_CONFIG_KEY,
@@ -192,60 +204,6 @@ def trainer_args(w: MpiJobWorkloadConfig) -> list[str]:
     return args
 
 
-# Flags the stack derives from other keys of the workload (their key paths); `training.args` must not
-# repeat them (a rule says so: workloads/kinds/mpijob.py).
-RESERVED_TRAINING_FLAGS: dict[str, tuple[str, ...]] = {
-    "--model_name_or_path": ("training", "model"),
-    "--dataset_name": ("training", "dataset"),
-    "--num_train_epochs": ("training", "epochs"),
-    "--deepspeed": ("deepspeed",),
-    "--per_device_train_batch_size": ("deepspeed", "microBatchPerGpu"),
-    "--gradient_accumulation_steps": ("deepspeed", "gradientAccumulation"),
-    "--max_grad_norm": ("deepspeed", "gradientClipping"),
-    "--learning_rate": ("deepspeed", "learningRate"),
-    "--lora_rank": ("training", "lora", "rank"),
-    "--lora_alpha": ("training", "lora", "alpha"),
-    "--lora_dropout": ("training", "lora", "dropout"),
-    "--lora_target_modules": ("training", "lora", "targetModules"),
-    "--bf16": ("deepspeed", "precision"),
-    "--fp16": ("deepspeed", "precision"),
-}
-
-
-# Flags of optimum-habana's run_lora_clm.py that `training.args` cannot usefully give: the launcher passes them
-# itself (gaudi_train_command), or passes one that wins over them. Each -> what to use instead ({w}: the workload's
-# key). Your own data: run_lora_clm.py's data arguments load --dataset_name when it is given and only otherwise
-# --train_file/--validation_file (optimum-habana examples/language-modeling/run_lora_clm.py, `main`: "if
-# data_args.dataset_name is not None: ... load_dataset(data_args.dataset_name ...) else: data_files ..."), and the
-# launcher always passes --dataset_name (training.dataset): a file would be silently ignored.
-_OWN_DATA = ("is overridden: the launcher always passes --dataset_name (training.dataset), which run_lora_clm.py "
-             "loads instead, so the job would train on that dataset without a word. To train on your own data, use "
-             "the recipe: {w}.finetune.datasetPath (a .jsonl/.json, .parquet or .txt file or folder on the claim, "
-             "relative to storage.mountPath; finetune.py on HPU), with {w}.finetune.model and the other finetune keys "
-             "in place of training")
-LAUNCHER_FLAGS: dict[str, str] = {
-    "--train_file": _OWN_DATA,
-    "--validation_file": _OWN_DATA,
-    "--dataset_config_name": ("names a configuration of --dataset_name, which the stack passes from "
-                              "training.dataset; a dataset with configurations is not supported there: use "
-                              "{w}.finetune.dataset or {w}.finetune.datasetPath"),
-    "--output_dir": ("is passed by the launcher (output/<workload> in the ranks' folder of the claim); remove it. "
-                     "For the recipe's layout (checkpoints/<workload>, models/<workload>, .complete last) use "
-                     "{w}.finetune"),
-    "--do_train": "is passed by the launcher already; remove it",
-    "--use_habana": "is passed by the launcher already; remove it",
-    "--use_lazy_mode": "is passed by the launcher already; remove it",
-    "--throughput_warmup_steps": "is passed by the launcher already (3); remove it",
-    "--use_deepspeed": "is gaudi_spawn.py's, which the launcher runs with it already; remove it",
-    "--world_size": "is gaudi_spawn.py's, computed from workers x accelerator.count; remove it",
-}
-
-
-def reserved_flag(arg: str) -> tuple[str, ...] | None:
-    """The workload keys that set this training argument, when the stack sets it already."""
-    return RESERVED_TRAINING_FLAGS.get(arg.split("=", 1)[0])
-
-
 # --- launcher and worker commands -----------------------------------------------------------------
 
 def gaudi_setup_script(w: MpiJobWorkloadConfig) -> str:
@@ -280,19 +238,54 @@ def recipe_train_command(w: MpiJobWorkloadConfig, where: Placement) -> str:
     operator's hostfile, as for its own examples); on HPU the script trains with optimum-habana's GaudiTrainer
     (finetune_hpu.py)."""
     world_size = w.workers * where.per_worker
-    return " ".join(["python", "../gaudi_spawn.py", '--hostfile="$HOSTSFILE"', "--use_deepspeed", "--world_size",
-                     str(world_size), quote_args([f"{CONFIG_DIR}/{recipe.SCRIPT.name}", *recipe_args(w)])])
+    return " ".join([RUN_RANKS, "python", "../gaudi_spawn.py", '--hostfile="$HOSTSFILE"', "--use_deepspeed",
+                     "--world_size", str(world_size),
+                     quote_args([f"{CONFIG_DIR}/{recipe.SCRIPT.name}", *recipe_args(w)])])
 
 
 def train_command(w: MpiJobWorkloadConfig, where: Placement) -> str:
-    """The recipe with `finetune`, else `training`'s optimum-habana example (Omnia's run)."""
+    """The recipe with `finetune`, else `training`'s optimum-habana example (Omnia's run), through the launcher's
+    run_ranks (the final status remembered, a stop passed on)."""
     return recipe_train_command(w, where) if w.finetune is not None else gaudi_train_command(w, where)
+
+
+def data_inputs(w: MpiJobWorkloadConfig) -> list[str]:
+    """The recipe's inputs on the claim, as the pods see them: the launcher waits for them (copied onto the claim
+    after `pulumi up`)."""
+    return [recipe_roots(w).under(path) for path in recipe.data_paths(w.finetune)] if w.finetune else []
+
+
+def data_step_command(w: MpiJobWorkloadConfig) -> list[str]:
+    """The launcher's data step before gaudi_spawn.py starts the ranks, as on GKE (workloads/finetune.py
+    data_check_command): finetune.py --prepare-data checks the data (exit 2: bad data, final) and tokenizes every
+    record once into <checkpoints>/tokenized/ on the claim, which the ranks memory-map. It needs no card: the
+    tokenizer and datasets only."""
+    if w.finetune is None:
+        return []
+    return ["python", f"{CONFIG_DIR}/{recipe.SCRIPT.name}", "--prepare-data", *recipe_args(w)]
+
+
+def final_errors() -> list[str]:
+    """The NVIDIA launcher's guard (workloads/mpijob/nvidia.py): an earlier attempt's final status (exit 2: bad
+    arguments or data) stops every later attempt at once, the input check's and the ranks' alike; the ranks run in
+    a process group of their own, so a stop reaches DeepSpeed's runner under gaudi_spawn.py."""
+    return [final_status_guard(), *run_ranks_function(group=True), *check_inputs_function()]
+
+
+def data_step(w: MpiJobWorkloadConfig) -> list[str]:
+    """Wait for the recipe's inputs on the claim, then its data step (nothing without `finetune`)."""
+    if w.finetune is None:
+        return []
+    waits = data_inputs(w)
+    return [*([wait_for_paths(waits, "copy it onto the claim")] if waits else []),
+            f"{CHECK_INPUTS} {quote_args(data_step_command(w))}"]
 
 
 def gaudi_train_command(w: MpiJobWorkloadConfig, where: Placement) -> str:
     world_size = w.workers * where.per_worker
     train = [
-        "python", "../gaudi_spawn.py", '--hostfile="$HOSTSFILE"', "--use_deepspeed", "--world_size", str(world_size),
+        RUN_RANKS, "python", "../gaudi_spawn.py", '--hostfile="$HOSTSFILE"', "--use_deepspeed",
+        "--world_size", str(world_size),
         shlex.quote(w.training.script), '--model_name_or_path "$LLM_MODEL"',
         "--dataset_name", shlex.quote(w.training.dataset), '--num_train_epochs "$NUM_EPOCHS"',
         "--deepspeed", shlex.quote(f"{CONFIG_DIR}/{DS_CONFIG_KEY}"),
@@ -380,9 +373,11 @@ def gaudi_image_launcher_script(w: MpiJobWorkloadConfig, where: Placement) -> st
     then train."""
     return "\n".join([
         "set -eo pipefail",
+        *final_errors(),
         writable_folders_check(w),
         *HOSTFILE_PREAMBLE,
         f"cd {pod_security.GAUDI_EXAMPLES_DIR}",
+        *data_step(w),
         train_command(w, where),
     ])
 
@@ -393,6 +388,7 @@ def gaudi_launcher_script(w: MpiJobWorkloadConfig, where: Placement, has_token: 
     setup_env = " ".join(f"-x {name}" for name in ["HF_HOME", *proxy_env(w)])
     return "\n".join([
         "set -eo pipefail",
+        *final_errors(),
         *HOSTFILE_PREAMBLE,
         # ssh (DeepSpeed's pdsh) sends these to the workers, whose sshd accepts them: first lines win.
         f"printf '%s\\n' {shlex.quote('SendEnv ' + ' '.join(send_env))} {shlex.quote(GAUDI_KEX)} "
@@ -401,6 +397,7 @@ def gaudi_launcher_script(w: MpiJobWorkloadConfig, where: Placement, has_token: 
         'bash -c "$SETUP"',
         f'mpirun --npernode 1 --tag-output --allow-run-as-root --prefix "$MPI_ROOT" {setup_env} bash -c "$SETUP"',
         f"cd {GAUDI_EXAMPLE_DIR}",
+        *data_step(w),
         train_command(w, where),
     ])
 
@@ -442,9 +439,12 @@ def render_spec(inputs: MpiJobInputs) -> dict[str, Any]:
         probes = {"readinessProbe": SSH_READINESS, "livenessProbe": pod_security.SSH_LIVENESS}
         auth = f"{pod_security.GAUDI_HOME}/.ssh"
         annotations = {role: pod_security.waiver_annotations(role, w.host_ipc) for role in ("launcher", "worker")}
+    # The launcher's attempts remember a final status in an emptyDir (kept across restarts in place), as on GKE.
+    state = ([], []) if w.launch.command else ([v] for v in launcher_state())
+    state_volumes, state_mounts = state
     launcher = launcher_template(inputs, script=script, env=env, files=files, secure=secure,
                                  ssh_client=w.runs_stack_gaudi_image, resources=pod_security.LAUNCHER_RESOURCES,
-                                 annotations=annotations["launcher"])
+                                 annotations=annotations["launcher"], volumes=state_volumes, mounts=state_mounts)
     worker = worker_template(inputs, script=worker_script, env=env, files=files, secure=secure, probes=probes,
                              annotations=annotations["worker"])
     return shape_spec(inputs, launcher, worker, auth)

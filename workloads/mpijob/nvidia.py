@@ -157,20 +157,26 @@ def final_status_guard() -> str:
             f'exit "$(cat {FINAL_STATUS_FILE})"; fi')
 
 
-def run_ranks_function() -> list[str]:
+def run_ranks_function(group: bool = False) -> list[str]:
     """A shell function that runs its arguments (DeepSpeed's runner) as a child: the launcher's shell stays the
     container's main process, which is what the kubelet sends SIGTERM to, so it passes TERM (and INT) on to the
     runner (whose handler stops the ranks on every node); then it exits with the runner's status, remembering a
-    final one (FINAL_EXIT_STATUSES)."""
+    final one (FINAL_EXIT_STATUSES). `group`: the runner is a grandchild (Gaudi: gaudi_spawn.py starts DeepSpeed's
+    runner through `bash -c`, and dies of TERM itself), so the child leads a process group of its own (setsid: the
+    background child of a shell without job control is no group leader, so setsid makes its own pid the group's),
+    TERM goes to the whole group, and the function waits until the group is gone (the runner's handler still
+    stopping the ranks over pdsh)."""
     final = " -o ".join(f'"$status" -eq {code}' for code in FINAL_EXIT_STATUSES)
+    target = '-- "-$ranks"' if group else '"$ranks"'
     return [
         f"{RUN_RANKS}() {{",
-        '  "$@" &',
+        '  setsid "$@" &' if group else '  "$@" &',
         "  ranks=$!",
-        "  trap 'kill -TERM \"$ranks\" 2>/dev/null' TERM INT",
+        f"  trap 'kill -TERM {target} 2>/dev/null' TERM INT",
         '  status=0; wait "$ranks" || status=$?',
         # A trapped signal ends `wait` early: wait again, until the runner is gone, for its own status.
         '  while kill -0 "$ranks" 2>/dev/null; do status=0; wait "$ranks" || status=$?; done',
+        *(['  while kill -0 -- "-$ranks" 2>/dev/null; do sleep 1; done'] if group else []),
         f'  if [ {final} ]; then {{ echo "$status" > {FINAL_STATUS_FILE}; }} 2>/dev/null || true; '
         'echo "deepspeed-stack: the ranks stopped with exit status $status (bad arguments or data): final, the '
         "launcher's restarts will not run them again\" >&2; fi",
@@ -236,11 +242,11 @@ def launcher_script(where: Placement | None, launch: NvidiaLaunch) -> str:
 WAIT_TRIES = 180
 
 
-def wait_for_paths(paths: list[str]) -> str:
-    """One shell line: wait (bounded) until every path exists, saying what it waits for."""
+def wait_for_paths(paths: list[str], how: str = "upload it to the bucket") -> str:
+    """One shell line: wait (bounded) until every path exists, saying what it waits for and `how` it gets there."""
     return (f"for path in {quote_args(paths)}; do tries={WAIT_TRIES}; until [ -e \"$path\" ]; do "
             'tries=$((tries - 1)); [ "$tries" -gt 0 ] || { echo "$path never appeared" >&2; exit 1; }; '
-            'echo "waiting for $path (upload it to the bucket)"; sleep 10; done; done')
+            f'echo "waiting for $path ({how})"; sleep 10; done; done')
 
 
 def nvidia_launcher_script(w: MpiJobBaseConfig, where: Placement | None = None) -> str:
