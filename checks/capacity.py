@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from checks.common import Check, at, or_list
 from model import capacity, reservation
+from model import catalog as gpu_catalog
 from model.types import NodePoolConfig, StackConfig
+from planner import cost, run_estimate
 
 # COMPACT placement with flex-start: only these machine families (FACTS.md section 2, CT gke-node-pool).
 COMPACT_FLEX_FAMILIES = ("a3-ultragpu-", "a4-", "h4d-")
@@ -294,6 +296,38 @@ def check_reservation_fallback(m: StackConfig) -> list[str]:
                         f"{pool.reservation_end_time}; name a pool of the same shape{instead} that the job continues "
                         "on from its newest checkpoint when the reservation's nodes go away")
     return problems
+
+
+def idle_reserved(m: StackConfig, i: int, pool: NodePoolConfig) -> str | None:
+    """A reservation pool whose workloads, all running at once, use fewer nodes than its maxNodes: the rest of the
+    reservation is billed at the on-demand rate whether used or not (data/capacity.yaml priceBasis), so say what
+    the idle nodes cost per hour and over each run the planner times (planner/run_estimate.py)."""
+    users = {name: cost.workload_nodes(w) for name, w in m.workloads.items() if w.pool == pool.name}
+    idle = pool.max_nodes - sum(users.values())
+    if not pool.reservation or not users or idle <= 0:
+        return None
+    cat = gpu_catalog.load()
+    shape = cat.shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
+    node = shape.price.on_demand if shape else None
+    used = ", ".join(f"{name}: {n}" for name, n in sorted(users.items()))
+    text = (f"{at('nodePools', i, 'maxNodes')}: pool {pool.name} reserves {pool.max_nodes} nodes of reservation "
+            f"{pool.reservation} and its workloads use {sum(users.values())} ({used}): {idle} reserved "
+            f"{'node sits' if idle == 1 else 'nodes sit'} idle, billed at the on-demand rate whether used or not")
+    if node is not None:
+        text += f": ${idle * node:,.2f}/h ({idle} x ${node:,.2f}, data/gpu_catalog.yaml {cat.date})"
+        for run in run_estimate.stack_runs(m, cat):
+            if run.pool == pool.name and run.estimate is not None:
+                fast, slow = (idle * node * h for h in (run.estimate.hours_fast, run.estimate.hours_slow))
+                hours = "–".join(run_estimate.format_hours(h) for h in (run.estimate.hours_fast,
+                                                                         run.estimate.hours_slow))
+                text += f", ${fast:,.0f}–${slow:,.0f} over run {run.name} ({hours} h)"
+    return (text + f". Give them work (more workers) or shrink the reservation and maxNodes to "
+            f"{sum(users.values())}")
+
+
+def warnings(m: StackConfig) -> list[str]:
+    """Reserved nodes no workload uses (each billed anyway)."""
+    return [w for i, p in _pools(m) if (w := idle_reserved(m, i, p)) is not None]
 
 
 def _chain_text(m: StackConfig, name: str) -> str:

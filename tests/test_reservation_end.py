@@ -254,3 +254,33 @@ def test_capacity_plan_names_the_end() -> None:
     text = capacity_markdown(capacity_plan(model("dws")))
     assert "| h100-reserved | reservation `h100-reservation` until 2030-01-01T00:00:00Z |" in text
     assert "| pretrain | h100-reserved (reservation) → h100-dws (DWS) | Kueue, queue `deepspeed` |" in text
+
+
+# --- reserved nodes no workload uses ----------------------------------------------------------------------------------
+
+def test_idle_reserved_nodes_are_warned_with_their_cost() -> None:
+    import checks
+
+    # pretrain's 2 workers on a pool of 4 reserved a3-highgpu-8g nodes: 2 idle, at $88.49 each (data/gpu_catalog.yaml).
+    found = [w for w in checks.warnings(model("dws", {"nodePools[0].maxNodes": 4})) if "idle" in w]
+    assert found == ["nodePools[0].maxNodes: pool h100-reserved reserves 4 nodes of reservation h100-reservation and "
+                     "its workloads use 2 (pretrain: 2): 2 reserved nodes sit idle, billed at the on-demand rate "
+                     "whether used or not: $176.98/h (2 x $88.49, data/gpu_catalog.yaml 2026-11-21). Give them work "
+                     "(more workers) or shrink the reservation and maxNodes to 2"]
+    assert not [w for w in checks.warnings(model("dws")) if "idle" in w]  # 2 of 2 used
+
+
+def test_idle_reserved_nodes_over_a_timed_run() -> None:
+    import checks
+
+    config = _finetune_on_a_reservation("2030-01-01T00:00:00Z")
+    config["deepspeed-stack:nodePools"][0]["maxNodes"] = 3
+    m = config_model(config)
+    (found,) = [w for w in checks.warnings(m) if "idle" in w]
+    hours = cost.stack_costs(m)["runs"]["tune"]["hours"]
+    # 1 idle g2 L4x4 node at its on-demand $/h, over the run's fast and slow hours.
+    node = 4.0  # data/gpu_catalog.yaml g2-standard-48 (4 x L4), on-demand
+    assert found.startswith("nodePools[0].maxNodes: pool l4x4 reserves 3 nodes of reservation l4-reservation and its "
+                            "workloads use 2 (tune: 2): 1 reserved node sits idle")
+    assert f"${node:,.2f}/h (1 x ${node:,.2f}" in found
+    assert f"${node * hours['fast']:,.0f}–${node * hours['slow']:,.0f} over run tune" in found
