@@ -176,9 +176,10 @@ def seed(name: str) -> Path:
     return path
 
 
-def stack_path(stack: str, example: bool = True) -> Path:
-    """The example's file (tests/examples), or with example=False the project's own stack file of that name."""
-    return (EXAMPLES_DIR if example else PROJECT_DIR) / f"Pulumi.{stack}.yaml"
+def stack_path(stack: str, example: bool = True, path: Path | None = None) -> Path:
+    """The example's file (tests/examples), or with example=False the project's own stack file of that name; `path`:
+    a stack file elsewhere (one `make gpus WRITE=` wrote in a test's folder), run as `stack`."""
+    return path or (EXAMPLES_DIR if example else PROJECT_DIR) / f"Pulumi.{stack}.yaml"
 
 
 def examples() -> list[str]:
@@ -188,23 +189,47 @@ def examples() -> list[str]:
 
 def stacks() -> list[str]:
     """Every stack file of the project (Pulumi.*.yaml beside Pulumi.yaml), a user's own and edited ones included:
-    what the checks every stack must pass run over (with `example=False`)."""
+    what the checks every stack must pass run over (with `example=False`). Under xdist, the list the controller
+    read when the run began (`pytest_configure_node`), so that a stack file added or removed while the workers
+    collect (`make gpus WRITE=` in another terminal) cannot make them collect different tests."""
+    if _LISTED_STACKS is not None:
+        return list(_LISTED_STACKS)
     return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in PROJECT_DIR.glob("Pulumi.*.yaml"))
 
 
-def load_stack_config(stack: str, example: bool = True) -> tuple[dict[str, str], list[str]]:
-    """engine.load_stack_config of the example's file (example=False: the project's)."""
+_LISTED_STACKS: list[str] | None = None
+STACKS_KEY = "deepspeed_stack_stacks"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A worker takes the controller's list of stack files (xdist's workerinput); the controller reads it once."""
+    global _LISTED_STACKS
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None and STACKS_KEY in worker_input:
+        _LISTED_STACKS = list(worker_input[STACKS_KEY])
+    elif worker_input is None:
+        _LISTED_STACKS = stacks()
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent without the plugin (pytest -p no:xdist)
+def pytest_configure_node(node: Any) -> None:
+    node.workerinput[STACKS_KEY] = stacks()
+
+
+def load_stack_config(stack: str, example: bool = True, path: Path | None = None) -> tuple[dict[str, str], list[str]]:
+    """engine.load_stack_config of the example's file (example=False: the project's; `path`: that file)."""
     from preview import engine, stackfile
 
-    return engine.engine_config_from_yaml(stackfile.read(stack_path(stack, example)))
+    return engine.engine_config_from_yaml(stackfile.read(stack_path(stack, example, path)))
 
 
-def run_stack(stack: str, overrides: dict[str, Any] | None = None, *, example: bool = True) -> RunResult:
-    """engine.run_stack on the example's file (example=False: the project's): a fresh run, `overrides` replacing
-    top-level keys (values as in the YAML)."""
+def run_stack(stack: str, overrides: dict[str, Any] | None = None, *, example: bool = True,
+              path: Path | None = None) -> RunResult:
+    """engine.run_stack on the example's file (example=False: the project's; `path`: that file): a fresh run,
+    `overrides` replacing top-level keys (values as in the YAML)."""
     from preview import engine
 
-    config, secret_keys = load_stack_config(stack, example)
+    config, secret_keys = load_stack_config(stack, example, path)
     if overrides:
         extra, extra_secrets = engine.engine_config_from_yaml(overrides)
         config.update(extra)
@@ -212,13 +237,14 @@ def run_stack(stack: str, overrides: dict[str, Any] | None = None, *, example: b
     return engine.run_program(config, secret_keys, stack=stack)
 
 
-def stack_run(stack: str, overrides: dict[str, Any] | None = None, *, example: bool = True) -> RunResult:
+def stack_run(stack: str, overrides: dict[str, Any] | None = None, *, example: bool = True,
+              path: Path | None = None) -> RunResult:
     """run_stack, cached by the file's text, the stack's name and the overrides, since a run is read-only for the
     tests: a project stack file still equal to its example shares the example's run."""
-    text = stack_path(stack, example).read_text(encoding="utf-8")
+    text = stack_path(stack, example, path).read_text(encoding="utf-8")
     key = f"{stack} {json.dumps(overrides or {}, sort_keys=True)} {text}"
     if key not in _RUNS:
-        _RUNS[key] = run_stack(stack, overrides, example=example)
+        _RUNS[key] = run_stack(stack, overrides, example=example, path=path)
     return _RUNS[key]
 
 
@@ -252,10 +278,10 @@ def _stack_file_config(path: Path) -> dict[str, Any]:
         return yaml_load(fh)["config"]
 
 
-def stack_yaml(stack: str, example: bool = True) -> dict[str, Any]:
-    """An example's config (example=False: the project's stack file's) as nested YAML values, for tests that change
-    one key (a fresh copy each call)."""
-    return copy.deepcopy(_stack_file_config(stack_path(stack, example)))
+def stack_yaml(stack: str, example: bool = True, path: Path | None = None) -> dict[str, Any]:
+    """An example's config (example=False: the project's stack file's; `path`: that file) as nested YAML values,
+    for tests that change one key (a fresh copy each call)."""
+    return copy.deepcopy(_stack_file_config(stack_path(stack, example, path)))
 
 
 _TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
@@ -279,9 +305,10 @@ def set_path(config: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 DELETE = object()
 
 
-def changed(stack: str, changes: dict[str, Any] | None = None, example: bool = True) -> dict[str, Any]:
+def changed(stack: str, changes: dict[str, Any] | None = None, example: bool = True,
+            path: Path | None = None) -> dict[str, Any]:
     """A stack file's config with keys changed as `pulumi config set --path` would."""
-    config = stack_yaml(stack, example)
+    config = stack_yaml(stack, example, path)
     for path, value in (changes or {}).items():
         set_path(config, path, value)
     return config
@@ -311,5 +338,6 @@ def problems(stack: str, changes: dict[str, Any], secure: tuple[str, ...] = (), 
     return config_problems(changed(stack, changes, example), secure)
 
 
-def model(stack: str, changes: dict[str, Any] | None = None, *, example: bool = True) -> StackConfig:
-    return config_model(changed(stack, changes, example))
+def model(stack: str, changes: dict[str, Any] | None = None, *, example: bool = True,
+          path: Path | None = None) -> StackConfig:
+    return config_model(changed(stack, changes, example, path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -18,9 +19,14 @@ def only(found: list[str]) -> str:
     return found[0]
 
 
+def stack_is_valid(stack: str, path: Path | None = None) -> None:
+    """The schema and every rule accept the stack file (the project's; `path`: that file)."""
+    assert config_problems(stack_yaml(stack, example=False, path=path)) == []
+
+
 @pytest.mark.parametrize("stack", stacks())
 def test_repo_stacks_are_valid(stack: str) -> None:
-    assert problems(stack, {}, example=False) == []
+    stack_is_valid(stack)
 
 
 def test_dev_model_values() -> None:

@@ -55,7 +55,11 @@ def named(run: RunResult, name: str) -> Registration:
 
 @pytest.mark.parametrize("stack", stacks())
 def test_every_custom_resource_waits_for_what_admits_it(stack: str) -> None:
-    run = stack_run(stack, example=False)
+    custom_resources_wait(stack_run(stack, example=False))
+
+
+def custom_resources_wait(run: RunResult) -> None:
+    """Every custom resource of a run waits for the controller and webhooks that admit it."""
     crs = [r for r in run.resources if group(r) not in (None, *CORE_GROUPS)]
     assert {group(r) for r in crs} <= STACK_ADMITTED | GKE_ADMITTED  # a new kind must be added here, with its admitter
     operator = [r for r in run.resources if r.name == OPERATOR_MANIFEST]

@@ -4,6 +4,8 @@ without it (issue 19.1). The token reaches pods as a mounted file that HF_TOKEN_
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import stack_run, stacks
 from test_policy import LAUNCHER, MPIJOB, RELEASE, changed, check
@@ -18,7 +20,11 @@ TOKEN = {"secure": "v1:planted-ciphertext"}  # what `pulumi config set --secret 
 def test_every_stack_passes_the_policy_pack_with_a_token(stack: str) -> None:
     """Without a token: test_policy.test_repo_stacks_have_no_mandatory_violation. With one, the Secret and the
     path that names it are in every pod that downloads a model, and still nothing is mandatory."""
-    run = stack_run(stack, {"hfToken": TOKEN}, example=False)
+    passes_with_a_token(stack)
+
+
+def passes_with_a_token(stack: str, path: Path | None = None) -> None:
+    run = stack_run(stack, {"hfToken": TOKEN}, example=False, path=path)
     assert [(v.policy, v.message) for v in policy_check.evaluate(run) if v.mandatory] == []
 
 

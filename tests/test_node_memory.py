@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,8 @@ from conftest import changed, config_problems, examples, model, reference, stack
 
 from model import catalog, node_memory
 from model.config import schema as load_schema
-from workloads.placement import placement, quantity_bytes
+from preview.engine import Registration
+from workloads.placement import GKE_ACCELERATOR_LABEL, POOL_LABEL, placement, quantity_bytes
 
 MIB, GIB = 2**20, 2**30
 
@@ -119,20 +121,76 @@ def _gpu_resources(value: Any) -> list[dict[str, Any]]:
     return found
 
 
-def gpu_pods_that_fit(stack: str, example: bool) -> int:
-    """Every pod's GPU request fits the room of a node of its pool (asserted); how many were checked."""
-    m, run, cat = model(stack, example=example), stack_run(stack, example=example), catalog.load()
-    room: dict[int, float] = {}  # GPUs per pod -> the smallest pod room of the pools with that many GPUs
-    for pool in m.node_pools:
+NODE_POOL = "gcp:container/nodePool:NodePool"
+
+
+def node_labels(pool: Registration) -> dict[str, str]:
+    """The labels of a rendered GPU pool's nodes: its own (`nodeConfig.labels`: the pool's name, a ComputeClass),
+    and those GKE puts on every GPU node (the accelerator type, the machine type)."""
+    node = pool.inputs["nodeConfig"]
+    (accelerator,) = node["guestAccelerators"]
+    return {**(node.get("labels") or {}), GKE_ACCELERATOR_LABEL: accelerator["type"],
+            "node.kubernetes.io/instance-type": node["machineType"]}
+
+
+def selects(pod: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether the scheduler may put the pod on a node with these labels: its nodeSelector, and its required node
+    affinity's terms (any term; each of a term's `In` expressions), as kube-scheduler matches them."""
+    if any(labels.get(k) != v for k, v in (pod.get("nodeSelector") or {}).items()):
+        return False
+    required = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    for term in terms:
+        assert {e["operator"] for e in term["matchExpressions"]} == {"In"}, term  # the only operator we render
+    return not terms or any(all(labels.get(e["key"]) in e["values"] for e in term["matchExpressions"])
+                            for term in terms)
+
+
+def gpu_pods(value: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, resources) of every container that asks for GPUs, anywhere in a resource's inputs (a pod spec is
+    a dict with `containers`; the chart's values put the selector beside `resources`)."""
+    found = []
+    if isinstance(value, dict):
+        for container in value.get("containers") or []:
+            found += [(value, res) for res in _gpu_resources(container)]
+        if "containers" not in value and "nodeSelector" in value:
+            found += [(value, res) for res in _gpu_resources(value)]
+        for key, item in value.items():
+            if key != "containers":
+                found += gpu_pods(item)
+    elif isinstance(value, list):
+        for item in value:
+            found += gpu_pods(item)
+    return found
+
+
+def gpu_pods_that_fit(stack: str, example: bool, path: Path | None = None) -> int:
+    """Every GPU pod's requests fit the room of a node of each pool it may be scheduled on (its selector and
+    required affinity against each pool's node labels: its own pool, or its pool and fallback), and some pool takes
+    it (asserted); how many were checked."""
+    m, run, cat = model(stack, example=example, path=path), stack_run(stack, example=example, path=path), catalog.load()
+    pools = []  # (name, node labels, pod room GiB) of each GPU pool
+    for reg in run.by_type(NODE_POOL):
+        if not reg.inputs["nodeConfig"].get("guestAccelerators"):
+            continue
+        labels = node_labels(reg)
+        pool = m.pool(labels[POOL_LABEL])
+        assert pool is not None, labels
         shape = cat.shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
         fit = node_memory.fit_pod(shape.vcpus, shape.memory_gb, node_memory.machine_fabric(pool.machine_type))
-        room[pool.gpu.count] = min(room.get(pool.gpu.count, float("inf")), fit.pod_room_gib)
+        pools.append((pool.name, labels, fit.pod_room_gib, pool.gpu.count))
     checked = 0
     for reg in run.resources:
-        for res in _gpu_resources(reg.inputs):
+        found = gpu_pods(reg.inputs)
+        assert len(found) == len(_gpu_resources(reg.inputs)), reg.name  # none left out of the walk
+        for pod, res in found:
             gpus = int(res["limits"]["nvidia.com/gpu"])
-            for part in ("requests", "limits"):
-                assert quantity_bytes(res[part]["memory"]) <= room[gpus] * GIB, (reg.name, part, res[part])
+            fits = [(name, room) for name, labels, room, count in pools if count >= gpus and selects(pod, labels)]
+            assert fits, (reg.name, "no pool's nodes take it", pod.get("nodeSelector"), pod.get("affinity"))
+            for name, room in fits:
+                for part in ("requests", "limits"):
+                    assert quantity_bytes(res[part]["memory"]) <= room * GIB, (reg.name, name, part, res[part])
             checked += 1
     return checked
 

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from conftest import PROJECT_DIR, examples, reference, stack_path, stack_run, stacks, yaml_load
 
+from preview.engine import RunResult
+
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
 JOB = "kubernetes:batch/v1:Job"
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -32,12 +34,17 @@ DAEMON_CHECKS = {"CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_12", "CKV_K8S_13", "CKV_K8
 def nvidia_jobs(example: bool = False) -> list[tuple[str, str, dict[str, Any]]]:
     """(stack, job, MPIJob spec) of every stack's MPIJob whose workers take NVIDIA GPUs: the project's stack files
     (a user's own too), or the examples."""
+    return [job for stack in (examples() if example else stacks()) for job in jobs_of(stack, stack_run(stack,
+                                                                                                      example=example))]
+
+
+def jobs_of(stack: str, run: RunResult) -> list[tuple[str, str, dict[str, Any]]]:
+    """(stack, job, MPIJob spec) of a run's MPIJobs whose workers take NVIDIA GPUs."""
     out = []
-    for stack in examples() if example else stacks():
-        for reg in stack_run(stack, example=example).by_type(MPIJOB):
-            worker = reg.inputs["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-            if "nvidia.com/gpu" in worker["resources"]["limits"]:
-                out.append((stack, reg.inputs["metadata"]["name"], reg.inputs["spec"]))
+    for reg in run.by_type(MPIJOB):
+        worker = reg.inputs["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        if "nvidia.com/gpu" in worker["resources"]["limits"]:
+            out.append((stack, reg.inputs["metadata"]["name"], reg.inputs["spec"]))
     return out
 
 
@@ -69,12 +76,19 @@ def writable_paths(spec: dict[str, Any], container: dict[str, Any]) -> set[str]:
 
 
 def test_every_example_nvidia_mpijob_is_checked() -> None:
-    assert {(stack, name) for stack, name, _ in nvidia_jobs(example=True)} == NVIDIA_JOBS
+    jobs = nvidia_jobs(example=True)
+    assert {(stack, name) for stack, name, _ in jobs} == NVIDIA_JOBS
+    # The examples' workers with a fabric daemon (an init container), whose waivers are checked below.
+    assert {stack for stack, _, spec in jobs if pods(spec)["Worker"]["spec"].get("initContainers")} == {"dws", "h100"}
     # tune is kind finetune, smoke and pretrain kind mpijob: both kinds' pods are below.
     assert stack_path("finetune").read_text(encoding="utf-8").count("kind: finetune") == 1
 
 
 def test_launchers_and_workers_are_hardened(jobs: list[tuple[str, str, dict[str, Any]]]) -> None:
+    launchers_and_workers_are_hardened(jobs)
+
+
+def launchers_and_workers_are_hardened(jobs: list[tuple[str, str, dict[str, Any]]]) -> None:
     for stack, name, spec in jobs:
         for role, template in pods(spec).items():
             pod, where = template["spec"], f"{stack}/{name} {role}"
@@ -102,6 +116,10 @@ def test_what_the_scripts_write_is_writable(jobs: list[tuple[str, str, dict[str,
     dockerfile = (PROJECT_DIR / "workloads" / "images" / "deepspeed" / "Dockerfile").read_text(encoding="utf-8")
     assert "'PidFile /tmp/sshd.pid'" in dockerfile
     assert "--home-dir /home/deepspeed" in dockerfile
+    what_the_scripts_write_is_writable(jobs)
+
+
+def what_the_scripts_write_is_writable(jobs: list[tuple[str, str, dict[str, Any]]]) -> None:
     for stack, name, spec in jobs:
         worker = pods(spec)["Worker"]["spec"]["containers"][0]
         key = re.search(r"ssh-keygen .* -f (\S+)", worker["args"][0])
@@ -112,6 +130,11 @@ def test_what_the_scripts_write_is_writable(jobs: list[tuple[str, str, dict[str,
 
 def test_waivers_are_the_image_user_the_launcher_probes_and_the_fabric_daemon(
         jobs: list[tuple[str, str, dict[str, Any]]]) -> None:
+    waivers_are_the_image_user_the_launcher_probes_and_the_fabric_daemon(jobs)
+
+
+def waivers_are_the_image_user_the_launcher_probes_and_the_fabric_daemon(
+        jobs: list[tuple[str, str, dict[str, Any]]]) -> None:
     for stack, name, spec in jobs:
         launcher, worker = pods(spec)["Launcher"], pods(spec)["Worker"]
         assert set(skips(launcher["metadata"]["annotations"])) == {"CKV_K8S_8", "CKV_K8S_9", UID_CHECK}
@@ -119,7 +142,6 @@ def test_waivers_are_the_image_user_the_launcher_probes_and_the_fabric_daemon(
         assert set(skips(worker["metadata"]["annotations"])) == ({UID_CHECK} | (DAEMON_CHECKS if has_daemon
                                                                                  else set())), (stack, name)
         assert "bitnami/deepspeed values.yaml" in skips(worker["metadata"]["annotations"])[UID_CHECK]
-    assert {stack for stack, _, spec in jobs if pods(spec)["Worker"]["spec"].get("initContainers")} == {"dws", "h100"}
 
 
 def test_the_image_uid_waiver_rests_on_the_chart() -> None:

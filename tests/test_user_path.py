@@ -166,27 +166,33 @@ def test_every_manifest_file_is_a_valid_kubernetes_object(dev: RunResult, tmp_pa
     """Every file of manifests/, for every stack file and for dev with an hfToken (so its Secret is there): an
     object with apiVersion, kind and a name; standard kinds pass kubernetes-validate (custom resources are
     checked against their CRDs by their own tests). Helm's files go to helm/."""
-    from preview import manifests
     from preview.__main__ import write_build
     # Every stack file of the project (a user's own too); the token as test_hf_token sets it: that run is shared.
     runs = [*(stack_run(s, example=False) for s in stacks()),
             stack_run("dev", {"hfToken": {"secure": "v1:planted-ciphertext"}})]
     assert any(r.type == "kubernetes:core/v1:Secret" for r in runs[-1].resources)
-    checked = 0
-    for run in runs:
-        for name, text in manifests.render(run).items():
-            doc = yaml_load(text)
-            assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), name
-            assert doc["metadata"]["name"], name
-            try:
-                kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-                checked += 1
-            except kubernetes_validate.SchemaNotFoundError:
-                continue
-    assert checked > 10
+    assert sum(valid_manifests(run) for run in runs) > 10
     written = write_build(dev, plan.build(dev), "", tmp_path)
     helm = sorted(f.name for f in written.files if f.parent.name == "helm")
     assert helm == ["smoke.chart.yaml", "smoke.values.yaml"]
+
+
+def valid_manifests(run: RunResult) -> int:
+    """Every manifest of a run is an object with apiVersion, kind and a name, and the standard kinds pass
+    kubernetes-validate (asserted); how many it validated."""
+    from preview import manifests
+
+    checked = 0
+    for name, text in manifests.render(run).items():
+        doc = yaml_load(text)
+        assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), name
+        assert doc["metadata"]["name"], name
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+            checked += 1
+        except kubernetes_validate.SchemaNotFoundError:
+            continue
+    return checked
 
 
 def test_a_secret_held_whole_is_written_as_a_valid_object() -> None:
