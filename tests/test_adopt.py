@@ -93,6 +93,25 @@ def test_only_the_namespace_and_the_claim_are_adopted(gaudi_installs: RunResult)
     assert len([r for r in k8s if not upserts(gaudi_installs, r)]) >= 4  # ConfigMap, Secret, 2 NetworkPolicies, MPIJob
 
 
+CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
+
+
+def test_an_adopted_claim_keeps_its_size_after_the_first_apply(gaudi_installs: RunResult) -> None:
+    """Omnia's shared-model claim, adopted: the rendered claim (what the first apply sends) and the size left out of
+    every later update (ignoreChanges), so a changed storage.size never asks Kubernetes to shrink or grow it."""
+    claim = gaudi_installs.one(CLAIM)
+    assert upserts(gaudi_installs, claim) and claim.retain_on_delete
+    assert claim.inputs["metadata"]["name"] == "shared-model" and claim.inputs["metadata"]["namespace"] == "workloads"
+    assert claim.inputs["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs-client",
+                                    "resources": {"requests": {"storage": "100Gi"}}}
+    assert claim.ignore_changes == ["spec.resources.requests.storage"]
+
+
+def test_a_claim_the_stack_makes_on_its_own_cluster_follows_storage_size() -> None:
+    claim = stack_run("h100").one(CLAIM)
+    assert not claim.retain_on_delete and claim.ignore_changes == []
+
+
 # --- the preview says it ------------------------------------------------------------------------------------------
 
 def test_the_preview_lists_what_exists_already_on_an_existing_cluster(gaudi_installs: RunResult) -> None:
@@ -100,8 +119,13 @@ def test_the_preview_lists_what_exists_already_on_an_existing_cluster(gaudi_inst
     assert title == "Existing objects"
     rows = [line for line in body.splitlines() if line.startswith("| ") and not line.startswith(("| object", "| ---"))]
     assert rows[0] == "| Namespace | `workloads` | adopted: the stack applies its fields over it | kept |"
-    assert rows[1] == ("| PersistentVolumeClaim | `workloads/shared-model` | adopted: the stack applies its fields "
-                       "over it | kept |")
+    assert rows[1] == (
+        "| PersistentVolumeClaim | `workloads/shared-model` | adopted: the stack applies its fields over it; its size: "
+        "the first `pulumi up` requests 100Gi (workloads.gaudi-llm-ds-ft.storage.size): Kubernetes never shrinks a "
+        "claim, so a larger one stops `pulumi up`, and a smaller one is asked to grow, which only a storage class "
+        "with allowVolumeExpansion grants (else `pulumi up` stops); later changes of the size are left alone. Set "
+        "storage.size to the claim's own: `kubectl get pvc -n workloads shared-model -o "
+        "jsonpath={.spec.resources.requests.storage}` | kept |")
     assert "| MPIJob | `workloads/gaudi-llm-ds-ft` | never adopted: `pulumi up` stops (AlreadyExists)" in rows[2]
     assert "`kubectl get mpijob -n workloads gaudi-llm-ds-ft` shows one" in rows[2]
     assert "`kubectl get crd mpijobs.kubeflow.org` shows one: set mpiOperator.install: false" in rows[3]

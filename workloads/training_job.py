@@ -52,6 +52,10 @@ class TrainingJobArgs(msgspec.Struct, frozen=True):
     admitted_by: list[pulumi.Resource] = msgspec.field(default_factory=list)
 
 
+# The size of a claim the stack adopts: left as it is on every update (TrainingJob._claim).
+ADOPTED_CLAIM_SIZE = "spec.resources.requests.storage"
+
+
 class TrainingJob(pulumi.ComponentResource):
     def __init__(self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:workloads:TrainingJob", name, None, opts)
@@ -106,8 +110,13 @@ class TrainingJob(pulumi.ComponentResource):
                 storage_class_name=s.storage_class,
                 resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": s.size}),
             ),
+            # An adopted claim (Omnia's shared-model, made by hand) keeps its size after the first `pulumi up`: a
+            # later storage.size is not applied over it (Kubernetes never shrinks a claim, and grows one only on a
+            # class with allowVolumeExpansion). The first apply sends storage.size, which the stack cannot compare
+            # with the claim's offline: the preview's "Existing objects" says so (preview/sections/adopted.py).
             opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=depends_on or None,
-                                        retain_on_delete=retain),
+                                        retain_on_delete=retain,
+                                        ignore_changes=[ADOPTED_CLAIM_SIZE] if provider is not None else None),
         )
 
     def _token(self, name: str, w: MpiJobBaseConfig, ns: pulumi.Output[str],

@@ -10,6 +10,7 @@ import pulumi
 from preview.engine import Registration, RunResult
 from preview.sections import Section
 from workloads import mpi_operator
+from workloads.training_job import ADOPTED_CLAIM_SIZE
 
 PROVIDER = "pulumi:providers:kubernetes"
 CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"
@@ -42,8 +43,24 @@ def kept_by_transforms(reg: Registration, child_type: str, child_name: str) -> b
     return opts.retain_on_delete is True
 
 
+def _claim_size(reg: Registration) -> str:
+    """What happens to an adopted claim's size: the first apply requests storage.size (the stack cannot read the
+    claim's own offline), what Kubernetes does with a claim larger or smaller than that, and that later changes
+    are left alone (ignoreChanges, workloads/training_job.py)."""
+    size = ((reg.inputs.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
+    meta = reg.inputs.get("metadata") or {}
+    workload = (reg.parent or "").rsplit("::", 1)[-1]
+    left = "; later changes of the size are left alone" if ADOPTED_CLAIM_SIZE in reg.ignore_changes else ""
+    return (f"; its size: the first `pulumi up` requests {size} (workloads.{workload}.storage.size): Kubernetes "
+            "never shrinks a claim, so a larger one stops `pulumi up`, and a smaller one is asked to grow, which "
+            "only a storage class with allowVolumeExpansion grants (else `pulumi up` stops)"
+            f"{left}. Set storage.size to the claim's own: `kubectl get pvc -n {meta.get('namespace')} "
+            f"{meta.get('name')} -o jsonpath={{.spec.resources.requests.storage}}`")
+
+
 def _adopted_rows(run: RunResult) -> list[str]:
-    return [f"| {_kind(r)} | `{_where(r)}` | adopted: the stack applies its fields over it | "
+    return [f"| {_kind(r)} | `{_where(r)}` | adopted: the stack applies its fields over it"
+            f"{_claim_size(r) if _kind(r) == 'PersistentVolumeClaim' else ''} | "
             f"{KEPT if r.retain_on_delete else DELETED} |"
             for r in run.resources if r.custom and r.type.startswith("kubernetes:") and _upserts(run, r)]
 
