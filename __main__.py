@@ -30,7 +30,6 @@ from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
 from workloads.nccl_test import NcclTest, NcclTestInputs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
 from workloads.pull_secret import RegistryLogin
-from workloads.recovery import TERMINATION_GRACE_SECONDS
 from workloads.target import ExistingCluster, ExistingClusterArgs, needs_kubernetes
 
 # 1. Config: every problem at once as a pulumi.RunError naming its keys; tight fits only warn.
@@ -211,7 +210,7 @@ if vertex is not None:
     pulumi.export("vertexDisplayName", cfg.vertex.display_name)
 if workload_summary:
     pulumi.export("workloads", workload_summary)
-if recovery_plan := recovery.stack_recovery(cfg, TERMINATION_GRACE_SECONDS):  # checkpoint size, save time, interval
+if recovery_plan := recovery.stack_recovery(cfg):  # checkpoint size, save time, interval
     pulumi.export("recovery", recovery_plan)
 if serving_endpoints:  # in-cluster URL and the port-forward command of each `serve` workload
     pulumi.export("servingEndpoints", serving_endpoints)

@@ -228,7 +228,7 @@ def warn_bucket_region(m: StackConfig) -> list[str]:
         rate = (f"intercontinental rates ({move.bucket_continent or '?'} to {move.region_continent or '?'}: Cloud "
                 "Storage's general network table, more than within a continent; not kept in "
                 "data/network_pricing.yaml)")
-    sizes = {name: run["checkpointGb"] for name, run in stack_recovery(m, 0).items()
+    sizes = {name: run["checkpointGb"] for name, run in stack_recovery(m).items()
              if m.workloads[name].gcs_fuse.enabled}
     saves = [f"{name}'s ({gb:,.0f} GB) about ${gb * 1e9 / 2**30 * move.per_gib:,.2f}" if gb >= 10 else
              f"{name}'s ({gb:.2g} GB) about ${gb * 1e9 / 2**30 * move.per_gib:,.2f}"

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,6 +293,16 @@ class Cluster:
         left = self.signal_host(host, signal.SIGKILL)  # the PID namespace's init is gone: the kernel kills the rest
         _wait_gone(lambda: self.pids(host), 5)
         return Termination(hook_output=hook_output, main_exited=main_exited, killed=len(left))
+
+    def stop_job(self, pods: Sequence[tuple[Host, float, Sequence[str] | None]],
+                 env: Mapping[str, str] | None = None) -> list[Termination]:
+        """A whole-job stop as Kubernetes does it (`kubectl delete mpijob`, Kueue's preemption or eviction: the
+        operator deletes the launcher and the workers together): every pod (host, its grace period, its preStop
+        command or None) stopped as terminate_pod does, all starting at the same moment, each SIGKILLed when its
+        own grace period ends. Returns their Terminations in the order given."""
+        with ThreadPoolExecutor(max_workers=len(pods)) as pool:
+            stops = [pool.submit(self.terminate_pod, host, grace, pre_stop, env) for host, grace, pre_stop in pods]
+            return [stop.result() for stop in stops]
 
     def stop_services(self, grace: float = 3) -> None:
         """Every process on every host, holders excepted (between scenarios)."""

@@ -21,8 +21,11 @@ Three hosts (e2e/hosts.py) run the stack's own files, rendered by the stack's ow
           and the rest of the pod SIGKILLed once the main process is gone, as the kernel does to a PID
           namespace whose init exits. The ranks save only because the hook reached them.
 - finetune: the `finetune` kind's MPIJob (workloads/scripts/finetune.py, ZeRO-3, LoRA) on a tiny Llama in a
-          folder standing for the bucket at /gcs: preempted after its first checkpoint (a worker pod stopped
-          as the kubelet does, as in recovery), saved on SIGTERM, relaunched, resumed,
+          folder standing for the bucket at /gcs: after its first checkpoint the whole job is stopped as
+          Kubernetes stops it (the operator deletes every pod at once: SIGTERM to the launcher, each worker's
+          preStop hook then SIGTERM to sshd, SIGKILL after each pod's grace); the launcher asks the workers to
+          stop their ranks instead of letting DeepSpeed's runner pkill them; saved on SIGTERM, relaunched, resumed
+          from that step,
           exported to MODEL_DIR with its marker; then vLLM's CPU build serves MODEL_DIR and send_prompt.py's
           greedy completion must be transformers' greedy tokens.
 - adapters: two LoRA runs of the `finetune` kind at once (two workloads of the dev stack on one base, each its
@@ -649,6 +652,28 @@ def pre_stop_problems(stop: nshosts.Termination) -> list[str]:
     return problems
 
 
+EXIT_PREEMPTED = 143  # finetune.py's and smoke_test.py's status after the save on SIGTERM
+# DeepSpeed's per-node launcher (launch.py sigkill_handler) logs this when it gets SIGTERM itself: what pdsh's pkill
+# from the runner's handler does, and it then SIGKILLs its ranks 30 s later.
+PER_NODE_LAUNCHER_SIGNALLED = "Main process received SIGTERM"
+
+
+def whole_job_stop_problems(launcher: nshosts.Termination, status: int, output: str) -> list[str]:
+    """The launcher of a job stopped whole: it asked the workers to stop their ranks, never signalled DeepSpeed's
+    runner (no per-node launcher got a signal: the ranks exited on their own after their save), and ended by
+    itself within its grace period with the ranks' status."""
+    problems = []
+    if "asking every worker's ranks to save and stop" not in output:
+        problems.append("the launcher did not ask the workers to stop their ranks")
+    if PER_NODE_LAUNCHER_SIGNALLED in output:
+        problems.append("a per-node DeepSpeed launcher was signalled (pdsh's pkill from the runner's handler)")
+    if not launcher.main_exited:
+        problems.append(f"the launcher needed SIGKILL after {GRACE_SECONDS} s")
+    if status != EXIT_PREEMPTED:
+        problems.append(f"the launcher exited {status}, not the ranks' {EXIT_PREEMPTED} (saved on SIGTERM)")
+    return problems
+
+
 def pre_stop_summary(stop: nshosts.Termination) -> str:
     found = HOOK_SIGNALLED.search(stop.hook_output)
     ranks = len(found.group(1).split(",")) if found else 0
@@ -1044,31 +1069,38 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     model_dir = outside(w.model_dir, w.gcs_fuse.mount_path, bucket)
     phases.end("tiny Llama, tokenizer and data")
 
-    # 1. Trained under ZeRO-3 on both workers; once a checkpoint is saved a worker pod is stopped as the kubelet
-    #    stops it: its preStop hook, SIGTERM to its main process (sshd) only, SIGKILL after the grace period.
+    # 1. Trained under ZeRO-3 on both workers; once a checkpoint is saved the whole job is stopped as Kubernetes
+    #    stops it (`kubectl delete mpijob`, Kueue's preemption or eviction): at the same moment SIGTERM to the
+    #    launcher's main process and, on each worker, its preStop hook then SIGTERM to sshd; SIGKILL after each pod's
+    #    grace period. The launcher must leave DeepSpeed's runner alone (its handler would pkill the per-node
+    #    launchers, which SIGKILL the ranks 30 s later) and ask the workers to stop their ranks, which save.
     rank_env = {"HF_HUB_OFFLINE": "1"}  # nothing is downloaded: a hub lookup would only wait for a timeout
     _w, env, script = start_mpijob(cluster, logs, (w, where), rank_env, job_launch, claim)
     fail_unless("/etc/deepspeed/finetune.py --deepspeed" in script, "the MPIJob's launcher does not run finetune.py")
     log1 = logs / "finetune-1-preempted.log"
-    process = cluster.spawn(launcher, ["/bin/bash", "-c", script], log=log1, env={**IMAGE_ENV, **RANK_ENV, **env})
+    process = cluster.spawn_main(launcher, ["/bin/bash", "-c", script], log=log1,
+                                 env={**IMAGE_ENV, **RANK_ENV, **env})
     deadline = time.monotonic() + LAUNCH_TIMEOUT
     while ft.newest_checkpoint(checkpoints) is None:
         fail_unless(process.poll() is None, f"the run ended before its first checkpoint (log {log1})")
         fail_unless(time.monotonic() < deadline, f"no checkpoint within {LAUNCH_TIMEOUT:.0f} s (log {log1})")
         time.sleep(0.05)
-    stop = cluster.terminate_pod(workers[-1], GRACE_SECONDS, pre_stop=mpijob_pre_stop(w, where, job_launch),
-                                 env=IMAGE_ENV)
-    status, first = wait_process(cluster, process, log1, "preempted run")
+    hook = mpijob_pre_stop(w, where, job_launch)
+    launcher_stop, *stops = cluster.stop_job([(launcher, GRACE_SECONDS, None),
+                                              *((host, GRACE_SECONDS, hook) for host in workers)], env=IMAGE_ENV)
+    status, first = wait_process(cluster, process, log1, "stopped run")
     cluster.stop_services()
     saved = ft.newest_checkpoint(checkpoints)
     saved_step = ft.checkpoint_step(saved.name)
-    fail_unless(status != 0, "the launcher reported success for a preempted run")
-    fail_unless(0 < saved_step < FINETUNE_STEPS, f"newest checkpoint {saved.name}: expected one between the first "
-                f"and step {FINETUNE_STEPS}")
     on_term = re.search(r"stopped at step (\d+) on SIGTERM", first)
-    fail_unless(not pre_stop_problems(stop), f"{'; '.join(pre_stop_problems(stop))} (log {log1})")
     fail_unless(on_term is not None, f"the ranks did not save on SIGTERM (log {log1})")
-    phases.end(f"train, preempted at step {saved_step}")
+    problems = [problem for stop in stops for problem in pre_stop_problems(stop)]
+    problems += whole_job_stop_problems(launcher_stop, status, first)
+    fail_unless(not problems, f"{'; '.join(problems)} (log {log1})")
+    fail_unless(0 < saved_step < FINETUNE_STEPS and saved_step == int(on_term.group(1)),
+                f"newest checkpoint {saved.name}, saved on SIGTERM at step {on_term.group(1)}: expected that step, "
+                f"between the first and step {FINETUNE_STEPS}")
+    phases.end(f"train, whole job stopped, saved at step {saved_step}")
 
     # 2. The job's pods come back: the same launch resumes from the newest checkpoint and exports the model.
     start_mpijob(cluster, logs, (w, where), rank_env, job_launch, claim)
@@ -1080,6 +1112,9 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     fail_unless(status == 0, f"resumed run: exit {status} (log {logs / 'finetune-2-resumed.log'})")
     fail_unless(resumed_from(second) == f"{w.checkpoint_dir}/{saved.name}",
                 f"the relaunch resumed from {resumed_from(second)}, expected {saved.name}")
+    first_step = min((int(n) for n in re.findall(r"rank \d+: step (\d+)/", second)), default=None)
+    fail_unless(first_step is None or first_step > saved_step, f"the relaunch logged step {first_step}, at or "
+                f"before the saved step {saved_step}")
     marker = json.loads((model_dir / ".complete").read_text())
     fail_unless(marker.get("step") == FINETUNE_STEPS and marker.get("world_size") == len(workers)
                 and marker.get("lora") is True, f"marker {marker}: expected step {FINETUNE_STEPS} on {len(workers)} "
@@ -1168,7 +1203,8 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     (records, seconds), = TOKENIZED_MADE.findall(first)
     return (f"kind finetune: chat data (messages, {len(finetune_records())} records, 1/8 held out), tokenized once "
             f"by the launcher ({records} records in {seconds} s; the resume reused it), LoRA under "
-            f"ZeRO-3 on {len(workers)} hosts, preempted at step {stopped} (preStop: {pre_stop_summary(stop)}; saved "
+            f"ZeRO-3 on {len(workers)} hosts, the whole job stopped at step {stopped} (launcher: SIGTERM, asked the "
+            f"workers, exited {EXIT_PREEMPTED} with the ranks; a preStop: {pre_stop_summary(stops[0])}; saved "
             f"{saved.name}), resumed to step {FINETUNE_STEPS} (loss {losses[0]:.2f} -> {losses[-1]:.2f}, eval loss "
             f"{held_out[0]:.2f} -> {held_out[-1]:.2f}), merged and exported; record 1 trained on "
             f"apply_chat_template's {len(sample['input_ids'])} ids with only its {learned} assistant tokens learned; "

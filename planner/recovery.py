@@ -9,7 +9,7 @@ also writes the model, or the adapter, in the training precision into each check
 The interval follows Young's approximation of the optimum, sqrt(2 x save time x mean time between
 interruptions), at least one minute.
 
-`stack_recovery(cfg, grace_seconds)` is the `recovery` stack output: the estimate of every training workload with
+`stack_recovery(cfg)` is the `recovery` stack output: the estimate of every training workload with
 a `model` block, which the preview's "Preemption recovery" section renders (preview/sections/recovery.py).
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from model.types import DeepSpeedWorkloadConfig, StackConfig
+from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig
 from planner.requests import workload_request
 
 # Adam's fp32 master weights, first and second moments.
@@ -42,6 +42,14 @@ WRITE_GBPS = {"gcsfuse": 0.4, "nfs": 0.1}
 # varies by zone and hour); on-demand nodes are interrupted by upgrades and maintenance, about weekly.
 MEAN_HOURS_BETWEEN_INTERRUPTIONS = {True: 6.0, False: 168.0}
 MIN_INTERVAL_MINUTES = 1.0
+# The pods' terminationGracePeriodSeconds: at least Kubernetes-default-beating 120 s, else what the SIGTERM save
+# needs: the step in flight when the notice comes (the ranks agree on it at the step's end; up to a minute
+# assumed), then the save with a quarter over the estimate. Every pod of a job gets it, the launcher too: a
+# whole-job stop (kubectl delete, Kueue's preemption or eviction) deletes them together and the launcher carries
+# the ranks' exit status and log to the end.
+MIN_GRACE_SECONDS = 120
+STEP_ALLOWANCE_SECONDS = 60
+SAVE_HEADROOM = 1.25
 
 
 class RecoveryPlan(msgspec.Struct, frozen=True):
@@ -70,23 +78,45 @@ def plan(trained: float, precision: str, nodes: int, storage: str, spot: bool,
                         interval_minutes=interval, mean_hours_between_interruptions=mtbi)
 
 
-def stack_recovery(cfg: StackConfig, grace_seconds: int) -> dict[str, dict[str, Any]]:
+def grace_seconds(save_seconds: float | None) -> int:
+    """The pods' grace period for a SIGTERM save of `save_seconds` (None: the run is not sized)."""
+    if save_seconds is None:
+        return MIN_GRACE_SECONDS
+    return max(MIN_GRACE_SECONDS, math.ceil(STEP_ALLOWANCE_SECONDS + SAVE_HEADROOM * save_seconds))
+
+
+def workload_plan(w: WorkloadConfig, spot: bool = False) -> RecoveryPlan | None:
+    """The estimate of a sized DeepSpeed training workload; None for anything else (not sized, or no run)."""
+    request = workload_request(w)
+    if request is None or request.mode != "training" or not isinstance(w, DeepSpeedWorkloadConfig):
+        return None  # only a DeepSpeed run has a precision and checkpoints to size
+    storage = "gcsfuse" if w.gcs_fuse.enabled else "nfs"
+    return plan(request.trained_parameters, w.deepspeed.precision, w.workers, storage, spot, w.writes_model)
+
+
+def workload_grace_seconds(w: WorkloadConfig) -> int:
+    """terminationGracePeriodSeconds of the workload's pods (launcher, workers, chart client): from its save."""
+    p = workload_plan(w)
+    return grace_seconds(p.save_seconds if p else None)
+
+
+def stack_recovery(cfg: StackConfig) -> dict[str, dict[str, Any]]:
     """The `recovery` output: per sized training workload (a `model` block, or a kind sized from its own keys),
-    its checkpoint, the time to save it, whether that fits the pods' grace period (`grace_seconds`, what a drain
-    gives the SIGTERM save) and the Spot notice, and the save interval in minutes. Workloads whose model cannot
-    be sized are left out."""
+    its checkpoint, the time to save it, the pods' grace period (grace_seconds: what a drain or a whole-job stop
+    gives the SIGTERM save) and whether the save fits it and the Spot notice, and the save interval in minutes.
+    Workloads whose model cannot be sized are left out."""
     pools = {p.name: p for p in cfg.node_pools}
     out: dict[str, dict[str, Any]] = {}
     for name, w in sorted(cfg.workloads.items()):
-        request = workload_request(w)
-        if request is None or request.mode != "training" or not isinstance(w, DeepSpeedWorkloadConfig):
-            continue  # only a DeepSpeed run has a precision and checkpoints to size
         pool = pools.get(w.pool or "")
         spot = bool(pool and pool.spot)
+        p = workload_plan(w, spot)
+        if p is None or not isinstance(w, DeepSpeedWorkloadConfig):
+            continue
         storage = "gcsfuse" if w.gcs_fuse.enabled else "nfs"
-        p = plan(request.trained_parameters, w.deepspeed.precision, w.workers, storage, spot, w.writes_model)
+        grace = grace_seconds(p.save_seconds)
         out[name] = {"checkpointGb": p.checkpoint_gb, "saveSeconds": p.save_seconds, "storage": storage,
-                     "spot": spot, "fitsSpotNotice": p.fits_spot_notice, "graceSeconds": grace_seconds,
-                     "fitsGracePeriod": p.save_seconds <= grace_seconds, "saveEveryMinutes": p.interval_minutes,
+                     "spot": spot, "fitsSpotNotice": p.fits_spot_notice, "graceSeconds": grace,
+                     "fitsGracePeriod": p.save_seconds <= grace, "saveEveryMinutes": p.interval_minutes,
                      "meanHoursBetweenInterruptions": p.mean_hours_between_interruptions}
     return out

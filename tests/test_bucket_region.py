@@ -45,7 +45,7 @@ def test_a_bucket_in_another_region_warns_with_the_rate() -> None:
 
 def test_a_70b_checkpoint_across_regions_is_priced(monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's case: a full checkpoint near 1 TB. 1,000 GB = 931.3 GiB, at $0.02: $18.63 per save."""
-    monkeypatch.setattr(vertex, "stack_recovery", lambda m, grace: {"tune": {"checkpointGb": 1000.0}})
+    monkeypatch.setattr(vertex, "stack_recovery", lambda m: {"tune": {"checkpointGb": 1000.0}})
     (found,) = vertex.warn_bucket_region(model("finetune", {"storage.location": "us-east4"}))
     assert "one checkpoint costs tune's (1,000 GB) about $18.63 to write" in found
 

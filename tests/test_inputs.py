@@ -554,8 +554,8 @@ def _launcher_run(tmp_path: Path, stub: str) -> tuple[str, Path, Path]:
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "deepspeed").write_text(f"#!/bin/bash\necho called >> {calls}\n{stub}\n")
     (bin_dir / "deepspeed").chmod(0o755)
-    # The set-up between the function and the DeepSpeed line needs a cluster (the hostfile, ssh): left out.
-    function_end = lines.index("}")
+    # The set-up between the functions and the DeepSpeed line needs a cluster (the hostfile, ssh): left out.
+    function_end = len(lines) - 1 - lines[::-1].index("}")
     kept = [*lines[:function_end + 1], lines[-1]]
     return "\n".join(kept).replace("/run/deepspeed-stack", str(state)), state / "final-status", calls
 
@@ -583,13 +583,22 @@ def test_another_failure_is_retried(tmp_path: Path) -> None:
     assert _bash(script, tmp_path).returncode == 0 and not final.exists()
 
 
-def test_sigterm_reaches_deepspeeds_runner(tmp_path: Path) -> None:
-    """The launcher's shell is the container's main process: the kubelet's SIGTERM goes to it, and it passes it on
-    to DeepSpeed's runner (which stops the ranks; they save), then exits with the runner's status."""
-    ready = tmp_path / "ready"
-    stub = f"trap 'echo term >> {tmp_path / 'calls'}; exit 143' TERM\ntouch {ready}\nwhile :; do read -rt 1 || :; done"
+def test_sigterm_asks_the_workers_and_leaves_deepspeeds_runner_alone(tmp_path: Path) -> None:
+    """The launcher's shell is the container's main process: the kubelet's SIGTERM goes to it (alone, or with the
+    workers' on a whole-job stop). It must not reach DeepSpeed's runner, whose PDSH handler pkills the per-node
+    launchers (they SIGKILL the ranks 30 s later): the launcher asks every worker of the hostfile to stop its ranks
+    (their preStop hook's stop_ranks.py, over ssh, waiting the grace period less the margin), then waits for the
+    runner to end by itself and exits with its status (the ranks' 143: preempted, retried)."""
+    ready, stopped = tmp_path / "ready", tmp_path / "stopped"
+    # The runner notes a TERM it gets (it must get none) and ends 143 once the stop request reached the workers.
+    stub = (f"trap 'echo term >> {tmp_path / 'calls'}' TERM\ntouch {ready}\n"
+            f"until [ -f {stopped} ]; do read -rt 0.1 || :; done\nexit 143")
     script, final, calls = _launcher_run(tmp_path, stub)
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOSTSFILE": "/dev/null", "MASTER_ADDR": "w0"}
+    (tmp_path / "bin" / "ssh").write_text(f'#!/bin/bash\necho "ssh $*" >> {tmp_path / "ssh-calls"}\ntouch {stopped}\n')
+    (tmp_path / "bin" / "ssh").chmod(0o755)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("w-0.job.ns.svc slots=8\nw-1.job.ns.svc slots=8\n")
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOSTSFILE": str(hostfile), "MASTER_ADDR": "w0"}
     proc = subprocess.Popen(["bash", "-c", script], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -597,12 +606,16 @@ def test_sigterm_reaches_deepspeeds_runner(tmp_path: Path) -> None:
         while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
             os.sched_yield()
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=20)
     finally:  # the stand-in too, whatever happened: the session holds both
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert proc.returncode == 143 and calls.read_text().splitlines() == ["called", "term"]
+    assert proc.returncode == 143 and calls.read_text().splitlines() == ["called"]  # no TERM reached the runner
+    hook = "python3 /etc/deepspeed/stop_ranks.py --timeout 115"  # the h100 stack's smoke MLP: 120 s less 5
+    assert sorted((tmp_path / "ssh-calls").read_text().splitlines()) == [
+        f"ssh -o ConnectTimeout=5 -o BatchMode=yes w-{i}.job.ns.svc {hook}" for i in (0, 1)]
+    assert "asking every worker's ranks to save and stop" in err
     assert not final.exists()  # preempted: retried, and the run resumes from its checkpoint
 
 

@@ -233,18 +233,18 @@ def test_a_lora_checkpoint_holds_the_adapter_not_the_base() -> None:
     adapter_model.safetensors, 2 + 2 bytes) and their fp32 master weights and Adam moments (12): 16 x 40.37M =
     0.646 GB, written by 2 nodes to the bucket at 0.4 GB/s each: 0.81 s. Full fine-tuning writes 16 bytes of
     every parameter: 121.9 GB."""
-    r = recovery.stack_recovery(model("finetune"), grace_seconds=120)["tune"]
+    r = recovery.stack_recovery(model("finetune"))["tune"]
     assert r["checkpointGb"] == pytest.approx(16 * QWEN_ADAPTER / GB)
     assert r["saveSeconds"] == pytest.approx(16 * QWEN_ADAPTER / (0.4e9 * 2))
     full = recovery.stack_recovery(model("finetune", {f"{T}.finetune.lora.enabled": False,
-                                                      f"{T}.deepspeed.offloadOptimizer": "cpu"}), 120)["tune"]
+                                                      f"{T}.deepspeed.offloadOptimizer": "cpu"}))["tune"]
     assert full["checkpointGb"] == pytest.approx(16 * QWEN_P / GB)
 
 
 def test_the_preview_table_prices_the_lora_checkpoint() -> None:
     [(_, body)] = preemption_recovery(stack_run("finetune"))
     row = next(line for line in body.splitlines() if line.startswith("| tune "))
-    assert row.startswith("| tune | 0.6 GB | 1 s (gcsfuse) | yes | yes |")
+    assert row.startswith("| tune | 0.6 GB | 1 s (gcsfuse) | 120 s | yes |")
 
 
 def test_make_gpus_finetune_writes_the_lora_plan(tmp_path: Any) -> None:

@@ -100,6 +100,37 @@ def test_a_real_rank_gets_sigterm_and_is_waited_for(tmp_path: Path) -> None:
             rank.wait()
 
 
+def test_the_hook_returns_after_the_ranks_parent_passed_their_status_on(tmp_path: Path) -> None:
+    """DeepSpeed's per-node launcher polls its ranks every second, then exits with the failed one's status (which
+    reaches the MPIJob's launcher through pdsh): the hook gives it that moment before the kubelet stops sshd."""
+    rank = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+            "print('ready', flush=True)\nwhile True:\n    time.sleep(1)\n")
+    parent_code = ("import os, subprocess, sys, time\n"
+                   f"child = subprocess.Popen([sys.executable, '-c', {rank!r}],"
+                   " env={**os.environ, 'LOCAL_RANK': '0'}, stdout=subprocess.PIPE, text=True)\n"
+                   "print(child.pid, child.stdout.readline().strip(), flush=True)\n"
+                   "while child.poll() is None:\n    time.sleep(1)\n"
+                   f"open({str(tmp_path / 'status')!r}, 'w').write(str(child.returncode))\n"
+                   "sys.exit(child.returncode)\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True,
+                              env={k: v for k, v in os.environ.items() if k != "LOCAL_RANK"})
+    try:
+        assert parent.stdout is not None
+        child_pid, ready = parent.stdout.readline().split()
+        assert ready == "ready"
+        view = tmp_path / "proc"
+        view.mkdir()
+        for pid in (int(child_pid), parent.pid, os.getpid()):
+            (view / str(pid)).symlink_to(f"/proc/{pid}")
+        assert _hook().main(["--proc", str(view), "--timeout", "30"]) == 0
+        assert (tmp_path / "status").read_text() == "143"  # the parent had passed the rank's status on
+        assert parent.wait(timeout=5) == 143
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
 def _worker_containers(job: dict[str, Any]) -> list[dict[str, Any]]:
     return job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
 

@@ -225,13 +225,13 @@ def chart_values(w: HelmWorkloadConfig, where: Placement, image: dict[str, str],
         "client": {"enabled": True, "useJob": False, "podLabels": {client_label(w.name): "true"},
                    **_pod_values(w, where, token_secret, gcs, worker=False),
                    # A restarted client relaunches and the script resumes from its checkpoint (workloads/recovery.py).
-                   "terminationGracePeriodSeconds": str(recovery.TERMINATION_GRACE_SECONDS)},
+                   "terminationGracePeriodSeconds": str(recovery.grace_seconds(w))},
         "worker": {"enabled": True, "replicaCount": w.workers, "slotsPerNode": where.per_worker,
                    "networkPolicy": {"enabled": True, "allowExternal": False},
                    **_pod_values(w, where, token_secret, gcs),
                    # The ranks run on the workers, whose main process is sshd: the hook gives them the notice.
-                   "lifecycleHooks": recovery.stop_ranks_hook(SOURCE_DIR),
-                   "terminationGracePeriodSeconds": str(recovery.TERMINATION_GRACE_SECONDS)},
+                   "lifecycleHooks": recovery.stop_ranks_hook(SOURCE_DIR, recovery.grace_seconds(w)),
+                   "terminationGracePeriodSeconds": str(recovery.grace_seconds(w))},
     }
 
 

@@ -14,7 +14,8 @@ NO = "**no**"
 
 
 def _grace(r: dict[str, Any]) -> str:
-    return "yes" if r["fitsGracePeriod"] else f"{NO}: a drain kills the save; periodic checkpoints only"
+    seconds = f"{r['graceSeconds']} s"
+    return seconds if r["fitsGracePeriod"] else f"{seconds}: {NO}, a drain kills the save; periodic checkpoints only"
 
 
 def _spot(r: dict[str, Any]) -> str:
@@ -38,9 +39,7 @@ def section(run: RunResult) -> list[Section]:
     plans = run.outputs.get("recovery")
     if not isinstance(plans, dict) or not plans:
         return []
-    grace = {r["graceSeconds"] for r in plans.values()}
-    rows = [f"| workload | checkpoint | save (all nodes) | fits grace period ({', '.join(map(str, sorted(grace)))} s) "
-            "| fits Spot notice | save every (minutes) |",
+    rows = ["| workload | checkpoint | save (all nodes) | grace period | fits Spot notice | save every (minutes) |",
             "| --- | --- | --- | --- | --- | --- |"]
     flags: list[str] = []
     for name, r in sorted(plans.items()):
@@ -56,5 +55,8 @@ def section(run: RunResult) -> list[Section]:
             "seconds per step; the smoke test's SMOKE_TEST_RESULT line gives it as micro_batch_per_gpu x "
             f"world_size / total_samples_per_second. A Spot VM stops {recovery.SPOT_NOTICE_SECONDS} s after its "
             f"notice and its pods get the first {recovery.SPOT_USABLE_SECONDS} s of it, whatever their grace period; "
-            "a drain honours the grace period. Either way the workers' preStop hook passes the notice to the ranks.")
+            f"a drain and a whole-job stop honour the grace period, which every pod of the job gets from its save: "
+            f"{recovery.STEP_ALLOWANCE_SECONDS} s for the step in flight plus the save and a quarter more, at least "
+            f"{recovery.MIN_GRACE_SECONDS} s. Either way the workers' preStop hook passes the notice to the ranks "
+            "(on a whole-job stop the launcher sends the same request).")
     return [("Preemption recovery", "\n".join(rows) + "\n\n" + flagged + ("\n" if flags else "") + note)]

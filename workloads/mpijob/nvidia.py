@@ -157,22 +157,44 @@ def final_status_guard() -> str:
             f'exit "$(cat {FINAL_STATUS_FILE})"; fi')
 
 
-def run_ranks_function(group: bool = False) -> list[str]:
+STOP_WORKERS = "stop_workers"  # the launcher's shell function that asks every worker's ranks to save and stop
+
+
+def stop_workers_function(grace: int) -> list[str]:
+    """A shell function the launcher's SIGTERM trap runs: on every host of the hostfile, over the job's ssh, the
+    workers' own preStop hook (stop_ranks.py: SIGTERM to the ranks only, then wait for their save), in the
+    background. Never DeepSpeed's runner: its PDSH handler (deepspeed 0.19.8 launcher/runner.py 621-632) would run
+    `pkill -f deepspeed.launcher.launch` on every worker, whose handler SIGKILLs the ranks 30 s later (launch.py
+    121-132, 251-270), and killing pdsh closes the ranks' stdout mid-save."""
+    hook = f"python3 {CONFIG_DIR}/{recovery.STOP_RANKS_KEY} --timeout {recovery.stop_timeout(grace)}"
+    return [
+        f"{STOP_WORKERS}() {{",
+        '  echo "deepspeed-stack: SIGTERM: asking every worker\'s ranks to save and stop, then waiting for them" >&2',
+        '  for host in $(sed -n "s/[[:space:]]slots.*//p" "$HOSTSFILE"); do',
+        f'    ssh -o ConnectTimeout=5 -o BatchMode=yes "$host" {shlex.quote(hook)} &',
+        "  done",
+        "}",
+    ]
+
+
+def run_ranks_function(group: bool = False, stop: str | None = None) -> list[str]:
     """A shell function that runs its arguments (DeepSpeed's runner) as a child: the launcher's shell stays the
-    container's main process, which is what the kubelet sends SIGTERM to, so it passes TERM (and INT) on to the
-    runner (whose handler stops the ranks on every node); then it exits with the runner's status, remembering a
-    final one (FINAL_EXIT_STATUSES). `group`: the runner is a grandchild (Gaudi: gaudi_spawn.py starts DeepSpeed's
-    runner through `bash -c`, and dies of TERM itself), so the child leads a process group of its own (setsid: the
-    background child of a shell without job control is no group leader, so setsid makes its own pid the group's),
-    TERM goes to the whole group, and the function waits until the group is gone (the runner's handler still
-    stopping the ranks over pdsh)."""
+    container's main process, which is what the kubelet sends SIGTERM to; then it exits with the runner's status,
+    remembering a final one (FINAL_EXIT_STATUSES). On TERM (and INT), with `stop` (NVIDIA: stop_workers) it does not
+    signal the runner: it runs `stop`, which asks the workers to stop their ranks (on a whole-job stop their preStop
+    hooks do the same at the same moment), and waits until the runner ends by itself, when every rank has saved and
+    exited. Without `stop` it passes TERM on to the runner (whose handler stops the ranks on every node). `group`:
+    the runner is a grandchild (Gaudi: gaudi_spawn.py starts DeepSpeed's runner through `bash -c`, and dies of TERM
+    itself), so the child leads a process group of its own (setsid: the background child of a shell without job
+    control is no group leader, so setsid makes its own pid the group's), TERM goes to the whole group, and the
+    function waits until the group is gone (the runner's handler still stopping the ranks over pdsh)."""
     final = " -o ".join(f'"$status" -eq {code}' for code in FINAL_EXIT_STATUSES)
     target = '-- "-$ranks"' if group else '"$ranks"'
     return [
         f"{RUN_RANKS}() {{",
         '  setsid "$@" &' if group else '  "$@" &',
         "  ranks=$!",
-        f"  trap 'kill -TERM {target} 2>/dev/null' TERM INT",
+        f"  trap {stop} TERM INT" if stop else f"  trap 'kill -TERM {target} 2>/dev/null' TERM INT",
         '  status=0; wait "$ranks" || status=$?',
         # A trapped signal ends `wait` early: wait again, until the runner is gone, for its own status.
         '  while kill -0 "$ranks" 2>/dev/null; do status=0; wait "$ranks" || status=$?; done',
@@ -210,7 +232,9 @@ def launcher_state() -> tuple[dict[str, Any], dict[str, Any]]:
             {"name": LAUNCHER_STATE_VOLUME, "mountPath": LAUNCHER_STATE_DIR})
 
 
-def launcher_script(where: Placement | None, launch: NvidiaLaunch) -> str:
+def launcher_script(where: Placement | None, launch: NvidiaLaunch,
+                    grace: int = recovery.TERMINATION_GRACE_SECONDS) -> str:
+    """The launcher's script; `grace`: the job's terminationGracePeriodSeconds (what the stop request waits)."""
     # On a GPU fabric each rank runs through the fabric's NCCL env script (workloads/fabric.py).
     rank = "" if fabric.pod_contract(where) is None else (
         " ".join(fabric.LAUNCH_FLAGS) + " " + fabric.rank_command(f"{CONFIG_DIR}/{fabric.ENV_SCRIPT}") + " ")
@@ -219,7 +243,8 @@ def launcher_script(where: Placement | None, launch: NvidiaLaunch) -> str:
     deepspeed = (f'{RUN_RANKS} deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
                  f"{rank}{shlex.quote(script)} {quote_args(args)}".rstrip())
     checks = launch.check and not launch.command
-    final = [] if launch.command else [final_status_guard(), *run_ranks_function(),
+    final = [] if launch.command else [final_status_guard(), *stop_workers_function(grace),
+                                       *run_ranks_function(stop=STOP_WORKERS),
                                        *(check_inputs_function() if checks else [])]
     return "\n".join([
         "set -eo pipefail",
@@ -279,7 +304,8 @@ def render_spec(inputs: MpiJobInputs, launch: NvidiaLaunch | None = None) -> dic
     files = config_map_data(w, where, inputs.has_token, launch)
     env = plain_env(w, where, launch)
     state_volume, state_mount = launcher_state()
-    launcher = launcher_template(inputs, script=launcher_script(where, launch), env=env, files=files, secure=secure,
+    script = launcher_script(where, launch, recovery.grace_seconds(w))
+    launcher = launcher_template(inputs, script=script, env=env, files=files, secure=secure,
                                  ssh_client=True, resources=pod_security.NVIDIA_LAUNCHER_RESOURCES,
                                  annotations=waivers("launcher", where), volumes=[*launch.volumes, state_volume],
                                  mounts=[*launch.mounts, state_mount])

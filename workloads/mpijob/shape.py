@@ -237,7 +237,7 @@ def _template(inputs: MpiJobInputs, spec: dict[str, Any], role: str, files: dict
         spec["imagePullSecrets"] = [{"name": inputs.image_pull_secret}]
     # The ConfigMap's content in the spec: a new script or ds_config.json is a new spec, hence a new run.
     meta_annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(files)}
-    spec["terminationGracePeriodSeconds"] = recovery.TERMINATION_GRACE_SECONDS  # time to save on SIGTERM
+    spec["terminationGracePeriodSeconds"] = recovery.grace_seconds(inputs.workload)  # time to save on SIGTERM
     if inputs.gcs is not None:
         spec["serviceAccountName"] = inputs.gcs.service_account
         meta_annotations.update(gcs_fuse.POD_ANNOTATIONS)
@@ -287,7 +287,8 @@ def worker_template(inputs: MpiJobInputs, *, script: str, env: dict[str, str], f
     # Workers carry no token: the training processes get it from the launcher over ssh.
     container = _container(f"{w.name}-worker", inputs.image, script, env_list(env), pod_mounts)
     container["resources"] = {"limits": dict(limits), "requests": dict(limits)}
-    container["lifecycle"] = recovery.stop_ranks_hook(CONFIG_DIR)  # the ranks run here: they get the notice
+    # The ranks run here: they get the notice.
+    container["lifecycle"] = recovery.stop_ranks_hook(CONFIG_DIR, recovery.grace_seconds(w))
     if nvme:
         container["volumeMounts"].append(nvme[1])
     container.update({k: dict(v) for k, v in probes.items()})

@@ -10,7 +10,13 @@ step) and exits; then the hook returns and the kubelet stops sshd.
 
 Only the ranks are signalled, never DeepSpeed's per-node launcher (deepspeed.launcher.launch): on SIGTERM it gives
 its ranks 30 s, then SIGKILL, however long their save takes. Here its 30 s start only once a rank has exited on
-its own, after the ranks' collective save.
+its own, after the ranks' collective save. Once the ranks are gone the hook waits a few seconds more for their
+parents (that per-node launcher, which polls its ranks every second): it then exits with the ranks' status, which
+reaches the MPIJob's launcher through pdsh, before the kubelet's SIGTERM to sshd ends the pod.
+
+The MPIJob's launcher runs this same script on every worker over ssh when it gets SIGTERM itself
+(workloads/mpijob/nvidia.py stop_workers_function): on a whole-job stop both requests come at once; a rank
+takes the second SIGTERM as the first.
 
 A rank is a process of this container with a rank variable in its environment (LOCAL_RANK, set by DeepSpeed's
 launcher for each rank; OMPI_COMM_WORLD_LOCAL_RANK, by OpenMPI's) whose parent has none: a rank's own children
@@ -35,6 +41,7 @@ from pathlib import Path
 RANK_VARIABLES = (b"LOCAL_RANK", b"OMPI_COMM_WORLD_LOCAL_RANK")
 DEFAULT_TIMEOUT = 600.0  # the kubelet ends the hook at the grace period anyway
 POLL_SECONDS = 0.2
+PARENT_WAIT_SECONDS = 5.0  # DeepSpeed's launch.py polls its ranks every 1 s, then exits with the failed one's status
 
 
 def _environ_names(proc: Path, pid: int) -> set[bytes] | None:
@@ -129,15 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     if not ranks:
         print("[stop_ranks] no training rank in this container", flush=True)
         return 0
+    parents = sorted({p for r in ranks if (p := _parent(args.proc, r)) is not None and p > 1})
     sent = signal_all(ranks)
     print(f"[stop_ranks] SIGTERM to ranks {sent}; waiting up to {args.timeout:.0f} s for their save", flush=True)
     started = time.monotonic()
-    left = wait_gone(sent, args.timeout, process_alive(args.proc))
+    alive = process_alive(args.proc)
+    left = wait_gone(sent, args.timeout, alive)
     took = time.monotonic() - started
     if left:
         print(f"[stop_ranks] ranks {left} still running after {took:.0f} s", flush=True)
-    else:
-        print(f"[stop_ranks] every rank exited within {took:.1f} s", flush=True)
+        return 0
+    print(f"[stop_ranks] every rank exited within {took:.1f} s", flush=True)
+    # Their per-node launcher passes their status on (to pdsh, the MPIJob's launcher): give it the moment it needs.
+    wait_gone(parents, min(PARENT_WAIT_SECONDS, max(0.0, args.timeout - took)), alive)
     return 0
 
 
