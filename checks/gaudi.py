@@ -15,14 +15,27 @@ def versions(w: WorkloadConfig) -> tuple[str, str, str, str]:
     return g.software_version, g.os, g.pytorch_version, w.training.optimum_habana_version
 
 
+def what_to_use(w: MpiJobWorkloadConfig) -> str:
+    """For a Gaudi software, OS and PyTorch with no pinned base image: the keys that would pick a pinned one."""
+    g, key = w.gaudi, at("workloads", w.name, "gaudi")
+    same = [b for b in gaudi_software.base_images() if b.software_version == g.software_version]
+    if same:
+        pairs = " or ".join(f"os {b.os} with pytorchVersion {b.pytorch}" for b in same)
+        return f"Gaudi software {g.software_version} is pinned with {pairs}: set {key}.os and {key}.pytorchVersion"
+    releases = sorted({b.software_version for b in gaudi_software.base_images()}, key=gaudi_software.version_tuple)
+    return (f"use a pinned release ({', '.join(releases)}: the one your nodes' Habana driver runs, with its os and "
+            f"pytorchVersion)")
+
+
 def check_gaudi_base_image(m: StackConfig) -> list[str]:
-    """The stack builds only on a base image pinned in data/gaudi_software.yaml."""
+    """The stack builds only on a base image pinned in data/gaudi_software.yaml; the message names what is."""
     if m.gaudi_image.prebuilt:
         return []
     known = ", ".join(f"{b.software_version}/{b.os}/pytorch {b.pytorch}" for b in gaudi_software.base_images())
     return [f"{at('workloads', w.name, 'gaudi', 'softwareVersion')}: no pinned Habana base image for "
             f"{w.gaudi.software_version}/{w.gaudi.os}/pytorch {w.gaudi.pytorch_version} in data/gaudi_software.yaml "
-            f"(known: {known}); record it there, set gaudiImage.prebuilt, or set workloads.{w.name}.image"
+            f"(known: {known}); {what_to_use(w)}, or record it there, set gaudiImage.prebuilt, or set "
+            f"workloads.{w.name}.image"
             for w in gaudi_image.workloads_on_it(m) if gaudi_software.base_image(w.gaudi) is None]
 
 
@@ -155,10 +168,38 @@ def warn_padding_free(m: StackConfig) -> list[str]:
             if isinstance(w, MpiJobWorkloadConfig) and w.finetune is not None and w.finetune.packing]
 
 
+def support_line(w: MpiJobWorkloadConfig) -> str:
+    """Which path runs this workload's training for its Gaudi software, and that optimum-habana is out of support
+    (data/gaudi_software.yaml `optimumHabana.endOfSupport`, `paths`)."""
+    g, end, native = w.gaudi.software_version, gaudi_software.end_of_support(), gaudi_software.native_hpu()
+    release = w.training.optimum_habana_version
+    band = gaudi_software.path_for(g)
+    what = "finetune.py through its GaudiTrainer" if w.finetune is not None else f"{w.training.script}"
+    if band is not None and band.path == "optimum-habana-frozen":
+        runs = (f"Gaudi software {g} runs {what} on optimum-habana {release}, frozen: {band.note} (Gaudi software "
+                f"{band.first}-{band.last})")
+    else:
+        runs = f"Gaudi software {g} runs {what} on optimum-habana {release}, the release validated with it"
+    return (f"{at('workloads', w.name, 'gaudi', 'softwareVersion')}: {runs}. optimum-habana is out of support since "
+            f"{end.date}: its final release {end.final_release} (Gaudi software {end.final_gaudi}) says no fixes are "
+            "guaranteed and security issues may not be investigated, and names no replacement. The newest frozen "
+            f"path is Gaudi software {end.final_gaudi} with {end.final_release}; transformers "
+            f"{native['transformers']}+ and accelerate {native['accelerate']}+ run on HPU themselves (with Habana's DeepSpeed), a path the "
+            "stack records but does not build yet (data/gaudi_software.yaml `paths`)")
+
+
+def warn_optimum_habana_support(m: StackConfig) -> list[str]:
+    """Every Gaudi job whose optimum-habana the stack installs hears which path runs it and that the library is
+    out of support (a refused release is its rule's problem alone)."""
+    return [support_line(w) for w in installs_optimum_habana(m) if not optimum_habana_mismatch(w)
+            and gaudi_software.release_named(w.training.optimum_habana_version) is not None]
+
+
 def warnings(m: StackConfig) -> list[str]:
     """What deploys but must be confirmed: an unpinned base digest, the ranks' folders on the claim (the
-    install-at-start opt-in: its kind's warning, workloads/kinds/mpijob.py), packing on Gaudi."""
-    out = warn_ranks_folders(m) + warn_padding_free(m)
+    install-at-start opt-in: its kind's warning, workloads/kinds/mpijob.py), packing on Gaudi, optimum-habana's
+    end of support."""
+    out = warn_optimum_habana_support(m) + warn_ranks_folders(m) + warn_padding_free(m)
     if not m.gaudi_image.prebuilt:
         for w in gaudi_image.workloads_on_it(m)[:1]:
             base = gaudi_software.base_image(w.gaudi)

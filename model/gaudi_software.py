@@ -1,4 +1,5 @@
-"""Habana base images the Gaudi image builds on (`data/gaudi_software.yaml`), pinned by tag and digest."""
+"""Habana base images the Gaudi image builds on (`data/gaudi_software.yaml`), pinned by tag and digest; the
+optimum-habana releases, their end of support, and which path runs the training for a Gaudi software release."""
 
 from __future__ import annotations
 
@@ -102,3 +103,42 @@ def optimum_habana_for(software_version: str) -> tuple[str, ...]:
     """The optimum-habana releases validated with this Gaudi software release (none: nothing recorded)."""
     minor = gaudi_minor(software_version)
     return tuple(r.release for r in optimum_habana_releases() if r.gaudi == minor)
+
+
+class EndOfSupport(msgspec.Struct, frozen=True):
+    date: str  # from this day optimum-habana is no longer supported (its final release's README)
+    final_release: str
+    final_gaudi: str  # the Gaudi software major.minor the final release was validated with
+
+
+@functools.cache
+def end_of_support() -> EndOfSupport:
+    e = load_yaml(DATA_PATH)["optimumHabana"]["endOfSupport"]
+    return EndOfSupport(date=str(e["date"]), final_release=e["finalRelease"], final_gaudi=str(e["finalGaudi"]))
+
+
+class SoftwarePath(msgspec.Struct, frozen=True):
+    """A band of Gaudi software releases and what runs the training there (data/gaudi_software.yaml `paths`)."""
+
+    first: str  # major.minor, inclusive
+    last: str
+    path: str  # optimum-habana | optimum-habana-frozen
+    note: str
+
+
+@functools.cache
+def paths() -> tuple[SoftwarePath, ...]:
+    return tuple(SoftwarePath(first=str(b["from"]), last=str(b["to"]), path=b["path"], note=b["note"])
+                 for b in load_yaml(DATA_PATH)["paths"]["bands"])
+
+
+@functools.cache
+def native_hpu() -> dict[str, str]:
+    """The first transformers and accelerate releases that run on HPU themselves (the path the stack does not build)."""
+    return {k: str(v) for k, v in load_yaml(DATA_PATH)["paths"]["native"].items()}
+
+
+def path_for(software_version: str) -> SoftwarePath | None:
+    """The band a Gaudi software release falls in (None: outside every recorded band)."""
+    minor = version_tuple(gaudi_minor(software_version))
+    return next((p for p in paths() if version_tuple(p.first) <= minor <= version_tuple(p.last)), None)

@@ -303,7 +303,10 @@ def test_unknown_gaudi_software_is_an_error() -> None:
     found = problems("gaudi", {f"workloads.{JOB}.gaudi.softwareVersion": "1.18.0"})
     assert found == [
         f"workloads.{JOB}.gaudi.softwareVersion: no pinned Habana base image for 1.18.0/ubuntu22.04/pytorch 2.5.1 in "
-        "data/gaudi_software.yaml (known: 1.19.1/ubuntu22.04/pytorch 2.5.1); record it there, set "
+        "data/gaudi_software.yaml (known: 1.19.1/ubuntu22.04/pytorch 2.5.1, 1.19.0/ubuntu22.04/pytorch 2.5.1, "
+        "1.22.2/ubuntu22.04/pytorch 2.7.1, 1.22.2/ubuntu24.04/pytorch 2.7.1, 1.24.0/ubuntu22.04/pytorch 2.10.0, "
+        "1.24.0/ubuntu24.04/pytorch 2.10.0); use a pinned release (1.19.0, 1.19.1, 1.22.2, 1.24.0: the one your "
+        "nodes' Habana driver runs, with its os and pytorchVersion), or record it there, set "
         f"gaudiImage.prebuilt, or set workloads.{JOB}.image"]
     assert problems("gaudi", {f"workloads.{JOB}.gaudi.softwareVersion": "1.18.0", f"workloads.{JOB}.image": IMAGE}) \
         == []
