@@ -184,8 +184,8 @@ def support_line(w: MpiJobWorkloadConfig) -> str:
             f"{end.date}: its final release {end.final_release} (Gaudi software {end.final_gaudi}) says no fixes are "
             "guaranteed and security issues may not be investigated, and names no replacement. The newest frozen "
             f"path is Gaudi software {end.final_gaudi} with {end.final_release}; transformers "
-            f"{native['transformers']}+ and accelerate {native['accelerate']}+ run on HPU themselves (with Habana's DeepSpeed), a path the "
-            "stack records but does not build yet (data/gaudi_software.yaml `paths`)")
+            f"{native['transformers']}+ and accelerate {native['accelerate']}+ run on HPU themselves (with Habana's "
+            "DeepSpeed), a path the stack records but does not build yet (data/gaudi_software.yaml `paths`)")
 
 
 def warn_optimum_habana_support(m: StackConfig) -> list[str]:
