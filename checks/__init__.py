@@ -70,8 +70,8 @@ def load(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = None)
 
 def warnings(m: StackConfig) -> list[str]:
     """Tight fits that deploy but deserve a reviewer's eye (each a sentence starting with its key)."""
-    return (planner.warnings(m) + capacity.warnings(m) + gaudi.warnings(m) + platform.warnings(m)
-            + image.warnings(m) + vertex.warnings(m)
+    return (planner.warnings(m) + capacity.warnings(m) + fabric.warnings(m) + gaudi.warnings(m)
+            + platform.warnings(m) + image.warnings(m) + vertex.warnings(m)
             + workloads.warnings(m) + kind_warnings(m))
 
 

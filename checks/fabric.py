@@ -8,7 +8,9 @@ import ipaddress
 
 from checks.common import Check, at, or_list
 from model import fabric
-from model.types import NodePoolConfig, StackConfig
+from model.types import NodePoolConfig, StackConfig, WorkloadConfig
+from model.workload_types import FinetuneWorkloadConfig, MpiJobBaseConfig
+from workloads import first_up
 
 NATIVE_SIDECAR_MINOR = (1, 29)  # the RxDM daemon runs as a native sidecar (CEA gpudirect-tcpxo/best-practice.md)
 
@@ -164,6 +166,59 @@ def check_gke_version(m: StackConfig) -> list[str]:
     return problems
 
 
+# Scripts that read NCCL's network line after their first collective and stop when the fabric was not used.
+SELF_CHECKING_SCRIPTS = ("smoke_test.py", "finetune.py")
+
+
+def proves_its_fabric(w: WorkloadConfig) -> bool:
+    """The run stops by itself off the fabric's network: the recipe (finetune_fabric.py) or the smoke test."""
+    if isinstance(w, FinetuneWorkloadConfig):
+        return True
+    return isinstance(w, MpiJobBaseConfig) and not w.launch.command and \
+        w.launch.script.rsplit("/", 1)[-1] in SELF_CHECKING_SCRIPTS
+
+
+def _unproven_fallbacks(m: StackConfig) -> list[tuple[str, WorkloadConfig, NodePoolConfig, list[str]]]:
+    """Training workloads whose fallbackPool, a fabric pool, no NCCL test measures: (name, workload, fallback, the
+    tests that gate its pool, maybe none)."""
+    out = []
+    for name, w in m.workloads.items():
+        fallback = m.pool(w.fallback_pool or "")
+        if not first_up.trains(w) or fallback is None or fabric.pool_fabric(fallback) is None:
+            continue
+        if not any(fallback.name in test.pools for test in m.nccl_tests.values()):
+            out.append((name, w, fallback, sorted(t for t, test in m.nccl_tests.items() if w.pool in test.pools)))
+    return out
+
+
+def check_nccl_gate_fallback(m: StackConfig) -> list[str]:
+    """The fabric proven on every pool a run can land on: an NCCL test gates the pool, so one gates the fallback
+    too (a run moved there, spot reclaimed or a reservation ended, would otherwise train on a fabric nobody
+    measured). A queued-provisioning fallback cannot be tested first (its nodes come only for a queued MPIJob:
+    checks/capacity.py): there the run's own first collective is the gate (warnings)."""
+    return [f"{at('workloads', name, 'fallbackPool')}: pool {w.pool} is proven by NCCL test {or_list(tests)} before "
+            f"the run starts, but its fallback {fb.name} by none, and the run may move there; add a test of it "
+            f"(`ncclTests.{fb.name}: {{pools: [{fb.name}], nodes: {min(fb.max_nodes, w.nodes_needed()[0])}}}`), "
+            "which the run then waits for too"
+            for name, w, fb, tests in _unproven_fallbacks(m) if tests and not fb.queued_provisioning]
+
+
+def warnings(m: StackConfig) -> list[str]:
+    """A fallback no NCCL test can or does prove first (a queued-provisioning pool's first nodes are the run's own;
+    a ComputeClass's taint keeps a test off its pools): only a script that checks NCCL's network line stops a run
+    there that NCCL put on its own TCP transport."""
+    out = []
+    for name, w, fb, tests in _unproven_fallbacks(m):
+        if proves_its_fabric(w) or (tests and not fb.queued_provisioning):
+            continue
+        why = "gets nodes only for this queued job, so no NCCL test can prove its fabric first" \
+            if fb.queued_provisioning else "is measured by no NCCL test"
+        out.append(f"{at('workloads', name, 'fallbackPool')}: {fb.name} {why}, and your script does not check "
+                   "NCCL's network line (finetune.py and smoke_test.py do, with nccl_network.py shipped beside it): "
+                   "a run moved there could train at a fraction of the fabric's bandwidth unnoticed")
+    return out
+
+
 CHECKS: list[Check] = [
     check_multi_networking,
     check_additional_networks,
@@ -174,4 +229,5 @@ CHECKS: list[Check] = [
     check_fabric_networks_distinct,
     check_fabric_cidr,
     check_gke_version,
+    check_nccl_gate_fallback,
 ]

@@ -26,6 +26,7 @@ SCRIPT = recipe.SCRIPT
 LIBRARY_GLOB = recipe.LIBRARY_GLOB  # finetune.py's modules, shipped beside it
 TEMPLATE_KEY = recipe.TEMPLATE_NAME  # the named chat template's file in the ConfigMap
 TOKEN_PATH_ENV = "HF_TOKEN_PATH"  # the contract: the ranks read a gated model's token from this file
+POOLS_ENV = "FINETUNE_POOLS"  # finetune_fabric.POOLS_ENV: the run's pool, then its fallbackPool
 STACK_KEYS_ENV = "FINETUNE_STACK_KEYS"  # finetune_config.STACK_KEYS_ENV: the stack's key for each flag it sets
 # A worker whose sshd died restarts in place, and the launcher (OnFailure, up to runPolicy.backoffLimit) resumes the
 # run from the newest checkpoint: the script finds it by itself (workloads/recovery.py).
@@ -120,6 +121,9 @@ def env(w: FinetuneWorkloadConfig, has_token: bool) -> dict[str, str]:
     """The contract's environment: where checkpoints and the model go, the stack's keys for the script's errors;
     the token's file with a token."""
     out = {**output_env(w), STACK_KEYS_ENV: json.dumps(stack_keys(w), sort_keys=True, separators=(",", ":"))}
+    pools = [p for p in (w.pool, w.fallback_pool) if p]
+    if pools:  # the pools the run may land on, for finetune_fabric.py's refusal
+        out[POOLS_ENV] = ",".join(pools)
     if has_token:
         out[TOKEN_PATH_ENV] = f"{TOKEN_DIR}/{HF_TOKEN_KEY}"
     return out

@@ -92,6 +92,7 @@ from finetune_data import (
     first_records,
     parse_roles,
 )
+from finetune_fabric import fabric_refusal, nccl_divert
 from finetune_hpu import (
     dtype_keyword,
     hpu_run,
@@ -892,6 +893,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout, sys.stderr = ForgivingStream(sys.stdout), ForgivingStream(sys.stderr)
     stop = StopRequest()
     signal.signal(signal.SIGTERM, stop)
+    net, nccl_log = nccl_divert(os.environ)  # before NCCL starts: its init lines into a file this rank reads
     cpu_deepspeed = cpu and ds is not None
     if cpu_deepspeed:
         _configure_cpu_deepspeed()
@@ -936,6 +938,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         **eval_args(args, ds_args),
         **ds_args,
     )
+    import torch
+
+    _ = training.process_index  # the process group starts here (DeepSpeed's init_distributed, through accelerate)
+    refused = fabric_refusal(net, nccl_log, os.environ, torch, torch.distributed, say)
+    if refused:  # NCCL is not on the GPU fabric's network: final (finetune_fabric.py)
+        say(f"FAILED: {refused}")
+        torch.distributed.destroy_process_group()
+        return EXIT_USAGE
     try:
         # Rank 0 first (the others wait at a barrier): it makes the tokenized folder where the launcher's
         # --prepare-data has not, then every rank memory-maps it.
@@ -946,8 +956,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if training.process_index == 0 and head.first is not None:
         _write_sample(args.checkpoint_dir, head.first, tokenizer)
-    import torch
-
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
     model, use_cache = training_model(args.model, token, version, dtype)
     if args.lora:
