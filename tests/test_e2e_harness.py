@@ -184,11 +184,11 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
     assert {k: v for k, v in launch.env.items() if k != "FINETUNE_STACK_KEYS"} == {
         "CHECKPOINT_DIR": "/gcs/checkpoints/ds-e2e", "MODEL_DIR": "/gcs/models/ds-e2e",
         "FINETUNE_MODEL_FLOPS": "600000", "FINETUNE_PEAK_TFLOPS": "0.05", "FINETUNE_PRICE_PER_HOUR": "1",
-        "TENSORBOARD_LOGGING_DIR": "/gcs/logs/ds-e2e"}
+        "TENSORBOARD_LOGGING_DIR": "/gcs/logs/ds-e2e", "FINETUNE_POOLS": "t4"}
     assert json.loads(launch.env["FINETUNE_STACK_KEYS"])["--records"] == "workloads.ds-e2e.finetune.recordFormat"
     forwarded = set(nvidia.forwarded_env(w, where, False, launch))
     assert {"CHECKPOINT_DIR", "MODEL_DIR", "FINETUNE_PEAK_TFLOPS", "TENSORBOARD_LOGGING_DIR",
-            "FINETUNE_STACK_KEYS"} <= forwarded
+            "FINETUNE_STACK_KEYS", "FINETUNE_POOLS"} <= forwarded
     files = nvidia.config_map_data(w, where, False, launch)
     ds = json.loads(files["ds_config.json"])
     zero = ds["zero_optimization"]
