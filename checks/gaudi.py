@@ -6,6 +6,7 @@ from checks.common import Check, at
 from components import gaudi_image
 from model import gaudi_software
 from model.types import MpiJobWorkloadConfig, StackConfig, WorkloadConfig
+from workloads import recipe
 from workloads.mpijob import gaudi as gaudi_job
 
 
@@ -128,6 +129,22 @@ def check_registry_login(m: StackConfig) -> list[str]:
     return []
 
 
+def padding_free_on_gaudi(w: WorkloadConfig) -> bool:
+    """`finetune.packing: true` with records declared chat or prompt/completion: padding-free batches on HPU."""
+    f = w.finetune if isinstance(w, MpiJobWorkloadConfig) else None
+    return f is not None and bool(f.packing) and f.record_format not in ("auto", "text") and f.format != "text"
+
+
+def check_packing_on_gaudi(m: StackConfig) -> list[str]:
+    """finetune.py refuses padding-free batches on HPU at its data step (finetune_hpu.padding_free_problem, read
+    from the script, not copied): with the records' format declared the stack knows before the run."""
+    hpu = recipe.script_module("finetune_hpu")
+    return [f"{at('workloads', w.name, 'finetune', 'packing')}: true packs {w.finetune.record_format} records into "
+            f"padding-free batches, which finetune.py refuses at its data step on Gaudi: "
+            f"{hpu.padding_free_problem('0', True)}"
+            for w in m.workloads.values() if padding_free_on_gaudi(w) and w.on_gaudi]
+
+
 CHECKS: list[Check] = [
     check_gaudi_base_image,
     check_one_gaudi_build,
@@ -135,6 +152,7 @@ CHECKS: list[Check] = [
     check_recipe_transformers,
     check_gaudi_registry,
     check_registry_login,
+    check_packing_on_gaudi,
 ]
 
 
@@ -160,12 +178,14 @@ def warn_ranks_folders(m: StackConfig) -> list[str]:
 def warn_padding_free(m: StackConfig) -> list[str]:
     """finetune.packing: true on Gaudi: text records are packed into blocks, but chat and prompt/completion records
     would go padding-free, which finetune.py refuses on HPU at its data step (finetune_hpu.padding_free_problem):
-    the stack cannot see the records' format before the run."""
+    with recordFormat auto the stack cannot see the records' format before the run (a declared one: refused or
+    fine, check_packing_on_gaudi)."""
     return [f"{at('workloads', w.name, 'finetune', 'packing')}: on Gaudi only text records are packed (into "
             "sequenceLength blocks); chat or prompt/completion records stop finetune.py at its data step, since "
             "padding-free batches are not proven with optimum-habana's attention: leave packing unset for them"
             for w in m.workloads.values()
-            if isinstance(w, MpiJobWorkloadConfig) and w.finetune is not None and w.finetune.packing]
+            if isinstance(w, MpiJobWorkloadConfig) and w.finetune is not None and w.finetune.packing
+            and w.finetune.record_format == "auto" and w.finetune.format != "text"]
 
 
 def support_line(w: MpiJobWorkloadConfig) -> str:

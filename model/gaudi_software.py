@@ -142,3 +142,13 @@ def path_for(software_version: str) -> SoftwarePath | None:
     """The band a Gaudi software release falls in (None: outside every recorded band)."""
     minor = version_tuple(gaudi_minor(software_version))
     return next((p for p in paths() if version_tuple(p.first) <= minor <= version_tuple(p.last)), None)
+
+
+HCCL_ENV_PATH = DATA_PATH.parent / "hccl_env.yaml"
+
+
+@functools.cache
+def hccl_env() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the prefixes of HCCL's variables, the names Habana documents): data/hccl_env.yaml."""
+    data = load_yaml(HCCL_ENV_PATH)
+    return tuple(data["prefixes"]), tuple(data["names"])

@@ -501,6 +501,34 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
         return (*trainer, *super().hub_models())
 
     @property
+    def training_run(self) -> TrainingRun | None:
+        """On Gaudi, what the run's own keys add: the recipe's sequence length, gradient checkpointing and LoRA (as
+        kind finetune's, with or without a `model` block), or with a `model` block Omnia's run_lora_clm.py with
+        `training.lora`; LoRA trains (and checkpoints) the adapters alone, not the whole model."""
+        if not self.on_gaudi or self.launch.command:
+            return None
+        if self.finetune is not None:  # sized with or without a `model` block, as kind finetune
+            f = self.finetune
+            return TrainingRun(f.sequence_length, f.gradient_checkpointing, f.lora if f.lora.enabled else None,
+                               ("finetune", "gradientCheckpointing"))
+        lora = self.training.lora
+        if self.model is None or not lora.enabled:
+            return None
+        return TrainingRun(self.model.sequence_length, False, lora, ("training", "args"))
+
+    @property
+    def sized_model_name(self) -> str | None:
+        # The recipe on Gaudi: without `model.name`, the Hugging Face id it fine-tunes, as kind finetune.
+        recipe = self.finetune.model if self.on_gaudi and self.finetune is not None else None
+        return (self.model.name if self.model else None) or recipe
+
+    @property
+    def sized_model_key(self) -> tuple[str, ...]:
+        if (self.model is not None and self.model.name) or not (self.on_gaudi and self.finetune is not None):
+            return ("model", "name")
+        return ("finetune", "model")
+
+    @property
     def runs_stack_gaudi_image(self) -> bool:
         """The default Gaudi path: the stack's Gaudi image (or an `image` built from it), hardened."""
         return self.on_gaudi and not self.gaudi.install_at_start

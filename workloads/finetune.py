@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from model import chat_templates, training_speed
-from model.types import FinetuneWorkloadConfig
+from model.types import FinetuneWorkloadConfig, MpiJobWorkloadConfig
 from model.validators import at
 from workloads import pod_security, recipe
 from workloads.mpijob import script_source
@@ -60,13 +60,16 @@ def dataset_arg(w: FinetuneWorkloadConfig) -> str:
 CHAT_RECORDS = ("messages", "sharegpt", "prompt-completion", "alpaca")
 
 
-def data_step(w: FinetuneWorkloadConfig, speed: training_speed.TrainingSpeed | None = None) -> str:
+def data_step(w: FinetuneWorkloadConfig | MpiJobWorkloadConfig, speed: training_speed.TrainingSpeed | None = None,
+              launcher: dict[str, str] | None = None) -> str:
     """How long the launcher's data step (finetune.py --prepare-data) takes on its CPUs for `datasetTokens`: the
     characters (tokens x charsPerToken) over the measured rate per CPU of the records' kind
-    (data/training_speed.yaml `tokenization`); both kinds where the record format is found at run time."""
+    (data/training_speed.yaml `tokenization`); both kinds where the record format is found at run time. `launcher`:
+    its resources (the NVIDIA launcher's by default; a Gaudi job's launcher has its own)."""
     speed = speed or training_speed.load()
+    assert w.finetune is not None
     tokens = w.finetune.dataset_tokens
-    cpus = float(pod_security.NVIDIA_LAUNCHER_RESOURCES["cpu"])
+    cpus = float((launcher or pod_security.NVIDIA_LAUNCHER_RESOURCES)["cpu"])
     where = (f"once, before the ranks start: finetune.py --prepare-data on the launcher's {cpus:g} CPU, into "
              f"{w.checkpoint_dir}/tokenized/, reused on every restart and resume")
     if tokens is None:

@@ -1,7 +1,8 @@
-"""The "Training" section: each `finetune` workload (the `workloads` output) with its run's time and cost (the
-`costs` output's `runs`), how long its data step takes (tokenized once, before the ranks), and the next steps, in
-order, as the "Serving" section gives a server's: `pulumi up`, the data uploaded where the run reads it, the run's
-log followed, TensorBoard where the stack deploys one, and where the model lands."""
+"""The "Training" section: each `finetune` workload, and each Gaudi job running the recipe (the `workloads`
+output) with its run's time and cost (the `costs` output's `runs`; on Gaudi its hours and card-hours), how long its
+data step takes (tokenized once, before the ranks), and the next steps, in order, as the "Serving" section gives a
+server's: `pulumi up`, the data uploaded where the run reads it, the run's log followed, TensorBoard where the stack
+deploys one, and where the model lands (on Gaudi: how it is copied off the claim)."""
 
 from __future__ import annotations
 
@@ -94,20 +95,53 @@ def _steps(stack: str, name: str, s: dict[str, Any], tensorboards: list[dict[str
     return lines
 
 
+def _gaudi_steps(name: str, s: dict[str, Any]) -> list[str]:
+    """A Gaudi recipe run's next steps: the data onto the claim, the log, the model copied off the claim."""
+    lines = [f"# {name} (Gaudi)"]
+    if s.get("datasetOnClaim"):
+        lines.append(f"# the launcher waits for {s['datasetOnClaim']} on the claim {s.get('claim', '')}: copy it there "
+                     "(on the NFS server, or from a pod mounting the claim), then it checks and tokenizes it once")
+    elif s.get("datasetHub"):
+        lines.append(f"# the data: {s['datasetHub']} from Hugging Face (its train split)")
+    lines += ["# the run's output (the data step, then gaudi_spawn.py's ranks): the loss at each logging step, the "
+              "saves; a bad record stops it here, once",
+              f"kubectl logs -n {s['namespace']} -f job/{s['launcherJob']}",
+              f"# the result: {s.get('modelDir', '')} on the claim, complete once its marker .complete is there; the "
+              "workers are gone when the job ends, so copy it off the claim with a pod of your own:",
+              *s.get("fetchModel", [])]
+    return lines
+
+
+def _gaudi(s: Any) -> bool:
+    return isinstance(s, dict) and s.get("kind") == "mpijob" and bool(s.get("recipeOnGaudi"))
+
+
 def section(run: RunResult) -> list[Section]:
     """Each finetune workload: its model, GPUs, the run's estimate and where the model lands, then the next steps:
     `pulumi up`, the data uploaded, the log followed, TensorBoard, the result."""
     workloads = run.outputs.get("workloads") or {}
-    trainers = {name: s for name, s in workloads.items() if isinstance(s, dict) and s.get("kind") == KIND}
+    trainers = {name: s for name, s in workloads.items()
+                if isinstance(s, dict) and (s.get("kind") == KIND or _gaudi(s))}
     if not trainers:
         return []
     rows = ["| workload | model | GPUs | data | run (estimate) | model lands in |",
             "| --- | --- | --- | --- | --- | --- |"]
-    steps = [f"pulumi up -s {shlex.quote(run.stack)}   # the cluster, the bucket and the job; the GPU nodes come "
-             "up when the job's pods ask for them"]
+    on_gaudi = all(_gaudi(s) for s in trainers.values())
+    steps = [f"pulumi up -s {shlex.quote(run.stack)}   # " + (
+        "the Gaudi image and the job on your cluster" if on_gaudi else
+        "the cluster, the bucket and the job; the GPU nodes come up when the job's pods ask for them")]
+    estimates = [f"- `{name}`: {s['runEstimate']}" for name, s in trainers.items()
+                 if _gaudi(s) and s.get("runEstimate")]
     tensorboards = _tensorboards(workloads)
     data_steps = [f"- `{name}`: {s['dataStep']}" for name, s in trainers.items() if s.get("dataStep")]
     for name, s in trainers.items():
+        if _gaudi(s):
+            data = f"`{s['datasetOnClaim']}` (claim)" if s.get("datasetOnClaim") else f"`{s.get('datasetHub', '')}`"
+            rows.append(f"| {name} | {s.get('model', '')} | {s.get('workers')} worker(s) x "
+                        f"{s.get('acceleratorsPerWorker')} Gaudi cards | {data} | {s.get('runHours') or '—'} | "
+                        f"`{s.get('modelDir', '')}` (claim) |")
+            steps += ["", *_gaudi_steps(name, s)]
+            continue
         gpus = f"{s.get('workers')} worker(s) x {s.get('acceleratorsPerWorker')} (pool {s.get('pool')})"
         data = f"`{s['datasetInBucket']}` (bucket)" if s.get("datasetInBucket") else f"`{s.get('datasetHub', '')}`"
         lands = f"`{s['modelInBucket']}/` (bucket)" if s.get("modelInBucket") else f"`{s.get('modelOnClaim', '')}`"
@@ -116,6 +150,8 @@ def section(run: RunResult) -> list[Section]:
         steps += ["", *_steps(run.stack, name, s, tensorboards)]
     tokenized = ("\n\nThe data step (every record tokenized and packed once, docs/finetune.md):\n\n"
                  + "\n".join(data_steps)) if data_steps else ""
+    if estimates:  # Gaudi: no price the stack knows; the run's hours and how they were reached
+        tokenized = "\n\nThe run on Gaudi (planner/gaudi_run.py):\n\n" + "\n".join(estimates) + tokenized
     body = "\n".join(rows) + tokenized + ("\n\nNext steps (README, \"Fine-tune and serve your own model\"):\n\n```sh\n"
                               + "\n".join(steps) + "\n```")
     return [("Training", body)]

@@ -13,12 +13,13 @@ import functools
 import pulumi
 
 from model import catalog as gpu_catalog
-from model import storage_classes
+from model import gaudi_software, storage_classes
 from model.config import kind_branches, schema, with_defaults, workload_default
+from model.suggest import closest
 from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig, StackConfig, TrainingConfig, camel
 from model.types import build as build_config
 from model.validators import DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX, at, bucket_path_problem
-from workloads import mpijob, recipe
+from workloads import gaudi_training, mpijob, recipe
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.shared import (
     changed_keys,
@@ -277,12 +278,38 @@ def warn_nvidia_learning_rate(m: StackConfig, w: MpiJobWorkloadConfig) -> list[s
     return warn_learning_rate_unused(w) if w.on_nvidia else []
 
 
+def closest_hccl(name: str, prefixes: tuple[str, ...], known: tuple[str, ...]) -> str | None:
+    """The documented name `name` most likely meant, compared without the prefix they share (every HCCL_ name
+    would otherwise look alike)."""
+    def bare(text: str) -> str:
+        return next((text[len(p):] for p in prefixes if text.startswith(p)), text)
+
+    match = closest(bare(name), [bare(k) for k in known])
+    return next((k for k in known if bare(k) == match), None) if match else None
+
+
+def warn_unknown_hccl_env(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
+    """An `env` name of HCCL's that Habana does not document (data/hccl_env.yaml): likely misspelt, and HCCL
+    ignores a name it does not read, so the setting would change nothing without a word."""
+    if not w.on_gaudi:
+        return []
+    prefixes, known = gaudi_software.hccl_env()
+    out = []
+    for name in w.env:
+        if name.startswith(prefixes) and name not in known:
+            match = closest_hccl(name, prefixes, known)
+            out.append(f"{at('workloads', w.name, 'env', name)}: not an HCCL variable Habana documents "
+                       "(data/hccl_env.yaml), and HCCL reads only the names it knows, so this one would change "
+                       f"nothing{f'; did you mean {match}?' if match else ''}")
+    return out
+
+
 def warn_install_at_start(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
     if not w.installs_at_start:
         return []
     return [f"{at('workloads', w.name, 'gaudi', 'installAtStart')}: Omnia's original path: optimum-habana and "
             "Habana's DeepSpeed are installed from GitHub and PyPI on every node at every start, as root, in pods "
-            "that cannot be hardened (README: Gaudi image)"]
+            "that cannot be hardened (docs/workloads.md, \"Opt-in: install at start\")"]
 
 
 def build(name: str, w: MpiJobWorkloadConfig, platform: Platform, opts: pulumi.ResourceOptions) -> Built:
@@ -297,9 +324,7 @@ def build(name: str, w: MpiJobWorkloadConfig, platform: Platform, opts: pulumi.R
         admitted_by=platform.mpijob_admitted_by(queue is not None)), opts)
     summary = job.summary
     if w.finetune is not None:  # the recipe's layout on the claim: where the result is fetched from
-        where = mpijob.gaudi.recipe_roots(w)
-        outputs = {"checkpointDir": where.checkpoint_dir, "modelDir": where.model_dir,
-                   "model": recipe.model_arg(w.finetune, where)}
+        outputs = gaudi_training.summary(w, placement(cfg, w).per_worker)
         summary = job.summary.apply(lambda s: {**s, **outputs})
     return Built(job, summary, queued_namespace=job.namespace.metadata.name if queue else None)
 
@@ -311,5 +336,6 @@ KIND: Kind[MpiJobWorkloadConfig] = Kind(
            check_training_args, check_training_on_nvidia, check_gaudi_launch_unused, check_gaudi_env,
            check_gaudi_recipe, check_training_dataset_is_a_hub_id),
     build=build,
-    warnings=(warn_install_at_start, warn_gaudi_keys_on_nvidia, warn_training_under_command, warn_nvidia_learning_rate),
+    warnings=(warn_install_at_start, warn_gaudi_keys_on_nvidia, warn_training_under_command, warn_nvidia_learning_rate,
+              warn_unknown_hccl_env),
 )
