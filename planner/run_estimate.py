@@ -150,10 +150,11 @@ def peak(cat: gpu_catalog.Catalog, gpu_type: str, precision: str) -> float | Non
 # --- the tokens of a run -------------------------------------------------------------------------------------------
 
 def count_file_tokens(path: Path, fields: Iterable[str] | None = None,
-                      speed: TrainingSpeed | None = None) -> tuple[float, int]:
-    """(tokens, records) of a local .jsonl/.json/.txt data file, without its model's tokenizer: the characters of
-    the fields a record trains on (`fields`; None: every string field; a text file's lines) over
-    charsPerToken. Raises ValueError for another suffix or a record that is not JSON."""
+                      speed: TrainingSpeed | None = None) -> tuple[float, int, str]:
+    """(tokens, records, what was counted) of a local .jsonl/.json/.txt data file, without its model's tokenizer:
+    the characters of the text a record trains on (`fields`; None: its format's text fields, recognised as
+    finetune.py recognises them; a text file's lines) over charsPerToken. Raises ValueError for another suffix, a
+    record that is not JSON, or records of no format finetune.py reads."""
     chars_per_token = (speed or training_speed.load()).chars_per_token
     suffix = path.suffix.lower()
     if suffix not in DATA_SUFFIXES:
@@ -163,12 +164,56 @@ def count_file_tokens(path: Path, fields: Iterable[str] | None = None,
         text = fh.read()
     if suffix == ".txt":
         lines = [line for line in text.splitlines() if line.strip()]
-        return sum(len(line) for line in lines) / chars_per_token, len(lines)
+        return sum(len(line) for line in lines) / chars_per_token, len(lines), "lines"
     records = _json_records(path, text)
-    wanted = list(fields) if fields is not None else None
-    chars = sum(len(v) for r in records for k, v in r.items()
-                if isinstance(v, str) and (wanted is None or k in wanted))
-    return chars / chars_per_token, len(records)
+    if fields is None:
+        chars, fmt = record_characters(path, records)
+        return chars / chars_per_token, len(records), f"{fmt} records"
+    wanted = list(fields)
+    chars = sum(len(v) for r in records for k, v in r.items() if isinstance(v, str) and k in wanted)
+    return chars / chars_per_token, len(records), f"fields {', '.join(wanted)}"
+
+
+def _finetune_data() -> Any:
+    """finetune.py's own record reading (workloads/scripts/finetune_data.py, the standard library at its top)."""
+    import importlib
+    import sys
+
+    scripts = str(Path(__file__).resolve().parent.parent / "workloads" / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        return importlib.import_module("finetune_data")
+    finally:
+        sys.path.remove(scripts)
+
+
+def record_characters(path: Path, records: list[dict[str, Any]]) -> tuple[int, str]:
+    """The characters records train on, and their format, recognised as finetune.py recognises them (the first
+    record's fields: messages, sharegpt conversations, alpaca, prompt + completion, text): a conversation's turns,
+    alpaca's instruction, input and output, a prompt and its completion, a text. Records of no such format are an
+    error naming the fields seen (never 0 tokens)."""
+    fd = _finetune_data()
+    if not records:
+        raise ValueError(f"DATA={path}: no records")
+    try:
+        lay = fd.layout(fd.FieldSpec(), records[0])
+    except fd.RecordError:
+        raise ValueError(f"DATA={path}: record 1 has the fields {', '.join(sorted(records[0])) or 'none'}: none of a "
+                         "format finetune.py reads (messages, conversations, instruction + output, prompt + "
+                         "completion, text); give FIELDS= the fields that train (finetune.promptField and "
+                         "responseField's), or TOKENS=") from None
+    chars = 0
+    for number, record in enumerate(records, 1):
+        try:
+            found = fd.sample(record, lay, number)
+        except fd.RecordError as error:
+            raise ValueError(f"DATA={path}: {error.text} (read as {lay.format} records, as record 1 is)") from None
+        if found is None:
+            continue
+        parts = [m["content"] for m in found.messages] or [found.text or "", found.prompt or "",
+                                                           found.completion or ""]
+        chars += sum(len(p) for p in parts)
+    return chars, lay.format
 
 
 def _json_records(path: Path, text: str) -> list[dict[str, Any]]:
@@ -213,8 +258,7 @@ def given_tokens(tokens: float | None, data: Path | None, fields: str | None = N
     if data is None:
         return None
     wanted = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
-    counted, records = count_file_tokens(data, wanted)
-    which = f"fields {', '.join(wanted)}" if wanted else "every string field"
+    counted, records, which = count_file_tokens(data, wanted)
     return GivenTokens(counted, epochs, f"DATA={data}: {records:,} records, {counted:,.0f} tokens counted as "
                                         f"characters / {training_speed.load().chars_per_token:g} ({which}){times}; "
                                         f"set finetune.datasetTokens: {counted:.0f}")

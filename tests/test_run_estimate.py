@@ -199,11 +199,43 @@ def test_count_file_tokens_by_characters(tmp_path: Path) -> None:
     rows = [{"prompt": "hello", "response": "goodbye", "id": "x" * 50}, {"prompt": "abc", "response": "d"},
             {"prompt": "", "response": "wxyz"}]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n", encoding="utf-8")
-    assert run_estimate.count_file_tokens(data, ["prompt", "response"]) == (20 / 4, 3)
-    assert run_estimate.count_file_tokens(data)[0] == (20 + 50) / 4  # every string field: the id too
+    assert run_estimate.count_file_tokens(data, ["prompt", "response"]) == (20 / 4, 3, "fields prompt, response")
     text = tmp_path / "notes.txt"
     text.write_text("12345678\n\n1234\n", encoding="utf-8")  # 12 characters on 2 lines
-    assert run_estimate.count_file_tokens(text) == (3.0, 2)
+    assert run_estimate.count_file_tokens(text) == (3.0, 2, "lines")
+
+
+@pytest.mark.parametrize(("rows", "chars", "fmt"), [
+    # OpenAI chat records: every turn's content (4 + 8 + 2), the id not.
+    ([{"messages": [{"role": "system", "content": "sys."}, {"role": "user", "content": "question"},
+                    {"role": "assistant", "content": "ok"}], "id": "x" * 50}], 14, "messages"),
+    ([{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}], 7, "sharegpt"),
+    # alpaca as finetune.py reads it as a chat: the instruction and input a line apart (3 + 1 + 2), the output (3).
+    ([{"instruction": "sum", "input": "12", "output": "3.0"}], 9, "alpaca"),
+    ([{"prompt": "abc", "completion": "de"}], 5, "prompt-completion"),
+    ([{"text": "abcdefgh"}], 8, "text"),
+])
+def test_data_is_counted_by_the_format_finetune_reads(tmp_path: Path, rows: list[Any], chars: int, fmt: str) -> None:
+    """Issue 36 item 7: `make gpus DATA=` recognises records as finetune.py does (its own finetune_data.py)."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert run_estimate.count_file_tokens(data) == (chars / 4, 1, f"{fmt} records")
+    said = run_estimate.given_tokens(None, data).said
+    assert f"({fmt} records)" in said and f"set finetune.datasetTokens: {chars / 4:.0f}" in said
+
+
+def test_data_of_no_known_format_is_an_error_never_zero_tokens(tmp_path: Path) -> None:
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError) as found:
+        run_estimate.count_file_tokens(data)
+    assert str(found.value) == (
+        f"DATA={data}: record 1 has the fields answer, question: none of a format finetune.py reads (messages, "
+        "conversations, instruction + output, prompt + completion, text); give FIELDS= the fields that train "
+        "(finetune.promptField and responseField's), or TOKENS=")
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no assistant turn"):
+        run_estimate.count_file_tokens(data)
 
 
 @pytest.mark.parametrize(("name", "content", "says"), [
