@@ -1,13 +1,18 @@
 """The `adapters` scenario's references, run with the e2e venv's python (torch, transformers, peft):
 
     python e2e/lora_llm.py generate BASE_DIR ADAPTER_DIR PROMPT N   # transformers + peft greedy tokens, as JSON
-    python e2e/lora_llm.py score BASE_DIR ADAPTER_DIR|- TASK.jsonl N  # exact match on a task, as JSON
+    python e2e/lora_llm.py score BASE_DIR ADAPTER_DIR|- TASK.jsonl N  # both metrics on a chat task, as JSON
     python e2e/lora_llm.py all BASE_DIR PROMPT N TASK.jsonl M NAME=ADAPTER_DIR...  # both, every adapter: one process
 
 `generate`: what vLLM's greedy completion with that adapter must equal (N new tokens, EOS ignored, as vLLM's
-ignore_eos). `score`: the held-out task scored as workloads/scripts/evaluate.py's lm-eval task scores it (greedy,
-at most N tokens, stopping at EOS; the reply cut at its first newline and stripped; equal to the reference), with
-the adapter or, for `-`, the base alone: the figure results.json must report.
+ignore_eos). `score`: the held-out conversations scored as workloads/scripts/evaluate.py's lm-eval tasks score a
+chat-trained export, with the adapter or, for `-`, the base alone: the figures results.json must report.
+Each record is rendered through the tokenizer's chat template (the turns before the last, with the generation
+prompt; the tokens without special tokens added, as vLLM's chat endpoint makes them):
+- `loglikelihood`: the answer's tokens' log-probabilities given the context (without the end of the turn after
+  it), split as lm-eval splits a loglikelihood request (the context's trailing whitespace moved to the
+  continuation, the whole tokenized once), summed over the records and divided by their tokens;
+- `exact_match`: greedy, at most N tokens, stopping at EOS, the reply stripped equal to the reference.
 """
 
 from __future__ import annotations
@@ -52,15 +57,36 @@ def _generate(tokenizer: Any, model: Any, prompt: str, tokens: int) -> dict[str,
             "text": tokenizer.decode(new, skip_special_tokens=True)}
 
 
+def _loglikelihood(model: Any, whole: list[int], context: int) -> float:
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([whole])).logits[0].float().log_softmax(dim=-1)
+    return float(sum(logits[i - 1, whole[i]] for i in range(context, len(whole))))
+
+
 def _score(tokenizer: Any, model: Any, task: Path, tokens: int) -> dict[str, Any]:
+    import torch
+
     records = [json.loads(line) for line in task.read_text(encoding="utf-8").splitlines() if line.strip()]
-    replies = []
+    replies, total, counted = [], 0.0, 0
     for record in records:
-        ids = tokenizer(record["prompt"], return_tensors="pt")["input_ids"]
-        text = tokenizer.decode(_greedy(model, ids, tokens, tokenizer.eos_token_id), skip_special_tokens=True)
-        replies.append(text.split("\n", 1)[0].strip())
-    right = sum(reply == record["reference"].strip() for reply, record in zip(replies, records, strict=True))
-    return {"exact_match": right / len(records), "replies": replies}
+        before = record["messages"][:-1]
+        context = tokenizer.apply_chat_template(before, tokenize=False, add_generation_prompt=True)
+        whole_text = tokenizer.apply_chat_template(record["messages"], tokenize=False)
+        answer = record["messages"][-1]["content"]
+        turn = whole_text[len(context):]
+        # The answer without the end of the turn the template puts after it (evaluate_task.answer_text).
+        whole_text = context + turn[:turn.index(answer) + len(answer)]
+        whole = tokenizer(whole_text, add_special_tokens=False)["input_ids"]
+        split = len(tokenizer(context.rstrip(), add_special_tokens=False)["input_ids"])
+        total += _loglikelihood(model, whole, split)
+        counted += len(whole) - split
+        ids = torch.tensor([tokenizer(context, add_special_tokens=False)["input_ids"]])
+        replies.append(tokenizer.decode(_greedy(model, ids, tokens, tokenizer.eos_token_id),
+                                        skip_special_tokens=True).strip())
+    right = sum(reply == r["messages"][-1]["content"].strip() for reply, r in zip(replies, records, strict=True))
+    return {"exact_match": right / len(records), "loglikelihood": total / counted, "replies": replies}
 
 
 def generate(base: Path, adapter: str, prompt: str, tokens: int) -> None:
@@ -72,15 +98,14 @@ def score(base: Path, adapter: str, task: Path, tokens: int) -> None:
 
 
 def everything(base: Path, prompt: str, tokens: int, task: Path, task_tokens: int, adapters: list[str]) -> None:
-    """The base's task score, and each adapter's greedy tokens and task score, in one process (one import of
+    """The base's task scores, and each adapter's greedy tokens and task scores, in one process (one import of
     torch, transformers and peft: the scenario computes them while vLLM starts)."""
-    out: dict[str, Any] = {"score": {"base": _score(*_model(base, "-"), task, task_tokens)["exact_match"]},
-                           "generate": {}}
+    out: dict[str, Any] = {"score": {"base": _score(*_model(base, "-"), task, task_tokens)}, "generate": {}}
     for item in adapters:
         name, folder = item.split("=", 1)
         tokenizer, model = _model(base, folder)
         out["generate"][name] = _generate(tokenizer, model, prompt, tokens)
-        out["score"][name] = _score(tokenizer, model, task, task_tokens)["exact_match"]
+        out["score"][name] = _score(tokenizer, model, task, task_tokens)
     print(json.dumps(out))
 
 

@@ -29,12 +29,15 @@ Three hosts (e2e/hosts.py) run the stack's own files, rendered by the stack's ow
           exported to MODEL_DIR with its marker; then vLLM's CPU build serves MODEL_DIR and send_prompt.py's
           greedy completion must be transformers' greedy tokens.
 - adapters: two LoRA runs of the `finetune` kind at once (two workloads of the dev stack on one base, each its
-          own answer, one worker each) export adapter-only folders (each under 5 % of the model's bytes); one
-          vLLM CPU server, with the stack's base and LoRA flags, lists the base and both adapters, and each
-          adapter's greedy tokens are transformers + peft's; serving.evaluation's evaluator (one pass of
-          workloads/scripts/evaluator.py, which runs evaluate.py: lm-eval on 20 held-out records) scores base vs
-          tuned, equal to transformers' exact matches, into evals/<workload>/results.json, and a second pass scores
-          nothing; an impossible gate keeps the served adapter served.
+          own answer in chat records, one worker each) export adapter-only folders (each under 5 % of the model's
+          bytes, markers saying chat rendering); one vLLM CPU server, with the stack's base and LoRA flags and
+          the evaluation's client middleware, lists the base and both adapters, each adapter's greedy tokens are
+          transformers + peft's, and another host's load and unload get 403; serving.evaluation's evaluator (one
+          pass of workloads/scripts/evaluator.py, which runs evaluate.py: lm-eval on 20 held-out conversations,
+          chat rendering) scores base vs tuned by log-likelihood per reference token and exact match, equal to
+          transformers + peft's, and serves the export from its versioned copy through the gate; a second pass
+          scores nothing; a next export trained on the wrong answers gets its own scores, is kept out, and the
+          first stays served.
 
 Run as root after e2e/install.sh (the Makefile's `e2e` target does both); skips with a reason where
 network namespaces are not permitted. Every launch runs under a timeout; every process and namespace
@@ -1218,8 +1221,10 @@ EVALUATE = ROOT / "workloads" / "scripts" / "evaluate.py"
 EVALUATOR = ROOT / "workloads" / "scripts" / "evaluator.py"  # serving.evaluation's container: it runs EVALUATE
 LORA_LLM = Path(__file__).resolve().parent / "lora_llm.py"
 ADAPTER_INPUTS = "e2e-adapters"  # the base model, both data sets and the held-out task, in the bucket
-# Two finetune workloads on the same base, each taught its own one-word answer; the server serves `no` (its
-# serving.fromWorkload) and `yes` (serving.adapters), and `yes` is evaluated and gated.
+# Two finetune workloads on the same base, each taught its own one-word answer in OpenAI chat records (through the
+# tiny model's chat template); the server serves `no` (its serving.fromWorkload) and `yes` (serving.adapters), and
+# `yes` is evaluated and gated on held-out conversations. `no`'s adapter, taught the wrong answer to the same
+# questions, then stands in for a later export of `yes` (copied into its MODEL_DIR as a run would write it).
 ADAPTER_ANSWERS = {"no": "no", "yes": "yes"}
 GATED = "yes"
 ADAPTER_STEPS, ADAPTER_SAVE_STEPS = 20, 10
@@ -1230,9 +1235,10 @@ ADAPTER_MAX_SHARE = 0.05  # an adapter's weights, at most this share of the (mer
 TASK_RECORDS = 20
 # One token: the tiny model learns its answer's token (`yes` is one in its tokenizer) within a few steps, but not to
 # stop after it (its logits stay small: RMSNorm and the output head's small initialisation), so longer replies are
-# `yesyes...`; a user's task generates until a newline or --max-tokens (default 32).
+# `yesyes...`; a user's task generates until the end of the turn or --max-tokens (default 32).
 EVAL_MAX_TOKENS = 1
-IMPOSSIBLE_GATE = 1.0  # the candidate would have to win on every record the served adapter loses on, and more
+GATE = 0.05  # nats per reference token: the trained adapter must beat the base (then the served one) by this
+LIKELIHOOD_TOLERANCE = 1e-3  # vLLM's prompt logprobs against transformers', both float32 on CPU
 # The bucket's mount (gcsFuse.mountPath) of this scenario's pods: a folder no other scenario mounts, so that a run of
 # older harness code beside this one (which removed /gcs at its end, unmounting it in every run) cannot take it away.
 ADAPTER_BUCKET_MOUNT = "/gcs-adapters"
@@ -1249,6 +1255,11 @@ def adapter_prompt(pair: tuple[str, str]) -> str:
     return f"Is {pair[0]} next to {pair[1]}?"
 
 
+def chat_record(pair: tuple[str, str], answer: str) -> dict[str, Any]:
+    """OpenAI's chat format: the question, and the answer as the assistant's (last) turn."""
+    return {"messages": [{"role": "user", "content": adapter_prompt(pair)}, {"role": "assistant", "content": answer}]}
+
+
 def adapter_assets(bucket: Path) -> None:
     """Each workload's data (the same prompts, its own answer), the task (held-out prompts, GATED's answer) and the
     base model, its tokenizer trained on every record (e2e/tiny_llm.py), uploaded to the bucket."""
@@ -1257,11 +1268,10 @@ def adapter_assets(bucket: Path) -> None:
     train, held = adapter_pairs()
     everything = []
     for name, answer in ADAPTER_ANSWERS.items():
-        records = [{"prompt": adapter_prompt(p), "response": answer} for p in train]
+        records = [chat_record(p, answer) for p in train]
         everything += records
         write(base / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    write(base / "task.jsonl", "".join(json.dumps({"prompt": adapter_prompt(p), "reference": ADAPTER_ANSWERS[GATED]})
-                                       + "\n" for p in held))
+    write(base / "task.jsonl", "".join(json.dumps(chat_record(p, ADAPTER_ANSWERS[GATED])) + "\n" for p in held))
     write(base / "all.jsonl", "".join(json.dumps(r) + "\n" for r in everything))
     _venv_python(str(TINY_LLM), "make", str(base / "all.jsonl"), str(base / "base"))
     _chown_dirs(bucket)
@@ -1286,12 +1296,11 @@ def adapters_stack() -> Any:
             "kind": "finetune", "pool": "t4", "workers": 1, "namespace": f"e2e-{name}", "gcsFuse": gcs,
             "storage": {"storageClass": "standard-rwx", "claimName": f"{name}-shared"},
             "deepspeed": dict(ADAPTER_DS), "launch": {"script": "finetune.py", "args": FINETUNE_LAUNCH_ARGS},
+            # Chat records through the tiny model's own template (chatTemplate auto): the marker says so, and
+            # the evaluation renders the task the same way.
             "finetune": {"modelPath": f"{ADAPTER_INPUTS}/base", "datasetPath": f"{ADAPTER_INPUTS}/{name}.jsonl",
-                         "promptField": "prompt", "responseField": "response", "sequenceLength": 32,
-                         # Raw, as the task asks them on /v1/completions (the tiny model has a chat template,
-                         # which would render prompt/response records as a chat otherwise: README, Your data).
-                         "chatTemplate": "raw",
-                         "maxSteps": ADAPTER_STEPS, "saveSteps": ADAPTER_SAVE_STEPS, "lora": {"rank": 2}},
+                         "sequenceLength": 32, "maxSteps": ADAPTER_STEPS, "saveSteps": ADAPTER_SAVE_STEPS,
+                         "lora": {"rank": 2}},
             "model": FINETUNE_KEYS["model"]}
     names = list(ADAPTER_ANSWERS)
     workloads["serve"] = {
@@ -1308,8 +1317,9 @@ def _exported_adapter(model_dir: Path, base: Path, name: str) -> str:
     """MODEL_DIR holds an adapter (marker, files), its weights under ADAPTER_MAX_SHARE of the merged model's (a
     merged model has the base's tensors: the base's safetensors size)."""
     marker = json.loads((model_dir / ".complete").read_text())
-    fail_unless(marker.get("export") == "adapter" and marker.get("step") == ADAPTER_STEPS,
-                f"{name}'s marker {marker}: expected an adapter export at step {ADAPTER_STEPS}")
+    fail_unless(marker.get("export") == "adapter" and marker.get("step") == ADAPTER_STEPS
+                and marker.get("rendering") == "chat" and marker.get("recordFormat") == "messages",
+                f"{name}'s marker {marker}: expected an adapter export at step {ADAPTER_STEPS}, chat rendering")
     files = sorted(p.name for p in model_dir.iterdir())
     fail_unless("adapter_config.json" in files and "adapter_model.safetensors" in files
                 and not [f for f in files if f.startswith("model")], f"{name}'s MODEL_DIR holds {files}")
@@ -1324,6 +1334,28 @@ def _models(cluster: nshosts.Cluster, host: nshosts.Host) -> list[str]:
     result = cluster.run(host, ["/usr/bin/python3", "-c", probe], env=IMAGE_ENV, timeout=30)
     fail_unless(result.returncode == 0, f"/v1/models: {result.stderr.strip()[-500:]}")
     return list(json.loads(result.stdout))
+
+
+def _status(cluster: nshosts.Cluster, host: nshosts.Host, url: str, body: dict[str, Any] | None) -> int:
+    """The HTTP status `host` gets for a GET (no body) or a JSON POST to `url`."""
+    probe = ("import json, sys, urllib.error, urllib.request as u\n"
+             f"body = {json.dumps(body)!r}\n"
+             "data = None if body == 'null' else body.encode()\n"
+             f"request = u.Request({url!r}, data=data, headers={{'Content-Type': 'application/json'}})\n"
+             "try:\n    print(u.urlopen(request, timeout=30).status)\n"
+             "except urllib.error.HTTPError as error:\n    print(error.code)\n")
+    result = cluster.run(host, ["/usr/bin/python3", "-c", probe], env=IMAGE_ENV, timeout=60)
+    fail_unless(result.returncode == 0, f"{url} from {host.name}: {result.stderr.strip()[-500:]}")
+    return int(result.stdout.strip())
+
+
+def _unload(cluster: nshosts.Cluster, host: nshosts.Host, name: str) -> None:
+    """vLLM's /v1/unload_lora_adapter, from inside the pod (127.0.0.1: the evaluator's side)."""
+    probe = (f"import json, urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:{VLLM_PORT}/v1/unload_lora_"
+             f"adapter', data=json.dumps({{'lora_name': {name!r}}}).encode(), headers={{'Content-Type': "
+             "'application/json'}), timeout=30).read()")
+    result = cluster.run(host, ["/usr/bin/python3", "-c", probe], env=IMAGE_ENV, timeout=60)
+    fail_unless(result.returncode == 0, f"unload {name}: {result.stderr.strip()[-500:]}")
 
 
 def _ask(cluster: nshosts.Cluster, host: nshosts.Host, model: str, reference: dict[str, Any], log: Path) -> str:
@@ -1361,7 +1393,7 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     from workloads.mpijob import nvidia
     from workloads.mpijob.shape import SSH_CLIENT_KEY
     from workloads.placement import placement
-    from workloads.serving import lora_args, model_source
+    from workloads.serving import CLIENT_ENDPOINTS_MIDDLEWARE, lora_args, model_source
 
     phases = Phases("adapters")
     launcher = cluster.hosts[0]
@@ -1406,13 +1438,16 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     # 2. One vLLM server: the stack's base and LoRA flags (serving.fromWorkload yes, serving.adapters [no]), with
     #    runtime adapter loading for the evaluation; CPU flags as the finetune scenario's. References meanwhile.
     source = model_source(m, server_w)
+    # With evaluation's middleware (workloads/scripts/client_endpoints.py on PYTHONPATH, as the pod has it): the
+    # runtime adapter endpoints answer this host's loopback (the evaluator) and no other host.
     args = ["--model", source.ref, "--served-model-name", source.served_name, *lora_args(source),
             "--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--distributed-executor-backend", "uni",
-            "--host", "0.0.0.0", "--port", str(VLLM_PORT)]
+            "--host", "0.0.0.0", "--port", str(VLLM_PORT), "--middleware", CLIENT_ENDPOINTS_MIDDLEWARE]
     server_log = logs / "adapters-vllm.log"
     server = cluster.spawn(launcher, [str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
                                       *args], log=server_log,
-                           env={**IMAGE_ENV, **VLLM_ENV, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"})
+                           env={**IMAGE_ENV, **VLLM_ENV, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
+                                "PYTHONPATH": str(EVALUATE.parent)})
     task = bucket / ADAPTER_INPUTS / "task.jsonl"
     reference = json.loads(_venv_python(
         str(LORA_LLM), "all", str(base), adapter_prompt(("two", "three")), str(FINETUNE_MAX_TOKENS), str(task),
@@ -1420,7 +1455,8 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
         timeout=300).strip().splitlines()[-1])
     refs = reference["generate"]
     gated = m.workloads[GATED]
-    expected = {"base": reference["score"]["base"], "tuned": reference["score"][gated.name]}
+    expected = {"base": reference["score"]["base"], "candidate": reference["score"][gated.name],
+                "wrong": reference["score"][ADAPTER_ANSWERS["no"]]}
     wait_for_vllm(cluster, launcher, server, server_log)
     phases.end("vLLM healthy (transformers + peft references meanwhile)")
 
@@ -1429,51 +1465,97 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     wanted = [source.served_name, *(w.name for w in trainers)]
     fail_unless(sorted(listed) == sorted(wanted), f"/v1/models lists {listed}, expected {wanted}")
     replies = {w.name: _ask(cluster, launcher, w.name, refs[w.name], server_log) for w in trainers}
-    phases.end("/v1/models and both adapters' tokens")
+    # A client (another host) is served, but may not unload or load an adapter: 403, and both stay listed.
+    client = cluster.hosts[1]
+    refused = {path: _status(cluster, client, f"http://{launcher.ip}:{VLLM_PORT}{path}", body)
+               for path, body in (("/v1/unload_lora_adapter", {"lora_name": GATED}),
+                                  ("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(base)}),
+                                  ("/v1/models", None))}
+    fail_unless(refused == {"/v1/unload_lora_adapter": 403, "/v1/load_lora_adapter": 403, "/v1/models": 200},
+                f"a client's requests answered {refused}, expected 403 for the adapter endpoints")
+    fail_unless(sorted(_models(cluster, launcher)) == sorted(wanted), "a client changed what is served")
+    phases.end("/v1/models and both adapters' tokens; a client's load and unload refused")
 
-    # 4. The evaluation of `yes`'s export (no gate) by serving.evaluation's evaluator (one pass, --once), which runs
-    #    evaluate.py: base vs tuned on the 20 held-out records, results.json beside the model in the bucket; lm-eval's
-    #    scores are transformers' exact matches, and the tuning shows. A second pass scores nothing: results.json
-    #    names the export it scored (its marker).
+    # 4. The evaluation of `yes`'s export by serving.evaluation's evaluator (one pass, --once, a gate), which runs
+    #    evaluate.py: the marker says chat, so the 20 held-out conversations are rendered through the template and
+    #    the gate reads the likelihood metric; lm-eval's scores are transformers + peft's (log-likelihood per
+    #    reference token, exact match), the tuning shows, and the export is served from its own versioned copy.
+    #    A second pass scores nothing: results.json names the export it scored (its marker).
     evals = f"{mount}/evals/{gated.name}"
     results = outside(f"{evals}/results.json", mount, bucket)
     task = f"{mount}/{ADAPTER_INPUTS}/task.jsonl"
     url = f"http://127.0.0.1:{VLLM_PORT}"
     one_pass = ["--url", url, "--base", source.served_name, "--task", task, "--evals", f"{mount}/evals",
-                "--max-tokens", str(EVAL_MAX_TOKENS), "--adapter", f"{gated.name}={gated.model_dir}", "--once"]
+                "--max-tokens", str(EVAL_MAX_TOKENS), "--max-length", "256", "--min-improvement", str(GATE),
+                "--adapter", f"{gated.name}={gated.model_dir}", "--once"]
+    # With serving.evaluation the server starts without the adapter (no --lora-modules: the evaluator loads it once
+    # it passes); the server here started with it for step 3, so it is unloaded first, as the pod would start.
+    _unload(cluster, launcher, gated.name)
+    fail_unless(gated.name not in _models(cluster, launcher), f"{gated.name} is still listed after its unload")
     _evaluate(cluster, launcher, logs, "export", one_pass, script=EVALUATOR)
     again = _evaluate(cluster, launcher, logs, "again", one_pass, script=EVALUATOR, scored=False)
     fail_unless("evaluating" not in again["output"], f"the evaluator scored the same export twice: {again}")
-    common = ["--url", url, "--base", source.served_name, "--adapter", gated.name, "--task", task,
-              "--results", f"{evals}/results.json", "--max-tokens", str(EVAL_MAX_TOKENS)]
     first = json.loads(results.read_text())
     scores = first["scores"]
-    fail_unless(first["records"] == TASK_RECORDS and first["served"] is True,
-                f"results.json {first}: expected {TASK_RECORDS} records, served")
-    fail_unless(abs(scores["base"] - expected["base"]) < 1e-9 and abs(scores["candidate"] - expected["tuned"]) < 1e-9,
-                f"lm-eval's scores {scores} != transformers' exact matches {expected}")
-    fail_unless(scores["candidate"] > scores["base"], f"the tuned adapter does not beat the base: {scores}")
+    fail_unless(first["records"] == TASK_RECORDS and first["served"] is True and first["metric"] == "loglikelihood"
+                and first["rendering"] == "chat", f"results.json {first}: expected {TASK_RECORDS} records, "
+                "loglikelihood, chat rendering, served")
+    fail_unless(not score_problems(first, expected, "candidate"), "; ".join(score_problems(first, expected,
+                                                                                           "candidate")))
+    fail_unless(scores["candidate"] > scores["base"] + GATE, f"the tuned adapter does not beat the base: {scores}")
+    served_file = outside(f"{evals}/served.json", mount, bucket)
+    served = json.loads(served_file.read_text())
+    fail_unless(served["path"] == first["candidateCopy"] == first["servedPath"]
+                and f"{gated.name}-{ADAPTER_STEPS}-" in served["path"], f"served.json {served}, results {first}")
     fail_unless(_models(cluster, launcher).count(gated.name) == 1, "the served adapter is not listed once")
 
-    # 5. An impossible gate: a new candidate for `yes` (its half-way checkpoint standing in for a later export) is
-    #    not served, the reason in results.json and the log, and `yes` answers as before.
-    checkpoint = f"{gated.checkpoint_dir}/checkpoint-{ADAPTER_SAVE_STEPS}"
-    fail_unless(outside(checkpoint, mount, bucket).joinpath("adapter_model.safetensors").is_file(),
-                f"{checkpoint} holds no adapter")
-    gate = _evaluate(cluster, launcher, logs, "gate", [*common, "--candidate", checkpoint,
-                                                       "--min-improvement", str(IMPOSSIBLE_GATE)])
+    # 5. A next export of `yes` trained on the wrong answers (`no`'s adapter, written into yes's MODEL_DIR with its
+    #    own marker, as a later run writes it): scored from its own versioned path with its own scores (the
+    #    transformers figures of `no`'s weights, not the first export's), it does not beat the adapter served now
+    #    and is kept out; its copy is removed, served.json still names the first, and `yes` answers as before.
+    model_dir = outside(gated.model_dir, mount, bucket)
+    wrong = outside(m.workloads["no"].model_dir, mount, bucket)
+    marker = {**json.loads((wrong / ".complete").read_text()), "finished": "2030-01-01T00:00:00+00:00"}
+    (model_dir / ".complete").unlink()
+    for item in wrong.iterdir():
+        if item.is_file() and item.name != ".complete":
+            shutil.copy2(item, model_dir / item.name)
+    write(model_dir / ".complete", json.dumps(marker) + "\n")
+    gate = _evaluate(cluster, launcher, logs, "gate", one_pass, script=EVALUATOR)
     second = json.loads(results.read_text())
-    fail_unless(second["served"] is False and "not served" in second["reason"]
-                and "not served" in gate["output"], f"the impossible gate served the candidate: {second}")
+    fail_unless(second["served"] is False and "not served" in second["reason"] and "not served" in gate["output"]
+                and second["reference"] == "served", f"the wrong export was served: {second}")
+    fail_unless(not score_problems(second, expected, "wrong"), "; ".join(score_problems(second, expected, "wrong")))
+    fail_unless(second["candidateCopy"] != first["candidateCopy"] and abs(
+        second["scores"]["served"] - scores["candidate"]) < LIKELIHOOD_TOLERANCE,
+        f"the second export's copy or the served adapter's score: {second} (first {first})")
+    versions = outside(f"{evals}/versions", mount, bucket)
+    fail_unless(json.loads(served_file.read_text())["path"] == served["path"]
+                and [p.name for p in versions.iterdir()] == [Path(served["path"]).name],
+                f"served.json or versions/ changed: {sorted(p.name for p in versions.iterdir())}")
     fail_unless(gated.name in _models(cluster, launcher), f"{gated.name} is no longer served")
     _ask(cluster, launcher, gated.name, refs[gated.name], server_log)
     phases.end("evaluation and the gate")
     return (f"two LoRA runs exported adapters ({', '.join(sizes)} of the model's bytes); one vLLM served "
             f"{', '.join(wanted)}; {', '.join(f'{k} answered {v!r}' for k, v in replies.items())}, transformers + "
-            f"peft's tokens; lm-eval on {TASK_RECORDS} held-out records: base {scores['base']:.2f} vs tuned "
-            f"{scores['candidate']:.2f} (transformers' exact matches); an impossible gate "
-            f"(minImprovement {IMPOSSIBLE_GATE:g}) kept the served adapter: {second['reason']}. "
-            f"Phases: {phases.summary()}")
+            f"peft's tokens; lm-eval on {TASK_RECORDS} held-out conversations (chat rendering), log-likelihood per "
+            f"reference token: base {scores['base']:.3f} vs tuned {scores['candidate']:.3f} (transformers' "
+            f"figures), served from {Path(served['path']).name}; a next export trained on the wrong answers scored "
+            f"{second['scores']['candidate']:.3f} against the served {second['scores']['served']:.3f} and was kept "
+            f"out: {second['reason']}. Phases: {phases.summary()}")
+
+
+def score_problems(results: dict[str, Any], expected: dict[str, Any], who: str) -> list[str]:
+    """lm-eval's figures in results.json against transformers + peft's: the base's and the candidate's (`who`:
+    the transformers figures of the weights the candidate has), both metrics."""
+    problems = []
+    for mine, theirs in (("base", "base"), ("candidate", who)):
+        ll, em = results["byMetric"]["loglikelihood"][mine], results["byMetric"]["exact_match"][mine]
+        want = expected[theirs]
+        if abs(ll - want["loglikelihood"]) > LIKELIHOOD_TOLERANCE or abs(em - want["exact_match"]) > 1e-9:
+            problems.append(f"{mine}: lm-eval's loglikelihood {ll}, exact_match {em} != transformers' "
+                            f"{want['loglikelihood']}, {want['exact_match']}")
+    return problems
 
 
 # --- main ---------------------------------------------------------------------------------------------

@@ -40,3 +40,18 @@ def ships_template(model_id: str) -> bool | None:
     """Whether the model's tokenizer ships a chat template: True, False, or None when the stack does not know
     (Hugging Face ids are case-insensitive)."""
     return load().has_template.get(model_id.lower())
+
+
+CHAT_FORMATS = ("messages", "sharegpt")  # record formats that are conversations whatever the model
+
+
+def asked_on_chat(chat_template: str, record_format: str, model: str | None) -> bool:
+    """Whether a model fine-tuned with these keys is asked on /v1/chat/completions (its records went through a
+    chat template: finetune_render.choose's rule, as far as the preview knows it) rather than on /v1/completions
+    (raw: `chatTemplate: raw`, text records, or plain records on a model known to ship no template). A model the
+    stack does not know (or a modelPath) with plain records is taken to have a template, as Instruct models do."""
+    if chat_template == RAW or record_format == "text":
+        return False
+    if chat_template != AUTO or record_format in CHAT_FORMATS:
+        return True
+    return ships_template(model) is not False if model else True

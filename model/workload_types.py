@@ -171,9 +171,10 @@ class EvaluationConfig(msgspec.Struct, frozen=True):
     """`serving.evaluation`: each served adapter scored against the base (and the adapter served now) on the user's
     held-out task by the server's evaluator container (workloads/scripts/evaluate.py), optionally gated."""
 
-    task: str  # a JSON-lines file of the bucket: {"prompt": ..., "reference": ...} per line
+    task: str  # a JSON-lines file of the bucket: conversations, prompt/completion, alpaca or prompt/reference
     max_tokens: int  # tokens generated per prompt (evaluate.py --max-tokens)
-    min_improvement: float | None = None  # the gate (a share of the records); None: every evaluated adapter served
+    min_improvement: float | None = None  # the gate (in the metric's unit); None: every evaluated adapter served
+    metric: str | None = None  # loglikelihood | exact_match; None: by the export's rendering (evaluate.py --metric)
 
 
 # Where the evaluator container (and, read-only, the server) mounts the bucket's evals/ folder alone.

@@ -29,7 +29,7 @@ import msgspec
 from checks import load
 from checks.platform import cluster_name_problem
 from model import catalog as gpu_catalog
-from model import reservation
+from model import chat_templates, reservation
 from model.config import ConfigError, secret_ways
 from model.gated_models import gated_family
 from model.suggest import did_you_mean
@@ -213,8 +213,12 @@ def next_steps(choice: Choice, stack: str) -> list[str]:
             trainer = w["serving"].get("fromWorkload")
             waits = f" once {trainer} has written its model (the server's pod waits in Init until then)" if trainer \
                 else ""
+            ft = (workloads.get(trainer) or {}).get("finetune") or {} if trainer else {}
+            # Asked the way it was trained: through the chat template on the chat endpoint, or raw.
+            chat = " --chat" if ft and chat_templates.asked_on_chat(
+                ft.get("chatTemplate", chat_templates.AUTO), ft.get("recordFormat", "auto"), ft.get("model")) else ""
             steps.append(f"A prompt{waits}: `kubectl -n {w['namespace']} port-forward svc/{name} 8000:8000 &`, then "
-                         "`python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model "
+                         f"`python workloads/scripts/send_prompt.py --openai{chat} --url http://localhost:8000 --model "
                          f"{trainer or w['serving']['model']} \"What is DeepSpeed?\"`.")
     return ["Next:", *(f"  {i}. {step}" for i, step in enumerate(steps, 1))]
 

@@ -24,28 +24,112 @@ def ev() -> ModuleType:
     return load_file(SCRIPT, "evaluate_script")
 
 
-def test_a_task_file_is_checked_record_by_record(ev: ModuleType) -> None:
+TASK_SCRIPT = SCRIPT.parent / "evaluate_task.py"
+
+
+@pytest.fixture(scope="module")
+def et() -> ModuleType:
+    return load_file(TASK_SCRIPT, "evaluate_task_script")
+
+
+class ChatTokenizer:
+    """A stand-in tokenizer: one id per character, BOS 1 as a special token, and a ChatML-like template."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
+
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = False,
+                            add_generation_prompt: bool = False) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+def test_a_task_file_is_checked_record_by_record(et: ModuleType) -> None:
     lines = ['{"prompt": "Is one next to two?", "reference": "no", "id": 1}', "", "not json",
-             '{"prompt": "", "reference": "no"}', '["a list"]', '{"prompt": "p"}']
-    assert ev.task_problems(lines) == [
-        "line 3: not JSON (Expecting value)", "line 4: 'prompt' must be a non-empty string",
-        "line 5: a JSON object with 'prompt' and 'reference' expected",
-        "line 6: 'reference' must be a non-empty string"]
-    assert ev.task_problems(lines[:2]) == []
-    assert ev.task_problems(["", " "]) == ["no records"]
+             '{"prompt": "", "reference": "no"}', '["a list"]', '{"prompt": "p"}',
+             '{"messages": [{"role": "user", "content": "hi"}]}',  # no assistant turn: nothing to score
+             '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, '
+             '{"role": "user", "content": "c"}]}',  # the last turn is the user's
+             '{"text": "a document"}', '{"question": "q", "answer": "a"}']
+    records, problems = et.read_records(lines)
+    assert problems == [
+        "line 3: not JSON (Expecting value)", "line 4: 'prompt' and 'reference' must be non-empty strings",
+        "line 5: a JSON object expected (messages, or prompt and reference)",
+        "line 6 has the fields prompt: none of a known format (messages, conversations, instruction + output, "
+        "prompt + completion, prompt + reference)",
+        "line 7: the last turn of 'messages' is not the assistant's: the reference is the conversation's last "
+        "assistant turn",
+        "line 8: the last turn of 'messages' is not the assistant's: the reference is the conversation's last "
+        "assistant turn",
+        "line 9: a text record has no reference to score; give messages (the last assistant turn is the "
+        "reference), prompt + completion or prompt + reference",
+        "line 10 has the fields answer, question: none of a known format (messages, conversations, instruction + "
+        "output, prompt + completion, prompt + reference)"]
+    assert [r.reference for r in records] == ["no"]
+    assert et.read_records(["", " "]) == ([], ["no records"])
 
 
-def test_the_local_task_needs_no_hub(ev: ModuleType, tmp_path: Path) -> None:
-    task = yaml.safe_load(ev.task_yaml(tmp_path / "task.jsonl", 8))
-    # datasets' json loader on the local file (no hub id), greedy generation until a newline, exact match on the
-    # text with leading whitespace removed: what lm-eval reports as "exact_match,strip".
+def test_every_format_training_takes_is_a_task(et: ModuleType) -> None:
+    lines = ['{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, '
+             '{"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}, '
+             '{"role": "assistant", "content": "a2"}]}',
+             '{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}',
+             '{"prompt": "p", "completion": "c"}', '{"instruction": "i", "input": "", "output": "o"}']
+    records, problems = et.read_records(lines)
+    assert problems == []
+    first = records[0]
+    # The reference is the last assistant turn; every turn before it (the first answer included) is the prompt.
+    assert first.reference == "a2" and [m["content"] for m in first.messages] == ["s", "q", "a1", "q2"]
+    assert first.prompt is None and et.raw_problems(records)[0].startswith("record 1: a conversation, but the "
+                                                                          "export was trained raw")
+    assert [(r.reference, r.prompt is not None) for r in records[1:]] == [("a", False), ("c", True), ("o", True)]
+
+
+def test_chat_records_are_rendered_as_the_chat_endpoint_renders_them(et: ModuleType) -> None:
+    records, _ = et.read_records(['{"messages": [{"role": "user", "content": "q"}, '
+                                  '{"role": "assistant", "content": "yes"}]}', '{"prompt": "p", "reference": "r"}'])
+    chat = et.rendered(records, "chat", ChatTokenizer())
+    # The context is the template with the generation prompt (no BOS added: the chat endpoint adds no special
+    # tokens); the continuation is the answer as the template renders it, without the end of the turn after it.
+    assert chat[0] == {"context": "<user>q</><assistant>", "continuation": "yes", "reference": "yes",
+                       "tokens": len("yes")}
+    assert et.answer_text(" yes</>\n", "yes ") == " yes"  # a template that trims the answer: up to its end
+    assert et.answer_text("YES</>", "yes") == "YES</>"  # not found as written: the whole turn
+    raw = et.rendered(records[1:], "raw", ChatTokenizer())
+    assert raw == [{"context": "p", "continuation": "r", "reference": "r", "tokens": 1}]
+
+
+def test_the_local_tasks_need_no_hub(et: ModuleType, tmp_path: Path) -> None:
+    docs = [{"context": "c", "continuation": "x", "reference": "x", "tokens": 1}]
+    et.write_tasks(tmp_path, docs, "chat", 8)
+    task = yaml.safe_load((tmp_path / "deepspeed_stack_heldout.yaml").read_text())
+    # datasets' json loader on the local file (no hub id), greedy generation (a chat reply until its turn ends,
+    # no newline stop), exact match of the stripped reply: what lm-eval reports as "exact_match,strip".
     assert (task["dataset_path"], task["dataset_kwargs"], task["test_split"]) == (
         "json", {"data_files": {"test": str(tmp_path / "task.jsonl")}}, "test")
     assert task["output_type"] == "generate_until"
-    assert task["generation_kwargs"] == {"until": ["\n"], "do_sample": False, "temperature": 0.0, "max_gen_toks": 8}
-    assert (task["doc_to_text"], task["doc_to_target"]) == ("{{prompt}}", "{{reference}}")
+    assert task["generation_kwargs"] == {"until": [], "do_sample": False, "temperature": 0.0, "max_gen_toks": 8}
+    assert (task["doc_to_text"], task["doc_to_target"]) == ("context", "reference")
     assert [f["function"] for f in task["filter_list"][0]["filter"]] == ["remove_whitespace", "take_first"]
     assert task["filter_list"][0]["name"] == "strip" and task["metric_list"][0]["metric"] == "exact_match"
+    et.write_tasks(tmp_path, docs, "raw", 8)
+    assert yaml.safe_load((tmp_path / "deepspeed_stack_heldout.yaml").read_text())["generation_kwargs"][
+        "until"] == ["\n"]
+    # The likelihood task: its !function tags name functions of the module copied beside it (lm-eval imports
+    # MODULE.py from the task file's folder; make e2e runs it with lm-eval itself).
+    metrics = load_file(tmp_path / "evaluate_metrics.py", "evaluate_metrics_copy")
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!function", lambda loader, node: getattr(
+        metrics, loader.construct_scalar(node).removeprefix("evaluate_metrics.")))
+    ll = yaml.load((tmp_path / "deepspeed_stack_heldout_ll.yaml").read_text(), Loader=Loader)
+    assert (ll["output_type"], ll["doc_to_text"], ll["doc_to_target"], ll["target_delimiter"]) == (
+        "loglikelihood", "context", "continuation", "")
+    assert ll["process_results"]({"tokens": 4}, [(-2.0, False)]) == {"loglikelihood": (-2.0, 4)}
+    aggregate = ll["metric_list"][0]["aggregation"]
+    assert aggregate([(-2.0, 4), (-1.0, 1)]) == pytest.approx(-0.6)  # per token over all records: -3 / 5
 
 
 @pytest.mark.parametrize(("scores", "gate", "serve", "reference", "improvement"), [
@@ -60,6 +144,15 @@ def test_the_gate(ev: ModuleType, scores: dict[str, Any], gate: float | None, se
     decision = ev.decide(scores, gate)
     assert (decision.serve, decision.reference) == (serve, reference)
     assert decision.improvement == pytest.approx(improvement)
+
+
+def test_the_likelihood_gate_reads_nats_per_token(ev: ModuleType) -> None:
+    """Log-likelihoods are negative; closer to 0 is better, and the improvement is the difference."""
+    served = ev.decide({"base": -2.0, "served": None, "candidate": -1.5}, 0.3, "loglikelihood")
+    assert (served.serve, served.improvement) == (True, 0.5)
+    kept = ev.decide({"base": -2.0, "served": -1.0, "candidate": -1.2}, 0.0, "loglikelihood")
+    assert (kept.serve, kept.reference, kept.improvement) == (False, "served", pytest.approx(-0.2))
+    assert ev.passes(0.0, 0.0) and ev.passes(-5.0, None) and not ev.passes(0.04, 0.05)
 
 
 def test_the_reason_says_what_stays(ev: ModuleType) -> None:
@@ -126,61 +219,103 @@ def vllm() -> Iterator[FakeVllm]:
     fake.server.shutdown()
 
 
-def _inputs(tmp_path: Path) -> tuple[Path, Path]:
+CHAT_MARKER = {"export": "adapter", "step": 10, "finished": "2026-11-29T06:00:00+00:00", "rendering": "chat"}
+
+
+def _inputs(tmp_path: Path, marker: dict[str, Any] | None = None, weights: str = "new") -> tuple[Path, Path]:
     task = tmp_path / "task.jsonl"
-    task.write_text("".join(json.dumps({"prompt": f"q{i}", "reference": "no"}) + "\n" for i in range(20)))
+    task.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                                     {"role": "assistant", "content": "no"}]}) + "\n"
+                            for i in range(20)))
     candidate = tmp_path / "models" / "b"
-    candidate.mkdir(parents=True)
-    (candidate / "adapter_model.safetensors").write_text("new")
-    (candidate / ".complete").write_text(json.dumps({"export": "adapter", "step": 10}))
+    candidate.mkdir(parents=True, exist_ok=True)
+    (candidate / "adapter_model.safetensors").write_text(weights)
+    (candidate / ".complete").write_text(json.dumps(marker or CHAT_MARKER))
     return task, candidate
 
 
-def _run(ev: ModuleType, vllm: FakeVllm, tmp_path: Path, scores: dict[str, float], *extra: str) -> dict[str, Any]:
-    task, candidate = _inputs(tmp_path)
+def _run(ev: ModuleType, vllm: FakeVllm, tmp_path: Path, scores: dict[str, float], *extra: str,
+         marker: dict[str, Any] | None = None, weights: str = "new") -> dict[str, Any]:
+    task, candidate = _inputs(tmp_path, marker, weights)
     args = ev.parse_args(["--url", vllm.url, "--base", "base", "--adapter", "b", "--candidate", str(candidate),
                           "--task", str(task), "--results", str(tmp_path / "evals" / "b" / "results.json"), *extra])
     asked = []
 
-    def scorer(url: str, model: str, task_dir: Path) -> float:
+    def scorer(url: str, model: str, how: Any) -> dict[str, float]:
         asked.append(model)
-        assert (task_dir / "deepspeed_stack_heldout.yaml").is_file()
-        assert len((task_dir / "task.jsonl").read_text().splitlines()) == 20
-        return scores[model]
+        assert (how.task_dir / "deepspeed_stack_heldout.yaml").is_file()
+        assert (how.task_dir / "deepspeed_stack_heldout_ll.yaml").is_file()
+        docs = [json.loads(line) for line in (how.task_dir / "task.jsonl").read_text().splitlines()]
+        assert len(docs) == 20 and docs[0]["context"] == "<user>q0</><assistant>"  # the chat rendering
+        # The export's own tokenizer: its versioned copy.
+        assert Path(how.tokenizer).parent == tmp_path / "evals" / "b" / "versions"
+        return {"loglikelihood": scores[model], "exact_match": 0.0}
 
-    out = ev.evaluate(args, scorer=scorer, version=lambda: "0.4.13")
-    assert asked == ["base", "b", "b-candidate"]  # the same task for all three, the adapter served now included
+    tools = ev.Tools(scorer=scorer, version=lambda: "0.4.13", tokenizer=lambda _folder: ChatTokenizer())
+    out = ev.evaluate(args, tools)
+    assert asked[0] == "base" and asked[-1] == "b-candidate"  # the same task for all, the adapter served now too
     return out
 
 
 def test_a_candidate_that_beats_the_adapter_served_now_replaces_it(ev: ModuleType, vllm: FakeVllm,
                                                                    tmp_path: Path) -> None:
-    out = _run(ev, vllm, tmp_path, {"base": 0.1, "b": 0.4, "b-candidate": 0.6}, "--min-improvement", "0.1")
-    copy = str(tmp_path / "evals" / "b" / "adapter")
+    versions = tmp_path / "evals" / "b" / "versions"
+    (versions / "b-5-20261128T000000").mkdir(parents=True)  # an older export's copy, served until now
+    out = _run(ev, vllm, tmp_path, {"base": -3.0, "b": -2.0, "b-candidate": -1.0}, "--min-improvement", "0.1")
+    copy = str(versions / "b-10-20261129T060000")  # NAME-STEP-TIME: its own path, never another export's
     assert vllm.calls == [
-        ("/v1/load_lora_adapter", {"lora_name": "b-candidate", "lora_path": str(tmp_path / "models" / "b"),
-                                   "load_inplace": False}),
+        ("/v1/load_lora_adapter", {"lora_name": "b-candidate", "lora_path": copy, "load_inplace": False}),
         ("/v1/unload_lora_adapter", {"lora_name": "b-candidate"}),
-        # Served from the copy beside results.json, in place of the old one.
         ("/v1/load_lora_adapter", {"lora_name": "b", "lora_path": copy, "load_inplace": True})]
     assert (out["served"], out["reference"], out["servedPath"]) == (True, "served", copy)
-    assert out["scores"] == {"base": 0.1, "served": 0.4, "candidate": 0.6}
-    assert out["candidateMarker"] == {"export": "adapter", "step": 10} and out["records"] == 20
+    assert (out["metric"], out["rendering"], out["records"]) == ("loglikelihood", "chat", 20)
+    assert out["scores"] == {"base": -3.0, "served": -2.0, "candidate": -1.0}
+    assert out["byMetric"]["exact_match"] == {"base": 0.0, "served": 0.0, "candidate": 0.0}
+    assert out["candidateMarker"] == CHAT_MARKER
     assert (Path(copy) / "adapter_model.safetensors").read_text() == "new"
+    assert json.loads((tmp_path / "evals" / "b" / "served.json").read_text())["path"] == copy
+    assert [p.name for p in versions.iterdir()] == ["b-10-20261129T060000"]  # the old copy removed after the switch
 
 
 def test_an_impossible_gate_keeps_the_old_model(ev: ModuleType, vllm: FakeVllm, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    out = _run(ev, vllm, tmp_path, {"base": 0.1, "b": 0.4, "b-candidate": 0.6}, "--min-improvement", "1")
+    out = _run(ev, vllm, tmp_path, {"base": -3.0, "b": -2.0, "b-candidate": -1.1}, "--min-improvement", "1")
     assert [path for path, _ in vllm.calls] == ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"]
     assert vllm.models == ["base", "a", "b"]
     assert (out["served"], out["servedPath"], out["minImprovement"]) == (False, None, 1.0)
-    assert not (tmp_path / "evals" / "b" / "adapter").exists()
+    assert not (tmp_path / "evals" / "b" / "versions" / "b-10-20261129T060000").exists()  # its copy removed
+    assert not (tmp_path / "evals" / "b" / "served.json").exists()
     written = json.loads((tmp_path / "evals" / "b" / "results.json").read_text())
     assert written == out
-    assert ("[evaluate] b: base 0.100 vs tuned 0.600, served now 0.400 (exact_match); 0.600 against the adapter "
-            "served now's 0.400 is +0.200, less than minImprovement 1: not served; the adapter served now stays"
-            ) in capsys.readouterr().out
+    assert ("[evaluate] b: base -3.000 vs tuned -1.100, served now -2.000 (loglikelihood); -1.100 against the "
+            "adapter served now's -2.000 is +0.900, less than minImprovement 1: not served; the adapter served now "
+            "stays; chat rendering, 20 records") in capsys.readouterr().out
+
+
+def test_a_second_export_gets_its_own_path_and_scores(ev: ModuleType, vllm: FakeVllm, tmp_path: Path) -> None:
+    first = _run(ev, vllm, tmp_path, {"base": -3.0, "b": -2.0, "b-candidate": -1.0})
+    vllm.calls.clear()
+    second = _run(ev, vllm, tmp_path, {"base": -3.0, "b": -1.0, "b-candidate": -2.5}, "--min-improvement", "0",
+                  marker={**CHAT_MARKER, "step": 20, "finished": "2026-11-29T07:00:00+00:00"}, weights="wrong")
+    assert first["candidateCopy"] != second["candidateCopy"]
+    assert second["scores"] == {"base": -3.0, "served": -1.0, "candidate": -2.5} and second["served"] is False
+    assert vllm.calls[0][1]["lora_path"].endswith("b-20-20261129T070000")
+    served = json.loads((tmp_path / "evals" / "b" / "served.json").read_text())
+    assert served["path"] == first["servedPath"] and served["marker"]["step"] == 10  # the first stays served
+
+
+def test_a_raw_export_is_scored_raw_by_exact_match(ev: ModuleType, vllm: FakeVllm, tmp_path: Path) -> None:
+    task, candidate = _inputs(tmp_path, {"export": "adapter", "step": 3, "rendering": "raw"})
+    args = ev.parse_args(["--url", vllm.url, "--base", "base", "--adapter", "b", "--candidate", str(candidate),
+                          "--task", str(task), "--results", str(tmp_path / "r" / "results.json")])
+    tools = ev.Tools(scorer=lambda *_: {}, tokenizer=lambda _f: ChatTokenizer())
+    with pytest.raises(ev.UsageError, match="record 1: a conversation, but the export was trained raw"):
+        ev.evaluate(args, tools)
+    task.write_text('{"prompt": "p", "reference": "r"}\n')
+    tools = ev.Tools(scorer=lambda *_: {"loglikelihood": -1.0, "exact_match": 0.5}, version=lambda: "x",
+                     tokenizer=lambda _f: ChatTokenizer())
+    out = ev.evaluate(args, tools)
+    assert (out["metric"], out["rendering"], out["scores"]["candidate"]) == ("exact_match", "raw", 0.5)
 
 
 def test_a_bad_task_or_a_merged_model_exits_2(ev: ModuleType, tmp_path: Path,
@@ -190,7 +325,7 @@ def test_a_bad_task_or_a_merged_model_exits_2(ev: ModuleType, tmp_path: Path,
             "--results", str(tmp_path / "r.json")]
     task.write_text('{"prompt": "q"}\n')
     assert ev.main([*base, "--task", str(task)]) == ev.EXIT_USAGE
-    assert "line 1: 'reference' must be a non-empty string" in capsys.readouterr().out
+    assert "line 1 has the fields prompt: none of a known format" in capsys.readouterr().out
     (tmp_path / "x").mkdir()
     good_task, _ = _inputs(tmp_path / "x")
     (candidate / ".complete").write_text(json.dumps({"export": "merged"}))

@@ -432,7 +432,7 @@ def test_the_configmap_ships_finetune_pys_modules_and_the_named_template() -> No
                  "finetune_checkpoints.py"):
         assert data[name] == (scripts / name).read_text()
     assert "chat_template.jinja" not in data
-    named = _run(changes=((f"{W}.finetune.chatTemplate", "zephyr"),)).one(CONFIG_MAP).inputs["data"]
+    named = _run(changes=((f"{W}.finetune.chatTemplate", "zephyr"),)).one(CONFIG_MAP, "tune-config").inputs["data"]
     from model.yamlio import load_yaml
 
     assert named["chat_template.jinja"] == load_yaml(PROJECT_DIR / "data" / "chat_templates.yaml")[

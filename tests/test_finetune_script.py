@@ -298,6 +298,24 @@ def test_the_marker_says_the_step_and_the_model(ft: ModuleType) -> None:
                                                      finished=when, export="adapter")
 
 
+def test_the_marker_says_how_the_records_were_rendered(ft: ModuleType) -> None:
+    """Issue 36 item 1: what evaluate.py renders the held-out task with, without being told."""
+    from finetune_check import plan
+    from finetune_data import FieldSpec
+
+    chat = plan({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, FieldSpec(),
+                "auto", "{{ messages }}", None)
+    raw = plan({"prompt": "q", "completion": "a"}, FieldSpec(), "raw", "{{ messages }}", None)
+    assert ft.marker_rendering(chat, "auto") == {"rendering": "chat", "chatTemplate": "auto",
+                                                 "recordFormat": "messages"}
+    assert ft.marker_rendering(raw, "raw") == {"rendering": "raw", "chatTemplate": "raw",
+                                               "recordFormat": "prompt-completion"}
+    when = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
+    marker = json.loads(ft.marker_text(1, "m", lora=True, dataset="d", precision="bf16", world_size=1, finished=when,
+                                       export="adapter", rendering=ft.marker_rendering(chat, "auto")))
+    assert (marker["rendering"], marker["recordFormat"]) == ("chat", "messages")
+
+
 def test_what_the_export_holds(ft: ModuleType) -> None:
     assert [ft.export_kind(False, "adapter"), ft.export_kind(True, "adapter"), ft.export_kind(True, "merged")] == [
         "full", "adapter", "merged"]

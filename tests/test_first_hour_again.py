@@ -365,3 +365,15 @@ def test_a_written_finetune_stack_with_its_server_previews(tmp_path: Path) -> No
                        str(tmp_path)]) == 0
     assert preview_main(["--stack", "ft", "--stack-file", str(tmp_path / "Pulumi.ft.yaml"), "--out",
                          str(tmp_path / "out")]) == 0
+
+
+def test_the_written_prompt_command_asks_as_the_model_was_trained(tmp_path: Path) -> None:
+    """Issue 36 item 6: a written finetune stack's server is asked the way its run trains (the stack's own
+    records go through the Instruct model's chat template: the chat endpoint), the same command the preview
+    prints."""
+    text, config = _written(tmp_path, "--model", "Qwen2.5-7B-Instruct", "--mode", "finetune")
+    joined = " ".join(line[1:].strip() for line in text.splitlines() if line.startswith("#"))
+    (server,) = [name for name, w in config["deepspeed-stack:workloads"].items() if w["kind"] == "serve"]
+    trainer = config["deepspeed-stack:workloads"][server]["serving"]["fromWorkload"]
+    assert (f"`python workloads/scripts/send_prompt.py --openai --chat --url http://localhost:8000 --model "
+            f"{trainer} \"What is DeepSpeed?\"`") in joined

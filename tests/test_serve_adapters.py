@@ -232,3 +232,36 @@ def test_vllms_lora_ranks_are_pinned() -> None:
     assert vllm_facts().lora_ranks == (1, 8, 16, 32, 64, 128, 256, 320, 512)
     assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 300, 320, 321, 512, 513)] == [1, 8, 8, 16, 320, 320, 512, 512,
                                                                                     None]
+
+
+# --- the chat template the adapters learned reaches the server (issue 36 item 5) ---------------------------------
+
+def test_adapters_trained_with_a_named_template_are_served_with_it() -> None:
+    from model import chat_templates
+
+    run = engine.run_program(*engine.engine_config_from_yaml(changed("finetune", two(**{
+        f"{T}.finetune.chatTemplate": "zephyr", f"{T2}": _tune2(chatTemplate="zephyr")}))), stack="finetune")
+    (server,) = _pod(run)["containers"]
+    args = server["args"]
+    # vLLM renders every chat request with --chat-template (a file or the text), here the ConfigMap's file.
+    assert args[args.index("--chat-template") + 1] == "/app/chat_template.jinja"
+    assert {"name": "server", "mountPath": "/app", "readOnly": True} in server["volumeMounts"]
+    data = run.one("kubernetes:core/v1:ConfigMap", "chat-server").inputs["data"]
+    assert data == {"chat_template.jinja": chat_templates.template("zephyr")}
+    doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chat"}, "spec": _pod(run)}
+    kubernetes_validate.validate(doc, "1.33.0", strict=True)
+    # Adapters of the model's own template: the base tokenizer's, no flag and no ConfigMap.
+    plain = engine.run_program(*engine.engine_config_from_yaml(changed("finetune", two())), stack="finetune")
+    assert "--chat-template" not in _pod(plain)["containers"][0]["args"]
+
+
+def test_adapters_trained_with_different_templates_are_refused() -> None:
+    found = problems("finetune", two(**{f"{T}.finetune.chatTemplate": "zephyr"}))
+    assert found == [
+        f"{S}.serving.adapters: the adapters were trained with different chat templates (tune: zephyr "
+        f"({T}.finetune.chatTemplate), tune2: auto ({T2}.finetune.chatTemplate); auto is the base's own), and one "
+        "server renders every chat request with one (vLLM --chat-template): train them with the same "
+        "finetune.chatTemplate, or serve them from separate servers"]
+    # A raw-trained adapter is asked on /v1/completions: any template suits it.
+    assert problems("finetune", two(**{f"{T}.finetune.chatTemplate": "zephyr", f"{T2}": _tune2(
+        chatTemplate="raw", recordFormat="prompt-completion")})) == []

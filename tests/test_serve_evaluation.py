@@ -56,8 +56,13 @@ def test_vllm_starts_with_the_base_alone_and_runtime_loading(gated: RunResult, p
     args = server["args"]
     assert args[:4] == ["--model", BASE, "--served-model-name", BASE]
     # The LoRA room, but no --lora-modules: tune is served only once scored, by the evaluator.
-    assert args[args.index("--enable-lora"):] == ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"]
+    assert args[args.index("--enable-lora"):] == ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1",
+                                                  "--middleware", "client_endpoints.ClientEndpoints"]
     assert _env(server)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "true"
+    # Only the pod itself may load or unload (issue 36 item 8): vLLM imports the middleware from the ConfigMap.
+    assert _env(server)["PYTHONPATH"] == "/app"
+    assert {"name": "server", "mountPath": "/app", "readOnly": True} in server["volumeMounts"]
+    assert "client_endpoints.py" in gated.one(CONFIG_MAP, "chat-server").inputs["data"]
     assert "initContainers" not in _pod(gated)  # nothing to wait for before the base is served
     # Without evaluation: the adapter from MODEL_DIR at start, after the init container's wait, no runtime loading.
     before = _containers(plain)["server"]
@@ -71,7 +76,8 @@ def test_the_evaluator_runs_evaluate_py_beside_vllm(gated: RunResult) -> None:
     assert evaluator["command"] == ["python"]
     assert evaluator["args"] == [
         "/app/evaluator.py", "--url", "http://127.0.0.1:8000", "--base", BASE, "--task", f"/gcs/{TASK}",
-        "--evals", "/evals", "--max-tokens", "32", "--min-improvement", "0.05", "--adapter", "tune=/gcs/models/tune"]
+        "--evals", "/evals", "--max-tokens", "32", "--max-length", "4096", "--min-improvement", "0.05",
+        "--adapter", "tune=/gcs/models/tune"]
     assert _env(evaluator) == {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     assert evaluator["workingDir"] == "/tmp"  # the root filesystem is read-only
     # data/node_memory.yaml podSidecars.evaluator: 1 CPU and 2 GiB, requests = limits.
@@ -82,8 +88,15 @@ def test_the_evaluator_runs_evaluate_py_beside_vllm(gated: RunResult) -> None:
                                             "capabilities": {"drop": ["ALL"]}}
     assert evaluator["livenessProbe"]["exec"]["command"] == ["test", "-d", "/evals"]
     files = gated.one(CONFIG_MAP, "chat-server").inputs["data"]
-    assert set(files) == {"evaluator.py", "evaluate.py"}
-    assert files["evaluate.py"] == (SCRIPTS / "evaluate.py").read_text(encoding="utf-8")
+    # evaluate.py and every module beside it that it imports (its task, finetune.py's record reading), as they are.
+    assert set(files) == {"evaluator.py", "evaluate.py", "evaluate_task.py", "evaluate_metrics.py",
+                          "evaluate_copies.py", "finetune_data.py", "finetune_config.py", "client_endpoints.py"}
+    assert all(text == (SCRIPTS / name).read_text(encoding="utf-8") for name, text in files.items())
+    import ast
+
+    for name, text in files.items():
+        imported = {n.module for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom) and n.module}
+        assert {f"{m}.py" for m in imported if (SCRIPTS / f"{m}.py").is_file()} <= set(files), name
 
 
 def test_only_the_evaluator_writes_and_only_evals(gated: RunResult) -> None:
@@ -116,12 +129,16 @@ def test_the_summary_says_where_results_land_and_the_preview_says_how_the_gate_d
     from preview.sections import serving
 
     ev = gated.outputs["workloads"]["chat"]["evaluation"]
-    assert ev["results"] == {"tune": "evals/tune/results.json"} and ev["served"] == {"tune": "evals/tune/adapter"}
+    assert ev["results"] == {"tune": "evals/tune/results.json"} and ev["served"] == {"tune": "evals/tune/served.json"}
     assert (ev["task"], ev["minImprovement"]) == (TASK, 0.05)
+    # tune's records go through Qwen's chat template: its gate reads the likelihood metric, in evaluate.py's words.
+    assert ev["metric"] == {"tune": "loglikelihood"}
+    assert ev["gate"] == {"tune": "served when its loglikelihood beats the adapter served now (else the base) by at "
+                                  "least 0.05 (nats per reference token, higher is better)"}
     assert "waitsFor" not in gated.outputs["workloads"]["chat"]
     ((_, body),) = serving.section(gated)
     assert "gcloud storage cat gs://$(pulumi stack output bucket -s finetune)/evals/tune/results.json" in body
-    assert "by at least 0.05 of the records" in body and "only the base is served" in body
+    assert "# tune: served when its loglikelihood beats" in body and "only the base is served" in body
     assert "kubectl logs -n serving -f deploy/chat -c evaluator" in body
 
 
@@ -179,6 +196,16 @@ def test_every_problem_at_once() -> None:
         f"{S}.gcsFuse.mountPath: /evals is already used by the workload's pods; pick another path such as /gcs"]
 
 
+def test_the_metric_key_reaches_the_evaluator() -> None:
+    run = engine.run_program(*engine.engine_config_from_yaml(changed("finetune", {
+        f"{S}.serving.evaluation": {"task": TASK, "metric": "exact_match"}})), stack="finetune")
+    args = _containers(run)["evaluator"]["args"]
+    assert args[args.index("--metric") + 1] == "exact_match"
+    assert run.outputs["workloads"]["chat"]["evaluation"]["metric"] == {"tune": "exact_match"}
+    assert problems("finetune", {f"{S}.serving.evaluation": {"task": TASK, "metric": "rouge"}}) == [
+        f'{S}.serving.evaluation.metric: "rouge" is not one of loglikelihood, exact_match']
+
+
 def test_evaluation_with_more_than_one_server_pod_is_refused() -> None:
     """One verdict per fleet (issue 36 item 3): every pod would run its own evaluator on the same evals/ folder."""
     why = ("each server pod runs its own evaluator on the same evals/ folder: they would race on the served copy, "
@@ -192,13 +219,9 @@ def test_evaluation_with_more_than_one_server_pod_is_refused() -> None:
     assert problems("finetune", {f"{S}.serving.replicas": 2, "nodePools[1].maxNodes": 3}) == []
 
 
-def test_the_runtime_endpoints_are_a_warning() -> None:
-    found = warnings(config_model(changed("finetune", EVALUATION)))
-    assert (f"{S}.serving.evaluation: vLLM runs with VLLM_ALLOW_RUNTIME_LORA_UPDATING (the evaluator loads and "
-            "replaces adapters through /v1/load_lora_adapter), and these endpoints are on the API's port: every "
-            f"client {S}.serving.allowFrom admits can load a folder the server can read or unload a served adapter; "
-            "admit only trusted clients") in found
-    assert not [w for w in warnings(config_model(changed("finetune"))) if "VLLM_ALLOW_RUNTIME" in w]
+def test_the_runtime_endpoints_are_no_longer_a_warning() -> None:
+    """They answer the pod itself only (client_endpoints.py), so there is nothing left to warn of."""
+    assert not [w for w in warnings(config_model(changed("finetune", EVALUATION))) if "VLLM_ALLOW_RUNTIME" in w]
 
 
 def test_only_a_server_with_evaluation_has_an_evaluator() -> None:
@@ -232,9 +255,11 @@ class Stand:
         folder.mkdir(parents=True, exist_ok=True)
         marker = json.loads((candidate / ".complete").read_text())
         (folder / "results.json").write_text(json.dumps({"candidateMarker": marker, "served": self.passes}))
-        if self.passes:
-            (folder / "adapter").mkdir(exist_ok=True)
-            (folder / "adapter" / ".complete").write_text(json.dumps(marker))
+        if self.passes:  # its versioned copy, named by served.json
+            copy = folder / "versions" / f"tune-{marker['step']}"
+            copy.mkdir(parents=True, exist_ok=True)
+            (copy / ".complete").write_text(json.dumps(marker))
+            (folder / "served.json").write_text(json.dumps({"path": str(copy), "marker": marker}))
             self.models.append("tune")
         return 0
 
@@ -266,15 +291,18 @@ def test_an_export_is_scored_once_and_its_copy_served_again_after_a_restart(eval
     (command,) = stand.runs
     assert command[2:] == ["--url", "http://127.0.0.1:8000", "--base", "base", "--adapter", "tune", "--candidate",
                            str(model_dir), "--task", "/gcs/task.jsonl", "--results",
-                           str(tmp_path / "evals" / "tune" / "results.json"), "--served-copy",
-                           str(tmp_path / "evals" / "tune" / "adapter"), "--max-tokens", "32",
-                           "--min-improvement", "0.05"]
+                           str(tmp_path / "evals" / "tune" / "results.json"), "--max-tokens", "32",
+                           "--max-length", "2048", "--min-improvement", "0.05"]
     assert command[1].endswith("evaluate.py")
     evaluator.poll(args, adapters, stand.server(evaluator), state)
     assert len(stand.runs) == 1 and stand.loaded == []  # scored already; evaluate.py loaded it
     stand.models = ["base"]  # vLLM restarted: what was loaded at run time is gone
     evaluator.poll(args, adapters, stand.server(evaluator), state)
-    assert stand.loaded == [("tune", str(tmp_path / "evals" / "tune" / "adapter"))] and len(stand.runs) == 1
+    assert stand.loaded == [("tune", str(tmp_path / "evals" / "tune" / "versions" / "tune-40"))]
+    assert len(stand.runs) == 1
+    (tmp_path / "evals" / "tune" / "results.json").write_text("{}")  # lost: the served export is still not rescored
+    evaluator.poll(args, adapters, stand.server(evaluator), state)
+    assert len(stand.runs) == 1
     (model_dir / ".complete").write_text('{"export": "adapter", "step": 80}')  # a new export: scored again
     evaluator.poll(args, adapters, stand.server(evaluator), state)
     assert len(stand.runs) == 2
@@ -316,8 +344,8 @@ def test_the_pods_arguments_are_the_scripts_own(gated: RunResult, evaluator: Mod
         "http://127.0.0.1:8000", BASE, f"/gcs/{TASK}", "/evals", 0.05, 32)
     assert args.adapter == [evaluator.Adapter("tune", Path("/gcs/models/tune"))]
     parsed = evaluate.parse_args(evaluator.evaluate_command(args, args.adapter[0])[2:])
-    assert (parsed.candidate, parsed.results, parsed.served_copy, parsed.min_improvement) == (
-        "/gcs/models/tune", "/evals/tune/results.json", "/evals/tune/adapter", 0.05)
+    assert (parsed.candidate, parsed.results, parsed.min_improvement, parsed.metric, parsed.max_length) == (
+        "/gcs/models/tune", "/evals/tune/results.json", 0.05, args.metric, args.max_length)
 
 
 def test_one_adapters_server_error_does_not_stop_the_others(evaluator: ModuleType, tmp_path: Path) -> None:

@@ -56,9 +56,32 @@ def test_the_server_loads_the_base_and_the_adapter_under_the_trainers_name(finet
     ranks = finetune.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs["spec"]["mpiReplicaSpecs"]["Worker"]
     env = {e["name"]: e["value"] for e in ranks["template"]["spec"]["containers"][0]["env"]}
     assert env["MODEL_DIR"] == "/gcs/models/tune"
+    # tune's prompt/response records went through Qwen's chat template: it is asked on the chat endpoint.
     assert finetune.outputs["servingEndpoints"]["chat"]["prompt"] == (
-        'python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model tune '
+        'python workloads/scripts/send_prompt.py --openai --chat --url http://localhost:8000 --model tune '
         '"What is DeepSpeed?"')
+
+
+@pytest.mark.parametrize(("finetune_keys", "chat"), [
+    ({"chatTemplate": "raw"}, False),   # prompt and response joined as text: /v1/completions
+    ({"recordFormat": "messages", "promptField": DELETE, "responseField": DELETE}, True),
+])
+def test_the_prompt_command_matches_the_training_format(finetune_keys: dict[str, Any], chat: bool) -> None:
+    """Issue 36 item 6: the printed command asks the model the way it was trained."""
+    from workloads.serving import model_source, prompt_command
+
+    m = model("finetune", {f"workloads.tune.finetune.{k}": v for k, v in finetune_keys.items()})
+    w = m.workloads["chat"]
+    assert (" --chat " in prompt_command(w, model_source(m, w))) is chat
+
+
+def test_plain_records_on_a_model_without_a_template_are_asked_raw() -> None:
+    from model.chat_templates import asked_on_chat
+
+    assert asked_on_chat("auto", "prompt-completion", "openai-community/gpt2") is False  # no template: raw
+    assert asked_on_chat("auto", "prompt-completion", "Qwen/Qwen2.5-7B-Instruct") is True
+    assert asked_on_chat("zephyr", "alpaca", "openai-community/gpt2") is True  # a named template
+    assert asked_on_chat("auto", "text", None) is False
 
 
 def test_the_pod_waits_for_the_marker_in_a_hardened_init_container(finetune: RunResult) -> None:

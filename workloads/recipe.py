@@ -28,6 +28,7 @@ from model import chat_templates
 from model.types import DeepSpeedConfig, FinetuneConfig
 from model.validators import at
 from model.workload_types import eval_path, run_dirs
+from planner.model_ids import id_problem
 from workloads import script_flags
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -200,8 +201,11 @@ class RecipeSite(msgspec.Struct, frozen=True):
 
 
 def check_model_and_data(site: RecipeSite) -> list[str]:
-    """A Hugging Face id or a path of the data root for each of the model and the data, not both."""
+    """A Hugging Face id or a path of the data root for each of the model and the data, not both; the model's id
+    as the hub takes it (OWNER/NAME, not a typo of a listed one: planner/model_ids.py)."""
+    problem = id_problem(site.run.model, site.key("modelPath")) if site.run.model else None
     return [*_one_of(site, "model", "a folder", "model", "Qwen/Qwen2.5-7B-Instruct"),
+            *([f"{site.key('model')}: {problem}"] if problem else []),
             *_one_of(site, "dataset", "a file or folder", "data", "tatsu-lab/alpaca")]
 
 
@@ -268,7 +272,7 @@ RECORD_FIELD_KEYS = {
 FIELD_KEYS = {"textField": "text_field", "promptField": "prompt_field", "responseField": "response_field",
               "messagesField": "messages_field", "roleField": "role_field", "contentField": "content_field",
               "roles": "roles"}
-CHAT_FORMATS = ("messages", "sharegpt")  # records that are conversations whatever the model
+CHAT_FORMATS = chat_templates.CHAT_FORMATS  # records that are conversations whatever the model
 
 
 def check_record_fields(site: RecipeSite) -> list[str]:

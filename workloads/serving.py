@@ -54,23 +54,31 @@ import msgspec
 import pulumi
 import pulumi_kubernetes as k8s
 
-from model import node_memory, serving_engines
+from model import chat_templates, node_memory, serving_engines
 from model.serving_engines import MII, VLLM, mii_facts, vllm_facts
 from model.types import AllowedSource, FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig
 from model.workload_types import EVALS_MOUNT
 from workloads import gcs_fuse, pod_security, serving_metrics
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
+from workloads.recipe import script_module
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 SERVER_SCRIPT = "serve.py"
 EVALUATOR_SCRIPT = "evaluator.py"  # the evaluator container's loop; it runs EVALUATE_SCRIPT beside it
 EVALUATE_SCRIPT = "evaluate.py"
+# The evaluator's files: its loop, evaluate.py and its modules, and finetune.py's record reading (the same formats).
+EVALUATOR_FILES = (EVALUATOR_SCRIPT, EVALUATE_SCRIPT, "evaluate_task.py", "evaluate_metrics.py", "evaluate_copies.py",
+                   "finetune_data.py", "finetune_config.py")
+# With evaluation, vLLM's ASGI middleware that keeps the runtime adapter endpoints to the pod itself (the evaluator).
+CLIENT_ENDPOINTS_FILE = "client_endpoints.py"
+CLIENT_ENDPOINTS_MIDDLEWARE = "client_endpoints.ClientEndpoints"
 EVALS_VOLUME = "evals"  # the bucket's evals/ folder alone (gcs_fuse profile `evals`)
 EVALUATOR_SCRATCH_SIZE = "1Gi"  # its /tmp (the task's copy) and home (datasets' cache of the task)
 # The evaluator's liveness: its writable mount still answers (a dead FUSE mount fails `test -d`).
 EVALUATOR_LIVENESS = {"exec": {"command": ["test", "-d", EVALS_MOUNT]}, "periodSeconds": 60, "timeoutSeconds": 10,
                       "failureThreshold": 3}
 SCRIPT_DIR = "/app"  # where the ConfigMap with the entry script is mounted
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # the adapters' named template in that ConfigMap (vLLM --chat-template)
 COMPLETION_MARKER = ".complete"  # written last into MODEL_DIR by training (the fine-tuning contract)
 MARKER_POLL_SECONDS = 30
 # The image's user (workloads/images/deepspeed/Dockerfile) and its home, where HF_HOME, Triton's and torch's
@@ -106,6 +114,8 @@ class Adapter(msgspec.Struct, frozen=True):
     name: str  # the training workload's name: what clients call it (OpenAI's `model`)
     path: str  # its MODEL_DIR in the pod (the bucket's mount)
     rank: int  # its `finetune.lora.rank`
+    chat_template: str = "auto"  # its `finetune.chatTemplate`: auto, raw or a template of data/chat_templates.yaml
+    chat: bool = False  # trained through a chat template (asked on the chat endpoint; evaluated so)
 
 
 class ModelSource(msgspec.Struct, frozen=True):
@@ -119,6 +129,8 @@ class ModelSource(msgspec.Struct, frozen=True):
     max_lora_rank: int | None = None  # vLLM's --max-lora-rank (None: no adapters, or none of vLLM's ranks fits)
     max_loras: int | None = None  # vLLM's --max-loras
     evaluated: bool = False  # the adapters are served only through the evaluator (serving.evaluation)
+    chat_template: str | None = None  # the template the adapters were trained with, by name (vLLM --chat-template)
+    chat: bool = False  # default_model was fine-tuned through a chat template: asked on /v1/chat/completions
 
     @property
     def waits_for_training(self) -> bool:
@@ -188,8 +200,21 @@ def _adapters(m: StackConfig, w: ServeWorkloadConfig) -> tuple[Adapter, ...]:
     for name in adapter_names(m, w):
         trainer = m.workloads[name]
         assert isinstance(trainer, FinetuneWorkloadConfig)
-        found.append(Adapter(name, in_bucket(w, trainer.model_folder), trainer.finetune.lora.rank))
+        found.append(Adapter(name, in_bucket(w, trainer.model_folder), trainer.finetune.lora.rank,
+                             trainer.finetune.chat_template, trained_on_chat(m, name)))
     return tuple(found)
+
+
+def named_templates(adapters: tuple[Adapter, ...]) -> list[str]:
+    """The named chat templates the adapters were trained with (auto and raw name none), each once."""
+    return sorted({a.chat_template for a in adapters} - {chat_templates.AUTO, chat_templates.RAW})
+
+
+def served_template(adapters: tuple[Adapter, ...]) -> str | None:
+    """vLLM renders every chat request with one template (--chat-template, else the base's own): the adapters'
+    named one, when they were trained with one (the kind's rules refuse two, or one beside the base's own)."""
+    named = named_templates(adapters)
+    return named[0] if len(named) == 1 else None
 
 
 def model_source(m: StackConfig, w: ServeWorkloadConfig) -> ModelSource:
@@ -205,16 +230,28 @@ def model_source(m: StackConfig, w: ServeWorkloadConfig) -> ModelSource:
     lora: dict[str, Any] = {}
     if adapters:
         lora = {"adapters": adapters, "max_lora_rank": s.max_lora_rank or vllm_lora_rank(max(a.rank for a in adapters)),
-                "max_loras": s.max_loras or len(adapters), "evaluated": evaluated}
+                "max_loras": s.max_loras or len(adapters), "evaluated": evaluated,
+                "chat_template": served_template(adapters)}
     base = served_base(m, w)
+    chat = trained_on_chat(m, s.from_workload)
     if s.from_workload and base is None:  # a whole model
         folder = model_dir(m, w) or ""
         waits.insert(0, Wait(f"{folder}/{COMPLETION_MARKER}", s.from_workload))
-        return ModelSource(folder, s.from_workload, waits=tuple(waits), **lora)
+        return ModelSource(folder, s.from_workload, waits=tuple(waits), chat=chat, **lora)
     kind, value = base or ("model", "")
     ref = in_bucket(w, value) if kind == "modelPath" else value
     primary = s.from_workload if s.from_workload else None
-    return ModelSource(ref, value, waits=tuple(waits), primary=primary, **lora)
+    return ModelSource(ref, value, waits=tuple(waits), primary=primary, chat=chat, **lora)
+
+
+def trained_on_chat(m: StackConfig, name: str | None) -> bool:
+    """Whether the finetune workload `name` trains through a chat template (so its model is asked on the chat
+    endpoint); False for no such workload."""
+    trainer = m.workloads.get(name) if name else None
+    if not isinstance(trainer, FinetuneWorkloadConfig):
+        return False
+    f = trainer.finetune
+    return chat_templates.asked_on_chat(f.chat_template, f.record_format, f.model)
 
 
 def evaluates(w: ServeWorkloadConfig) -> bool:
@@ -279,7 +316,15 @@ def vllm_args(w: ServeWorkloadConfig, where: Placement, source: ModelSource) -> 
             "--gpu-memory-utilization", f"{gpu_memory_utilization(w):.2f}"]
     if w.model is not None:
         args += ["--max-model-len", str(w.model.sequence_length), "--dtype", vllm_facts().dtypes[w.model.precision]]
-    return args + lora_args(source)
+    if source.chat_template is not None:  # the template the adapters learned, not the base tokenizer's
+        args += ["--chat-template", f"{SCRIPT_DIR}/{CHAT_TEMPLATE_FILE}"]
+    return args + lora_args(source) + guard_args(source)
+
+
+def guard_args(source: ModelSource) -> list[str]:
+    """With evaluation, the runtime adapter endpoints answer the pod itself only (workloads/scripts/
+    client_endpoints.py, loaded from the ConfigMap on PYTHONPATH): clients get the serving endpoints alone."""
+    return ["--middleware", CLIENT_ENDPOINTS_MIDDLEWARE] if source.evaluated else []
 
 
 def lora_args(source: ModelSource) -> list[str]:
@@ -362,7 +407,7 @@ def _volumes(inp: ServerInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
         {"name": "home", "mountPath": HOME},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
-    if w.serving.engine == MII:
+    if w.serving.engine == MII or inp.source.chat_template is not None or inp.source.evaluated:
         volumes.insert(0, {"name": "server", "configMap": {"name": inp.config_map, "defaultMode": 0o444}})
         mounts.insert(0, {"name": "server", "mountPath": SCRIPT_DIR, "readOnly": True})
     if inp.hf_token_secret:
@@ -393,16 +438,23 @@ def _env(inp: ServerInputs) -> list[dict[str, str]]:
         else []
     if inp.source.evaluated:  # /v1/load_lora_adapter, for the evaluator only (not without evaluation)
         env.append({"name": vllm_facts().runtime_lora_env, "value": "true"})
+        env.append({"name": "PYTHONPATH", "value": SCRIPT_DIR})  # where vLLM imports --middleware from
     # huggingface_hub reads the token from the file HF_TOKEN_PATH names: only the path is in the pod spec.
     if inp.hf_token_secret:
         env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{TOKEN_KEY}"})
     return env
 
 
-def script_files(w: ServeWorkloadConfig) -> dict[str, str]:
-    """The ConfigMap's files: MII's entry script, or the evaluator's two (vLLM itself runs from the image alone)."""
-    names = [SERVER_SCRIPT] if w.serving.engine == MII else [EVALUATOR_SCRIPT, EVALUATE_SCRIPT] if evaluates(w) else []
-    return {name: (SCRIPTS_DIR / name).read_text(encoding="utf-8") for name in names}
+def script_files(w: ServeWorkloadConfig, source: ModelSource) -> dict[str, str]:
+    """The ConfigMap's files: MII's entry script, or the evaluator's (vLLM itself runs from the image alone), and
+    the adapters' named chat template (vLLM's --chat-template file)."""
+    names = ([SERVER_SCRIPT] if w.serving.engine == MII else [*EVALUATOR_FILES, CLIENT_ENDPOINTS_FILE] if evaluates(w)
+             else [])
+    files = {name: (SCRIPTS_DIR / name).read_text(encoding="utf-8") for name in names}
+    template = chat_templates.template(source.chat_template) if source.chat_template else None
+    if template is not None and w.serving.engine == VLLM:
+        files[CHAT_TEMPLATE_FILE] = template
+    return files
 
 
 def hardened() -> dict[str, Any]:
@@ -448,8 +500,12 @@ def evaluator_args(inp: ServerInputs) -> list[str]:
     args = [f"{SCRIPT_DIR}/{EVALUATOR_SCRIPT}", "--url", f"http://127.0.0.1:{served_port(w)}", "--base",
             src.served_name, "--task", in_bucket(w, ev.task), "--evals", EVALS_MOUNT,
             "--max-tokens", str(ev.max_tokens)]
+    if w.model is not None:  # lm-eval cuts prompts to the server's max length less the reply
+        args += ["--max-length", str(w.model.sequence_length)]
     if ev.min_improvement is not None:
         args += ["--min-improvement", f"{ev.min_improvement:g}"]
+    if ev.metric is not None:
+        args += ["--metric", ev.metric]
     return [*args, *(a for adapter in src.adapters for a in ("--adapter", f"{adapter.name}={adapter.path}"))]
 
 
@@ -487,7 +543,7 @@ def pod_template(inp: ServerInputs) -> dict[str, Any]:
     w, where = inp.workload, inp.placement
     volumes, mounts = _volumes(inp)
     limits = where.limits()
-    annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(script_files(w))}  # a new script rolls the pods
+    annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(script_files(w, inp.source))}  # a new script rolls the pods
     if inp.gcs:
         annotations.update(gcs_fuse.POD_ANNOTATIONS)
     cmd, args = command(inp)
@@ -519,7 +575,8 @@ def pod_template(inp: ServerInputs) -> dict[str, Any]:
         spec["initContainers"] = [wait_container(inp, mounts)]
     if inp.source.evaluated and inp.gcs:
         spec["containers"].append(evaluator_container(inp, mounts))
-        spec["volumes"] += evaluator_volumes(inp)
+        have = {v["name"] for v in volumes}  # the server's ConfigMap volume already, with a chat template
+        spec["volumes"] += [v for v in evaluator_volumes(inp) if v["name"] not in have]
     if inp.gcs:
         spec["serviceAccountName"] = inp.gcs.service_account
     return {"metadata": {"labels": pod_labels(w), "annotations": annotations}, "spec": spec}
@@ -573,7 +630,9 @@ def prompt_command(w: ServeWorkloadConfig, source: ModelSource, prompt: str = "W
     """How to send one prompt through the port-forward (workloads/scripts/send_prompt.py)."""
     url = f"http://localhost:{served_port(w)}"
     if w.serving.engine == VLLM:
-        return (f'python workloads/scripts/send_prompt.py --openai --url {url} --model {source.default_model} '
+        # The way it was trained: a model fine-tuned through a chat template on the chat endpoint.
+        chat = " --chat" if source.chat else ""
+        return (f'python workloads/scripts/send_prompt.py --openai{chat} --url {url} --model {source.default_model} '
                 f'"{prompt}"')
     return f'python workloads/scripts/send_prompt.py --url {url} --deployment {w.name} "{prompt}"'
 
@@ -582,9 +641,13 @@ def evaluation_summary(w: ServeWorkloadConfig, source: ModelSource) -> dict[str,
     """Where the evaluator reads and writes (bucket paths) and how its gate decides (the preview's Serving)."""
     ev = w.serving.evaluation
     assert ev is not None
-    return {"task": ev.task, "minImprovement": ev.min_improvement, "maxTokens": ev.max_tokens,
+    evaluate = script_module("evaluate")  # the gate's rule in words, from the script that applies it
+    metrics = {a.name: ev.metric or (evaluate.LOGLIKELIHOOD if a.chat else evaluate.EXACT_MATCH)
+               for a in source.adapters}
+    return {"task": ev.task, "minImprovement": ev.min_improvement, "maxTokens": ev.max_tokens, "metric": metrics,
+            "gate": {name: evaluate.gate_text(metric, ev.min_improvement) for name, metric in metrics.items()},
             "results": {a.name: f"evals/{a.name}/results.json" for a in source.adapters},
-            "served": {a.name: f"evals/{a.name}/adapter" for a in source.adapters},
+            "served": {a.name: f"evals/{a.name}/served.json" for a in source.adapters},
             "logs": f"kubectl logs -n {w.namespace} -f deploy/{w.name} -c evaluator"}
 
 
@@ -626,7 +689,7 @@ class ModelServer(pulumi.ComponentResource):
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns", metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels=labels(w)), opts=child)
         ns = self.namespace.metadata.name
-        files = script_files(w)
+        files = script_files(w, args.source)
         self.config_map: k8s.core.v1.ConfigMap | None = k8s.core.v1.ConfigMap(
             f"{name}-server",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{w.name}-server", namespace=ns, labels=labels(w)),

@@ -47,22 +47,15 @@ def section(run: RunResult) -> list[Section]:
     return [("Serving", body)]
 
 
-def gate_text(gate: float | None) -> str:
-    """How the evaluator's gate decides (workloads/scripts/evaluate.py `decide`)."""
-    if gate is None:
-        return "no gate (minImprovement unset): every scored export is served; the scores are written all the same"
-    return (f"the gate: an export is served only when its exact match beats the adapter served now (else the base "
-            f"model) by at least {gate:g} of the records; otherwise the one served now stays")
-
-
 def evaluation_lines(stack: str, name: str, ev: dict[str, Any]) -> list[str]:
     """The evaluator's next steps: what it scores on, where results.json lands, how the gate decides."""
     bucket = f"gs://$(pulumi stack output bucket -s {shlex.quote(stack)})"
-    return [f"# {name} serves an adapter only once scored: its evaluator runs evaluate.py (lm-eval, exact match) for "
-            "each new export, against the base and the adapter served now",
-            f"# on {ev['task']} of the bucket, one {{\"prompt\", \"reference\"}} a line: upload it",
+    return [f"# {name} serves an adapter only once scored: its evaluator runs evaluate.py (lm-eval) for each new "
+            "export, against the base and the adapter served now, rendered as the export was trained",
+            f"# on {ev['task']} of the bucket, records as you trained on (conversations: the last assistant turn is "
+            "the reference): upload it",
             f"gcloud storage cp {shlex.quote(PurePosixPath(ev['task']).name)} {bucket}/{ev['task']}",
-            f"# {gate_text(ev.get('minImprovement'))}",
+            *(f"# {adapter}: {text}" for adapter, text in (ev.get("gate") or {}).items()),
             "# until an export has passed, only the base is served (the adapter's name gets a 404)",
             f"{ev['logs']}   # base vs tuned, and the gate's reason",
             *(line for adapter, results in ev.get("results", {}).items() for line in (

@@ -23,12 +23,13 @@ import msgspec
 import pulumi
 
 from model import catalog as gpu_catalog
-from model import serving_engines, versions
+from model import chat_templates, serving_engines, versions
 from model.config import workload_default
 from model.serving_engines import MII, VLLM, Engine, capability_text
 from model.suggest import did_you_mean
 from model.types import FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig, WorkloadConfig
 from model.validators import DNS1123_LABEL, at, or_list
+from planner.model_ids import id_problem
 from planner.recommend import Option, cheapest_for_gpu, serving_problem, short_name
 from planner.requests import workload_request
 from planner.sizing import INFERENCE, Request, estimate, known_models
@@ -173,7 +174,8 @@ def check_serve_model_source(m: StackConfig, w: ServeWorkloadConfig) -> list[str
     if given[0] != "model" and not w.gcs_fuse.enabled:
         return [f"{key}.{given[0]}: reads the stack's bucket through GCS FUSE; set "
                 f"{at('workloads', w.name, 'gcsFuse', 'enabled')}: true (and storage.enabled: true)"]
-    return []
+    problem = id_problem(s.model, at("workloads", w.name, "serving", "modelPath")) if s.model else None
+    return [f"{key}.model: {problem}"] if problem else []
 
 
 def _trainers(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
@@ -338,6 +340,24 @@ def check_serve_adapters(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
                             f"serve {name} from a server of {_base_text(trained)}, or train it on "
                             f"{_base_text(base)}")
     return problems
+
+
+def check_serve_chat_templates(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """vLLM renders every chat request with one template: --chat-template, which the server gets when its adapters
+    were trained with a named one (finetune.chatTemplate), else the base's own. Adapters trained with two named
+    templates, or with one beside adapters trained with the base's own (`auto`), cannot all be asked in the format
+    they learned on one server; raw-trained ones are asked on /v1/completions, so any template suits them."""
+    trainers = [t for n in adapter_names(m, w) if (t := adapter_trainer(m, n)) is not None]
+    named = sorted({t.finetune.chat_template for t in trainers} - {chat_templates.AUTO, chat_templates.RAW})
+    own = [t.name for t in trainers if t.finetune.chat_template == chat_templates.AUTO]
+    if not named or (len(named) == 1 and not own):
+        return []
+    each = ", ".join(f"{t.name}: {t.finetune.chat_template} ({at('workloads', t.name, 'finetune', 'chatTemplate')})"
+                     for t in trainers if t.finetune.chat_template != chat_templates.RAW)
+    return [f"{at('workloads', w.name, 'serving', 'adapters')}: the adapters were trained with different chat "
+            f"templates ({each}; auto is the base's own), and one server renders every chat request with one "
+            "(vLLM --chat-template): train them with the same finetune.chatTemplate, or serve them from separate "
+            "servers"]
 
 
 def check_serve_adapter_engine(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
@@ -637,16 +657,6 @@ def warn_lora_keys_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
             (("maxLoraRank", s.max_lora_rank), ("maxLoras", s.max_loras)) if value is not None]
 
 
-def warn_runtime_lora_endpoints(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
-    """The evaluation turns on vLLM's runtime LoRA endpoints, on the port every admitted client reaches."""
-    if w.serving.evaluation is None or not adapter_names(m, w):
-        return []
-    return [f"{at('workloads', w.name, 'serving', 'evaluation')}: vLLM runs with VLLM_ALLOW_RUNTIME_LORA_UPDATING "
-            "(the evaluator loads and replaces adapters through /v1/load_lora_adapter), and these endpoints are on "
-            f"the API's port: every client {at('workloads', w.name, 'serving', 'allowFrom')} admits can load a folder "
-            "the server can read or unload a served adapter; admit only trusted clients"]
-
-
 def warn_openai_port_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """MII's second (OpenAI-compatible) server's port when that server is off."""
     openai = w.serving.openai
@@ -670,12 +680,13 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
     name="serve",
     config=ServeWorkloadConfig,
     rules=(check_serve_accelerator, check_serve_engine_gpu, check_serve_model_block, check_serve_model_source,
-           check_serve_from_workload, check_serve_adapters, check_serve_adapter_engine, check_serve_lora_rank,
+           check_serve_from_workload, check_serve_adapters, check_serve_chat_templates, check_serve_adapter_engine,
+           check_serve_lora_rank,
            check_serve_model_identity, check_serve_tensor_parallel, check_serve_fits, check_serve_replicas,
            check_serve_autoscaling, check_serve_ports, check_serve_allow_from, check_serve_evaluation),
     build=build,
     warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_autoscaling_unused,
-              warn_lora_keys_unused, warn_openai_port_unused, warn_runtime_lora_endpoints),
+              warn_lora_keys_unused, warn_openai_port_unused),
     sizes_its_model=True,
     checks_its_gpu=True,
 )

@@ -3,29 +3,36 @@
 running vLLM server's OpenAI API, with lm-evaluation-harness; serve it only when it passes the gate.
 
     evaluate.py --url http://127.0.0.1:8000 --base BASE --adapter NAME --candidate MODEL_DIR --task TASK.jsonl \\
-        --results EVALS_DIR/results.json [--served-copy EVALS_DIR/adapter] [--min-improvement 0.05]
+        --results EVALS_DIR/results.json [--metric loglikelihood|exact_match] [--min-improvement 0.05]
 
-- The task: a JSON-lines file of the user's, one record a line, {"prompt": ..., "reference": ...} (other fields are
-  ignored). lm-eval (0.4.13, data/versions.yaml) runs it as a local task, no hub: a task YAML written next to a copy
-  of the file (datasets' `json` loader), `generate_until`, greedy, until a newline, EOS or --max-tokens, scored by
-  lm-eval's `exact_match` on the reply stripped of surrounding whitespace (its `remove_whitespace` filter:
-  str.strip), against model type
-  `local-completions` pointed at the server's /v1/completions (tokenizer_backend none: the prompt is sent as text).
-- The candidate (MODEL_DIR of a finetune workload that exports an adapter, its marker `.complete` there) is loaded
-  into the running server under NAME-candidate (vLLM's /v1/load_lora_adapter: the server runs with
-  VLLM_ALLOW_RUNTIME_LORA_UPDATING=true). The base, the adapter served now under NAME (when /v1/models lists it) and
-  the candidate are scored on the same task.
-- The gate: the reference is the adapter served now, else the base. Without --min-improvement the candidate is
-  served; with it, only when its score beats the reference's by at least that much (a fraction of the records).
-  Served: the candidate's folder is copied to --served-copy (the marker last) and loaded under NAME in place of the
-  old one, so a later training run that rewrites MODEL_DIR never changes what is served; not served: the old model
-  stays as it is. Either way the candidate's temporary name is unloaded.
-- results.json (written last, beside the copy): the scores, the reference, the improvement, the gate, whether the
-  candidate is served and why; the log says the same in one line, base vs tuned.
+- The task: a JSON-lines file of the user's in any format training takes (conversations with the last assistant
+  turn as the reference, prompt/completion, alpaca) or {"prompt": ..., "reference": ...}; evaluate_task.py reads
+  it with finetune.py's own recognition (finetune_data.py) and renders it as the export's marker says it was
+  trained (`rendering`: chat, through the chat template saved with the export, the served chat endpoint's tokens;
+  raw, the prompt as text): no flag to get wrong. Exports from before the marker said so are scored raw.
+- Two metrics, both computed on every run (lm-eval 0.4.13, `local-completions` with the export's tokenizer, token
+  ids sent): `loglikelihood`, the mean log-likelihood per reference token given the prompt (vLLM's prompt
+  logprobs: it separates better models on paragraph-long answers), and `exact_match` of the greedy reply (short
+  answers). --metric names the one the gate reads; default loglikelihood for chat-trained exports, exact_match for
+  raw ones.
+- The candidate (MODEL_DIR, its marker `.complete` there) is first copied to its own versioned folder,
+  EVALS_DIR/versions/NAME-STEP-TIME (the marker's step and time), and loaded from there under NAME-candidate: vLLM
+  keys its LoRA prefix cache on (name, path), so no export is ever scored or served from another's cached blocks,
+  and a training run rewriting MODEL_DIR meanwhile changes nothing. The base, the adapter served now (when
+  /v1/models lists NAME) and the candidate are scored on the same records, rendering and metric.
+- The gate (`passes`): the reference is the adapter served now, else the base. Without --min-improvement the
+  candidate is served; with it, only when its score beats the reference's by at least that much (exact_match: a
+  share of the records; loglikelihood: nats per token). Served: its versioned copy is loaded under NAME in place
+  of the old one, EVALS_DIR/served.json names it (what evaluator.py loads after a restart), and the older copies
+  are removed; not served: its copy is removed and the old model stays as it is. Either way the candidate's
+  temporary name is unloaded.
+- results.json (written last): the metric, the rendering, the records, both metrics' scores, the reference, the
+  improvement, the gate, whether the candidate is served and why; the log says the same in one line.
 
 Exit status: 0 when the evaluation ran (served or kept out by the gate: both are outcomes, results.json says which);
 2 for a bad task file or arguments; 1 when the server failed (nothing is changed then). Only the standard library
-is imported at the top: lm_eval loads inside `score` (tests/test_evaluate.py runs the rest without it).
+(and the modules beside this file) is imported at the top: lm_eval and transformers load inside functions
+(tests/test_evaluate.py runs the rest without them).
 """
 
 from __future__ import annotations
@@ -43,16 +50,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evaluate_copies import (
+    copy_adapter,
+    read_json,
+    read_marker,
+    remove_other_versions,
+    version_name,
+    write_served,
+)
+from evaluate_task import (
+    CHAT,
+    EXACT_MATCH,
+    FILTER,
+    GENERATE_TASK,
+    LIKELIHOOD_TASK,
+    LOGLIKELIHOOD,
+    METRICS,
+    RAW,
+    RENDERINGS,
+    RecordError,
+    raw_problems,
+    read_records,
+    rendered,
+    write_tasks,
+)
+
 EXIT_USAGE = 2
 EXIT_SERVER = 1
-MARKER = ".complete"  # finetune.py's, written last into MODEL_DIR
-TASK_NAME = "deepspeed_stack_heldout"
-METRIC = "exact_match"
-FILTER = "strip"  # the task's filter name: lm-eval reports the metric as "exact_match,strip"
+SERVED = "served.json"  # EVALS_DIR/served.json: the versioned copy served under NAME (evaluator.py loads it)
+VERSIONS = "versions"  # EVALS_DIR/versions/NAME-STEP-TIME: each candidate's own copy
 CANDIDATE_SUFFIX = "-candidate"
 DEFAULT_MAX_TOKENS = 32
+DEFAULT_MAX_LENGTH = 2048  # lm-eval's own default: prompts longer than this less the reply are cut on the left
 HTTP_TIMEOUT_SECONDS = 300
-PROMPT_FIELD, REFERENCE_FIELD = "prompt", "reference"
+# Every metric's direction: +1 when higher is better (both are: a log-likelihood closer to 0, more exact matches).
+DIRECTION = {LOGLIKELIHOOD: 1, EXACT_MATCH: 1}
+UNITS = {LOGLIKELIHOOD: "nats per reference token", EXACT_MATCH: "a share of the records"}
 
 
 class UsageError(ValueError):
@@ -63,62 +96,32 @@ class ServerError(RuntimeError):
     """The server refused or failed a request: exit 1."""
 
 
-# --- the task -----------------------------------------------------------------------------------------------------
-
-def task_problems(lines: Sequence[str]) -> list[str]:
-    """What is wrong with the task file's records (every problem, each with its line), [] when it can run."""
-    problems, records = [], 0
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            problems.append(f"line {number}: not JSON ({error.msg})")
-            continue
-        if not isinstance(record, dict):
-            problems.append(f"line {number}: a JSON object with {PROMPT_FIELD!r} and {REFERENCE_FIELD!r} expected")
-            continue
-        records += 1
-        for field in (PROMPT_FIELD, REFERENCE_FIELD):
-            if not isinstance(record.get(field), str) or not record[field].strip():
-                problems.append(f"line {number}: {field!r} must be a non-empty string")
-    if records == 0 and not problems:
-        problems.append("no records")
-    return problems
-
-
-def task_yaml(data_file: Path, max_tokens: int) -> str:
-    """lm-eval's task: the local JSON-lines file through datasets' json loader (no hub), generated greedily until a
-    newline, exact match of the stripped reply. JSON is YAML, so the YAML file is written as JSON."""
-    task = {
-        "task": TASK_NAME,
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(data_file)}},
-        "test_split": "test",
-        "output_type": "generate_until",
-        "doc_to_text": "{{" + PROMPT_FIELD + "}}",
-        "doc_to_target": "{{" + REFERENCE_FIELD + "}}",
-        "generation_kwargs": {"until": ["\n"], "do_sample": False, "temperature": 0.0, "max_gen_toks": max_tokens},
-        "filter_list": [{"name": FILTER, "filter": [{"function": "remove_whitespace"}, {"function": "take_first"}]}],
-        "metric_list": [{"metric": METRIC, "aggregation": "mean", "higher_is_better": True, "ignore_case": False,
-                         "ignore_punctuation": False}],
-        "metadata": {"version": 1.0},
-    }
-    return json.dumps(task, indent=2) + "\n"
-
-
 # --- the gate -----------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Decision:
     serve: bool
     reference: str  # "served" (the adapter served now) or "base"
-    improvement: float  # candidate - reference
+    improvement: float  # candidate - reference, in the metric's direction
     reason: str
 
 
-def decide(scores: Mapping[str, float | None], min_improvement: float | None) -> Decision:
+def passes(improvement: float, min_improvement: float | None) -> bool:
+    """The gate's rule, the one place it is written (the preview's summary says it from here too): no gate, or an
+    improvement (in the metric's direction) of at least `min_improvement`."""
+    return min_improvement is None or improvement >= min_improvement
+
+
+def gate_text(metric: str, min_improvement: float | None) -> str:
+    """The rule in words, for the preview and the docs."""
+    if min_improvement is None:
+        return f"every scored export is served ({metric} is still written)"
+    return (f"served when its {metric} beats the adapter served now (else the base) by at least {min_improvement:g} "
+            f"({UNITS[metric]}, higher is better)")
+
+
+def decide(scores: Mapping[str, float | None], min_improvement: float | None,
+           metric: str = EXACT_MATCH) -> Decision:
     """Serve the candidate when there is no gate, or when it beats the reference (the adapter served now, else the
     base) by at least `min_improvement`."""
     served = scores.get("served")
@@ -126,12 +129,12 @@ def decide(scores: Mapping[str, float | None], min_improvement: float | None) ->
     ref_score = float(served if served is not None else scores["base"] or 0.0)
     candidate = float(scores["candidate"] or 0.0)
     # Rounded: scores are shares of the records, and 0.3 - 0.2 must count as 0.1 (not 0.09999999999999998).
-    improvement = round(candidate - ref_score, 9)
+    improvement = round(DIRECTION[metric] * (candidate - ref_score), 9)
     what = "the adapter served now" if reference == "served" else "the base model"
     if min_improvement is None:
         return Decision(True, reference, improvement, f"no gate (minImprovement unset): served; {candidate:.3f} vs "
                                                       f"{what}'s {ref_score:.3f}")
-    if improvement >= min_improvement:
+    if passes(improvement, min_improvement):
         return Decision(True, reference, improvement, f"{candidate:.3f} beats {what}'s {ref_score:.3f} by "
                                                       f"{improvement:+.3f}, at least minImprovement "
                                                       f"{min_improvement:g}: served")
@@ -140,22 +143,10 @@ def decide(scores: Mapping[str, float | None], min_improvement: float | None) ->
                                                    f"{min_improvement:g}: not served; {what} stays")
 
 
-def results_text(*, adapter: str, task: str, records: int, scores: Mapping[str, float | None],
-                 decision: Decision, min_improvement: float | None, candidate: str, served_path: str | None,
-                 marker: Mapping[str, Any] | None, evaluated: datetime.datetime, lm_eval_version: str) -> str:
-    return json.dumps({
-        "workload": adapter, "task": task, "records": records, "metric": METRIC, "scores": dict(scores),
-        "reference": decision.reference, "improvement": round(decision.improvement, 6),
-        "minImprovement": min_improvement, "served": decision.serve, "reason": decision.reason,
-        "candidate": candidate, "servedPath": served_path, "candidateMarker": dict(marker) if marker else None,
-        "evaluated": evaluated.isoformat(timespec="seconds"), "lmEval": lm_eval_version,
-    }, indent=2, sort_keys=True) + "\n"
-
-
-def summary_line(adapter: str, scores: Mapping[str, float | None], decision: Decision) -> str:
+def summary_line(adapter: str, scores: Mapping[str, float | None], decision: Decision, metric: str) -> str:
     served = scores.get("served")
     now = f", served now {served:.3f}" if served is not None else ""
-    return (f"{adapter}: base {scores['base']:.3f} vs tuned {scores['candidate']:.3f}{now} ({METRIC}); "
+    return (f"{adapter}: base {scores['base']:.3f} vs tuned {scores['candidate']:.3f}{now} ({metric}); "
             f"{decision.reason}")
 
 
@@ -186,37 +177,48 @@ def unload_adapter(url: str, name: str) -> None:
     _request(f"{url}/v1/unload_lora_adapter", {"lora_name": name})
 
 
-def copy_adapter(candidate: Path, target: Path) -> None:
-    """The candidate's files into `target` (a fresh folder), its marker last: a server restarting from the copy
-    sees a whole adapter or none."""
-    staging = target.with_name(target.name + ".new")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(candidate, staging, ignore=shutil.ignore_patterns(MARKER))
-    if (candidate / MARKER).is_file():
-        shutil.copy2(candidate / MARKER, staging / MARKER)
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
-
-
 # --- lm-eval ------------------------------------------------------------------------------------------------------
 
-def score(url: str, model: str, task_dir: Path) -> float:
-    """lm-eval's exact match of `model` (a name the server serves) on the task in `task_dir`."""
+@dataclass(frozen=True)
+class Scoring:
+    """What every model is scored with: the task folder, the export's tokenizer, how the prompts were rendered."""
+
+    task_dir: Path
+    tokenizer: str
+    rendering: str
+    max_length: int
+
+
+def score(url: str, model: str, how: Scoring) -> dict[str, float]:
+    """Both metrics of `model` (a name the server serves) on the two local tasks."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     results = simple_evaluate(
         model="local-completions",
-        model_args={"model": model, "base_url": f"{url}/v1/completions", "tokenizer_backend": "none",
-                    "tokenized_requests": False, "num_concurrent": 1, "max_retries": 2,
+        # Token ids from the export's tokenizer: the rendered chat text without special tokens (vLLM's chat
+        # endpoint's tokens), a raw prompt with BOS (what /v1/completions makes of text).
+        model_args={"model": model, "base_url": f"{url}/v1/completions", "tokenizer_backend": "huggingface",
+                    "tokenizer": how.tokenizer, "tokenized_requests": True, "add_bos_token": how.rendering == RAW,
+                    "max_length": how.max_length, "num_concurrent": 1, "max_retries": 2,
                     "timeout": HTTP_TIMEOUT_SECONDS},
-        # Only the local task: lm-eval's thousands of built-in task files are not even indexed.
-        tasks=[TASK_NAME], task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
-        log_samples=False,
+        # Only the local tasks: lm-eval's thousands of built-in task files are not even indexed.
+        tasks=[GENERATE_TASK, LIKELIHOOD_TASK],
+        task_manager=TaskManager(include_path=str(how.task_dir), include_defaults=False),
+        log_samples=False, bootstrap_iters=0,
         random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
     if results is None:
         raise ServerError(f"lm-eval returned no results for {model}")
-    return float(results["results"][TASK_NAME][f"{METRIC},{FILTER}"])
+    found = results["results"]
+    return {EXACT_MATCH: float(found[GENERATE_TASK][f"{EXACT_MATCH},{FILTER}"]),
+            LOGLIKELIHOOD: float(found[LIKELIHOOD_TASK][f"{LOGLIKELIHOOD},none"])}
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The export's tokenizer, with the chat template it was trained with (finetune.py saves it with the adapter)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def lm_eval_version() -> str:
@@ -233,84 +235,128 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--base", required=True, help="the base model's name in the server's API")
     parser.add_argument("--adapter", required=True, help="the name the tuned adapter is served under")
     parser.add_argument("--candidate", required=True, help="the adapter's folder (MODEL_DIR of the finetune workload)")
-    parser.add_argument("--task", required=True, help="the held-out task: JSON lines of prompt and reference")
-    parser.add_argument("--results", required=True, help="where results.json goes")
-    parser.add_argument("--served-copy", help="where a served adapter is copied (default: beside results.json)")
+    parser.add_argument("--task", required=True, help="the held-out task: JSON lines in a format training takes")
+    parser.add_argument("--results", required=True, help="where results.json goes (served.json, versions/ beside)")
+    parser.add_argument("--metric", choices=METRICS, help="what the gate reads (default: loglikelihood for "
+                        "chat-trained exports, exact_match for raw ones)")
     parser.add_argument("--min-improvement", type=float, help="the gate: at least this much better, or not served")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens generated per prompt")
+    parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH, help="the server's max model length")
     args = parser.parse_args(argv)
     problems = []
     if args.min_improvement is not None and not -1.0 <= args.min_improvement <= 1.0:
-        problems.append(f"--min-improvement must be between -1 and 1 (a share of the records), got "
-                        f"{args.min_improvement}")
+        problems.append(f"--min-improvement must be between -1 and 1, got {args.min_improvement}")
     if args.max_tokens < 1:
         problems.append(f"--max-tokens must be 1 or more, got {args.max_tokens}")
+    if args.max_length <= args.max_tokens:
+        problems.append(f"--max-length must be more than --max-tokens, got {args.max_length}")
     if problems:
         raise UsageError("; ".join(problems))
     return args
 
 
-def read_task(path: Path) -> list[str]:
+def rendering_of(marker: Mapping[str, Any] | None) -> str:
+    """How the export was trained, as its marker says (exports from before it said so were scored raw)."""
+    value = (marker or {}).get("rendering")
+    return value if value in RENDERINGS else RAW
+
+
+def read_task(path: Path, rendering: str) -> list[Any]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as error:
         raise UsageError(f"--task {path}: {error.strerror}") from None
-    problems = task_problems(lines)
+    records, problems = read_records(lines)
+    if not problems and rendering == RAW:
+        problems = raw_problems(records)
     if problems:
         raise UsageError(f"--task {path}: " + "; ".join(problems))
-    return [line for line in lines if line.strip()]
-
-
-def read_marker(folder: Path) -> dict[str, Any] | None:
-    try:
-        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return marker if isinstance(marker, dict) else None
+    return records
 
 
 def log(text: str) -> None:
     print(f"[evaluate] {text}", flush=True)
 
 
-def evaluate(args: argparse.Namespace, scorer: Callable[[str, str, Path], float] = score,
-             version: Callable[[], str] = lm_eval_version) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Tools:
+    """What evaluate() calls outside itself (stand-ins in tests)."""
+
+    scorer: Callable[[str, str, Scoring], Mapping[str, float]] = score
+    version: Callable[[], str] = lm_eval_version
+    tokenizer: Callable[[Path], Any] = load_tokenizer
+    now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
+def scores_of(url: str, names: Mapping[str, str | None], how: Scoring,
+              scorer: Callable[[str, str, Scoring], Mapping[str, float]]) -> dict[str, dict[str, float | None]]:
+    """Every metric's scores of base, served (None when nothing is served) and candidate: {metric: {who: score}}."""
+    found = {who: (scorer(url, name, how) if name is not None else None) for who, name in names.items()}
+    return {metric: {who: (None if got is None else float(got[metric])) for who, got in found.items()}
+            for metric in METRICS}
+
+
+def results_text(args: argparse.Namespace, *, records: int, metric: str, rendering: str,
+                 by_metric: Mapping[str, Mapping[str, float | None]], decision: Decision, copy: Path,
+                 served_path: str | None, marker: Mapping[str, Any] | None, tools: Tools) -> str:
+    return json.dumps({
+        "workload": args.adapter, "task": str(args.task), "records": records, "metric": metric,
+        "rendering": rendering, "higherIsBetter": DIRECTION[metric] > 0, "scores": dict(by_metric[metric]),
+        "byMetric": {k: dict(v) for k, v in by_metric.items()}, "reference": decision.reference,
+        "improvement": round(decision.improvement, 6), "minImprovement": args.min_improvement,
+        "served": decision.serve, "reason": decision.reason, "candidate": str(args.candidate),
+        "candidateCopy": str(copy), "servedPath": served_path, "candidateMarker": dict(marker) if marker else None,
+        "evaluated": tools.now().isoformat(timespec="seconds"), "lmEval": tools.version(),
+    }, indent=2, sort_keys=True) + "\n"
+
+
+def evaluate(args: argparse.Namespace, tools: Tools | None = None) -> dict[str, Any]:
     """The evaluation and the gate (see the module's docstring); returns what results.json holds."""
-    records = read_task(Path(args.task))
+    tools = tools or Tools()
     candidate = Path(args.candidate)
     marker = read_marker(candidate)
     if marker is not None and marker.get("export") not in (None, "adapter"):
         raise UsageError(f"--candidate {candidate}: its marker says export {marker.get('export')!r}, not an adapter")
+    rendering = rendering_of(marker)
+    records = read_task(Path(args.task), rendering)
+    metric = args.metric or (LOGLIKELIHOOD if rendering == CHAT else EXACT_MATCH)
     results = Path(args.results)
-    copy = Path(args.served_copy) if args.served_copy else results.parent / "adapter"
+    versions = results.parent / VERSIONS
+    copy = versions / version_name(args.adapter, marker, tools.now())
+    if (read_json(results.parent / SERVED) or {}).get("path") == str(copy):
+        raise UsageError(f"--candidate {candidate}: this export ({copy.name}) is the one served now")
+    copy_adapter(candidate, copy)  # scored and served from its own path: never another export's cached blocks
+    try:
+        docs = rendered(records, rendering, tools.tokenizer(copy))
+    except RecordError as error:
+        shutil.rmtree(copy, ignore_errors=True)
+        raise UsageError(f"--task {args.task}: {error.text}") from None
     temporary = args.adapter + CANDIDATE_SUFFIX
     served_now = args.adapter in served_models(args.url)
     with tempfile.TemporaryDirectory(prefix="evaluate-") as tmp:
-        task_dir = Path(tmp)
-        data = task_dir / "task.jsonl"
-        data.write_text("\n".join(records) + "\n", encoding="utf-8")
-        (task_dir / f"{TASK_NAME}.yaml").write_text(task_yaml(data, args.max_tokens), encoding="utf-8")
-        load_adapter(args.url, temporary, str(candidate))
+        how = Scoring(Path(tmp), str(copy), rendering, args.max_length)
+        write_tasks(how.task_dir, docs, rendering, args.max_tokens)
+        load_adapter(args.url, temporary, str(copy))
         try:
-            scores: dict[str, float | None] = {
-                "base": scorer(args.url, args.base, task_dir),
-                "served": scorer(args.url, args.adapter, task_dir) if served_now else None,
-                "candidate": scorer(args.url, temporary, task_dir)}
+            by_metric = scores_of(args.url, {"base": args.base, "served": args.adapter if served_now else None,
+                                             "candidate": temporary}, how, tools.scorer)
         finally:
             unload_adapter(args.url, temporary)
-    decision = decide(scores, args.min_improvement)
+    decision = decide(by_metric[metric], args.min_improvement, metric)
     served_path = None
     if decision.serve:
-        copy_adapter(candidate, copy)
         load_adapter(args.url, args.adapter, str(copy), inplace=served_now)
+        write_served(results.parent / SERVED, args.adapter, copy, marker)
         served_path = str(copy)
-    text = results_text(adapter=args.adapter, task=str(args.task), records=len(records), scores=scores,
-                        decision=decision, min_improvement=args.min_improvement, candidate=str(candidate),
-                        served_path=served_path, marker=marker,
-                        evaluated=datetime.datetime.now(datetime.UTC), lm_eval_version=version())
+        gone = remove_other_versions(versions, copy)
+        if gone:
+            log(f"removed the copies no longer served: {', '.join(gone)}")
+    else:
+        shutil.rmtree(copy, ignore_errors=True)
+    text = results_text(args, records=len(records), metric=metric, rendering=rendering, by_metric=by_metric,
+                        decision=decision, copy=copy, served_path=served_path, marker=marker, tools=tools)
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(text, encoding="utf-8")
-    log(summary_line(args.adapter, scores, decision))
+    log(summary_line(args.adapter, by_metric[metric], decision, metric) + f"; {rendering} rendering, "
+        f"{len(records)} records")
     log(f"results: {results}")
     return json.loads(text)
 

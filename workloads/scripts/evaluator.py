@@ -6,12 +6,14 @@ is the only way an adapter gets served there (workloads/serving.py starts vLLM w
         --adapter NAME=MODEL_DIR [--adapter ...] [--min-improvement 0.05] [--max-tokens 32]
 
 Every --poll seconds, once vLLM answers /health, for each adapter NAME:
-1. Its served copy EVALS/NAME/adapter (what evaluate.py --served-copy wrote when an export passed) is loaded under
-   NAME when vLLM does not list it: on the pod's first start and after a restart of vLLM, which forgets what was
-   loaded at run time. Before any export has passed, NAME is not served (clients get the base under its own name).
+1. The versioned copy EVALS/NAME/served.json names (EVALS/NAME/versions/NAME-STEP-TIME, what evaluate.py
+   promoted when an export passed) is loaded under NAME when vLLM does not list it: on the pod's first start and
+   after a restart of vLLM, which forgets what was loaded at run time. Before any export has passed, NAME is not
+   served (clients get the base under its own name).
 2. When MODEL_DIR/.complete says an adapter export that EVALS/NAME/results.json has not scored yet (its
-   `candidateMarker` differs), evaluate.py scores it against the base and the copy served now, writes results.json
-   and, when it passes the gate (or there is none), copies it to EVALS/NAME/adapter and loads it in place.
+   `candidateMarker` differs) and that is not the one served, evaluate.py copies it to its own versioned folder,
+   scores it against the base and the copy served now, writes results.json and, when it passes the gate (or there
+   is none), loads its copy in place under NAME, points served.json at it and removes the older copies.
    A failed evaluation (exit 1: the server; 2: the task file) is tried again after --retry seconds, not every poll.
 The loop never exits on its own: a container that ended would make the pod not Ready, and the server with it;
 --once makes one pass and exits (make e2e's `adapters` scenario). Standard library only; evaluate.py (beside this
@@ -34,7 +36,8 @@ from typing import Any
 
 MARKER = ".complete"  # finetune.py's, written last into MODEL_DIR (and copied last into the served copy)
 RESULTS = "results.json"
-COPY = "adapter"  # EVALS/NAME/adapter: evaluate.py's --served-copy
+SERVED = "served.json"  # EVALS/NAME/served.json: {"path": the versioned copy served, "marker": its export's}
+LEGACY_COPY = "adapter"  # EVALS/NAME/adapter: where an older evaluate.py copied the served export
 EVALUATE = Path(__file__).resolve().parent / "evaluate.py"
 POLL_SECONDS = 30
 RETRY_SECONDS = 600
@@ -69,33 +72,45 @@ def adapter_marker(model_dir: Path) -> dict[str, Any] | None:
     return marker if marker is not None and marker.get("export") == "adapter" else None
 
 
-def evaluated_marker(folder: Path) -> dict[str, Any] | None:
-    """The marker of the export results.json scored last (served or not)."""
-    results = read_json(folder / RESULTS)
-    marker = results.get("candidateMarker") if results else None
-    return marker if isinstance(marker, dict) else None
+def evaluated_markers(folder: Path) -> list[dict[str, Any]]:
+    """The markers of the export results.json scored last (served or not) and of the one served."""
+    found = [(read_json(folder / RESULTS) or {}).get("candidateMarker"), (read_json(folder / SERVED) or {}).get(
+        "marker")]
+    return [m for m in found if isinstance(m, dict)]
 
 
-def needs_evaluation(marker: Mapping[str, Any] | None, evaluated: Mapping[str, Any] | None,
+def needs_evaluation(marker: Mapping[str, Any] | None, evaluated: Sequence[Mapping[str, Any]],
                      failed: tuple[Mapping[str, Any], float] | None, now: float, retry: float) -> bool:
     """A new export that was not scored yet, nor failed within `retry` seconds."""
-    if marker is None or marker == evaluated:
+    if marker is None or marker in evaluated:
         return False
     return failed is None or failed[0] != marker or now - failed[1] >= retry
 
 
-def needs_loading(name: str, served: Sequence[str], copy: Path) -> bool:
-    """The copy that passed is whole (its marker is copied last) and vLLM does not serve it."""
-    return name not in served and (copy / MARKER).is_file()
+def served_copy(folder: Path) -> Path | None:
+    """The versioned copy served.json names, when it is whole (its marker is copied last); an older evaluator's
+    EVALS/NAME/adapter otherwise."""
+    path = (read_json(folder / SERVED) or {}).get("path")
+    for copy in ([Path(path)] if isinstance(path, str) else []) + [folder / LEGACY_COPY]:
+        if (copy / MARKER).is_file():
+            return copy
+    return None
+
+
+def needs_loading(name: str, served: Sequence[str], copy: Path | None) -> bool:
+    """A copy passed and vLLM does not serve it."""
+    return name not in served and copy is not None
 
 
 def evaluate_command(args: argparse.Namespace, adapter: Adapter) -> list[str]:
     folder = Path(args.evals) / adapter.name
     command = [sys.executable, str(EVALUATE), "--url", args.url, "--base", args.base, "--adapter", adapter.name,
                "--candidate", str(adapter.model_dir), "--task", args.task, "--results", str(folder / RESULTS),
-               "--served-copy", str(folder / COPY), "--max-tokens", str(args.max_tokens)]
+               "--max-tokens", str(args.max_tokens), "--max-length", str(args.max_length)]
     if args.min_improvement is not None:
         command += ["--min-improvement", str(args.min_improvement)]
+    if args.metric is not None:
+        command += ["--metric", args.metric]
     return command
 
 
@@ -158,8 +173,8 @@ def visit(args: argparse.Namespace, adapter: Adapter, served: Sequence[str], ser
           now: Callable[[], float]) -> None:
     """One adapter: its copy served, its new export scored."""
     folder = Path(args.evals) / adapter.name
-    copy = folder / COPY
-    if needs_loading(adapter.name, served, copy):
+    copy = served_copy(folder)
+    if copy is not None and needs_loading(adapter.name, served, copy):
         server.load(adapter.name, copy)
         log(f"{adapter.name}: serving its evaluated copy {copy}")
     marker = adapter_marker(adapter.model_dir)
@@ -167,7 +182,7 @@ def visit(args: argparse.Namespace, adapter: Adapter, served: Sequence[str], ser
         say_once(state, adapter.name, f"{adapter.name}: waiting for an adapter export's "
                                       f"{adapter.model_dir / MARKER} (written last by the training workload)")
         return
-    if not needs_evaluation(marker, evaluated_marker(folder), state.failed.get(adapter.name), now(), args.retry):
+    if not needs_evaluation(marker, evaluated_markers(folder), state.failed.get(adapter.name), now(), args.retry):
         return
     log(f"{adapter.name}: evaluating the export of step {marker.get('step')} on {args.task}")
     code = server.run(evaluate_command(args, adapter))
@@ -190,12 +205,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--url", required=True, help="the server's root, e.g. http://127.0.0.1:8000")
     parser.add_argument("--base", required=True, help="the base model's name in the server's API")
-    parser.add_argument("--task", required=True, help="the held-out task (JSON lines of prompt and reference)")
+    parser.add_argument("--task", required=True, help="the held-out task (JSON lines in a format training takes)")
     parser.add_argument("--evals", required=True, help="the bucket's evals/ folder (EVALS/NAME/results.json)")
     parser.add_argument("--adapter", action="append", type=parse_adapter, required=True,
                         help="NAME=MODEL_DIR of each adapter the server serves")
     parser.add_argument("--min-improvement", type=float, help="the gate (evaluate.py --min-improvement)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
+    parser.add_argument("--max-length", type=int, default=2048, help="the server's max model length")
+    parser.add_argument("--metric", choices=("loglikelihood", "exact_match"),
+                        help="what the gate reads (evaluate.py --metric; default by the export's rendering)")
     parser.add_argument("--poll", type=float, default=POLL_SECONDS, help="seconds between passes")
     parser.add_argument("--retry", type=float, default=RETRY_SECONDS, help="seconds before a failed one again")
     parser.add_argument("--once", action="store_true", help="one pass, then exit (1 if the server is down)")

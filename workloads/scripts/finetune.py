@@ -376,16 +376,26 @@ def export_kind(lora: bool, lora_export: str) -> str:
 
 
 def marker_text(step: int, model: str, *, lora: bool, dataset: str, precision: str, world_size: int,
-                finished: datetime.datetime, export: str = FULL, lora_rank: int | None = None) -> str:
+                finished: datetime.datetime, export: str = FULL, lora_rank: int | None = None,
+                rendering: Mapping[str, str] | None = None) -> str:
     """MODEL_DIR/.complete: what a server waiting on it (and a person) wants to know; written last. `export` says
     what the folder holds; an adapter's marker also has its rank (vLLM's --max-lora-rank must hold it) and its base
-    is `model`."""
+    is `model`. `rendering` (marker_rendering) says how the records were rendered: what evaluate.py renders its
+    task with, without being told."""
     fields: dict[str, Any] = {"step": step, "model": model, "lora": lora, "export": export, "dataset": dataset,
                               "precision": precision, "world_size": world_size,
-                              "finished": finished.isoformat(timespec="seconds")}
+                              "finished": finished.isoformat(timespec="seconds"), **(rendering or {})}
     if export == ADAPTER and lora_rank is not None:
         fields["lora_rank"] = lora_rank
     return json.dumps(fields, sort_keys=True) + "\n"
+
+
+def marker_rendering(the_plan: Plan, chat_template: str) -> dict[str, str]:
+    """The marker's account of how the model learned its records: `rendering` chat (through the chat template
+    saved with the export: the model is asked on /v1/chat/completions) or raw (prompt text: /v1/completions),
+    `chatTemplate` (--chat-template: auto, raw or the named template's file) and the records' `recordFormat`."""
+    return {"rendering": "chat" if the_plan.rendering.chat else "raw", "chatTemplate": chat_template,
+            "recordFormat": the_plan.layout.format}
 
 
 def stale_files(model_dir: Path, export: str) -> list[Path]:
@@ -806,7 +816,7 @@ def _collator(pad_id: int, packing: str) -> Any:
 
 
 def _export(trainer: Any, args: argparse.Namespace, tokenizer: Any, token: str | None, precision: str,
-            step: int) -> None:
+            step: int, the_plan: Plan | None = None) -> None:
     """Every rank takes part in saving (ZeRO-3 gathers the weights); rank 0 writes MODEL_DIR and the marker. An
     adapter export is the Trainer's own save of the peft model (adapter_config.json, adapter_model.safetensors);
     a merged one saves the adapter aside first and merges it into the base on rank 0."""
@@ -830,7 +840,8 @@ def _export(trainer: Any, args: argparse.Namespace, tokenizer: Any, token: str |
         world = trainer.args.world_size
         text = marker_text(step, args.model, lora=args.lora, dataset=args.dataset, precision=precision,
                            world_size=world, finished=datetime.datetime.now(datetime.timezone.utc), export=export,
-                           lora_rank=args.lora_rank if args.lora else None)
+                           lora_rank=args.lora_rank if args.lora else None,
+                           rendering=marker_rendering(the_plan, args.chat_template) if the_plan else None)
         (model_dir / MARKER).write_text(text, encoding="utf-8")
         say(f"exported step {step} to {model_dir} ({export})")
     trainer.accelerator.wait_for_everyone()
@@ -982,7 +993,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if held_out is not None and step % args.save_steps:
             trainer.evaluate()  # the last step's eval loss too (the saves' steps had theirs)
         trainer.model.config.use_cache = use_cache  # the model's own setting again, in what the export saves
-        _export(trainer, args, tokenizer, token, precision, step)
+        _export(trainer, args, tokenizer, token, precision, step, head.plan)
         say(f"rank {training.process_index}: done at step {step}")
         return 0
     finally:
