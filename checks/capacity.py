@@ -9,7 +9,7 @@ from __future__ import annotations
 from checks.common import Check, at, or_list
 from model import capacity, reservation
 from model import catalog as gpu_catalog
-from model.types import NodePoolConfig, StackConfig
+from model.types import MpiJobBaseConfig, NodePoolConfig, StackConfig
 from planner import cost, run_estimate
 
 # COMPACT placement with flex-start: only these machine families (FACTS.md section 2, CT gke-node-pool).
@@ -325,9 +325,27 @@ def idle_reserved(m: StackConfig, i: int, pool: NodePoolConfig) -> str | None:
             f"{sum(users.values())}")
 
 
+def maintenance_warnings(m: StackConfig) -> list[str]:
+    """The launcher's maintenance watch (workloads/maintenance.py) needs GKE's label, from 1.31.1-gke.2008000 on
+    GPU nodes, and the stack's image (its python3)."""
+    jobs = {name: w for name, w in m.workloads.items()
+            if m.cluster is not None and isinstance(w, MpiJobBaseConfig) and w.on_nvidia and m.pool(w.pool or "")}
+    facts = capacity.load().maintenance
+    out = [f"{at('workloads', name, 'image')}: the launcher's maintenance watch runs in the stack's image only; with "
+           "an image of your own this run is not saved ahead of its nodes' host maintenance (its workers still "
+           "prefer nodes without pending maintenance)" for name, w in jobs.items() if w.image]
+    version = m.cluster.min_master_version if m.cluster else None
+    found = capacity.gke_version(version) if version else None
+    if found and found < (capacity.gke_version(facts.min_gke) or found) and any(not w.image for w in jobs.values()):
+        out.append(f"cluster.minMasterVersion: {version} is below {facts.min_gke}, from which GKE labels a GPU node "
+                   f"{facts.label} ahead of its host maintenance ({facts.source}); below it the training runs' "
+                   "maintenance watch never sees one and a run loses what it did since its last save")
+    return out
+
+
 def warnings(m: StackConfig) -> list[str]:
-    """Reserved nodes no workload uses (each billed anyway)."""
-    return [w for i, p in _pools(m) if (w := idle_reserved(m, i, p)) is not None]
+    """Reserved nodes no workload uses (each billed anyway); what the maintenance watch cannot do."""
+    return [*(w for i, p in _pools(m) if (w := idle_reserved(m, i, p)) is not None), *maintenance_warnings(m)]
 
 
 def _chain_text(m: StackConfig, name: str) -> str:

@@ -68,6 +68,13 @@ def _reservation_end(raw: dict[str, Any]) -> ReservationEndFacts:
                                time_zone=str(raw["timeZone"]))
 
 
+class MaintenanceFacts(msgspec.Struct, frozen=True):
+    """GKE's label for a GPU node's scheduled host maintenance (data/capacity.yaml maintenance)."""
+    label: str
+    min_gke: str
+    source: str
+
+
 class ComputeClassFacts(msgspec.Struct, frozen=True):
     """GKE's custom ComputeClass as the stack uses it for `pool` then `fallbackPool` (data/capacity.yaml)."""
     api_version: str
@@ -105,6 +112,7 @@ class Facts(msgspec.Struct, frozen=True):
     kueue_install: KueueInstall
     reservation_end: ReservationEndFacts
     compute_class: ComputeClassFacts
+    maintenance: MaintenanceFacts
     order: tuple[str, ...]
     price_basis: dict[str, tuple[str, str]]  # source -> (onDemand | spot, what the price means)
     source: str
@@ -130,6 +138,9 @@ def parse(raw: dict[str, Any]) -> Facts:
         kueue_install=_kueue_install(kq),
         reservation_end=_reservation_end(kq["reservationEnd"]),
         compute_class=_compute_class(raw["computeClass"]),
+        maintenance=MaintenanceFacts(label=str(raw["maintenance"]["label"]),
+                                     min_gke=str(raw["maintenance"]["minGkeVersion"]),
+                                     source=str(raw["maintenance"]["source"])),
         order=tuple(raw["order"]),
         price_basis={k: (str(v["price"]), str(v["note"])) for k, v in raw["priceBasis"].items()},
         source=str(raw["source"]),

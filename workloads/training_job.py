@@ -18,7 +18,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import MpiJobBaseConfig
-from workloads import gcs_fuse, kueue, mpijob, network_policy, pull_secret
+from workloads import gcs_fuse, kueue, maintenance, mpijob, network_policy, pull_secret
 from workloads.placement import Placement, labels
 
 
@@ -89,6 +89,11 @@ class TrainingJob(pulumi.ComponentResource):
             spec=spec,
             opts=pulumi.ResourceOptions(parent=self),
         ) for role, spec in network_policy.specs(w).items()]
+        # The launcher's maintenance watch may read the workers and their nodes and evict the workers.
+        account = access.kubernetes_service_account if access else "default"
+        self.maintenance_access = [_rbac(f"{name}-maintenance-{o['kind'].lower()}", o, ns, pulumi.ResourceOptions(
+            parent=self, depends_on=[self.service_account] if self.service_account else None))
+            for o in (maintenance.access(w, account) if maintenance.watched(w, where) else [])]
         self.job: k8s.apiextensions.CustomResource = self._job(name, args, ns)
         self.summary: pulumi.Output[dict[str, Any]] = pulumi.Output.from_input({
             "kind": w.kind, "job": w.name, "namespace": ns, "claim": w.storage.claim_name,
@@ -167,3 +172,24 @@ class TrainingJob(pulumi.ComponentResource):
                 ignore_changes=kueue.owned_fields(args.queue),
             ),
         )
+
+
+def _rbac(logical: str, obj: dict[str, Any], ns: pulumi.Output[str],
+          opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+    """A Role, RoleBinding, ClusterRole or ClusterRoleBinding from its dict (workloads/maintenance.py access): the
+    namespaced ones in the job's Namespace (its output, so they wait for it)."""
+    kind, meta = obj["kind"], obj["metadata"]
+    namespaced = kind in ("Role", "RoleBinding")
+    metadata = k8s.meta.v1.ObjectMetaArgs(name=meta["name"], labels=meta["labels"],
+                                          namespace=ns if namespaced else None)
+    if kind in ("Role", "ClusterRole"):
+        rules = [k8s.rbac.v1.PolicyRuleArgs(api_groups=r["apiGroups"], resources=r["resources"],
+                                            resource_names=r.get("resourceNames"), verbs=r["verbs"])
+                 for r in obj["rules"]]
+        return (k8s.rbac.v1.Role if namespaced else k8s.rbac.v1.ClusterRole)(
+            logical, metadata=metadata, rules=rules, opts=opts)
+    ref = obj["roleRef"]
+    return (k8s.rbac.v1.RoleBinding if namespaced else k8s.rbac.v1.ClusterRoleBinding)(
+        logical, metadata=metadata, opts=opts,
+        role_ref=k8s.rbac.v1.RoleRefArgs(api_group=ref["apiGroup"], kind=ref["kind"], name=ref["name"]),
+        subjects=[k8s.rbac.v1.SubjectArgs(kind=x["kind"], name=x["name"], namespace=ns) for x in obj["subjects"]])

@@ -27,11 +27,12 @@ from typing import Any
 import msgspec
 
 from model.types import MpiJobBaseConfig
-from workloads import fabric, pod_security, recovery
+from workloads import fabric, maintenance, pod_security, recovery
 from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob import script_source
 from workloads.mpijob.shape import (
     CONFIG_DIR,
+    CONFIG_VOLUME,
     DS_CONFIG_KEY,
     HOSTFILE_PREAMBLE,
     SSH_CLIENT_KEY,
@@ -131,6 +132,8 @@ def config_map_data(w: MpiJobBaseConfig, where: Placement, has_token: bool,
     contract = fabric.pod_contract(where)
     if contract is not None:
         data.update(contract.files())
+    if maintenance.watched(w, where):  # the launcher's maintenance watch (workloads/maintenance.py)
+        data.update(maintenance.files())
     return {**data, **recovery.stop_ranks_file(), **launch.files}
 
 
@@ -314,6 +317,11 @@ def render_spec(inputs: MpiJobInputs, launch: NvidiaLaunch | None = None) -> dic
         files=files, secure=secure, annotations=waivers("worker", where),
         probes={"readinessProbe": SSH_READINESS, "livenessProbe": pod_security.SSH_LIVENESS},
         volumes=[*launch.volumes, *launch.worker_volumes], mounts=[*launch.mounts, *launch.worker_mounts])
+    if maintenance.watched(w, where):  # saves before a node's host maintenance (workloads/maintenance.py)
+        maintenance.with_watch(launcher, w, inputs.image,
+                               {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}, state_mount)
+    if where.on_nvidia and where.pool is not None:  # a GKE pool: no node with pending maintenance first
+        maintenance.prefer_no_maintenance(worker)
     spec = shape_spec(inputs, launcher, worker, f"{NVIDIA_HOME}/.ssh")
     spec["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = launch.worker_restart_policy
     return spec

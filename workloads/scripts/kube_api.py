@@ -1,4 +1,4 @@
-"""The Kubernetes API from inside a pod, with the pod's ServiceAccount token: GET, LIST and PATCH, nothing more.
+"""The Kubernetes API from inside a pod, with the pod's ServiceAccount token: GET, LIST, PATCH and POST, nothing more.
 
 Used by reservation_end.py (the CronJob at a reservation's end) and maintenance_watch.py (the workers' sidecar).
 Why not the official `kubernetes` client: neither image these run in carries it, the pinned version set
@@ -64,3 +64,6 @@ class Api:
 
     def patch(self, path: str, body: Any, content_type: str = MERGE_PATCH) -> Any:
         return self.request("PATCH", path, body, content_type)
+
+    def create(self, path: str, body: Any) -> Any:
+        return self.request("POST", path, body, "application/json")
