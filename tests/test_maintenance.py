@@ -199,3 +199,15 @@ def test_a_gke_version_without_the_label_is_warned() -> None:
     new = msgspec.structs.replace(m, cluster=msgspec.structs.replace(m.cluster,
                                                                      min_master_version="1.31.1-gke.2008000"))
     assert capacity_checks.maintenance_warnings(new) == []
+
+
+def test_the_preview_says_how_it_works_and_which_gke() -> None:
+    from conftest import stack_run
+
+    from preview.sections.recovery import section
+
+    ((title, text),) = section(stack_run("finetune"))
+    assert title == "Preemption recovery"
+    assert ("Host maintenance of a GPU node (no live migration): GKE 1.31.1-gke.2008000 and later labels the node "
+            "`cloud.google.com/scheduled-maintenance-time` with its start; the MPIJob launcher's maintenance watch "
+            "evicts the worker on it once the start is within the grace period plus 5 minutes") in text

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from model import capacity
 from planner import recovery
 from preview.engine import RunResult
 from preview.sections import Section
+from workloads import maintenance
 
 NO = "**no**"
 
@@ -47,6 +49,7 @@ def section(run: RunResult) -> list[Section]:
                     f"{_grace(r)} | {_spot(r)} | {r['saveEveryMinutes']:.0f} min |")
         flags += _flags(name, r)
     flagged = "".join(f"- {NO}: {f}.\n" for f in flags)
+    facts, maintenance_margin = capacity.load().maintenance, maintenance.LEAD_MARGIN_SECONDS
     note = (f"The interval is Young's sqrt(2 x save time x mean time between interruptions), assumed "
             f"{recovery.MEAN_HOURS_BETWEEN_INTERRUPTIONS[True]:g} h on Spot and "
             f"{recovery.MEAN_HOURS_BETWEEN_INTERRUPTIONS[False]:g} h on-demand. It is in minutes, and no flag takes "
@@ -58,5 +61,9 @@ def section(run: RunResult) -> list[Section]:
             f"a drain and a whole-job stop honour the grace period, which every pod of the job gets from its save: "
             f"{recovery.STEP_ALLOWANCE_SECONDS} s for the step in flight plus the save and a quarter more, at least "
             f"{recovery.MIN_GRACE_SECONDS} s. Either way the workers' preStop hook passes the notice to the ranks "
-            "(on a whole-job stop the launcher sends the same request).")
+            "(on a whole-job stop the launcher sends the same request). "
+            f"Host maintenance of a GPU node (no live migration): GKE {facts.min_gke} and later labels the node "
+            f"`{facts.label}` with its start; the MPIJob launcher's maintenance watch evicts the worker on it once the "
+            f"start is within the grace period plus {maintenance_margin // 60} minutes, a drain with a save, and "
+            "the workers prefer nodes without that label (docs/recovery.md).")
     return [("Preemption recovery", "\n".join(rows) + "\n\n" + flagged + ("\n" if flags else "") + note)]
