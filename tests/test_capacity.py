@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import DELETE, model, problems, stack_run, stack_yaml
 
@@ -295,9 +297,26 @@ def test_class_pools_carry_the_label_and_taint_gke_requires(dws: RunResult) -> N
 
 
 def test_no_preferred_affinity_anywhere(dws: RunResult) -> None:
+    """No pool is chosen by preference (the autoscaler ignores it): the one preferred term is the workers' nodes
+    without pending host maintenance (workloads/maintenance.py), which chooses among a pool's nodes."""
     import json
 
-    assert "preferredDuringScheduling" not in json.dumps([r.inputs for r in dws.resources], default=str)
+    found: list[Any] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k.startswith("preferredDuringScheduling"):
+                    found.append(v)
+                else:
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(json.loads(json.dumps([r.inputs for r in dws.resources], default=str)))
+    assert found and all(f == [{"weight": 100, "preference": {"matchExpressions": [
+        {"key": "cloud.google.com/scheduled-maintenance-time", "operator": "DoesNotExist"}]}}] for f in found)
 
 
 def test_queued_job_may_use_its_reservation_or_dws(dws: RunResult) -> None:
@@ -306,9 +325,13 @@ def test_queued_job_may_use_its_reservation_or_dws(dws: RunResult) -> None:
     job = dws.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     # Kueue picks the flavor (and adds its pool to the node selector); the pods only require one of the two.
-    assert worker["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    assert worker["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
         "nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "deepspeed-stack/pool", "operator": "In", "values": ["h100-reserved", "h100-dws"]}]}]}}}
+            {"key": "deepspeed-stack/pool", "operator": "In", "values": ["h100-reserved", "h100-dws"]}]}]}
+    # Besides: nodes without pending host maintenance first (workloads/maintenance.py), not a pool preference.
+    assert [t["preference"] for t in worker["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]] == [{"matchExpressions": [
+            {"key": "cloud.google.com/scheduled-maintenance-time", "operator": "DoesNotExist"}]}]
     assert "deepspeed-stack/pool" not in worker["nodeSelector"] and CLASS_LABEL not in worker["nodeSelector"]
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w"}, "spec": worker}
     kubernetes_validate.validate(pod, "1.33.0", strict=True)
