@@ -228,7 +228,7 @@ def test_install_at_start_runs_as_root_and_keeps_omnias_layout() -> None:
 def test_the_launcher_checks_the_ranks_folders_before_anything_else(gaudi: RunResult) -> None:
     w = model("gaudi").workloads[JOB]
     # Only the final-status guard and the launcher's functions come before it (tests/test_gaudi_launcher.py).
-    guard = "\n".join(gaudi_job.final_errors())
+    guard = "\n".join(gaudi_job.final_errors(w))
     assert launcher_script(gaudi).startswith(
         f"set -eo pipefail\n{guard}\n{gaudi_job.writable_folders_check(w)}\nHOSTSFILE=")
 

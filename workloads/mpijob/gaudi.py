@@ -25,10 +25,12 @@ from workloads.mpijob.gaudi_flags import LAUNCHER_FLAGS, RESERVED_TRAINING_FLAGS
 from workloads.mpijob.nvidia import (
     CHECK_INPUTS,
     RUN_RANKS,
+    STOP_WORKERS,
     check_inputs_function,
     final_status_guard,
     launcher_state,
     run_ranks_function,
+    stop_workers_function,
     wait_for_paths,
 )
 from workloads.mpijob.shape import (
@@ -265,11 +267,16 @@ def data_step_command(w: MpiJobWorkloadConfig) -> list[str]:
     return ["python", f"{CONFIG_DIR}/{recipe.SCRIPT.name}", "--prepare-data", *recipe_args(w)]
 
 
-def final_errors() -> list[str]:
-    """The NVIDIA launcher's guard (workloads/mpijob/nvidia.py): an earlier attempt's final status (exit 2: bad
-    arguments or data) stops every later attempt at once, the input check's and the ranks' alike; the ranks run in
-    a process group of their own, so a stop reaches DeepSpeed's runner under gaudi_spawn.py."""
-    return [final_status_guard(), *run_ranks_function(group=True), *check_inputs_function()]
+def final_errors(w: MpiJobWorkloadConfig) -> list[str]:
+    """The NVIDIA launcher's guard and stop (workloads/mpijob/nvidia.py): an earlier attempt's final status (exit 2:
+    bad arguments or data) stops every later attempt at once, the input check's and the ranks' alike; on SIGTERM
+    the launcher asks every worker's preStop hook (stop_ranks.py over ssh: the ranks save, then stop) and waits
+    until gaudi_spawn.py ends with the ranks' status, never signalling DeepSpeed's runner (whose PDSH handler would
+    SIGKILL the ranks 30 s later: workloads/recovery.py). gaudi_spawn.py and the runner under it run in a process
+    group of their own, which the launcher waits out."""
+    grace = recovery.grace_seconds(w)
+    return [final_status_guard(), *stop_workers_function(grace), *run_ranks_function(group=True, stop=STOP_WORKERS),
+            *check_inputs_function()]
 
 
 def data_step(w: MpiJobWorkloadConfig) -> list[str]:
@@ -373,7 +380,7 @@ def gaudi_image_launcher_script(w: MpiJobWorkloadConfig, where: Placement) -> st
     then train."""
     return "\n".join([
         "set -eo pipefail",
-        *final_errors(),
+        *final_errors(w),
         writable_folders_check(w),
         *HOSTFILE_PREAMBLE,
         f"cd {pod_security.GAUDI_EXAMPLES_DIR}",
@@ -388,7 +395,7 @@ def gaudi_launcher_script(w: MpiJobWorkloadConfig, where: Placement, has_token: 
     setup_env = " ".join(f"-x {name}" for name in ["HF_HOME", *proxy_env(w)])
     return "\n".join([
         "set -eo pipefail",
-        *final_errors(),
+        *final_errors(w),
         *HOSTFILE_PREAMBLE,
         # ssh (DeepSpeed's pdsh) sends these to the workers, whose sshd accepts them: first lines win.
         f"printf '%s\\n' {shlex.quote('SendEnv ' + ' '.join(send_env))} {shlex.quote(GAUDI_KEX)} "
