@@ -17,6 +17,12 @@ machine types; data/capacity.yaml `maintenance`). The stack:
   `<job>-worker-<i>`), and get on nodes through a ClusterRole (nodes have no namespace; their names are not known
   before, so no resourceNames).
 
+What it relies on (mpi-operator v0.8.0, pkg/controller/mpi_job_controller.go): workers are named
+`<job>-worker-<i>` (workerName, 1453-1455), and a missing worker is made again at the next sync (getOrCreateWorker,
+976-1016, called at 672). An API eviction deletes the pod gracefully; it does not leave a Failed pod with reason
+`Evicted`, which the operator would count as the job failing (1142-1157: only the kubelet's node-pressure eviction
+does that). The launcher's next attempt waits for the workers and resumes (workloads/recovery.py).
+
 Only where the launcher runs the stack's image (the program needs its python3): a job with an `image` of its own
 gets the affinity and a preview warning instead (checks/workloads.py).
 """
