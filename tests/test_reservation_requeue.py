@@ -201,3 +201,39 @@ def test_the_workload_patches_match_the_crd() -> None:
     admission = schema["properties"]["status"]["properties"]["admission"]["properties"]
     assert {"clusterQueue", "podSetAssignments"} <= set(admission)
     assert "flavors" in admission["podSetAssignments"]["items"]["properties"]
+
+
+def test_the_in_cluster_request(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What reaches the API server: the token read at each request (the kubelet rotates it), the CA bundle, the
+    service's address, the patch's content type; an HTTP error becomes ApiError with its status."""
+    import io
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    api = load_file(SCRIPTS / "kube_api.py", "kube_api_under_test")
+    (tmp_path / "token").write_text("t1\n")
+    (tmp_path / "ca.crt").write_text("")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.setattr(ssl, "create_default_context", lambda cafile: ("ctx", cafile))
+    seen: list[Any] = []
+
+    def urlopen(req: urllib.request.Request, context: Any, timeout: float) -> Any:
+        seen.append((req.full_url, req.get_method(), dict(req.header_items()), req.data, context))
+        if req.get_method() == "POST":
+            raise urllib.error.HTTPError(req.full_url, 429, "Too Many Requests", {}, io.BytesIO(b"budget"))  # type: ignore[arg-type]
+        return io.BytesIO(b'{"ok": true}')
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    client = api.Api(api.in_cluster_send(account=tmp_path))
+    assert client.patch("/apis/x/v1/things/a", [{"op": "test"}], api.JSON_PATCH) == {"ok": True}
+    (tmp_path / "token").write_text("t2\n")
+    assert client.get("/api/v1/nodes/n") == {"ok": True}
+    with pytest.raises(api.ApiError) as err:
+        client.create("/api/v1/namespaces/ns/pods/p/eviction", {})
+    assert err.value.status == 429
+    (url, method, headers, data, context), (_, _, second, _, _) = seen[:2]
+    assert (url, method, data) == ("https://10.0.0.1:443/apis/x/v1/things/a", "PATCH", b'[{"op": "test"}]')
+    assert headers["Authorization"] == "Bearer t1" and second["Authorization"] == "Bearer t2"
+    assert headers["Content-type"] == "application/json-patch+json" and context == ("ctx", str(tmp_path / "ca.crt"))

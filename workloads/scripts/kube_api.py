@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
