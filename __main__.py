@@ -25,7 +25,7 @@ from workloads import first_up, kinds
 from workloads.compute_class import ComputeClasses, ComputeClassesArgs
 from workloads.gcs_fuse import BucketAccess
 from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
-from workloads.kueue import Kueue, KueueArgs, end_namespaces, flavor_pools
+from workloads.kueue import Kueue, KueueArgs, end_namespaces, end_waits, flavor_pools
 from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
 from workloads.nccl_test import NcclTest, NcclTestInputs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
@@ -134,7 +134,7 @@ if target is not None:
     # Kueue's MPIJob integration finds its CRD. Before the workloads: a queued MPIJob waits for its webhooks.
     kueue = Kueue("kueue", KueueArgs(config=cfg.kueue, pools=flavor_pools(cfg),
                                      end_namespaces=end_namespaces(cfg, flavor_pools(cfg)),
-                                     image=image.ref if image else None),
+                                     end_waits=end_waits(cfg, flavor_pools(cfg)), image=image.ref if image else None),
                   pulumi.ResourceOptions(provider=target, depends_on=[operator] if operator else None)) \
         if cfg.kueue.install and cluster is not None else None
     # The custom metrics API for servers that scale on vLLM's queue: one adapter per cluster (its HPAs need not wait

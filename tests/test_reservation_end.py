@@ -78,7 +78,8 @@ def _objects(m: Any) -> list[dict[str, Any]]:
     pools = kueue.flavor_pools(m)
     where = kueue.end_namespaces(m, pools)
     return [*kueue.cluster_objects(m.kueue, pools),
-            *reservation_end.objects(m.kueue.queue_name, pools, where, "registry.example/deepspeed@sha256:" + "0" * 64),
+            *reservation_end.objects(m.kueue.queue_name, pools, where, "registry.example/deepspeed@sha256:" + "0" * 64,
+                                     kueue.end_waits(m, pools)),
             *(o for ns in sorted({n for v in where.values() for n in v}) for o in reservation_end.namespace_access(ns))]
 
 
@@ -132,7 +133,9 @@ def test_at_the_end_the_requeued_job_fits_only_on_the_fallback() -> None:
     # The program, the ClusterQueue, the flavor at index 0, the end, and pretrain's namespace.
     assert args == ["/opt/deepspeed-stack/reservation-end/reservation_end.py", "--queue", "deepspeed",
                     "--flavor", "h100-reserved", "--index", "0", "--end", "2030-01-01T00:00:00Z",
-                    "--namespaces", "pretrain", "--kueue-api", "kueue.x-k8s.io/v1beta2"]
+                    "--namespaces", "pretrain", "--kueue-api", "kueue.x-k8s.io/v1beta2",
+                    # pretrain's pods' grace period (unsized: the least, 120 s) and 300 s for Kueue and the operator.
+                    "--wait-seconds", "420"]
     from test_reservation_requeue import program
 
     patch = program().quota_patch("h100-reserved", 0)
@@ -145,6 +148,17 @@ def test_at_the_end_the_requeued_job_fits_only_on_the_fallback() -> None:
     moved = _apply([{"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/name", "value": "other"}], queue)
     with pytest.raises(AssertionError, match="test failed"):
         _apply(patch, moved)
+
+
+def test_the_wait_follows_the_longest_grace_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kueue clears an evicted job's admission once its pods are gone, within their grace period (from the save)."""
+    from workloads import recovery
+
+    m = model("dws")
+    pool = m.pool("h100-reserved")
+    assert pool is not None and reservation_end.wait_seconds(m, pool) == 120 + 300
+    monkeypatch.setattr(recovery, "grace_seconds", lambda w: 943)  # the issue's 70B run: a 706 s save
+    assert reservation_end.wait_seconds(m, pool) == 943 + 300
 
 
 def test_a_schedule_with_seconds_fires_at_the_next_minute() -> None:

@@ -148,10 +148,15 @@ class KueueArgs(msgspec.Struct, frozen=True):
     # and the stack's image the CronJob runs its program in (an Output in the program, a string in tests).
     end_namespaces: dict[str, list[str]] = msgspec.field(default_factory=dict)
     image: Any = None
+    end_waits: dict[str, int] = msgspec.field(default_factory=dict)  # ending pool -> the program's --wait-seconds
 
 
 def end_namespaces(cfg: StackConfig, pools: list[NodePoolConfig]) -> dict[str, list[str]]:
     return {p.name: reservation_end.namespaces(cfg, p) for p in reservation_end.ending(pools)}
+
+
+def end_waits(cfg: StackConfig, pools: list[NodePoolConfig]) -> dict[str, int]:
+    return {p.name: reservation_end.wait_seconds(cfg, p) for p in reservation_end.ending(pools)}
 
 
 def manager_config() -> dict[str, Any]:
@@ -228,7 +233,7 @@ class Kueue(pulumi.ComponentResource):
         after_queue = pulumi.ResourceOptions(parent=self, depends_on=[self.release, *self.objects])
         self.reservation_end = [self._plain(f"{name}-{o['kind'].lower()}-{o['metadata']['name']}", o, after_queue)
                                 for o in reservation_end.objects(self._queue, args.pools, args.end_namespaces,
-                                                                 args.image)]
+                                                                 args.image, args.end_waits)]
         self._end_namespaces = {n for where in args.end_namespaces.values() for n in where}
         self.local_queues: list[k8s.apiextensions.CustomResource] = []
         self.register_outputs({"version": args.config.version, "chart": install.chart_repository,

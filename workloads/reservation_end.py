@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from model import capacity, reservation
-from model.types import NodePoolConfig, StackConfig
+from model.types import NodePoolConfig, StackConfig, WorkloadConfig
+from workloads import recovery
 from workloads.pod_security import NVIDIA_USER, skip_annotations
 
 END_JOB = "reservation-end"  # the ServiceAccount, ConfigMap and RBAC names of the CronJobs
@@ -29,6 +30,7 @@ ROLE = f"deepspeed-stack-{END_JOB}"
 PROGRAM, API = "reservation_end.py", "kube_api.py"  # workloads/scripts, shipped in the ConfigMap
 MOUNT = "/opt/deepspeed-stack/reservation-end"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+WAIT_MARGIN_SECONDS = 300  # beyond the grace period: Kueue's reconcilers and the operator's sync
 WORKLOADS_RULE = {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "patch"]}
 # checkov's checks the CronJob cannot pass, each with its reason (skip annotations, as the fabric's daemons have).
 WAIVERS = {
@@ -50,10 +52,21 @@ def ending(pools: list[NodePoolConfig]) -> list[NodePoolConfig]:
     return [p for p in pools if p.reservation_end_time]
 
 
+def _jobs(cfg: StackConfig, pool: NodePoolConfig) -> list[WorkloadConfig]:
+    """The queued jobs that may be admitted to the pool's flavor (their `pool` or `fallbackPool`)."""
+    return [w for w in cfg.workloads.values() if capacity.queued(cfg, w) and pool.name in (w.pool, w.fallback_pool)]
+
+
 def namespaces(cfg: StackConfig, pool: NodePoolConfig) -> list[str]:
-    """Where the queued jobs that may be admitted to the pool's flavor run (their `pool` or `fallbackPool`)."""
-    return sorted({w.namespace for w in cfg.workloads.values()
-                   if capacity.queued(cfg, w) and pool.name in (w.pool, w.fallback_pool)})
+    """Where those jobs run."""
+    return sorted({w.namespace for w in _jobs(cfg, pool)})
+
+
+def wait_seconds(cfg: StackConfig, pool: NodePoolConfig) -> int:
+    """How long the program waits for Kueue to clear an evicted job's admission: that happens once the job's pods
+    are gone, within their grace period (workloads/recovery.py, from the save), so the longest one's plus a margin."""
+    return max([recovery.grace_seconds(w) for w in _jobs(cfg, pool)], default=recovery.TERMINATION_GRACE_SECONDS) \
+        + WAIT_MARGIN_SECONDS
 
 
 def cron_schedule(end: str) -> str:
@@ -72,11 +85,13 @@ def config_map() -> dict[str, Any]:
             "data": {name: (SCRIPTS / name).read_text(encoding="utf-8") for name in (PROGRAM, API)}}
 
 
-def program_args(queue: str, pools: list[NodePoolConfig], pool: NodePoolConfig, where: list[str]) -> list[str]:
+def program_args(queue: str, pools: list[NodePoolConfig], pool: NodePoolConfig, where: list[str],
+                 wait: int) -> list[str]:
     assert pool.reservation_end_time is not None
     return [f"{MOUNT}/{PROGRAM}", "--queue", queue, "--flavor", pool.name,
             "--index", str([p.name for p in pools].index(pool.name)), "--end", pool.reservation_end_time,
-            "--namespaces", ",".join(where), "--kueue-api", capacity.load().kueue_api_version]
+            "--namespaces", ",".join(where), "--kueue-api", capacity.load().kueue_api_version,
+            "--wait-seconds", str(wait)]
 
 
 def _pod(args: list[str], image: Any) -> dict[str, Any]:
@@ -98,7 +113,7 @@ def _pod(args: list[str], image: Any) -> dict[str, Any]:
 
 
 def cron_job(queue: str, pools: list[NodePoolConfig], pool: NodePoolConfig, where: list[str],
-             image: Any) -> dict[str, Any]:
+             image: Any, wait: int = recovery.TERMINATION_GRACE_SECONDS + WAIT_MARGIN_SECONDS) -> dict[str, Any]:
     """At the reservation's end (its minute, UTC): the quota to 0 and the requeue (reservation_end.py)."""
     assert pool.reservation_end_time is not None
     facts = capacity.load().reservation_end
@@ -111,7 +126,7 @@ def cron_job(queue: str, pools: list[NodePoolConfig], pool: NodePoolConfig, wher
                      "successfulJobsHistoryLimit": 1, "failedJobsHistoryLimit": 3,
                      "jobTemplate": {"spec": {"backoffLimit": 6, "template": {
                          "metadata": {"labels": {"app.kubernetes.io/name": END_JOB}},
-                         "spec": _pod(program_args(queue, pools, pool, where), image)}}}}}
+                         "spec": _pod(program_args(queue, pools, pool, where, wait), image)}}}}}
 
 
 def cluster_access(queue: str) -> list[dict[str, Any]]:
@@ -140,10 +155,13 @@ def namespace_access(namespace: str) -> list[dict[str, Any]]:
     ]
 
 
-def objects(queue: str, pools: list[NodePoolConfig], where: dict[str, list[str]], image: Any) -> list[dict[str, Any]]:
+def objects(queue: str, pools: list[NodePoolConfig], where: dict[str, list[str]], image: Any,
+            waits: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """The cluster-wide objects: the program, its access to the ClusterQueue, a CronJob per ending pool (`where`:
-    pool -> namespaces). The Roles come with their namespaces (namespace_access)."""
+    pool -> namespaces; `waits`: pool -> wait_seconds). The Roles come with their namespaces (namespace_access)."""
     if not ending(pools):
         return []
+    waits = waits or {}
     return [config_map(), *cluster_access(queue),
-            *(cron_job(queue, pools, p, where.get(p.name, []), image) for p in ending(pools))]
+            *(cron_job(queue, pools, p, where.get(p.name, []), image, *([waits[p.name]] if p.name in waits else []))
+              for p in ending(pools))]
