@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
 
-.PHONY: help preview test examples-check test-user-stacks test-lone-clone test-recipe e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check
+.PHONY: help preview test examples-check test-user-stacks test-lone-clone test-recipe check-data e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check
 
 # uv (from PyPI, pinned) installs requirements.txt in a few seconds where pip took two minutes (README: Speed).
 UV_VERSION := 0.13.9
@@ -61,6 +61,32 @@ test-lone-clone: $(STAMP)  ## the suite in a copy of the project with no ../shar
 # install; skips without it): tests/recipe.
 test-recipe: $(STAMP)  ## each record format trains on a tiny model with the expected labels (the e2e venv's libraries)
 	$(BIN)/python -m pytest -m recipe tests/recipe
+
+# The recipe's own data check (finetune.py --check-data, what the launcher runs before the ranks) on your file, here,
+# every record read: the format found, the records, each malformed one by its number (a broken JSON line by its
+# line), how many are longer than SEQ, and with MODEL the first record as trained, learned tokens in [[...]].
+# Without MODEL, formats and fields only, with any python3 (the check is the standard library). With MODEL (a local
+# folder, or a Hugging Face id already in this machine's cache: HF_HUB_OFFLINE=1, nothing is downloaded), in make
+# e2e's venv when it is there, else in build/check-data-venv (requirements-data-check.txt: transformers, no torch).
+# Errors name the variables to change (FINETUNE_STACK_KEYS); a data error exits 2.
+CHECK_DATA_VENV := build/check-data-venv
+E2E_PYTHON := /opt/ds-e2e-venv/bin/python
+CHECK_DATA_PYTHON = $(if $(MODEL),$(if $(wildcard $(E2E_PYTHON)),$(E2E_PYTHON),$(CHECK_DATA_VENV)/bin/python),$(PYTHON))
+CHECK_DATA_KEYS := {"--dataset": "DATA", "--model": "MODEL", "--records": "FORMAT", "--seq-len": "SEQ"}
+# finetune.sequenceLength's default (model/schema.yaml; tests/test_check_data.py holds them equal)
+SEQ_DEFAULT := 2048
+
+$(CHECK_DATA_VENV)/.installed: requirements-data-check.txt
+	test -x $(CHECK_DATA_VENV)/bin/python || $(PYTHON) -m venv $(CHECK_DATA_VENV)
+	$(CHECK_DATA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	$(CHECK_DATA_VENV)/bin/uv pip install --quiet --python $(CHECK_DATA_VENV)/bin/python -r requirements-data-check.txt
+	touch $@
+
+check-data: $(if $(MODEL),$(if $(wildcard $(E2E_PYTHON)),,$(CHECK_DATA_VENV)/.installed),)  ## check a fine-tune data file before the cluster: make check-data DATA=file.jsonl [MODEL=local-folder|cached-hub-id] [FORMAT=messages|prompt-completion|alpaca|sharegpt|text] [SEQ=2048] [ARGS=--roles bot=assistant]
+	@test -n "$(DATA)" || { echo "error: give the file: make check-data DATA=train.jsonl [MODEL=...] [FORMAT=...]" >&2; exit 2; }
+	@HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error FINETUNE_STACK_KEYS='$(CHECK_DATA_KEYS)' \
+		$(CHECK_DATA_PYTHON) workloads/scripts/finetune.py --check-data --check-records 0 --dataset "$(DATA)" \
+		$(if $(MODEL),--model "$(MODEL)",) $(if $(FORMAT),--records "$(FORMAT)",) --seq-len "$(or $(SEQ),$(SEQ_DEFAULT))" $(ARGS)
 
 # Needs root (network namespaces); skips with the reason elsewhere. e2e/install.sh installs once (apt: openssh,
 # pdsh, openmpi; a CPU torch + DeepSpeed venv at /opt/ds-e2e-venv) and returns at once afterwards.

@@ -267,23 +267,27 @@ def test_a_file_that_is_not_json_lines_is_named_by_line(fd: ModuleType, keys: An
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps(MESSAGES) + "\n\n{oops\n")
     with pytest.raises(fd.RecordError) as caught:
-        fd.first_records(fd.data_source(str(data)))
+        fr_first(fd.data_source(str(data)))
     assert caught.value.named(keys) == (f"{KEY}.datasetPath: {data} line 3 is not JSON (Expecting property name "
                                         "enclosed in double quotes, column 2)")
     data.write_text('[1, 2]\n')
-    assert fd.first_records(fd.data_source(str(data))) == [{"": 1}, {"": 2}]  # a JSON array: its items
+    assert fr_first(fd.data_source(str(data))) == [{"": 1}, {"": 2}]  # a JSON array: its items
     data.write_text('"text"\n')
     with pytest.raises(fd.RecordError, match="line 1 is a JSON str, not an object of fields"):
-        fd.first_records(fd.data_source(str(data)))
+        fr_first(fd.data_source(str(data)))
 
 
 def test_the_first_records_are_read_in_order_across_a_folders_files(fd: ModuleType, tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": f"a{i}"}) + "\n" for i in range(3)))
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "b0"}) + "\n")
-    assert [r["text"] for r in fd.first_records(fd.data_source(str(tmp_path)), limit=4)] == ["a0", "a1", "a2", "b0"]
+    assert [r["text"] for r in fr_first(fd.data_source(str(tmp_path)), limit=4)] == ["a0", "a1", "a2", "b0"]
     (tmp_path / "lines.txt").write_text("one\n\ntwo\n")
-    assert fd.first_records(fd.data_source(str(tmp_path / "lines.txt"))) == [{"text": "one"}, {"text": ""},
+    assert fr_first(fd.data_source(str(tmp_path / "lines.txt"))) == [{"text": "one"}, {"text": ""},
                                                                             {"text": "two"}]
+
+
+def fr_first(source: Any, limit: int = 200) -> list[Any]:
+    return script_module("finetune_read").first_records(source, limit)
 
 
 # --- rendering ---------------------------------------------------------------------------------------------------

@@ -40,14 +40,15 @@ Run on every rank by the DeepSpeed launcher, as the stack's MPIJob and Helm rele
   last: {"step": N, "model": ..., "export": "adapter" | "merged" | "full", ...}: what a server waiting on it loads.
 - Errors in the arguments or the data exit 2, naming the stack's key where FINETUNE_STACK_KEYS gives it.
 
-The script is a small package of flat modules shipped beside it (the stack's ConfigMap ships every
-finetune_*.py; Python finds them in the script's own folder): finetune_config.py (errors, ds_config.json),
-finetune_data.py (sources and record formats), finetune_render.py (tokens and labels), finetune_check.py (the data
-check), finetune_checkpoints.py (resuming). `DS_ACCELERATOR=cpu` runs the same path on CPUs with gloo: that is how
-`make e2e` runs it across network-namespace hosts. torch, transformers, peft, datasets and deepspeed are imported
-inside functions: the modules' tops are plain Python, unit-tested without them (tests/test_finetune_script.py,
-tests/test_finetune_data.py); the run functions and `main` are unit-tested under stand-ins for those modules,
-each rank a thread (tests/test_finetune_run.py), and with the real libraries on a tiny model (tests/recipe).
+The script is a small package of flat modules shipped beside it (the stack's ConfigMap ships every finetune_*.py;
+Python finds them in the script's own folder): finetune_config.py (errors, ds_config.json), finetune_data.py
+(sources and record formats), finetune_read.py (the first records), finetune_render.py (tokens and labels),
+finetune_check.py (the data check), finetune_checkpoints.py (resuming). `DS_ACCELERATOR=cpu` runs the same path on
+CPUs with gloo: that is how `make e2e` runs it across network-namespace hosts. torch, transformers, peft, datasets
+and deepspeed are imported inside functions: the modules' tops are plain Python, unit-tested without them
+(tests/test_finetune_script.py, tests/test_finetune_data.py); the run functions and `main` are unit-tested under
+stand-ins for those modules, each rank a thread (tests/test_finetune_run.py), and with the real libraries on a tiny
+model (tests/recipe).
 """
 
 from __future__ import annotations
@@ -89,7 +90,6 @@ from finetune_data import (
     FieldSpec,
     RecordError,
     data_source,
-    first_records,
     parse_roles,
 )
 from finetune_fabric import fabric_refusal, nccl_divert
@@ -103,6 +103,7 @@ from finetune_hpu import (
     tokens_seen,
     trainer_classes,
 )
+from finetune_read import first_records
 from finetune_render import (
     CHAT_TEMPLATE_AUTO,
     CHAT_TEMPLATE_RAW,
@@ -204,7 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "Jinja file, then saved with the model")
     parser.add_argument("--eval-split", help="held-out records: a fraction (e.g. 0.05) or a file or folder of them")
     parser.add_argument("--check-data", action="store_true",
-                        help=f"check and render the first {CHECK_RECORDS} records, then exit (2 on a data error)")
+                        help=f"check and render the first {CHECK_RECORDS} records, then exit (2 on a data error); "
+                             "without --model the fields and formats only (make check-data runs it on your machine)")
+    parser.add_argument("--check-records", type=int, default=CHECK_RECORDS, metavar="N",
+                        help=f"with --check-data: the records read ({CHECK_RECORDS}; 0: all of them, each malformed "
+                             "one named)")
     parser.add_argument("--prepare-data", action="store_true",
                         help="the data check, then every record tokenized (and packed) into --tokenized-dir, or found "
                              "there; then exit: the launcher's step before the ranks")
@@ -287,8 +292,12 @@ def _variables(name: str) -> str:
 
 
 def argument_problems(args: argparse.Namespace) -> list[str]:
-    problems = [f"{_flag(name)} (or {_variables(name)}) is required" for name in REQUIRED
+    # The data check alone (make check-data on a laptop) needs the data; a model only to render it.
+    required = ("dataset",) if args.check_data and not args.prepare_data else REQUIRED
+    problems = [f"{_flag(name)} (or {_variables(name)}) is required" for name in required
                 if not getattr(args, name)]
+    if args.check_records < 0:
+        problems.append(f"--check-records must be 0 (all) or more, got {args.check_records}")
     if bool(args.prompt_field) != bool(args.response_field):
         problems.append("--prompt-field and --response-field go together (or neither: --text-field)")
     problems += record_flag_problems(args)
@@ -737,29 +746,48 @@ def _check_data(args: argparse.Namespace, token: str | None, keys: StackKeys) ->
     if isinstance(fraction, str):
         sources.append(("--eval-split", data_source(fraction)))
     named = named_template(args)
-    try:
-        tokenizer = _tokenizer(args.model, token)
-    except OSError as error:
-        if Path(args.model).exists():  # the bucket's folder: no restart brings its tokenizer
-            raise UsageError(f"{keys.of('--model')}: cannot load its tokenizer ({error})") from None
-        # A hub model the launcher cannot fetch now (the network, the hub): the ranks will try again.
-        say(f"the tokenizer of {args.model} cannot be loaded here ({error}): the records' fields are checked "
-            "without rendering them")
-        tokenizer = None
+    tokenizer = _check_tokenizer(args, token, keys)
+    limit, read_all = args.check_records or None, not args.check_records
     for flag, source in sources:
         try:
-            records = first_records(source, CHECK_RECORDS, token)
+            records = first_records(source, limit, token, keep_broken=True)
         except RecordError as error:
             raise UsageError(error.named(keys)) from None
         if tokenizer is None:
-            say(f"data check, {keys.of(flag)}: {check_fields(records, field_spec(args), keys)}")
+            say(f"data check, {keys.of(flag)}: {check_fields(records, field_spec(args), keys, read_all)}")
             continue
-        report = check(records, field_spec(args), tokenizer, args.chat_template, named, args.seq_len, keys)
+        report = check(records, field_spec(args), tokenizer, args.chat_template, named, args.seq_len, keys,
+                       read_all)
         first, *rest = report_lines(report, tokenizer, args.seq_len, keys)
         say(f"data check, {keys.of(flag)}: {first}")
         for line in rest:
             say(f"  {line}")
     return tokenizer
+
+
+def _check_tokenizer(args: argparse.Namespace, token: str | None, keys: StackKeys) -> Any:
+    """The model's tokenizer for the data check, or None (the fields are then checked without rendering): no
+    --model given, transformers not installed here (a laptop), or a hub model that cannot be fetched now."""
+    if not args.model:
+        say("no --model: the records' formats and fields are checked, not rendered (give the model, a local "
+            "folder or a Hugging Face id in this machine's cache, for the first record as trained)")
+        return None
+    try:
+        return _tokenizer(args.model, token)
+    except ModuleNotFoundError as error:
+        say(f"{error.name} is not installed in this python: the records' fields are checked without rendering them "
+            "(`make check-data` installs it)")
+    except OSError as error:
+        if Path(args.model).exists():  # the bucket's folder: no restart brings its tokenizer
+            raise UsageError(f"{keys.of('--model')}: cannot load its tokenizer ({error})") from None
+        if os.environ.get("HF_HUB_OFFLINE") == "1":  # make check-data: nothing is downloaded there
+            raise UsageError(f"{keys.of('--model')}: {args.model} is neither a local folder nor in this machine's "
+                             "Hugging Face cache, and nothing is downloaded here (HF_HUB_OFFLINE=1): give a local "
+                             "folder, or download the model first (`hf download MODEL`)") from None
+        # A hub model the launcher cannot fetch now (the network, the hub): the ranks will try again.
+        say(f"the tokenizer of {args.model} cannot be loaded here ({error}): the records' fields are checked "
+            "without rendering them")
+    return None
 
 
 def _prepare_data(args: argparse.Namespace, token: str | None, keys: StackKeys) -> int:

@@ -18,6 +18,7 @@ from finetune_data import FieldSpec, Layout, RecordError, kind_of, layout, sampl
 from finetune_render import Encoded, Rendering, choose, encode, learned_text, learns_something
 
 MAX_PROBLEMS_SHOWN = 5  # the malformed records named one by one; the rest counted
+ALL_PROBLEMS_SHOWN = 100  # where every record is read (make check-data): each named, up to this many
 
 
 @dataclass(frozen=True)
@@ -63,49 +64,69 @@ def encode_record(record: Mapping[str, Any], number: int, the_plan: Plan, tokeni
     return encode(found, tokenizer, the_plan.rendering, seq_len, number)
 
 
-def _problems_text(problems: Sequence[RecordError], records: int, keys: StackKeys) -> str:
-    shown = [f"  {p.named(keys)}" for p in problems[:MAX_PROBLEMS_SHOWN]]
+def at_line(error: RecordError, record: Any, number: int) -> RecordError:
+    """`record N: ...` as `record N (line L): ...` for a record read from a JSON lines file."""
+    line = getattr(record, "line", None)
+    prefix = f"record {number}"
+    if line is None or not error.text.startswith(prefix):
+        return error
+    return RecordError(error.flag, f"{prefix} (line {line}){error.text[len(prefix):]}")
+
+
+def _problems_text(problems: Sequence[RecordError], records: int, keys: StackKeys, read_all: bool = False) -> str:
+    shown = [f"  {p.named(keys)}" for p in problems[:ALL_PROBLEMS_SHOWN if read_all else MAX_PROBLEMS_SHOWN]]
     more = len(problems) - len(shown)
-    return "\n".join([f"{len(problems)} of the first {records} records cannot be trained on:", *shown,
+    return "\n".join([f"{len(problems)} of the {'' if read_all else 'first '}{records} records cannot be trained on:",
+                      *shown,
                       *([f"  (and {more} more)"] if more else [])])
 
 
-def check_fields(records: Sequence[Mapping[str, Any]], spec: FieldSpec, keys: StackKeys) -> str:
+def _first_read(records: Sequence[Mapping[str, Any] | RecordError], keys: StackKeys) -> Mapping[str, Any]:
+    """The first record that was read (a JSON line that is none is a RecordError in its place: first_records)."""
+    read = [r for r in records if not isinstance(r, RecordError)]
+    if not read:
+        raise UsageError(_problems_text(list(records), len(records), keys) if records else
+                         f"{keys.of('--dataset')}: no records")
+    return read[0]
+
+
+def check_fields(records: Sequence[Mapping[str, Any] | RecordError], spec: FieldSpec, keys: StackKeys,
+                 read_all: bool = False) -> str:
     """The records' format and fields only (no tokenizer at hand): UsageError as `check`, or what was found."""
-    if not records:
-        raise UsageError(f"{keys.of('--dataset')}: no records")
     problems: list[RecordError] = []
     try:
-        lay = layout(spec, records[0])
+        lay = layout(spec, _first_read(records, keys))
     except RecordError as error:
         raise UsageError(error.named(keys)) from None
     for number, record in enumerate(records, start=1):
         try:
+            if isinstance(record, RecordError):
+                raise record
             sample(record, lay, number)
         except RecordError as error:
-            problems.append(error)
+            problems.append(at_line(error, record, number))
     if problems:
-        raise UsageError(_problems_text(problems, len(records), keys))
+        raise UsageError(_problems_text(problems, len(records), keys, read_all))
     return f"{len(records)} records read: {lay.format}, well formed (not rendered)"
 
 
-def check(records: Sequence[Mapping[str, Any]], spec: FieldSpec, tokenizer: Any, requested: str,
-          named_template: str | None, seq_len: int, keys: StackKeys) -> Report:
+def check(records: Sequence[Mapping[str, Any] | RecordError], spec: FieldSpec, tokenizer: Any, requested: str,
+          named_template: str | None, seq_len: int, keys: StackKeys, read_all: bool = False) -> Report:
     """Every record read: UsageError naming the stack keys, listing the malformed records (the first few, then a
-    count), or the report."""
-    if not records:
-        raise UsageError(f"{keys.of('--dataset')}: no records")
+    count; `read_all`: the whole file was read, up to ALL_PROBLEMS_SHOWN named), or the report."""
     try:
-        the_plan = plan(records[0], spec, requested, tokenizer.chat_template, named_template)
+        the_plan = plan(_first_read(records, keys), spec, requested, tokenizer.chat_template, named_template)
     except RecordError as error:
         raise UsageError(error.named(keys)) from None
     problems: list[RecordError] = []
     first, first_number, longer, nothing, blank = None, 0, 0, 0, 0
     for number, record in enumerate(records, start=1):
         try:
+            if isinstance(record, RecordError):
+                raise record
             encoded = encode_record(record, number, the_plan, tokenizer, seq_len)
         except RecordError as error:
-            problems.append(error)
+            problems.append(at_line(error, record, number))
             continue
         if encoded is None:
             blank += 1
@@ -116,7 +137,7 @@ def check(records: Sequence[Mapping[str, Any]], spec: FieldSpec, tokenizer: Any,
         elif first is None:
             first, first_number = encoded, number
     if problems:
-        raise UsageError(_problems_text(problems, len(records), keys))
+        raise UsageError(_problems_text(problems, len(records), keys, read_all))
     if first is None:
         raise UsageError(f"{keys.of('--seq-len')}: none of the first {len(records)} records has anything to learn "
                          f"within {seq_len} tokens: raise it, or shorten the prompts")
@@ -132,6 +153,8 @@ def report_lines(report: Report, tokenizer: Any, seq_len: int, keys: StackKeys) 
     if report.longer:
         lines.append(f"{report.longer} of {report.records} records are longer than {seq_len} tokens "
                      f"({keys.of('--seq-len')}): cut there, what lies past it is not learned")
+    else:
+        lines.append(f"none is longer than {seq_len} tokens ({keys.of('--seq-len')})")
     if report.nothing:
         lines.append(f"{report.nothing} of {report.records} records have nothing to learn within {seq_len} tokens "
                      "and are left out")

@@ -30,10 +30,8 @@ imported inside the functions that load a whole data set.
 
 from __future__ import annotations
 
-import itertools
-import json
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,61 +109,6 @@ def data_source(dataset: str, fmt: str = "auto") -> DataSource:
     if dataset.startswith(("/", "./", "../")) or not HUB_ID.match(dataset):
         raise UsageError(f"--dataset {dataset}: no such file or folder (and not a Hugging Face dataset id)")
     return DataSource("hub", hub_id=dataset)
-
-
-def _json_records(path: str) -> Iterator[dict[str, Any]]:
-    """A JSON lines file's records, or a JSON file's (one array of records, as alpaca_data.json is), in order."""
-    with open(path, encoding="utf-8") as stream:
-        head = stream.read(1)
-        while head.isspace():
-            head = stream.read(1)
-        stream.seek(0)
-        if head == "[":
-            try:
-                records = json.load(stream)
-            except json.JSONDecodeError as error:
-                raise RecordError("--dataset", f"{path} is not JSON ({error})") from None
-            yield from (r if isinstance(r, dict) else {"": r} for r in records)
-            return
-        for number, line in enumerate(stream, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise RecordError("--dataset", f"{path} line {number} is not JSON ({error.msg}, column "
-                                  f"{error.colno})") from None
-            if not isinstance(record, dict):
-                raise RecordError("--dataset", f"{path} line {number} is a JSON {type(record).__name__}, not an "
-                                  "object of fields")
-            yield record
-
-
-def _parquet_records(path: str, limit: int) -> Iterator[dict[str, Any]]:
-    import pyarrow.parquet as pq  # the image's, with `datasets`
-
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=limit):
-        yield from batch.to_pylist()
-
-
-def _text_records(path: str) -> Iterator[dict[str, Any]]:
-    """A text file's lines as `datasets`' text loader reads them: each line a record with the field `text`."""
-    with open(path, encoding="utf-8") as stream:
-        for line in stream:
-            yield {"text": line.rstrip("\n")}
-
-
-def first_records(source: DataSource, limit: int = CHECK_RECORDS, token: str | None = None) -> list[dict[str, Any]]:
-    """The first `limit` records, read as the whole data set would be (the launcher's check, before the GPUs)."""
-    if source.loader == "hub":
-        import datasets
-
-        stream = datasets.load_dataset(source.hub_id, split="train", streaming=True, token=token)
-        return [dict(r) for r in itertools.islice(stream, limit)]
-    readers = {"json": _json_records, "text": _text_records}
-    records: Iterable[dict[str, Any]] = itertools.chain.from_iterable(
-        readers[source.loader](f) if source.loader in readers else _parquet_records(f, limit) for f in source.files)
-    return list(itertools.islice(records, limit))
 
 
 # --- which format, under which field names -------------------------------------------------------------------
