@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
 
-.PHONY: help preview test examples-check test-user-stacks test-lone-clone test-recipe check-data e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check
+.PHONY: help preview test examples-check test-user-stacks test-lone-clone test-recipe check-data e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check gpu-bench
 
 # uv (from PyPI, pinned) installs requirements.txt in a few seconds where pip took two minutes (README: Speed).
 UV_VERSION := 0.13.9
@@ -103,6 +103,12 @@ gpu-wheels: $(STAMP)  ## fill build/gpu-wheels/ for make gpu-check on a device m
 
 gpu-check:  ## on a device machine: finetune.py bf16 ZeRO-3 LoRA on one GPU, exports compared (needs make gpu-wheels)
 	bash e2e/gpu_check.sh $(ARGS)
+
+# This stack's own throughput rows (issue 37 item 2; data/training_speed.yaml `throughput`, `ours: true`):
+# finetune.py on Llama-3.2-1B and Qwen2.5-7B shapes at random weights, ZeRO-2/3, full and LoRA, sequence 2048, bf16,
+# micro batch 1 and the largest that fits; one JSON line per setting. ARGS=--quick: the 1B shape at micro batch 1.
+gpu-bench:  ## on a device machine: tokens/s per GPU, MFU and peak memory per setting (needs make gpu-wheels)
+	GPU_CHECK_SCRIPT=e2e/gpu_bench.py bash e2e/gpu_check.sh $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

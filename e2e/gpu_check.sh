@@ -19,4 +19,5 @@ DS_BUILD_OPS=0 "$PYTHON" -m pip install -q --disable-pip-version-check --no-inde
 echo "gpu-check: installed $WHEELS into $SITE in $(( $(date +%s) - start )) s" >&2
 fi
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" e2e/gpu_check.py --wheels "$WHEELS" "$@"
+# GPU_CHECK_SCRIPT: make gpu-bench runs e2e/gpu_bench.py the same way (the same wheels, its own arguments).
+exec "$PYTHON" "${GPU_CHECK_SCRIPT:-e2e/gpu_check.py}" --wheels "$WHEELS" "$@"

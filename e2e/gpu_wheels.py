@@ -21,6 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from e2e.gpu_bench import DS_CONFIGS as BENCH_DS_CONFIGS  # noqa: E402
 from e2e.gpu_check import DS_CONFIGS, MIB, wheel_problems  # noqa: E402
 
 DEFAULT_FOLDER = ROOT / "build" / "gpu-wheels"
@@ -49,12 +50,13 @@ def download(folder: Path, requirement: str, binary: bool) -> None:
     subprocess.run(command, check=True)
 
 
-def stack_ds_config(precision: str) -> dict[str, Any]:
-    """The ds_config.json the stack writes for a finetune.py workload (hf_trainer) on one GPU, ZeRO-3."""
+def stack_ds_config(precision: str, zero_stage: int = 3) -> dict[str, Any]:
+    """The ds_config.json the stack writes for a finetune.py workload (hf_trainer) on one GPU, ZeRO-3 (or 2: make
+    gpu-bench's other stage)."""
     from model.workload_types import DeepSpeedConfig
     from workloads.ds_config import build_ds_config
 
-    ds = DeepSpeedConfig(zero_stage=3, offload_optimizer="none", offload_params="none", nvme_path="/nvme",
+    ds = DeepSpeedConfig(zero_stage=zero_stage, offload_optimizer="none", offload_params="none", nvme_path="/nvme",
                          precision=precision, micro_batch_per_gpu=4, gradient_accumulation=1,
                          reduce_bucket_size=50_000_000, allgather_bucket_size=50_000_000, steps_per_print=1000,
                          learning_rate=0.01, gradient_clipping=1.0)
@@ -68,6 +70,8 @@ def main(folder: Path) -> None:
         download(folder, f"{name}=={version}", binary=name != "deepspeed")
     for precision, file in DS_CONFIGS.items():
         (folder / file).write_text(json.dumps(stack_ds_config(precision), indent=2) + "\n", encoding="utf-8")
+    for (stage, precision), file in BENCH_DS_CONFIGS.items():  # make gpu-bench's: ZeRO-2 and ZeRO-3
+        (folder / file).write_text(json.dumps(stack_ds_config(precision, stage), indent=2) + "\n", encoding="utf-8")
     files = sorted(p.name for p in folder.iterdir())
     problems = wheel_problems(files, wanted)
     size = sum(p.stat().st_size for p in folder.iterdir())

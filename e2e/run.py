@@ -799,23 +799,61 @@ LOSS_LINE = re.compile(r"\{'loss': '?([\d.]+)'?")
 EVAL_LOSS_LINE = re.compile(r"'eval_loss': '?([\d.]+)'?")
 RESUMED = re.compile(r"\[finetune\] rank 0/\d+: .* resuming from (\S+)")
 # The progress callback's facts (workloads/finetune_progress.py renders them from the pool on a cluster). Here the
-# ranks run on CPUs, which have no peak in data/gpu_catalog.yaml: a stand-in of 0.05 TFLOPS a rank (one x86 core's
-# fp32 FMA peak is of that order: 2.5 GHz x 2 FMA units x 8 lanes x 2 FLOPs = 0.08 TFLOPS; an assumption, not a
-# measurement), so MFU is computed the cluster's way against a stated figure; and a stand-in price of $1/h.
-E2E_PEAK_TFLOPS = 0.05
+# ranks run on CPUs, which have no peak in data/gpu_catalog.yaml: data/training_speed.yaml's cpuPeakTflops stand-in,
+# so MFU is computed the cluster's way against a stated figure; and a stand-in price of $1/h.
 E2E_PRICE_PER_HOUR = 1.0
 EVENT_TAGS = ("train/loss", "train/tokens_per_second", "train/mfu")  # TensorBoardCallback's names (train/ + key)
 ETA_TOLERANCE = 0.5  # the ETA at half-way within 50 % of the real remainder (issue 29 item 2)
 
 
+def e2e_estimate(w: Any) -> dict[str, Any]:
+    """The run's estimate before it starts, as the stack renders one for a GPU pool, from the CPU rows of
+    data/training_speed.yaml (this scenario's own measured runs, `toy`): its maxSteps x global batch x sequence
+    tokens (an upper bound: chat records are shorter), at the rows' tokens/s per rank, plus its saves (every
+    saveSteps, each the checkpoint over the bucket's write rate, planner/recovery.py), at the stand-in $/h."""
+    from model import training_speed
+    from planner import recovery, run_estimate, run_hours
+    from planner.requests import workload_request, workload_strategy
+
+    request = workload_request(w)
+    assert request is not None, "the e2e workload's model block gives its size"
+    tokens, _said = run_estimate.run_tokens(w, w.workers)
+    assert tokens is not None, "the e2e workload trains maxSteps"
+    e = run_estimate.estimate(tokens, request, workload_strategy(w), w.workers,
+                              training_speed.load().cpu_peak_tflops, gpu_type="cpu")
+    save = recovery.plan(request.trained_parameters, w.deepspeed.precision, w.workers,
+                         "gcsfuse" if w.gcs_fuse.enabled else "nfs", False, w.writes_model).save_seconds
+    saves = FINETUNE_STEPS // w.finetune.save_steps
+    return run_hours.summary(e, saves * save / 3600, E2E_PRICE_PER_HOUR)
+
+
 def e2e_run_env(w: Any) -> dict[str, str]:
-    """What the stack renders for the progress callback, with the CPU's stand-in peak and price."""
+    """What the stack renders for the progress callback, with the CPU's stand-in peak (data/training_speed.yaml
+    cpuPeakTflops) and price, and the run's estimate from the CPU rows."""
+    from model import training_speed
     from workloads import finetune_progress
 
     flops = finetune_progress.model_flops(w)
     assert flops is not None, "the e2e workload's model block gives its size"
+    peak = training_speed.load().cpu_peak_tflops
     return {finetune_progress.LOGS_ENV: finetune_progress.logs_dir(w), finetune_progress.FLOPS_ENV: f"{flops:.6g}",
-            finetune_progress.PEAK_ENV: f"{E2E_PEAK_TFLOPS:g}", finetune_progress.PRICE_ENV: f"{E2E_PRICE_PER_HOUR:g}"}
+            finetune_progress.PEAK_ENV: f"{peak:g}", finetune_progress.PRICE_ENV: f"{E2E_PRICE_PER_HOUR:g}",
+            finetune_progress.ESTIMATE_ENV: json.dumps(e2e_estimate(w), separators=(",", ":"))}
+
+
+def run_record_problems(run: dict[str, Any], steps: int, price: float) -> list[str]:
+    """run.json against the run: its step, its cost = hours x $/h within the two roundings (the record rounds the
+    cost from the unrounded hours to 4 places and the hours to 6: |cost - hours x price| <= 0.5e-4 + price x
+    0.5e-6), and the estimate it carries beside the measured tokens/s and MFU."""
+    problems = []
+    hours, cost = run.get("trainingHours"), run.get("cost")
+    if run.get("step") != steps or not isinstance(hours, int | float) or not isinstance(cost, int | float) or \
+            abs(cost - hours * price) > 0.5e-4 + price * 0.5e-6 + 1e-12:
+        problems.append(f"run.json {run}: expected step {steps} and hours x ${price:g}/h within rounding")
+    missing = [k for k in ("estimate", "tokensPerSecondPerGpu", "mfu") if k not in run]
+    if missing:
+        problems.append(f"run.json lacks {', '.join(missing)} (the estimate beside the measured run)")
+    return problems
 
 
 class ProgressWatch(threading.Thread):
@@ -1146,16 +1184,17 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     tags = set(json.loads(_venv_python("-c", EVENT_TAGS_SCRIPT, str(logs_dir)).strip().splitlines()[-1]))
     problems += event_problems(tags)
     run = json.loads((model_dir / "run.json").read_text())
-    if run.get("cost") != round(run.get("trainingHours", 0) * E2E_PRICE_PER_HOUR, 4) or run.get("step") != \
-            FINETUNE_STEPS:
-        problems.append(f"run.json {run}: expected step {FINETUNE_STEPS} and hours x ${E2E_PRICE_PER_HOUR:g}/h")
+    problems += run_record_problems(run, FINETUNE_STEPS, E2E_PRICE_PER_HOUR)
+    compared = [line.split("] ", 1)[-1] for line in second.splitlines() if "estimate vs measured: " in line]
+    if not compared:
+        problems.append("the run's end did not print its estimate against the measured run")
     rates = re.findall(r"rank (\d+): step \d+/\d+ .*tokens/s .*MFU", first + second)
     if {int(r) for r in rates} != set(range(len(workers))):
         problems.append(f"ranks logging tokens/s and MFU: {sorted({int(r) for r in rates})}, expected every rank")
     fail_unless(not problems, "; ".join(problems))
     phases.end(f"progress at step {watch.half['step']}: ETA {watch.half['estimatedRemainingSeconds']} s, real "
                f"{final['elapsedSeconds'] - watch.half['elapsedSeconds']:.0f} s; events {', '.join(EVENT_TAGS)}; "
-               f"cost {run['trainingHours']:.4f} h = ${run['cost']}")
+               f"cost {run['trainingHours']:.4f} h = ${run['cost']}; {compared[-1] if compared else ''}")
 
     # 3. vLLM's CPU build serves MODEL_DIR (a serve pod on the launcher's host). Meanwhile transformers renders the
     #    first record (what finetune.py must have trained on) and answers the held-out conversation greedily (what

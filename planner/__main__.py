@@ -113,7 +113,8 @@ def priced(request: Request, plans: list[Plan], tokens: float, cat: gpu_catalog.
             top = run_estimate.peak(cat, o.gpu_type, request.precision)
             if top is not None:
                 out.append(Priced(plan.strategy.label, o,
-                                  run_estimate.estimate(tokens, request, plan.strategy, o.gpus, top)))
+                                  run_estimate.estimate(tokens, request, plan.strategy, o.gpus, top,
+                                                        gpu_type=o.gpu_type)))
     return out
 
 
@@ -131,6 +132,11 @@ def _run_cells(p: Priced | None) -> str:
     return f"  {run_estimate.hours_range(p.run):>12} {_dollars(p.on_demand):>20}"
 
 
+def _notes(found: list[Priced]) -> str:
+    notes = found[0].run.notes if found else ()
+    return f"; {'; '.join(notes)}" if notes else ""
+
+
 def _per_run_lines(request: Request, found: list[Priced], tokens: float, said: str, top: int,
                    rank: str = "cost") -> list[str]:
     """The options by $ per run (on-demand), or by time then $ per run (rank speed), and whether the cheapest per
@@ -138,10 +144,11 @@ def _per_run_lines(request: Request, found: list[Priced], tokens: float, said: s
     speed = training_speed.load()
     title = "By time per run, then cost per run" if rank == "speed" else "By cost per run"
     lines = [f"## {title}: {tokens:,.0f} tokens ({said})",
-             f"  Hours and $ are ranges over an assumed MFU of {speed.mfu_low:.0%}–{speed.mfu_high:.0%} of each GPU's "
-             f"peak dense {request.precision} TFLOPS, times LoRA's and the ZeRO stage's measured factors "
-             "(data/training_speed.yaml, data/gpu_catalog.yaml peakTflops); the nodes only, without the cluster's "
-             "own $/h, restarts after preemption or the download.",
+             f"  Hours and $ are ranges over the MFU measured runs reach (data/training_speed.yaml throughput, "
+             f"{speed.date}: {', '.join(found[0].run.evidence) if found else '-'}{_notes(found)}) on each GPU's "
+             f"peak dense {request.precision} TFLOPS (data/gpu_catalog.yaml); the training only: the nodes, without "
+             "the saves, the data step, the cluster's own $/h, restarts after preemption or the download (`make "
+             "preview` of the written stack counts the saves and the nodes that wait).",
              f"  {'GPUs':<18} {'how':<34} {'hours per run':>14} {'on-demand $ per run':>20} {'spot $ per run':>18} "
              f"{'$/h':>8}  MFU"]
     by_run = sorted(found, key=lambda p: (round(p.on_demand[0], 6), p.option.sort_key()))
@@ -189,7 +196,8 @@ def _held_note(held: Held | None, request: Request) -> list[str]:
     return [f"On the capacity you hold only (GPUS={held.spec}): {held.describe()}, {nodes}."]
 
 
-def _reservation_lines(res: Reservation | None, found: list[Priced], rank: str, top: int) -> list[str]:
+def _reservation_lines(res: Reservation | None, found: list[Priced], rank: str, top: int,
+                       tokens_given: bool = False) -> list[str]:
     """What the reservation costs until its end, used or not, and for each option what of the run goes past the
     end if it starts now, and what those hours cost on DWS flex-start (at most on-demand) or spot."""
     if res is None:
@@ -204,7 +212,9 @@ def _reservation_lines(res: Reservation | None, found: list[Priced], rank: str, 
              "(at most the on-demand rate: the catalog has no DWS discount, data/capacity.yaml) or spot "
              "(reclaimable), paid on top, from the newest checkpoint."]
     if not found:
-        return [*lines, "  Give TOKENS= or DATA= for each option's hours past the end.", ""]
+        why = ("nothing above fits the reservation, so no run to set against its end" if tokens_given else
+               "Give TOKENS= or DATA= for each option's hours past the end.")
+        return [*lines, f"  {why}", ""]
     lines.append(f"  {'GPUs':<18} {'how':<34} {'hours per run':>14} {'past the end':>13} {'DWS $ then':>20} "
                  f"{'spot $ then':>18}")
     order = (lambda p: (round(p.run.hours_fast, 6), round(p.on_demand[0], 6))) if rank == "speed" else \
@@ -223,9 +233,10 @@ def _reservation_lines(res: Reservation | None, found: list[Priced], rank: str, 
 
 def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Catalog,
            tokens: run_estimate.GivenTokens | None = None, top: int = 5, held: Held | None = None,
-           rank: str = "cost", res: Reservation | None = None) -> str:
+           rank: str = "cost", res: Reservation | None = None, every: list[Plan] | None = None) -> str:
     """The plans' tables, cheapest per hour first; given the run's tokens (and how they were counted), each option's
-    hours and $ per run, and the options by $ per run."""
+    hours and $ per run, and the options by $ per run: over `every` option (the tables show `plans`, the top of
+    them), so that the cheapest per run is never left out of the summary."""
     model = request.model
     shape = "shape from data/models.yaml" if model.shape_known else "shape unknown: Llama-like fallback"
     how = f" ({request.training_label})" if request.mode == "training" else ""
@@ -234,7 +245,7 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
              f"Options keep {HEADROOM:.0%} of each GPU's memory free. Prices are estimates in {cat.currency}, "
              f"{cat.prices_of(region)} (data/gpu_catalog.yaml, {cat.date}).", *_serving_note(request),
              *_held_note(held, request), rank_line(rank), ""]
-    found = priced(request, plans, tokens.total, cat) if tokens else []
+    found = priced(request, every or plans, tokens.total, cat) if tokens else []
     runs = {(p.plan, id(p.option)): p for p in found}
     for plan in plans:
         lines.append(f"## {plan.strategy.label}")
@@ -257,7 +268,7 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
         lines.append("")
     if tokens and found:
         lines += _per_run_lines(request, found, tokens.total, tokens.said, top, rank)
-    lines += _reservation_lines(res, found, rank, top)
+    lines += _reservation_lines(res, found, rank, top, tokens is not None)
     return "\n".join(lines)
 
 
@@ -289,7 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"error: {cli.arg('--data', args.data)}: {err.strerror or err}", file=sys.stderr)
         return 2
-    print(render(request, args.region, plans, cat, tokens, args.top, held, args.rank, res))
+    print(render(request, args.region, plans, cat, tokens, args.top, held, args.rank, res, every))
+    if held is not None and not any(p.options for p in plans):
+        print(f"error: nothing holds {request.model.name} ({request.mode}) on the held {held.describe()} "
+              f"({cli.arg('--reservation' if res else '--gpus', res.spec if res else held.spec)}): every ZeRO stage "
+              "and offload variant needs more GPU memory (or node memory) than it has, as each table says; hold "
+              "more nodes, or plan without it to see what would", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -18,8 +18,8 @@ import msgspec
 
 from model import capacity, gke_drivers, reservation, training_speed
 from model import catalog as gpu_catalog
-from model.types import ServeWorkloadConfig, StackConfig, WorkloadConfig
-from planner import run_estimate, spill
+from model.types import FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig, WorkloadConfig
+from planner import run_estimate, run_hours, spill
 
 SYSTEM_POOL = "system"
 HOURS_PER_MONTH = 730  # Google's billing month
@@ -144,23 +144,73 @@ def running_costs(cfg: StackConfig, pools: list[PoolCost], fee: float, floor_ext
 
 # --- a finetune run in all: hours and dollars ------------------------------------------------------------------
 
+def _waiting(cfg: StackConfig, run: run_estimate.WorkloadRun) -> dict[str, int]:
+    """Nodes of other pools kept up while the run trains: each serving workload's replicas (a server of the run's
+    model waits in Init for it, on its node)."""
+    out: dict[str, int] = {}
+    for w in cfg.workloads.values():
+        if role(w) == SERVING and w.pool and w.pool != run.pool:
+            out[w.pool] = out.get(w.pool, 0) + workload_nodes(w)
+    return out
+
+
 def _run_per_hour(run: run_estimate.WorkloadRun, pools: list[PoolCost], fee: float, floor_extra: float,
-                  spot: bool) -> float:
-    """The stack's $/h while this run alone trains, its pool's nodes at the spot or the on-demand price, every other
-    pool at min nodes as it pays, with the cluster fee and what bills anyway (Filestore)."""
+                  spot: bool, waiting: dict[str, int] | None = None) -> float:
+    """The stack's $/h while this run trains, its pool's nodes at the spot or the on-demand price, every other pool
+    at the nodes that wait meanwhile (a server's, `waiting`) or its min nodes, as it pays, with the cluster fee and
+    what bills anyway (Filestore)."""
     total = fee + floor_extra
     for p in pools:
         if p.name == run.pool:
             total += p.at(min(p.max_nodes, max(p.min_nodes, run.nodes)), spot)
         else:
-            total += p.pays(p.min_nodes)
+            total += p.pays(min(p.max_nodes, max(p.min_nodes, (waiting or {}).get(p.name, 0))))
     return round(total, 4)
+
+
+def training_per_hour(cfg: StackConfig, name: str, cat: gpu_catalog.Catalog | None = None) -> float | None:
+    """The stack's $/h while the finetune workload `name` trains, at the price its pool pays: its nodes, every node
+    that waits meanwhile (a server), the other pools at min nodes, the cluster fee, Filestore. None where the
+    workload is not on a priced pool of the stack (what run.json's cost is computed at)."""
+    cat = cat or gpu_catalog.load()
+    w = cfg.workloads.get(name)
+    if not isinstance(w, FinetuneWorkloadConfig):
+        return None
+    run = run_estimate.workload_run(cfg, w, cat)
+    pools = pool_costs(cfg, cat)
+    pool = next((p for p in pools if p.name == (run.pool if run else None)), None)
+    if run is None or pool is None or not pool.known:
+        return None
+    fee = cat.gke_cluster_fee_per_hour if cfg.cluster is not None else 0.0
+    filestore = filestore_costs(cfg, cat)
+    return _run_per_hour(run, pools, fee, filestore["perHour"] if filestore else 0.0, pool.spot, _waiting(cfg, run))
+
+
+def _hours_parts(cfg: StackConfig, run: run_estimate.WorkloadRun) -> dict[str, Any]:
+    """The saves and the data step (planner/run_hours.py), in hours, with the warning when saves weigh too much."""
+    e = run.estimate
+    assert e is not None
+    out: dict[str, Any] = {}
+    w = cfg.workloads.get(run.name)
+    if (s := run_hours.saves(cfg, run)) is not None:
+        out["saves"] = {"saveSteps": s.save_steps, "steps": round(s.steps), "count": s.count,
+                        "secondsEach": round(s.seconds, 1), "storage": s.storage, "hours": round(s.hours, 3),
+                        "capacity": s.capacity, "meanHoursBetweenInterruptions": s.mean_hours_between_interruptions,
+                        "intervalMinutes": round(s.interval_seconds / 60, 1),
+                        "proposedSaveSteps": list(s.proposed_steps)}
+        if warning := run_hours.saves_warning(run.name, s, e.hours_fast, e.hours_slow):
+            out["saves"]["warning"] = warning
+    if isinstance(w, FinetuneWorkloadConfig) and (d := run_hours.data_step(w)) is not None:
+        out["dataStep"] = {"hours": {"fast": round(d.hours_fast, 4), "slow": round(d.hours_slow, 4)},
+                           "cpus": d.cpus, "on": d.on, "kinds": list(d.kinds)}
+    return out
 
 
 def run_costs(cfg: StackConfig, pools: list[PoolCost], fee: float, floor_extra: float,
               cat: gpu_catalog.Catalog) -> dict[str, Any]:
-    """Each finetune workload's run in all (planner/run_estimate.py): its hours, fast and slow over the assumed MFU,
-    times the stack's $/h while it trains, at spot and at on-demand prices; or why there is no estimate."""
+    """Each finetune workload's run in all: its training hours, fast and slow over the measured runs' MFU
+    (planner/run_estimate.py), plus its saves and data step (planner/run_hours.py), times the stack's $/h while it
+    trains (with the nodes that wait meanwhile), at spot and at on-demand prices; or why there is no estimate."""
     speed = training_speed.load()
     out: dict[str, Any] = {}
     for run in run_estimate.stack_runs(cfg, cat):
@@ -171,28 +221,36 @@ def run_costs(cfg: StackConfig, pools: list[PoolCost], fee: float, floor_extra: 
         if e is None or pool is None or not pool.known:
             out[run.name] = {**head, "missing": run.missing or f"pool {run.pool} is not priced"}
             continue
-        per_hour = {key: _run_per_hour(run, pools, fee, floor_extra, spot)
+        waiting = _waiting(cfg, run)
+        per_hour = {key: _run_per_hour(run, pools, fee, floor_extra, spot, waiting)
                     for key, spot in (("spot", True), ("onDemand", False))}
+        parts = _hours_parts(cfg, run)
+        saved, data = parts.get("saves", {}).get("hours", 0.0), parts.get("dataStep", {}).get("hours", {})
+        hours = {"fast": e.hours_fast + saved + data.get("fast", 0.0),
+                 "slow": e.hours_slow + saved + data.get("slow", 0.0)}
+        low, high = e.tokens_per_second_per_gpu
         out[run.name] = {
             **head, "tokens": e.tokens, "tokensFrom": run.tokens_from, "parameters": e.parameters,
             "peakTflops": e.peak_tflops,
             "modelFlopsPerToken": e.model_flops_per_token, "executedFlopsPerToken": e.executed_flops_per_token,
-            "factors": [{"what": f.what, "value": round(f.value, 4), "why": f.why} for f in e.factors],
-            "mfuAssumed": {"low": speed.mfu_low, "high": speed.mfu_high},
+            "evidence": list(e.evidence), "notes": list(e.notes),
             "mfu": {"low": round(e.mfu_low, 4), "high": round(e.mfu_high, 4)},
-            "hours": {"fast": round(e.hours_fast, 3), "slow": round(e.hours_slow, 3)},
+            "tokensPerSecondPerGpu": {"low": round(low, 1), "high": round(high, 1)},
+            "trainingHours": {"fast": round(e.hours_fast, 3), "slow": round(e.hours_slow, 3)},
+            **parts,
+            "hours": {k: round(v, 3) for k, v in hours.items()},
+            "waitingNodes": waiting,
             "perHour": per_hour, "pays": "spot" if pool.spot else "onDemand",
-            "perRun": {key: dict(zip(("fast", "slow"), (round(c, 2) for c in e.cost(rate)), strict=True))
-                       for key, rate in per_hour.items()},
+            "perRun": {key: {k: round(h * rate, 2) for k, h in hours.items()} for key, rate in per_hour.items()},
             "source": f"data/training_speed.yaml ({speed.date}) and data/gpu_catalog.yaml peakTflops",
         }
-        if ends := reservation_run(cfg, run, pools, fee, floor_extra):
+        if ends := reservation_run(cfg, run, pools, fee, floor_extra, (hours["fast"], hours["slow"])):
             out[run.name]["reservation"] = ends
     return out
 
 
 def reservation_run(cfg: StackConfig, run: run_estimate.WorkloadRun, pools: list[PoolCost], fee: float,
-                    floor_extra: float) -> dict[str, Any] | None:
+                    floor_extra: float, hours: tuple[float, float] | None = None) -> dict[str, Any] | None:
     """Where the run's pool consumes a reservation that ends (nodePools[].reservationEndTime): the hours of the run
     past the end if it starts now (planner/spill.py), and what they cost on the workload's fallbackPool, where
     Kueue admits it next (workloads/kueue.py). None without an end (or one the checks refuse)."""
@@ -203,14 +261,15 @@ def reservation_run(cfg: StackConfig, run: run_estimate.WorkloadRun, pools: list
         end = reservation.parse_time(pool.reservation_end_time)
     except ValueError:
         return None
-    s = spill.spill(run.estimate.hours_fast, run.estimate.hours_slow, reservation.now(), end)
+    fast, slow = hours or (run.estimate.hours_fast, run.estimate.hours_slow)  # the run's in all: saves, data
+    s = spill.spill(fast, slow, reservation.now(), end)
     out: dict[str, Any] = {"name": pool.reservation, "endTime": reservation.show(end),
                            "from": reservation.show(s.start), "hoursLeft": round(s.hours_left, 3),
                            "pastEnd": {"fast": round(s.fast, 3), "slow": round(s.slow, 3)}}
     fallback = next((p for p in pools if p.name == w.fallback_pool), None)
     if fallback is not None and fallback.known:
         rate = _run_per_hour(msgspec.structs.replace(run, pool=fallback.name), pools, fee, floor_extra,
-                             fallback.spot)
+                             fallback.spot, _waiting(cfg, run))
         out["fallback"] = {"pool": fallback.name, "capacity": capacity.TITLES.get(fallback.capacity, ""),
                            "queued": capacity.queued(cfg, w),
                            "perHour": rate, "note": fallback.price_note,
@@ -386,14 +445,15 @@ def _mfu(r: dict[str, Any]) -> str:
 
 
 def _run_headline(name: str, r: dict[str, Any]) -> str:
-    """`Run tune: **about 1.8–3.9 h, $6.56–$14.37 per run** (spot; on-demand $15.04–$32.94), at an assumed MFU of
-    7–15 %`: the pool's own prices first."""
+    """`Run tune: **about 1.8–3.9 h, $6.56–$14.37 per run** (spot; on-demand $15.04–$32.94), at the MFU of measured
+    runs 23%–27% (data/training_speed.yaml)`: the pool's own prices first."""
     if "missing" in r:
         return f"Run {name}: time and cost unknown ({r['missing']})"
     first, other = (("spot", "onDemand") if r["pays"] == "spot" else ("onDemand", "spot"))
     words = {"spot": "spot", "onDemand": "on-demand"}
     return (f"Run {name}: **about {_hours(r)}, {_range(r['perRun'][first])} per run** ({words[first]}; "
-            f"{words[other]} {_range(r['perRun'][other])}), at an assumed MFU of {_mfu(r)} (data/training_speed.yaml)")
+            f"{words[other]} {_range(r['perRun'][other])}), at the MFU of measured runs, {_mfu(r)} "
+            "(data/training_speed.yaml)")
 
 
 def _soft_mark(running: dict[str, Any]) -> str:
@@ -445,18 +505,28 @@ def _vertex_lines(v: dict[str, Any]) -> list[str]:
             f"  Prices from {v['priceSource']}."]
 
 
-def _factors(r: dict[str, Any]) -> str:
-    """` x 0.83 for LoRA (why) x 0.58 for ZeRO-3 (why) x 0.67 for recomputation (why)`."""
-    parts = [f"{f['value']:.2f} for {f['what']} ({f['why']})" for f in r["factors"]]
-    if r["executedFlopsPerToken"] != r["modelFlopsPerToken"]:
-        parts.append(f"{r['modelFlopsPerToken'] / r['executedFlopsPerToken']:.2f} for gradient checkpointing (its "
-                     "recomputed forward pass is executed, not the model's FLOPs)")
-    return "".join(f" x {p}" for p in parts)
+def _parts(r: dict[str, Any]) -> str:
+    """`training 1.1–1.3 h + 12 saves 0.40 h + data step 0.02–0.05 h`."""
+    train = r["trainingHours"]
+    parts = [f"training {run_estimate.format_hours(train['fast'])}–{run_estimate.format_hours(train['slow'])} h"]
+    if s := r.get("saves"):
+        parts.append(f"{s['count']:,} saves (every {s['saveSteps']:,} of ~{s['steps']:,} steps, "
+                     f"{s['secondsEach']:,.0f} s each on {s['storage']}) {run_estimate.format_hours(s['hours'])} h")
+    if d := r.get("dataStep"):
+        fast, slow = (run_estimate.format_hours(d["hours"][k]) for k in ("fast", "slow"))
+        parts.append(f"the data step on {d['on']} {fast if fast == slow else f'{fast}–{slow}'} h")
+    return " + ".join(parts)
+
+
+def _waiting_words(r: dict[str, Any]) -> str:
+    waiting = r.get("waitingNodes") or {}
+    return "".join(f", with pool {pool}'s {n} node(s) up and waiting (a server)" for pool, n in waiting.items())
 
 
 def _run_lines(runs: dict[str, Any]) -> list[str]:
-    """Each finetune run in all: its tokens, FLOPs and GPUs, its hours and $ at the spot and on-demand $/h, and the
-    MFU it assumes with what it is made of."""
+    """Each finetune run in all: its tokens, FLOPs and GPUs, its hours (training, saves, data step) and $ at the spot
+    and on-demand $/h with every node up meanwhile, the MFU of the measured runs it rests on (named), and the
+    saves' warning."""
     lines = []
     for name, r in runs.items():
         what = f"{r['training']}; {r['strategy']} on {r['gpus']} x {r['gpu']}, {r['precision']}"
@@ -464,16 +534,21 @@ def _run_lines(runs: dict[str, Any]) -> list[str]:
             lines.append(f"- Run `{name}` ({what}): no estimate of its time and cost: {r['missing']}. `make gpus "
                          "MODEL=... MODE=finetune DATA=<a local copy of the data>` counts a file's tokens.")
             continue
+        tps = r["tokensPerSecondPerGpu"]
+        notes = "".join(f"; {n}" for n in r.get("notes", []))
         lines += [
             f"- Run `{name}` ({what}): {r['tokens']:,.0f} tokens ({r['tokensFrom']}) x "
             f"{r['modelFlopsPerToken'] / 1e9:,.1f} GFLOPs per token ({r['modelFlopsPerToken'] / r['parameters']:g}N, "
             f"N = {r['parameters'] / 1e9:.2f}B parameters) on {r['gpus']} GPUs of {r['peakTflops']:g} "
             f"TFLOPS peak ({r['precision']}, dense): **about {_hours(r)}, {_range(r['perRun']['spot'])} per run at "
-            f"spot prices** ({_money(r['perHour']['spot'])}/h), {_range(r['perRun']['onDemand'])} on-demand "
-            f"({_money(r['perHour']['onDemand'])}/h); the pool pays {'spot' if r['pays'] == 'spot' else 'on-demand'}.",
-            f"  MFU {_mfu(r)}: an assumed {r['mfuAssumed']['low']:.0%}–{r['mfuAssumed']['high']:.0%} of peak"
-            f"{_factors(r)}. From {r['source']}. Not in it: restarts after preemption, padding to a batch's longest "
-            "sample, the model's download, the export at the end.", *_reservation_lines(name, r)]
+            f"spot prices** ({_money(r['perHour']['spot'])}/h{_waiting_words(r)}), {_range(r['perRun']['onDemand'])} "
+            f"on-demand ({_money(r['perHour']['onDemand'])}/h); the pool pays "
+            f"{'spot' if r['pays'] == 'spot' else 'on-demand'}. Hours: {_parts(r)}.",
+            f"  MFU {_mfu(r)} ({tps['low']:,.0f}–{tps['high']:,.0f} tokens/s per GPU): the range of the measured runs "
+            f"it rests on, {', '.join(r['evidence'])}{notes}. From {r['source']}. Not in it: restarts after "
+            "preemption, padding to a batch's longest sample, the model's download, the export at the end.",
+            *([f"  **Warning**: {r['saves']['warning']}."] if r.get("saves", {}).get("warning") else []),
+            *_reservation_lines(name, r)]
     return lines
 
 

@@ -168,7 +168,8 @@ def speed_key(request: Request, strategy: Strategy, option: Option, cat: gpu_cat
     """Hours of a run (at the fast end of the assumed MFU; the slow end ranks alike), then $/h (so $ per run, for
     the same hours), then the $/h order; a GPU without a peak in the precision (Gaudi) last."""
     top = run_estimate.peak(cat, option.gpu_type, request.precision)
-    hours = (run_estimate.estimate(SPEED_TOKENS, request, strategy, option.gpus, top).hours_fast
+    hours = (run_estimate.estimate(SPEED_TOKENS, request, strategy, option.gpus, top,
+                                   gpu_type=option.gpu_type).hours_fast
              if top is not None else float("inf"))
     return (round(hours, 9), *option.sort_key())
 

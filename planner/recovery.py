@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from model import capacity, training_speed
 from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig
 from planner.requests import workload_request
 
@@ -38,9 +39,11 @@ SPOT_USABLE_SECONDS = 15
 # Storage FUSE with parallel uploads on a GPU VM's NIC, and an NFS share (Filestore basic HDD writes
 # 100 MiB/s per share; the in-cluster NFS provisioner is bound by one disk).
 WRITE_GBPS = {"gcsfuse": 0.4, "nfs": 0.1}
-# Mean time between interruptions, hours. Assumptions: Google publishes no Spot preemption rate (it
-# varies by zone and hour); on-demand nodes are interrupted by upgrades and maintenance, about weekly.
-MEAN_HOURS_BETWEEN_INTERRUPTIONS = {True: 6.0, False: 168.0}
+# Mean time between interruptions, hours, spot (True) and not: data/training_speed.yaml `interruptions` (stated
+# assumptions with their sources: Google publishes no Spot preemption rate; on-demand nodes are interrupted by
+# upgrades and maintenance, about weekly), the same figures the run's save interval uses (planner/run_hours.py).
+_MTBI = training_speed.load().mean_hours_between_interruptions
+MEAN_HOURS_BETWEEN_INTERRUPTIONS = {True: _MTBI[capacity.SPOT], False: _MTBI[capacity.ON_DEMAND]}
 MIN_INTERVAL_MINUTES = 1.0
 # The pods' terminationGracePeriodSeconds: at least Kubernetes-default-beating 120 s, else what the SIGTERM save
 # needs: the step in flight when the notice comes (the ranks agree on it at the step's end; up to a minute

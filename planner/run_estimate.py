@@ -1,30 +1,25 @@
-"""How long a training run takes and what it costs, before it starts: a range, from the facts in
-data/training_speed.yaml (FLOPs per token, the assumed MFU, LoRA's and ZeRO's measured speeds) and the GPUs' peak
-dense TFLOPS (data/gpu_catalog.yaml peakTflops).
+"""How long a training run takes and what it costs, before it starts: a range, from measured runs
+(data/training_speed.yaml `throughput`, planner/throughput.py) and the GPUs' peak dense TFLOPS
+(data/gpu_catalog.yaml peakTflops).
 
-    executed FLOPs per token = N x (forward 2 + inputs' gradients 2 [+ weights' gradients 2 unless LoRA]
-                                    [+ recomputed forward 2 with gradient checkpointing])
-    model FLOPs per token    = the same without the recomputation (what MFU counts: PaLM's definition)
-    seconds = tokens x executed FLOPs / (GPUs x peak x utilisation x LoRA's efficiency x the strategy's factor)
-    MFU     = utilisation x LoRA's efficiency x the strategy's factor x model / executed FLOPs
+    model FLOPs per token = N x (forward 2 + inputs' gradients 2 [+ weights' gradients 2 unless LoRA]): 6N or 4N
+    MFU                   = the measured rows' MFU on those FLOPs, interpolated by log(N) (planner/throughput.py)
+    seconds               = tokens x model FLOPs per token / (GPUs x peak x MFU)
 
-Full fine-tuning is 6N per token (8N executed with recomputation); LoRA 4N (6N executed): its frozen base computes
-no weight gradients. LoRA's efficiency is its measured speed-up over full fine-tuning (Hu et al.: x1.25) over the
-FLOPs' promise (6N / 4N = x1.5). The strategy's factor is the product of the measured rate of each ZeRO stage over
-the stage below it (and of offload over ZeRO-3), for what the stage moves: a LoRA run's trained parameters are its
-adapters, so only the steps that move the frozen base (ZeRO-3's parameter partitioning, parameter offload) slow it.
-On one GPU no stage has anything to exchange: only offload counts there.
+The rows ran with activation checkpointing (their recomputed forward pass is in their time, not in their MFU), so
+the estimate is the same with or without it [assumption: without it a run is faster than estimated]. The executed
+FLOPs (with the recomputation: 8N, 6N) are reported beside the model's.
 
 The tokens of a run: `datasetTokens x epochs`, or `maxSteps x global batch x sequence length` (every sample full:
-an upper bound). Padding to the longest sample of a micro batch, restarts after preemption and the model's download
-are not in it. `stack_runs(cfg)` is the `costs` output's `runs`: each finetune workload's estimate, or why there is
-none; the preview's headline and "Estimated cost" section render it (planner/cost.py).
+an upper bound). The saves, the data step and the nodes that wait are planner/run_hours.py's; padding to the longest
+sample of a micro batch, restarts after preemption and the model's download are not in it. `stack_runs(cfg)` is the
+`costs` output's `runs`: each finetune workload's estimate, or why there is none; the preview's headline and
+"Estimated cost" section render it (planner/cost.py).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -35,6 +30,7 @@ from model import catalog as gpu_catalog
 from model import training_speed
 from model.training_speed import TrainingSpeed
 from model.types import FinetuneWorkloadConfig, StackConfig
+from planner import throughput
 from planner.requests import workload_request, workload_strategy
 from planner.sizing import Request, Strategy
 
@@ -44,7 +40,7 @@ DATA_SUFFIXES = (".jsonl", ".json", ".txt")  # what `make gpus DATA=` counts (fi
 
 
 class Factor(msgspec.Struct, frozen=True):
-    """One named slowdown of a run against plain data parallelism (1.0: none), and where it comes from."""
+    """One named conversion of the rows' MFU for this run (1.0: none), and where it comes from."""
 
     what: str
     value: float
@@ -52,7 +48,9 @@ class Factor(msgspec.Struct, frozen=True):
 
 
 class RunEstimate(msgspec.Struct, frozen=True):
-    """A run's time as a range: `hours_fast` at the high end of the assumed MFU, `hours_slow` at the low end."""
+    """A run's time as a range: `hours_fast` at the high end of the evidence's MFU, `hours_slow` at the low end;
+    `evidence` the ids of the measured rows it rests on (data/training_speed.yaml), `notes` what it assumes beyond
+    them."""
 
     tokens: float
     parameters: float  # N
@@ -61,17 +59,25 @@ class RunEstimate(msgspec.Struct, frozen=True):
     model_flops_per_token: float
     executed_flops_per_token: float
     factors: tuple[Factor, ...]
-    mfu_low: float  # what the GPUs reach of their peak on the model's FLOPs, all factors in
+    mfu_low: float  # what the GPUs reach of their peak on the model's FLOPs
     mfu_high: float
     hours_fast: float
     hours_slow: float
+    evidence: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def cost(self, per_hour: float) -> tuple[float, float]:
         """$ for the run at this $/h: (fast, slow)."""
         return self.hours_fast * per_hour, self.hours_slow * per_hour
 
+    @property
+    def tokens_per_second_per_gpu(self) -> tuple[float, float]:
+        """(low, high): what the MFU range means in tokens/s per GPU."""
+        per = self.peak_tflops * TERA / self.model_flops_per_token
+        return self.mfu_low * per, self.mfu_high * per
 
-# --- FLOPs and factors -------------------------------------------------------------------------------------------
+
+# --- FLOPs and the evidence --------------------------------------------------------------------------------------
 
 def flops_per_token(parameters: float, lora: bool, checkpointing: bool,
                     speed: TrainingSpeed | None = None) -> tuple[float, float]:
@@ -83,62 +89,25 @@ def flops_per_token(parameters: float, lora: bool, checkpointing: bool,
     return model * parameters, executed * parameters
 
 
-def lora_flops_speedup(speed: TrainingSpeed | None = None) -> float:
-    """What LoRA's FLOPs promise over full fine-tuning's: 6N / 4N = 1.5."""
-    f = (speed or training_speed.load()).flops_per_token
-    return (f.forward + f.backward_inputs + f.backward_weights) / (f.forward + f.backward_inputs)
-
-
-def lora_efficiency(speed: TrainingSpeed | None = None) -> float:
-    """How fast a LoRA run's FLOPs go against full fine-tuning's: its measured speed-up over its FLOPs' promise."""
-    speed = speed or training_speed.load()
-    return speed.lora_speedup_over_full / lora_flops_speedup(speed)
-
-
-def strategy_factors(strategy: Strategy, lora: bool, gpus: int,
-                     speed: TrainingSpeed | None = None) -> tuple[Factor, ...]:
-    """The ZeRO stage's and offload's slowdowns (data/training_speed.yaml strategies): each stage's measured rate
-    over the one below, where what it moves is in the run (LoRA: not the trained parameters' states and gradients,
-    which are its adapters'), and only where there is more than one GPU to exchange it with."""
-    r = (speed or training_speed.load()).rates
-    stage = strategy.zero_stage or 0
-    measured = "measured samples/s over the stage below"
-    steps = [(1, "ZeRO-1", r.zero1 / r.zero0, not lora, f"optimizer states partitioned: {measured}"),
-             (2, "ZeRO-2", r.zero2 / r.zero1, not lora, f"gradients partitioned: {measured}"),
-             (3, "ZeRO-3", r.zero3 / r.zero2, True, f"parameters partitioned: {measured}")]
-    out = [Factor(what, value, why) for at, what, value, applies, why in steps
-           if stage >= at and applies and gpus > 1]
-    moved = strategy.offload_params or (strategy.offload_optimizer and not lora)
-    if moved:
-        offloaded = " and ".join(w for w, on in (("optimizer", strategy.offload_optimizer),
-                                                 ("parameter", strategy.offload_params)) if on)
-        out.append(Factor(f"{offloaded} offload", r.zero3_offload / r.zero3,
-                          "ZeRO-3 with CPU offload: measured samples/s over ZeRO-3's"))
-    return tuple(out)
-
-
 def estimate(tokens: float, request: Request, strategy: Strategy, gpus: int, peak_tflops: float,
-             speed: TrainingSpeed | None = None) -> RunEstimate:
-    """The run's hours, fast and slow, training `tokens` tokens of `request` with `strategy` on `gpus` GPUs of
-    `peak_tflops` each (in the request's precision)."""
+             speed: TrainingSpeed | None = None, gpu_type: str = "",
+             stack: str = throughput.DEEPSPEED) -> RunEstimate:
+    """The run's hours, fast and slow, training `tokens` tokens of `request` with `strategy` on `gpus` GPUs of type
+    `gpu_type` ("cpu": CPU ranks, the toy rows; "": unknown, every GPU's rows) of `peak_tflops` each (in the
+    request's precision), on `stack` (this stack: DeepSpeed). Raises ValueError where no row fits."""
     speed = speed or training_speed.load()
     lora = request.lora is not None
     model, executed = flops_per_token(request.model.parameters, lora, request.gradient_checkpointing, speed)
-    factors = strategy_factors(strategy, lora, gpus, speed)
-    if lora:
-        why = (f"measured x{speed.lora_speedup_over_full:g} over full fine-tuning where its FLOPs promise "
-               f"x{lora_flops_speedup(speed):g}")
-        factors = (Factor("LoRA", lora_efficiency(speed), why), *factors)
-    factor = math.prod(f.value for f in factors)
-    per_second = gpus * peak_tflops * TERA * factor  # executed FLOPs per second at a utilisation of 1
+    offload = strategy.offload_params or (strategy.offload_optimizer and not lora)
+    ev = throughput.evidence(request.model.parameters, lora, gpu_type, offload, stack, speed)
+    factors = (Factor("the rows' conversion", ev.scale, "; ".join(ev.notes)),) if ev.scale != 1.0 else ()
+    per_second = gpus * peak_tflops * TERA / model  # tokens per second at an MFU of 1
 
-    def hours(utilisation: float) -> float:
-        return tokens * executed / (per_second * utilisation) / SECONDS_PER_HOUR
+    def hours(mfu: float) -> float:
+        return tokens / (per_second * mfu) / SECONDS_PER_HOUR
 
-    share = model / executed  # MFU counts the model's FLOPs, not the recomputation
     return RunEstimate(tokens, request.model.parameters, gpus, peak_tflops, model, executed, factors,
-                       speed.mfu_low * factor * share, speed.mfu_high * factor * share,
-                       hours(speed.mfu_high), hours(speed.mfu_low))
+                       ev.mfu_low, ev.mfu_high, hours(ev.mfu_high), hours(ev.mfu_low), ev.rows, ev.notes)
 
 
 def peak(cat: gpu_catalog.Catalog, gpu_type: str, precision: str) -> float | None:
@@ -326,8 +295,8 @@ def workload_run(cfg: StackConfig, w: FinetuneWorkloadConfig, cat: gpu_catalog.C
     elif tokens is None:
         missing = said
     else:
-        return msgspec.structs.replace(run, tokens_from=said,
-                                       estimate=estimate(tokens, request, strategy, gpus, top, speed))
+        return msgspec.structs.replace(run, tokens_from=said, estimate=estimate(tokens, request, strategy, gpus,
+                                                                                top, speed, pool.gpu.type))
     return msgspec.structs.replace(run, missing=missing)
 
 

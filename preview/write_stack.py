@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import re
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ from model import chat_templates, reservation
 from model.config import ConfigError, secret_ways
 from model.gated_models import gated_family
 from model.suggest import did_you_mean
+from model.types import StackConfig
 from model.workload_types import hub_ids
 from planner import cli, run_estimate, spill, stack_writer
 from planner.cost import SERVING, TRAINING, stack_costs
@@ -59,6 +61,7 @@ class Choice(msgspec.Struct, frozen=True):
     spot_per_hour: float = 0.0  # the training run's $/h with its GPU nodes at the spot price (its other price)
     serving_per_hour: float | None = None  # with a server of the result: the stack's $/h serving alone
     training_per_hour: float | None = None  # with a server: the stack's $/h training alone (what a run costs)
+    run: dict | None = None  # the `costs` output's run of its finetune workload, as `make preview` shows it
 
 
 def _problem_line(problem: str, limit: int = 220) -> str:
@@ -90,6 +93,32 @@ def with_tokens(candidate: stack_writer.Candidate, tokens: run_estimate.GivenTok
                              "epochs": tokens.epochs}
     config["deepspeed-stack:workloads"] = workloads
     return msgspec.structs.replace(candidate, config=config)
+
+
+def proposed_save_steps(costs: dict) -> dict[str, int]:
+    """Each run whose saves take more than the warning's share (planner/run_hours.py) -> the saveSteps Young/Daly
+    proposes (the smaller of the two ends': saves a little more often, never less)."""
+    return {name: min(r["saves"]["proposedSaveSteps"]) for name, r in (costs.get("runs") or {}).items()
+            if r.get("saves", {}).get("warning")}
+
+
+def with_save_steps(candidate: stack_writer.Candidate, steps: dict[str, int]) -> stack_writer.Candidate:
+    """The candidate with finetune.saveSteps of the named workloads set."""
+    config = dict(candidate.config)
+    workloads = {name: dict(w) for name, w in (config.get("deepspeed-stack:workloads") or {}).items()}
+    for name, every in steps.items():
+        workloads[name]["finetune"] = {**workloads[name]["finetune"], "saveSteps": every}
+    config["deepspeed-stack:workloads"] = workloads
+    return msgspec.structs.replace(candidate, config=config)
+
+
+def _loaded(candidate: stack_writer.Candidate, gated: str | None) -> StackConfig:
+    """The candidate through the stack's own checks (ConfigError with their problems)."""
+    config, secret_keys = engine_config_from_yaml(candidate.config)
+    if gated:  # checked as it will run: after the user's `pulumi config set --secret hfToken` (header says so)
+        config["deepspeed-stack:hfToken"] = SECRET
+        secret_keys = [*secret_keys, "deepspeed-stack:hfToken"]
+    return load(config, set(secret_keys))
 
 
 def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catalog | None, model_id: str | None,
@@ -131,51 +160,56 @@ def choose(request: Request, region: str, stack: str, budget: float | None = Non
     server too, `serve`) is within `budget` (None: any). `tokens`: the run's, written into a finetune workload's
     keys. `held`: the capacity the user holds (GPUS=): the training plans on it only."""
     refused: list[tuple[stack_writer.Candidate, str]] = []
+    over_budget: list[float] = []  # $/h of the candidates the checks accept, refused for the budget only
     for candidate in candidates(request, region, stack, cat, model_id, writer, serve, held, rank, res)[:MAX_TRIES]:
         candidate = with_tokens(candidate, tokens)
-        config, secret_keys = engine_config_from_yaml(candidate.config)
         gated = gated_model(candidate)
-        if gated:  # checked as it will run: after the user's `pulumi config set --secret hfToken` (header says so)
-            config["deepspeed-stack:hfToken"] = SECRET
-            secret_keys = [*secret_keys, "deepspeed-stack:hfToken"]
         try:
-            model = load(config, set(secret_keys))
+            model = _loaded(candidate, gated)
+            costs = stack_costs(model, cat)
+            if steps := proposed_save_steps(costs):  # saves that weigh too much: Young/Daly's interval instead
+                candidate = with_save_steps(candidate, steps)
+                model = _loaded(candidate, gated)
+                costs = stack_costs(model, cat)
         except ConfigError as err:
             refused.append((candidate, _problem_line(err.problems[0])))
             continue
-        costs = stack_costs(model, cat)
         running = running_cost(costs, candidate, request.mode)
         if budget is not None and running > budget:
             what = (f"training and its server running ({cli.arg('--serve', 0)}: training alone)" if candidate.server
                     else "the workload running")
             refused.append((candidate, f"${running:,.2f}/h with {what}, over the budget ${budget:,.2f}/h"))
+            over_budget.append(running)
             continue
         # A run is priced as `make preview` prices it: the training alone (the server is the serving's cost).
         training = costs["running"][ROLE[request.mode]]["perHour"]
         spot = training - candidate.option.on_demand + candidate.option.spot  # the writer's pools are on-demand
         serving = costs["running"][SERVING]["perHour"] if candidate.server else None
+        run = next((r for r in (costs.get("runs") or {}).values() if "missing" not in r), None)
         return Choice(candidate, running, costs["floorPerHour"], refused, gated, round(spot, 4), serving,
-                      training if candidate.server else None)
+                      training if candidate.server else None, run)
     reasons = "; ".join(f"{c.label}: {why}" for c, why in refused[:3]) or "the planner found no option"
     on_held = f" on the held {held.describe()} ({cli.arg('--gpus', held.spec)})" if held else ""
+    works = (f"; the cheapest the checks accept costs ${min(over_budget):,.2f}/h: {cli.arg('--budget', '')}"
+             f"{math.ceil(min(over_budget) * 100) / 100:.2f} or more would write it" if over_budget else "")
     raise NoPlanError(f"no plan for {request.model.name} in {region}{on_held} that the stack's checks accept"
-                      f"{' within the budget' if budget is not None else ''} ({reasons})")
+                      f"{' within the budget' if budget is not None else ''} ({reasons}){works}")
 
 
 def run_line(choice: Choice, request: Request, tokens: run_estimate.GivenTokens | None,
              cat: gpu_catalog.Catalog) -> list[str]:
-    """The run in all: hours and $ at the stack's $/h while it trains (as `make preview` shows a finetune run)."""
-    c = choice.candidate
-    top = run_estimate.peak(cat, c.option.gpu_type, request.precision)
-    if tokens is None or request.mode != "training" or top is None:
+    """The run in all, as `make preview` of the written stack shows it (the `costs` output's run): its hours with
+    the saves and the data step, and $ at the stack's $/h while it trains, every node up meanwhile."""
+    r = choice.run
+    if tokens is None or request.mode != "training" or r is None:
         return []
-    e = run_estimate.estimate(tokens.total, request, c.strategy, c.option.gpus, top)
-    training = choice.training_per_hour if choice.training_per_hour is not None else choice.running_per_hour
-    on_demand, spot = (e.cost(rate) for rate in (training, choice.spot_per_hour))
-    return [f"Estimated run: {tokens.total:,.0f} tokens ({tokens.said}): about {run_estimate.hours_range(e)}, "
-            f"${on_demand[0]:,.2f}–${on_demand[1]:,.2f} per run on-demand, ${spot[0]:,.2f}–${spot[1]:,.2f} spot, at "
-            f"an assumed MFU of {run_estimate.mfu_range(e)} (data/training_speed.yaml; `make gpus` without WRITE= "
-            "ranks every option by cost per run)."]
+    hours, on_demand, spot = r["hours"], r["perRun"]["onDemand"], r["perRun"]["spot"]
+    fast, slow = (run_estimate.format_hours(hours[k]) for k in ("fast", "slow"))
+    return [f"Estimated run: {tokens.total:,.0f} tokens ({tokens.said}): about {fast}–{slow} h, "
+            f"${on_demand['fast']:,.2f}–${on_demand['slow']:,.2f} per run on-demand, ${spot['fast']:,.2f}–"
+            f"${spot['slow']:,.2f} spot, with its saves and data step, at an MFU of {r['mfu']['low']:.0%}–"
+            f"{r['mfu']['high']:.0%} from measured runs (data/training_speed.yaml: {', '.join(r['evidence'])}; "
+            "`make gpus` without WRITE= ranks every option by cost per run)."]
 
 
 def _cost_line(choice: Choice, region: str, stack: str, cat: gpu_catalog.Catalog) -> str:
@@ -235,7 +269,7 @@ def reservation_line(choice: Choice, request: Request, tokens: run_estimate.Give
     if tokens is None or request.mode == stack_writer.INFERENCE or top is None:
         return [f"{ends}: give TOKENS= or DATA= for the hours of the run past it; `make preview` says it once "
                 "finetune.datasetTokens is set."]
-    e = run_estimate.estimate(tokens.total, request, c.strategy, c.option.gpus, top)
+    e = run_estimate.estimate(tokens.total, request, c.strategy, c.option.gpus, top, gpu_type=c.option.gpu_type)
     s = spill.spill(e.hours_fast, e.hours_slow, reservation.now(), res.end)
     if not s.outlives:
         return [f"{ends}: a run that starts now ends before it, even at its slow end."]

@@ -125,9 +125,46 @@ def test_callback_adds_rates_to_the_logs_writes_progress_and_the_runs_cost(fp: A
     cb.on_train_end(args, state, None)
     final = json.loads((tmp_path / "ckpt" / "progress.json").read_text())
     assert (final["progressPercentage"], final["estimatedRemainingSeconds"]) == (100, 0)
-    # 30 s before + 70 s now = 100 s = 0.027778 h, at $2/h: $0.0556.
+    # 30 s before + 70 s now = 100 s = 0.027778 h, at $2/h: $0.0556. The session's average: 2,000 tokens in 70 s =
+    # 28.571 tokens/s, 14.286 per GPU; MFU 28.571 x 600,000 / (2 x 0.001e12) = 0.008571.
     assert json.loads((tmp_path / "model" / "run.json").read_text()) == {
-        "trainingHours": 0.027778, "pricePerHour": 2.0, "cost": 0.0556, "step": 40, "worldSize": 2}
+        "trainingHours": 0.027778, "pricePerHour": 2.0, "cost": 0.0556, "step": 40, "worldSize": 2,
+        "tokensPerSecondPerGpu": 14.286, "mfu": 0.008571}
+    assert len(said) == 1  # no estimate given: no comparison line
+
+
+def test_the_estimate_rides_in_progress_and_run_json_and_the_end_prints_it_against_the_measured(
+        fp: Any, tmp_path: Path) -> None:
+    estimate = {"tokensPerSecondPerGpu": {"low": 10.0, "high": 20.0}, "mfu": {"low": 0.006, "high": 0.012},
+                "hours": {"fast": 0.02, "slow": 0.04}, "cost": {"fast": 0.04, "slow": 0.08},
+                "evidence": ["row-a", "row-b"]}
+    facts = fp.RunFacts.from_env({fp.PEAK_ENV: "0.001", fp.FLOPS_ENV: "600000", fp.PRICE_ENV: "2",
+                                  fp.ESTIMATE_ENV: json.dumps(estimate)})
+    assert facts.estimate == estimate
+    assert fp.RunFacts.from_env({fp.ESTIMATE_ENV: "[1, 2]"}).estimate is None  # not an object: left out
+    assert fp.RunFacts.from_env({fp.ESTIMATE_ENV: "{oops"}).estimate is None
+    clock, said = Clock(), []
+    transformers = ModuleType("transformers")
+    transformers.TrainerCallback = type("TrainerCallback", (), {})  # type: ignore[attr-defined]
+    sys.modules["transformers"] = transformers
+    try:
+        cb = fp.progress_callback(facts, str(tmp_path / "ckpt"), str(tmp_path / "model"), said.append, clock)
+    finally:
+        del sys.modules["transformers"]
+    args = SimpleNamespace(world_size=2, process_index=0)
+    state = SimpleNamespace(global_step=0, max_steps=10, num_input_tokens_seen=0, is_world_process_zero=True)
+    cb.on_train_begin(args, state, None)
+    clock.now, state.global_step, state.num_input_tokens_seen = 136.0, 10, 2160  # 2,160 tokens in 36 s
+    cb.on_log(args, state, None, logs={"loss": 2.0})
+    progress = json.loads((tmp_path / "ckpt" / "progress.json").read_text())
+    assert progress["estimate"] == estimate and progress["measured"] == {"hours": 0.01, "cost": 0.02}
+    cb.on_train_end(args, state, None)
+    record = json.loads((tmp_path / "model" / "run.json").read_text())
+    # 60 tokens/s, 30 per GPU; MFU 60 x 600,000 / (2 x 1e9) = 0.018; 36 s = 0.01 h, $0.02 at $2/h.
+    assert record["estimate"] == estimate and record["tokensPerSecondPerGpu"] == 30.0 and record["mfu"] == 0.018
+    assert said[-1] == ("estimate vs measured: tokens/s per GPU 10–20 estimated, 30 measured; MFU 0.60%–1.20% "
+                        "estimated, 1.80% measured; hours 0.02–0.04 estimated, 0.01 measured; $ 0.0400–0.0800 "
+                        "estimated, 0.0200 measured (rows: row-a, row-b)")
 
 
 def test_callback_on_another_rank_logs_but_writes_nothing(fp: Any, tmp_path: Path) -> None:
@@ -172,9 +209,21 @@ def _recipe_env(changes: dict[str, Any] | None = None) -> dict[str, str]:
 def test_the_recipe_gets_its_gpus_peak_the_models_flops_its_pools_price_and_logs_folder() -> None:
     # Pulumi.finetune.yaml: Qwen2.5-7B (7.62e9 parameters, data/models.yaml) with LoRA: 4N = 3.048e10 FLOPs a token
     # (PaLM's MFU counts no recomputation); L4 bf16 dense 121 TFLOPS (NVIDIA's datasheet, 242 with sparsity);
-    # 2 spot g2-standard-48 nodes at $1.60/h each (data/gpu_catalog.yaml) = $3.20/h.
-    assert _recipe_env() == {"FINETUNE_PEAK_TFLOPS": "121", "FINETUNE_MODEL_FLOPS": "3.048e+10",
-                             "FINETUNE_PRICE_PER_HOUR": "3.2", "TENSORBOARD_LOGGING_DIR": "/gcs/logs/tune"}
+    # The stack's $/h while it trains, as the estimate counts it: 2 spot g2-standard-48 nodes at $1.60/h each
+    # (data/gpu_catalog.yaml) + the system pool's e2-standard-4 $0.134 + the cluster fee $0.10 + Filestore 1 TiB x
+    # $0.000274 + the server's g2-standard-8, up and waiting, $0.85 = $4.5646/h (run.json counted the trainer only).
+    env = _recipe_env()
+    estimate = json.loads(env.pop("FINETUNE_ESTIMATE"))
+    assert env == {"FINETUNE_PEAK_TFLOPS": "121", "FINETUNE_MODEL_FLOPS": "3.048e+10",
+                   "FINETUNE_PRICE_PER_HOUR": "4.5646", "TENSORBOARD_LOGGING_DIR": "/gcs/logs/tune"}
+    # the preview's run, as the ranks carry it (tests/test_run_estimate.py works its numbers by hand)
+    from conftest import changed, config_model
+
+    from planner import cost
+    run = cost.stack_costs(config_model(changed("finetune")))["runs"]["tune"]
+    assert estimate == {"tokensPerSecondPerGpu": run["tokensPerSecondPerGpu"], "mfu": run["mfu"],
+                        "hours": run["hours"], "trainingHours": run["trainingHours"], "cost": run["perRun"]["spot"],
+                        "evidence": run["evidence"]}
 
 
 def test_full_fine_tuning_counts_6n() -> None:

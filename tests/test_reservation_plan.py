@@ -62,7 +62,7 @@ def test_gpus_and_reservation_must_agree() -> None:
 
 def test_the_plan_says_what_spills_over_and_what_it_costs(capsys: pytest.CaptureFixture[str]) -> None:
     assert planner_main(["--model", "Llama-3.1-70B", "--mode", "training", "--reservation", SPEC,
-                         "--tokens", "2e9"]) == 0
+                         "--tokens", "1e10"]) == 0
     out = capsys.readouterr().out
     assert "On the capacity you hold only (GPUS=2xa3-megagpu-8g): 2 x a3-megagpu-8g, all of them" in out
     assert "Ranked by $/h, cheapest first (RANK=speed ranks by time per run, then $ per run)." in out
@@ -70,11 +70,12 @@ def test_the_plan_says_what_spills_over_and_what_it_costs(capsys: pytest.Capture
     assert ("## The reservation h100-res: 2 x a3-megagpu-8g until 2026-12-04 00:00 UTC\n  156.0 h from now "
             "(2026-11-27 12:00 UTC); paid whether its nodes work or not, about $29,328.00 at the on-demand "
             "$188.00/h.") in out
-    # Each option's hours past the end: its run's hours less 156, at $188.00/h (DWS, at most) or $75.20/h (spot).
+    # 1e10 tokens (the run outlives the reservation): each option's hours past the end: its run's hours less 156,
+    # at $188.00/h (DWS, at most) or $75.20/h (spot).
     request = mode_request("training", resolve("Llama-3.1-70B"))
     (plan,) = [p for p in recommend(request, "us-central1", held=parse_reservation(SPEC).held) if p.options][:1]
     peak = catalog.load().gpus[MEGA].peak_tflops["bf16"]  # data/gpu_catalog.yaml
-    e = run_estimate.estimate(2e9, request, plan.strategy, 16, peak)
+    e = run_estimate.estimate(1e10, request, plan.strategy, 16, peak, gpu_type=MEGA)
     past = (e.hours_fast - 156, e.hours_slow - 156)
     row = [line for line in out.splitlines() if line.startswith("  16 x H100 Mega 80GB ZeRO-3 + optimizer offload ")]
     dws = f"{past[0] * 188:,.2f}–{past[1] * 188:,.2f}"
@@ -101,7 +102,7 @@ def test_speed_ranks_by_time_then_cost_per_run() -> None:
 def test_written_stack_names_the_reservation_and_falls_back_to_dws(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--model", "Llama-3.1-70B", "--mode", "training", "--reservation", SPEC, "--rank", "speed",
-            "--tokens", "2e9", "--stack", "big", "--dir", str(tmp_path)]
+            "--tokens", "1e10", "--stack", "big", "--dir", str(tmp_path)]
     assert write_stack.main(args) == 0
     capsys.readouterr()
     text = (tmp_path / "Pulumi.big.yaml").read_text(encoding="utf-8")

@@ -46,7 +46,7 @@ def test_the_recipes_steps_in_order(body: str) -> None:
     assert "# then open http://localhost:6006" in body
     assert "tensorboard --logdir" not in body  # the alternative only where no server shows the run
     assert "| tune | Qwen/Qwen2.5-7B-Instruct | 2 worker(s) x 4 (pool l4x4) | `data/train.jsonl` (bucket) | about " \
-           "1.8–3.9 h, $6.56–$14.37 (spot) | `models/tune/` (bucket) |" in body
+           "0.98–1.2 h, $4.46–$5.33 (spot) | `models/tune/` (bucket) |" in body
 
 
 def test_the_commands_name_what_the_stack_creates() -> None:
@@ -169,8 +169,8 @@ def test_the_preview_says_how_long_the_data_step_takes(body: str) -> None:
     ({"recordFormat": "text", "datasetTokens": 2_000_000_000}, "about 79 min (text records) for 2,000,000,000 tokens"),
     # Conversations: 8e9 / 770,000 = 10,390 s.
     ({"recordFormat": "messages", "datasetTokens": 2_000_000_000}, "about 2.9 h (chat records) for 2,000,000,000"),
-    ({"datasetTokens": None}, "reused on every restart and resume; set workloads.tune.finetune.datasetTokens for how "
-                              "long it takes"),
+    ({"datasetTokens": None}, "while the GPU nodes wait (counted in the run's hours); set "
+                              "workloads.tune.finetune.datasetTokens for how long it takes"),
 ])
 def test_the_data_steps_time_follows_the_data(changes: dict[str, Any], said: str) -> None:
     import msgspec

@@ -16,6 +16,7 @@ import json
 from model import chat_templates, training_speed
 from model.types import FinetuneWorkloadConfig, MpiJobWorkloadConfig
 from model.validators import at
+from planner import run_hours
 from workloads import pod_security, recipe
 from workloads.mpijob import script_source
 from workloads.mpijob.nvidia import NvidiaLaunch, output_env
@@ -55,34 +56,26 @@ def dataset_arg(w: FinetuneWorkloadConfig) -> str:
     return recipe.dataset_arg(w.finetune, roots(w))
 
 
-# The record formats whose records go through a chat template (the slower data step: a conversation's assistant
-# turns are found by rendering its prefixes); text is rendered as it is.
-CHAT_RECORDS = ("messages", "sharegpt", "prompt-completion", "alpaca")
-
-
 def data_step(w: FinetuneWorkloadConfig | MpiJobWorkloadConfig, speed: training_speed.TrainingSpeed | None = None,
               launcher: dict[str, str] | None = None) -> str:
-    """How long the launcher's data step (finetune.py --prepare-data) takes on its CPUs for `datasetTokens`: the
-    characters (tokens x charsPerToken) over the measured rate per CPU of the records' kind
-    (data/training_speed.yaml `tokenization`); both kinds where the record format is found at run time. `launcher`:
-    its resources (the NVIDIA launcher's by default; a Gaudi job's launcher has its own)."""
+    """How long the launcher's data step (finetune.py --prepare-data) takes on its CPUs for `datasetTokens`
+    (planner/run_hours.py: the characters over the measured rate per CPU of the records' kind, data/training_speed.yaml
+    `tokenization`; both kinds where the record format is found at run time), in words. `launcher`: its resources
+    (the NVIDIA launcher's by default; a Gaudi job's launcher has its own)."""
     speed = speed or training_speed.load()
     assert w.finetune is not None
-    tokens = w.finetune.dataset_tokens
     cpus = float((launcher or pod_security.NVIDIA_LAUNCHER_RESOURCES)["cpu"])
     where = (f"once, before the ranks start: finetune.py --prepare-data on the launcher's {cpus:g} CPU, into "
-             f"{w.checkpoint_dir}/tokenized/, reused on every restart and resume")
-    if tokens is None:
+             f"{w.checkpoint_dir}/tokenized/, reused on every restart and resume, while the GPU nodes wait (counted "
+             "in the run's hours)")
+    step = run_hours.data_step(w, speed, cpus)
+    if step is None:
         return f"{where}; set {at('workloads', w.name, 'finetune', 'datasetTokens')} for how long it takes"
-    f = w.finetune
-    kinds = (("text",) if f.record_format == "text" or f.format == "text" else
-             ("chat",) if f.record_format in CHAT_RECORDS else ("text", "chat"))
     rates = speed.tokenize_chars_per_second
-    took = " to ".join(f"{_duration(tokens * speed.chars_per_token / (rates[kind] * cpus))} ({kind} records)"
-                       for kind in kinds)
-    return (f"about {took} for {tokens:,} tokens, {where} (data/training_speed.yaml: "
-            f"{', '.join(f'{rates[k]:,.0f} characters/s a CPU for {k}' for k in kinds)}, {speed.chars_per_token:g} "
-            "characters a token)")
+    took = " to ".join(f"{_duration(h * 3600)} ({kind} records)" for kind, h in step.by_kind.items())
+    return (f"about {took} for {w.finetune.dataset_tokens:,} tokens, {where} (data/training_speed.yaml: "
+            f"{', '.join(f'{rates[k]:,.0f} characters/s a CPU for {k}' for k in step.kinds)}, "
+            f"{speed.chars_per_token:g} characters a token)")
 
 
 def _duration(seconds: float) -> str:

@@ -1,15 +1,19 @@
 """What finetune.py's progress callback (workloads/scripts/finetune_progress.py) needs from the stack, in the ranks'
 environment: the GPU's peak dense TFLOPS in the run's precision and the model's FLOPs per token (MFU as the run's
 estimate defines it, planner/run_estimate.py: 6N full, 4N LoRA, without the recomputation, over
-data/gpu_catalog.yaml peakTflops), the run's pool's $/h (its nodes at the price it pays: the measured cost in
-MODEL_DIR/run.json), and TENSORBOARD_LOGGING_DIR, the folder of the run's TensorBoard event files: `logs/<workload>`
+data/gpu_catalog.yaml peakTflops), the stack's $/h while the run trains (its pool's nodes at the price it pays and
+every node up meanwhile, planner/cost.py training_per_hour: the measured cost in MODEL_DIR/run.json), the run's
+estimate (FINETUNE_ESTIMATE: the preview's, set against the measured values in progress.json and run.json), and
+TENSORBOARD_LOGGING_DIR, the folder of the run's TensorBoard event files: `logs/<workload>`
 under the output root (the bucket's mount with gcsFuse.enabled, else the claim). What the stack cannot say (a GPU
 without a peak, a model without a size, an unpriced machine) is left out: the run still logs what it can.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import PurePosixPath
+from typing import Any
 
 from model import catalog as gpu_catalog
 from model.types import FinetuneWorkloadConfig, StackConfig
@@ -19,6 +23,7 @@ from planner.requests import workload_request
 PEAK_ENV = "FINETUNE_PEAK_TFLOPS"  # finetune_progress.PEAK_ENV, and the two below
 FLOPS_ENV = "FINETUNE_MODEL_FLOPS"  # per token trained (a name with TOKEN in it reads as a secret to the policy)
 PRICE_ENV = "FINETUNE_PRICE_PER_HOUR"
+ESTIMATE_ENV = "FINETUNE_ESTIMATE"  # finetune_progress.ESTIMATE_ENV: the run's estimate, JSON
 LOGS_ENV = "TENSORBOARD_LOGGING_DIR"  # transformers' TensorBoardCallback reads its folder from it
 LOGS_FOLDER = "logs"
 PROGRESS_FILE = "progress.json"  # finetune_progress.PROGRESS_FILE: beside the checkpoints
@@ -60,6 +65,22 @@ def model_flops(w: FinetuneWorkloadConfig) -> float | None:
     return flops
 
 
+def estimate_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """What the ranks carry of the `costs` output's run (planner/cost.py): the ranges a measured run is set against,
+    at the price the pool pays, and the rows they rest on."""
+    return {"tokensPerSecondPerGpu": run["tokensPerSecondPerGpu"], "mfu": run["mfu"], "hours": run["hours"],
+            "trainingHours": run["trainingHours"], "cost": run["perRun"][run["pays"]],
+            "evidence": run["evidence"]}
+
+
+def estimate_env(cfg: StackConfig, w: FinetuneWorkloadConfig, cat: gpu_catalog.Catalog) -> dict[str, str]:
+    """ESTIMATE_ENV for the workload's run, where the preview has an estimate of it."""
+    run = (cost.stack_costs(cfg, cat).get("runs") or {}).get(w.name)
+    if not isinstance(run, dict) or "missing" in run:
+        return {}
+    return {ESTIMATE_ENV: json.dumps(estimate_summary(run), sort_keys=True, separators=(",", ":"))}
+
+
 def run_env(cfg: StackConfig, w: FinetuneWorkloadConfig, cat: gpu_catalog.Catalog | None = None) -> dict[str, str]:
     cat = cat or gpu_catalog.load()
     out = {LOGS_ENV: logs_dir(w)}
@@ -72,8 +93,7 @@ def run_env(cfg: StackConfig, w: FinetuneWorkloadConfig, cat: gpu_catalog.Catalo
     flops = model_flops(w)
     if flops is not None:
         out[FLOPS_ENV] = _number(flops)
-    priced = next((p for p in cost.pool_costs(cfg, cat) if p.name == pool.name), None)
-    if priced is not None and priced.known:
-        nodes = min(priced.max_nodes, max(priced.min_nodes, w.workers))
-        out[PRICE_ENV] = _number(priced.pays(nodes))
-    return out
+    price = cost.training_per_hour(cfg, w.name, cat)  # every node up while it trains, as the estimate counts them
+    if price is not None:
+        out[PRICE_ENV] = _number(price)
+    return {**out, **estimate_env(cfg, w, cat)}

@@ -9,7 +9,11 @@ the run's measured cost on rank 0.
   and docs/user-guides/trainjob-progress.md: progressPercentage 0-100, estimatedRemainingSeconds, metrics as
   name/value strings, lastUpdatedTime), plus the step, the steps and the training seconds so far.
 - When the run finishes, rank 0 writes MODEL_DIR/run.json: the training hours (every attempt's, carried over a
-  restart through progress.json) times the stack's $/h while it trains (FINETUNE_PRICE_PER_HOUR).
+  restart through progress.json) times the stack's $/h while it trains (FINETUNE_PRICE_PER_HOUR), the session's
+  average tokens/s per GPU and MFU, and prints the estimate made before the run against them.
+- The estimate (FINETUNE_ESTIMATE, JSON the stack renders from the preview's `costs` run: tokens/s per GPU, MFU,
+  hours and $ as ranges, the measured rows it rests on) goes into progress.json and run.json as it came, beside
+  the measured values, so that a run's record says how far its estimate was off.
 
 MFU is the planner's definition (planner/run_estimate.py): the model's FLOPs per token (6N full, 4N LoRA, without
 the recomputation of gradient checkpointing; FINETUNE_MODEL_FLOPS, rendered by the stack from the same function)
@@ -38,6 +42,7 @@ RUN_FILE = "run.json"  # beside the model
 PEAK_ENV = "FINETUNE_PEAK_TFLOPS"
 FLOPS_ENV = "FINETUNE_MODEL_FLOPS"
 PRICE_ENV = "FINETUNE_PRICE_PER_HOUR"
+ESTIMATE_ENV = "FINETUNE_ESTIMATE"
 TERA = 1e12
 SECONDS_PER_HOUR = 3600
 
@@ -49,10 +54,21 @@ class RunFacts:
     peak_tflops: float | None = None  # per GPU, in the run's precision
     flops_per_token: float | None = None  # the model's FLOPs per token trained (MFU's numerator)
     price_per_hour: float | None = None  # the stack's $/h while the run trains
+    estimate: dict[str, Any] | None = None  # the run's estimate before it started (the stack's, as JSON)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> RunFacts:
-        return cls(_positive(environ, PEAK_ENV), _positive(environ, FLOPS_ENV), _positive(environ, PRICE_ENV))
+        return cls(_positive(environ, PEAK_ENV), _positive(environ, FLOPS_ENV), _positive(environ, PRICE_ENV),
+                   _json_object(environ, ESTIMATE_ENV))
+
+
+def _json_object(environ: Mapping[str, str], name: str) -> dict[str, Any] | None:
+    """A JSON object from the environment; None when unset or not one (left out, not the run)."""
+    try:
+        value = json.loads(environ.get(name, ""))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _positive(environ: Mapping[str, str], name: str) -> float | None:
@@ -102,8 +118,10 @@ class Snapshot:
     mfu: float | None
 
 
-def trainer_status(s: Snapshot, now: datetime.datetime) -> dict[str, Any]:
-    """progress.json: Kubeflow Trainer's trainerStatus fields (metrics' values are strings there), and ours."""
+def trainer_status(s: Snapshot, now: datetime.datetime, estimate: Mapping[str, Any] | None = None,
+                   price_per_hour: float | None = None) -> dict[str, Any]:
+    """progress.json: Kubeflow Trainer's trainerStatus fields (metrics' values are strings there), and ours: the
+    estimate made before the run beside the hours and $ so far."""
     metrics = [(name, value) for name, value in (("loss", s.loss), ("tokens_per_second", s.tokens_per_second),
                                                  ("mfu", s.mfu)) if value is not None]
     out: dict[str, Any] = {"progressPercentage": progress_percentage(s.step, s.steps),
@@ -112,17 +130,61 @@ def trainer_status(s: Snapshot, now: datetime.datetime) -> dict[str, Any]:
                            "step": s.step, "steps": s.steps, "elapsedSeconds": round(s.elapsed, 3)}
     if s.eta is not None:
         out["estimatedRemainingSeconds"] = round(s.eta)
+    if estimate is not None:
+        hours = s.elapsed / SECONDS_PER_HOUR
+        out["estimate"] = dict(estimate)
+        out["measured"] = {"hours": round(hours, 6), **({"cost": round(hours * price_per_hour, 4)}
+                                                        if price_per_hour is not None else {})}
     return out
 
 
-def run_record(elapsed: float, price_per_hour: float | None, step: int, world_size: int) -> dict[str, Any]:
-    """run.json: the training time measured and what it cost at the stack's $/h (None: no price given)."""
+def run_record(elapsed: float, price_per_hour: float | None, step: int, world_size: int,
+               tokens_per_second: float | None = None, mfu_measured: float | None = None,
+               estimate: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """run.json: the training time measured and what it cost at the stack's $/h (None: no price given), the
+    session's average tokens/s per GPU and MFU, and the estimate made before the run. The cost is the unrounded
+    hours x the price, rounded once to 4 places; trainingHours is rounded to 6: a reader checks one against the
+    other within the two roundings."""
     hours = elapsed / SECONDS_PER_HOUR
     out: dict[str, Any] = {"trainingHours": round(hours, 6), "step": step, "worldSize": world_size}
     if price_per_hour is not None:
         out["pricePerHour"] = price_per_hour
         out["cost"] = round(hours * price_per_hour, 4)
+    if tokens_per_second is not None:
+        out["tokensPerSecondPerGpu"] = round(tokens_per_second / world_size, 3)
+    if mfu_measured is not None:
+        out["mfu"] = round(mfu_measured, 6)
+    if estimate is not None:
+        out["estimate"] = dict(estimate)
     return out
+
+
+def _span(pair: Any, fmt: str) -> str:
+    """`low–high` of an estimate's range ({"low", "high"} or {"fast", "slow"}), each in `fmt`."""
+    if not isinstance(pair, Mapping):
+        return "?"
+    values = sorted(float(v) for v in pair.values() if isinstance(v, int | float))
+    return "–".join(format(v, fmt) for v in (values[0], values[-1])) if values else "?"
+
+
+def estimate_line(record: Mapping[str, Any]) -> str | None:
+    """`estimate vs measured: tokens/s per GPU 399–686 estimated, 451 measured; ...` from run.json; None without
+    an estimate."""
+    e = record.get("estimate")
+    if not isinstance(e, Mapping):
+        return None
+    parts = []
+    for label, key, fmt, measured in (("tokens/s per GPU", "tokensPerSecondPerGpu", ",.0f",
+                                       record.get("tokensPerSecondPerGpu")),
+                                      ("MFU", "mfu", ".2%", record.get("mfu")),
+                                      ("hours", "hours", ".4g", record.get("trainingHours")),
+                                      ("$", "cost", ",.4f", record.get("cost"))):
+        if key in e:
+            said = format(measured, fmt) if isinstance(measured, int | float) else "not measured"
+            parts.append(f"{label} {_span(e[key], fmt)} estimated, {said} measured")
+    rows = e.get("evidence")
+    on = f" (rows: {', '.join(rows)})" if isinstance(rows, list) and rows else ""
+    return "estimate vs measured: " + "; ".join(parts) + on
 
 
 def write_atomic(path: Path, data: Mapping[str, Any]) -> None:
@@ -176,7 +238,7 @@ def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say:
         def __init__(self) -> None:
             self.began = self.last_time = 0.0
             self.start_step = self.last_step = 0
-            self.last_tokens = 0
+            self.last_tokens = self.first_tokens = 0
             self.before = 0.0  # training seconds of earlier attempts
             self.loss: float | None = None
             self.last: Snapshot | None = None  # the last logging step's, whose rates the final file keeps
@@ -184,7 +246,7 @@ def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say:
         def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             self.began = self.last_time = clock()
             self.start_step = self.last_step = state.global_step
-            self.last_tokens = state.num_input_tokens_seen
+            self.last_tokens = self.first_tokens = state.num_input_tokens_seen
             self.before = previous_elapsed(progress_path, state.global_step)
 
         def snapshot(self, state: Any, world: int) -> Snapshot:
@@ -212,7 +274,8 @@ def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say:
             self.last = s
             say(rank_line(args.process_index, s, args.world_size))
             if state.is_world_process_zero:
-                write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.timezone.utc)))
+                write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.timezone.utc),
+                                                           facts.estimate, facts.price_per_hour))
 
         def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if not state.is_world_process_zero:
@@ -222,10 +285,18 @@ def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say:
             last = self.last
             s = Snapshot(state.global_step, state.max_steps, elapsed, eta, self.loss,
                          last.tokens_per_second if last else None, last.mfu if last else None)
-            write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.timezone.utc)))
+            write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.timezone.utc),
+                                                       facts.estimate, facts.price_per_hour))
             if state.global_step >= state.max_steps:
-                write_atomic(run_path, run_record(elapsed, facts.price_per_hour, state.global_step,
-                                                  args.world_size))
+                # the session's average: every token it trained over its seconds (the last window's rate is noise)
+                average = per_second(state.num_input_tokens_seen - self.first_tokens, clock() - self.began)
+                use = (mfu(average, facts.flops_per_token, args.world_size, facts.peak_tflops)
+                       if average is not None and facts.flops_per_token and facts.peak_tflops else None)
+                record = run_record(elapsed, facts.price_per_hour, state.global_step, args.world_size, average,
+                                    use, facts.estimate)
+                write_atomic(run_path, record)
+                if line := estimate_line(record):
+                    say(line)
 
     return Progress()
 
