@@ -13,7 +13,7 @@ from checks.common import Check, at
 from model import catalog as gpu_catalog
 from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig
 from planner.recommend import cheapest, recommend, short_name
-from planner.requests import FINETUNE, workload_request, workload_strategy
+from planner.requests import FINETUNE, vertex_request, vertex_strategy, workload_request, workload_strategy
 from planner.sizing import (
     GB,
     HEADROOM,
@@ -234,8 +234,34 @@ def warnings(m: StackConfig) -> list[str]:
     return out
 
 
+def check_vertex_model_fits(m: StackConfig) -> list[str]:
+    """`vertex.finetune` on the Vertex GPUs, as a `finetune` workload on a GKE pool: memory per GPU within the GPU's
+    (a 7B full fine-tune on one T4 is refused here as it is there), with the fewest replicas that would fit."""
+    v = m.vertex
+    request = vertex_request(v) if v.enabled else None
+    gpu = gpu_catalog.load().gpus.get(v.gpu.type)
+    if request is None or gpu is None:
+        return []
+    strategy, replicas = vertex_strategy(v), 1 + v.workers
+    est = estimate(request, strategy, v.gpu.count, replicas)
+    if est.per_gpu_gb <= gpu.memory_gb:
+        return []
+    fits = next((n for n in range(replicas + 1, MAX_WORKERS + 1)
+                 if estimate(request, strategy, v.gpu.count, n).per_gpu_gb <= gpu.memory_gb * (1 - HEADROOM)), None)
+    more = (f"{_plural(fits, 'replica')} of {v.gpu.count} x {v.gpu.type} would hold it "
+            f"({at('vertex', 'workers')}: {fits - 1})" if fits else "no replica count of this GPU holds it")
+    model = request.model
+    return [f"{at('vertex', 'finetune', 'model')}: {model.name} ({model.billions:.2f}B parameters) "
+            f"{request.precision} {request.training_label} at {strategy.label} needs {est.per_gpu_gb:.1f} GB per GPU "
+            f"({est.breakdown()}); {v.gpu.type} has {gpu.memory_gb:g} GB ({_plural(replicas, 'replica')} x "
+            f"{_plural(v.gpu.count, 'GPU')}): {more}, or a larger GPU (vertex.gpu.type), LoRA "
+            f"({at('vertex', 'finetune', 'lora', 'enabled')}) or offload "
+            f"({at('vertex', 'deepspeed', 'offloadOptimizer')})"]
+
+
 CHECKS: list[Check] = [
     check_model_known,
     check_training_precision,
     check_model_fits,
+    check_vertex_model_fits,
 ]

@@ -241,8 +241,19 @@ def warn_bucket_region(m: StackConfig) -> list[str]:
             + (f" (or {or_list(holding)}, which contain it)" if holding else "")]
 
 
+def warn_vertex_dataset_tokens_unread(m: StackConfig) -> list[str]:
+    """`vertex.finetune.datasetTokens` feeds the run's estimate; with maxSteps the estimate counts maxSteps x the
+    global batch x sequenceLength instead, and says so (as a GKE finetune workload's)."""
+    f = m.vertex.finetune if m.vertex.enabled else None
+    if f is None or f.dataset_tokens is None or f.max_steps is None:
+        return []
+    key = "vertex.finetune"
+    return [f"{key}.datasetTokens: not used: with {key}.maxSteps the run trains maxSteps x the global batch x "
+            "sequenceLength tokens, what the preview's estimate counts"]
+
+
 def warnings(m: StackConfig) -> list[str]:
-    return warn_existing_bucket_lifecycle(m) + warn_bucket_region(m)
+    return warn_existing_bucket_lifecycle(m) + warn_bucket_region(m) + warn_vertex_dataset_tokens_unread(m)
 
 
 def check_soft_delete_days(m: StackConfig) -> list[str]:

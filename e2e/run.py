@@ -466,7 +466,8 @@ def vertex_keys() -> dict[str, Any]:
     """The e2e's `vertex` keys (the finetune scenario's DeepSpeed block, defined further down; packing unset: text
     records are packed into blocks by default)."""
     return {"displayName": VERTEX_RUN, "tensorboard": True, "launch": {"args": ["--logging-steps", "2"]},
-            "deepspeed": FINETUNE_DS,
+            "deepspeed": FINETUNE_DS,  # the tiny Llama's shape (a bucket folder names none): the progress inputs
+            "model": {k: FINETUNE_KEYS["model"][k] for k in ("parameters", "vocabulary", "hidden")},
             "finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/{VERTEX_TEXT}",
                          "recordFormat": "text", "sequenceLength": VERTEX_SEQ_LEN, "epochs": 1, "saveSteps": 1000}}
 
@@ -548,15 +549,20 @@ def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
     missing = [n for n in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json")
                if not (model_dir / n).is_file()]
     fail_unless(not missing, f"models/{VERTEX_RUN} lacks {missing}")
-    events = sorted(outside(f"{run_dir}/vertex/logs", "/gcs", gcs).rglob("events.out.tfevents.*"))
+    events_dir = outside(f"{run_dir}/vertex/logs", "/gcs", gcs)
+    events = sorted(events_dir.rglob("events.out.tfevents.*"))
     fail_unless(bool(events) and events[-1].stat().st_size > 0, "no TensorBoard event files in AIP_TENSORBOARD_LOG_DIR")
+    # The progress inputs the CustomJob gives every replica (peak, FLOPs, price): tokens/s and MFU in the events.
+    tags = set(json.loads(_venv_python("-c", EVENT_TAGS_SCRIPT, str(events_dir)).strip().splitlines()[-1]))
+    fail_unless(not event_problems(tags), f"{'; '.join(event_problems(tags))} (AIP_TENSORBOARD_LOG_DIR)")
     losses = trainer_losses(output)
     phases.end("one epoch, exported")
     return (f"the vertex stack's CustomJob on {len(hosts)} hosts (vertex_start.sh, CLUSTER_SPEC, /gcs): the recipe "
             f"(finetune.py from the bucket) on the tiny Llama for one epoch of {len(vertex_text_records())} text "
             f"documents packed into {packed['samples']} blocks of {VERTEX_SEQ_LEN} tokens ({steps} steps, loss "
             f"{' -> '.join(f'{v:.2f}' for v in losses[:1] + losses[-1:])}): adapter and .complete in "
-            f"models/{VERTEX_RUN}, event files in AIP_TENSORBOARD_LOG_DIR. Phases: {phases.summary()}")
+            f"models/{VERTEX_RUN}, event files in AIP_TENSORBOARD_LOG_DIR with {', '.join(EVENT_TAGS)}. Phases: "
+            f"{phases.summary()}")
 
 
 def _vertex_config(spec: dict[str, Any], workers: int) -> Any:

@@ -203,6 +203,15 @@ class VertexLaunchConfig(msgspec.Struct, frozen=True):
     args: list[str]
 
 
+class VertexModelConfig(msgspec.Struct, frozen=True):
+    """`vertex.model`: the shape of the model `vertex.finetune` trains (a workload's `model` block's naming keys)."""
+
+    name: str | None = None
+    parameters: float | None = None  # billions
+    vocabulary: int | None = None
+    hidden: int | None = None
+
+
 class VertexConfig(msgspec.Struct, frozen=True):
     enabled: bool
     display_name: str
@@ -216,6 +225,7 @@ class VertexConfig(msgspec.Struct, frozen=True):
     launch: VertexLaunchConfig
     deepspeed: DeepSpeedConfig  # ds_config.json of the recipe's run (with `finetune`)
     finetune: FinetuneConfig | None = None  # the recipe's keys (model/schema.yaml $defs.finetuneRun); None: launch
+    model: VertexModelConfig | None = None  # the trained model's shape, where finetune.model does not say it
 
 
 class NcclTestConfig(msgspec.Struct, frozen=True):

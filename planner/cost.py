@@ -18,8 +18,8 @@ import msgspec
 
 from model import capacity, gke_drivers, reservation, training_speed
 from model import catalog as gpu_catalog
-from model.types import FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig, WorkloadConfig
-from planner import run_estimate, run_hours, spill
+from model.types import FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig, VertexConfig, WorkloadConfig
+from planner import run_estimate, run_hours, spill, vertex_run
 
 SYSTEM_POOL = "system"
 HOURS_PER_MONTH = 730  # Google's billing month
@@ -331,6 +331,12 @@ def filestore_costs(cfg: StackConfig, cat: gpu_catalog.Catalog) -> dict[str, Any
             "priceSource": f"data/gpu_catalog.yaml filestore ({fs.source}, {fs.date})"}
 
 
+def vertex_per_hour(v: VertexConfig, cat: gpu_catalog.Catalog) -> float | None:
+    """Vertex's $/h for every replica while the job runs: (machine + GPUs) x markup x replicas; None unpriced."""
+    node = cat.machine_hour(v.machine_type, v.spot, v.gpu.type, v.gpu.count)
+    return None if node is None else round(node * cat.vertex.markup * (1 + v.workers), 4)
+
+
 def vertex_cost(cfg: StackConfig, cat: gpu_catalog.Catalog) -> dict[str, Any] | None:
     """The Vertex AI CustomJob while it runs: (machine + GPUs) x replicas (the primary and `workers`) at
     Vertex's training rate, modelled as the Compute Engine price x the catalog's markup."""
@@ -346,9 +352,11 @@ def vertex_cost(cfg: StackConfig, cat: gpu_catalog.Catalog) -> dict[str, Any] | 
     node = cat.machine_hour(v.machine_type, v.spot, v.gpu.type, v.gpu.count)
     if node is None:
         out["price"] = "unknown: add the machine type and GPU to data/gpu_catalog.yaml"
-        return out
-    out["perReplicaPerHour"] = round(node * cat.vertex.markup, 4)
-    out["perHour"] = round(node * cat.vertex.markup * replicas, 4)
+    else:
+        out["perReplicaPerHour"] = round(node * cat.vertex.markup, 4)
+        out["perHour"] = round(node * cat.vertex.markup * replicas, 4)
+    if (run := vertex_run.vertex_run(v, out.get("perHour"), cat)) is not None:
+        out["run"] = run
     return out
 
 
@@ -423,6 +431,8 @@ def headline(costs: dict[str, Any]) -> str:
                  if soft]
         soft = f" ({' and '.join(kinds)}: estimate)" if kinds else ""
         parts.append(f"Vertex AI job **{_money(vertex['perHour'])}/h** while it runs{soft}")
+        if (r := vertex.get("run")) and "missing" not in r:
+            parts.append(f"**about {_hours(r)}, {_range(r['perRun'])} per run** on Vertex AI")
     if not parts:
         return "Estimated cost: nothing the stack creates is billed per hour."
     runs = "".join(f" {_run_headline(name, r)}." for name, r in (costs.get("runs") or {}).items())
@@ -496,13 +506,29 @@ def _filestore_lines(fs: dict[str, Any]) -> list[str]:
     return [*lines, f"  Prices from {fs['priceSource']}."]
 
 
+def _vertex_run_line(v: dict[str, Any]) -> list[str]:
+    r = v.get("run")
+    if not r:
+        return []
+    if "missing" in r:
+        return [f"- Vertex AI run: no estimate of its time and cost: {r['missing']}."]
+    tps, notes = r["tokensPerSecondPerGpu"], "".join(f"; {n}" for n in r["notes"])
+    return [f"- Vertex AI run: {r['tokens']:,.0f} tokens ({r['tokensFrom']}) on {r['gpus']} x {r['gpu']} "
+            f"({r['precision']}, {r['peakTflops']:g} TFLOPS peak): **about {_hours(r)}, {_range(r['perRun'])} per "
+            f"run** at {_money(r['perHour'])}/h (training {run_estimate.format_hours(r['trainingHours']['fast'])}–"
+            f"{run_estimate.format_hours(r['trainingHours']['slow'])} h + {r['saves']['count']:,} saves "
+            f"{run_estimate.format_hours(r['saves']['hours'])} h); MFU {_mfu(r)} ({tps['low']:,.0f}–{tps['high']:,.0f} "
+            f"tokens/s per GPU), the measured runs' {', '.join(r['evidence'])}{notes}."]
+
+
 def _vertex_lines(v: dict[str, Any]) -> list[str]:
     if "perHour" not in v:
-        return [f"- Vertex AI job: {v['replicas']} x {v['machineType']} + {v['accelerator']}: {v['price']}."]
+        return [f"- Vertex AI job: {v['replicas']} x {v['machineType']} + {v['accelerator']}: {v['price']}.",
+                *_vertex_run_line(v)]
     sure = "" if v["markupConfirmed"] else ", unconfirmed"
     return [f"- Vertex AI job while it runs: {v['replicas']} replica(s) x ({v['machineType']} + {v['accelerator']}"
             f"{', spot' if v['spot'] else ''}) x {v['markup']:g} Vertex markup{sure} = **{_money(v['perHour'])}/h**.",
-            f"  Prices from {v['priceSource']}."]
+            f"  Prices from {v['priceSource']}.", *_vertex_run_line(v)]
 
 
 def _parts(r: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ kind whose own keys say how it trains (`training_run`: kind finetune) is sized f
 
 from __future__ import annotations
 
-from model.types import DeepSpeedWorkloadConfig, ServeWorkloadConfig, TrainingRun, WorkloadConfig
+from model.types import DeepSpeedWorkloadConfig, ServeWorkloadConfig, TrainingRun, VertexConfig, WorkloadConfig
 from planner.sizing import (
     INFERENCE,
     TRAINING_PRECISIONS,
@@ -89,4 +89,30 @@ def workload_strategy(w: WorkloadConfig) -> Strategy:
     if (w.model is None and w.training_run is None) or (w.model is not None and w.model.mode == "inference"):
         return INFERENCE
     ds = w.deepspeed
+    return Strategy.from_deepspeed(ds.zero_stage, ds.offload_optimizer, ds.offload_params)
+
+
+def vertex_request(v: VertexConfig) -> Request | None:
+    """`vertex.finetune` as a sizing request, as a `finetune` workload's: its model (`vertex.model`, else
+    `finetune.model`'s data/models.yaml entry), LoRA, gradient checkpointing, sequence length and micro batch;
+    None without the recipe or a model the planner can size."""
+    f = v.finetune
+    if f is None:
+        return None
+    shape = v.model
+    try:
+        model = resolve((shape.name if shape else None) or f.model, shape.parameters if shape else None)
+    except UnknownModelError:
+        return None
+    if shape is not None:
+        model = given_shape(model, shape.vocabulary, shape.hidden, None)
+    ds = v.deepspeed
+    lora = Lora(f.lora.rank, tuple(f.lora.target_modules)) if f.lora.enabled else None
+    return Request(model, ds.precision, "training", f.sequence_length, ds.micro_batch_per_gpu,
+                   reduce_bucket=ds.reduce_bucket_size, allgather_bucket=ds.allgather_bucket_size, lora=lora,
+                   gradient_checkpointing=f.gradient_checkpointing)
+
+
+def vertex_strategy(v: VertexConfig) -> Strategy:
+    ds = v.deepspeed
     return Strategy.from_deepspeed(ds.zero_stage, ds.offload_optimizer, ds.offload_params)

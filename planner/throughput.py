@@ -106,6 +106,9 @@ def evidence(parameters: float, lora: bool, gpu_type: str, offload: bool = False
         measured = ", ".join(sorted({r.gpu for r in rows}))
         notes.append(f"measured on {measured}; the same share of peak assumed on {gpu_type or 'this GPU'}")
     sizes = sorted({r.parameters for r in rows})
+    if not sizes[0] <= parameters <= sizes[-1]:
+        notes.append(f"{parameters / 1e9:.3g}B parameters is outside the rows' sizes ({sizes[0] / 1e9:.3g}–"
+                     f"{sizes[-1] / 1e9:.3g}B): the nearest size's MFU, not scaled")
     below = max((s for s in sizes if s <= parameters), default=sizes[0])
     above = min((s for s in sizes if s >= parameters), default=sizes[-1])
     (lo_b, hi_b), (lo_a, hi_a) = _at(below, rows, speed, cat), _at(above, rows, speed, cat)

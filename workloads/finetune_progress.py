@@ -16,9 +16,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from model import catalog as gpu_catalog
-from model.types import FinetuneWorkloadConfig, StackConfig
-from planner import cost, run_estimate
-from planner.requests import workload_request
+from model.types import FinetuneWorkloadConfig, StackConfig, VertexConfig
+from planner import cost, run_estimate, vertex_run
+from planner.requests import vertex_request, workload_request
 
 PEAK_ENV = "FINETUNE_PEAK_TFLOPS"  # finetune_progress.PEAK_ENV, and the two below
 FLOPS_ENV = "FINETUNE_MODEL_FLOPS"  # per token trained (a name with TOKEN in it reads as a secret to the policy)
@@ -97,3 +97,28 @@ def run_env(cfg: StackConfig, w: FinetuneWorkloadConfig, cat: gpu_catalog.Catalo
     if price is not None:
         out[PRICE_ENV] = _number(price)
     return {**out, **estimate_env(cfg, w, cat)}
+
+
+def vertex_env(v: VertexConfig, cat: gpu_catalog.Catalog | None = None) -> dict[str, str]:
+    """The progress inputs of the recipe on Vertex AI, as a GKE pool's ranks get them (run_env): the GPU's peak, the
+    model's FLOPs per token (`vertex.model` or finetune.model's entry), Vertex's $/h for every replica, and the
+    run's estimate (planner/vertex_run.py). Its event files go where Vertex says (AIP_TENSORBOARD_LOG_DIR)."""
+    cat = cat or gpu_catalog.load()
+    out: dict[str, str] = {}
+    peak = run_estimate.peak(cat, v.gpu.type, v.deepspeed.precision)
+    if peak is not None:
+        out[PEAK_ENV] = _number(peak)
+    request = vertex_request(v)
+    if request is not None:
+        flops, _executed = run_estimate.flops_per_token(request.model.parameters, request.lora is not None,
+                                                        request.gradient_checkpointing)
+        out[FLOPS_ENV] = _number(flops)
+    price = cost.vertex_per_hour(v, cat)
+    if price is not None:
+        out[PRICE_ENV] = _number(price)
+    run = vertex_run.vertex_run(v, price, cat)
+    if run is not None and "missing" not in run:
+        summary = {"tokensPerSecondPerGpu": run["tokensPerSecondPerGpu"], "mfu": run["mfu"], "hours": run["hours"],
+                   "trainingHours": run["trainingHours"], "cost": run["perRun"], "evidence": run["evidence"]}
+        out[ESTIMATE_ENV] = json.dumps(summary, sort_keys=True, separators=(",", ":"))
+    return out

@@ -18,7 +18,7 @@ from typing import Any
 
 from model.types import VertexConfig
 from model.yamlio import load_yaml
-from workloads import recipe, recovery
+from workloads import finetune_progress, recipe, recovery
 from workloads.ds_config import build_ds_config
 
 # Installed by workloads/images/deepspeed/Dockerfile.
@@ -117,8 +117,9 @@ def _container(cfg: VertexConfig, image: str, bucket: str) -> dict[str, Any]:
     if cfg.finetune is None:
         return {"imageUri": image, "command": [VERTEX_ENTRYPOINT], "args": [cfg.launch.script, *cfg.launch.args],
                 "env": stop}
+    progress = [{"name": k, "value": v} for k, v in sorted(finetune_progress.vertex_env(cfg).items())]
     return {"imageUri": image, "command": [VERTEX_ENTRYPOINT], "args": recipe_argv(cfg, bucket),
-            "env": [*recipe_env(cfg), *stop]}
+            "env": [*recipe_env(cfg), *progress, *stop]}
 
 
 def _pool(cfg: VertexConfig, image: str, replicas: int, bucket: str = "") -> dict[str, Any]:

@@ -51,11 +51,13 @@ RANKS_WAIT=86400 # stop_ranks.py's own bound: Vertex's SIGKILL ends the wait fir
 # Variables handed to processes started over SSH (~/.ssh/environment) when set. FINETUNE_STACK_KEYS (the stack's
 # key of each recipe flag, JSON, set on every replica by the CustomJob) goes this way only: sshd reads the file's
 # values as they are, where DeepSpeed's runner would pass ~/.deepspeed_env's through a shell that drops its quotes.
+# So do the progress callback's inputs (the GPU's peak, the model's FLOPs, Vertex's $/h, the run's estimate as JSON):
+# every rank logs tokens/s and MFU, rank 0 writes the cost and the estimate vs measured.
 SSH_ENV_VARS=(
     PATH LD_LIBRARY_PATH CUDA_HOME TRITON_CACHE_DIR TORCH_EXTENSIONS_DIR HF_HOME
     PDSH_RCMD_TYPE PYTHONUNBUFFERED PYTHONDONTWRITEBYTECODE
     AIP_MODEL_DIR AIP_CHECKPOINT_DIR AIP_TENSORBOARD_LOG_DIR CLOUD_ML_JOB_ID CLOUD_ML_PROJECT_ID
-    FINETUNE_STACK_KEYS
+    FINETUNE_STACK_KEYS FINETUNE_PEAK_TFLOPS FINETUNE_MODEL_FLOPS FINETUNE_PRICE_PER_HOUR FINETUNE_ESTIMATE
 )
 
 log() { printf '[vertex_start] %s\n' "$*" >&2; }
