@@ -12,6 +12,7 @@ import msgspec
 from checks.common import Check, at
 from model import catalog as gpu_catalog
 from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig
+from planner import cost
 from planner.recommend import cheapest, recommend, short_name
 from planner.requests import FINETUNE, vertex_request, vertex_strategy, workload_request, workload_strategy
 from planner.sizing import (
@@ -231,7 +232,14 @@ def warnings(m: StackConfig) -> list[str]:
             out.append(f"{_fit_key(s)}: {_what(s)} needs {est.per_gpu_gb:.1f} GB per {s.unit} of "
                        f"{s.where.accelerator_type}'s {memory:g} GB, {est.headroom(memory):.1%} headroom (under "
                        f"{HEADROOM:.0%}); a longer sequence or allocator fragmentation can run it out of memory")
-    return out
+    return out + warn_saves_take_too_long(m)
+
+
+def warn_saves_take_too_long(m: StackConfig) -> list[str]:
+    """A finetune run whose saves take more than savesShareWarning of its hours, with the saveSteps Young/Daly
+    proposes (planner/run_hours.py; the preview's Estimated cost says the same beside the run)."""
+    runs = cost.stack_costs(m).get("runs") or {}
+    return [r["saves"]["warning"] for r in runs.values() if r.get("saves", {}).get("warning")]
 
 
 def check_vertex_model_fits(m: StackConfig) -> list[str]:

@@ -376,6 +376,8 @@ def test_a_70b_plan_with_save_steps_20_warns_and_proposes_an_interval(tmp_path: 
     assert "workloads.train.finetune.saveSteps 20:" in saves["warning"]
     assert f"saveSteps {min(saves['proposedSaveSteps']):,}" in saves["warning"]
     assert f"**Warning**: {saves['warning']}" in cost.costs_markdown(costs)
+    import checks
+    assert saves["warning"] in checks.warnings(config_model(config))  # labelled, in the PR summary's warnings
 
 
 def test_dataset_tokens_with_max_steps_warn_unread() -> None:
