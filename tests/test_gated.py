@@ -152,8 +152,13 @@ def test_the_vertex_job_gets_no_token_so_a_gated_model_in_its_arguments_is_refus
 def test_the_vertex_recipe_downloading_a_gated_model_is_refused() -> None:
     """vertex.finetune.model is downloaded by every replica of the CustomJob, which gets no token (issue 31 item 5:
     a gated model anywhere a workload downloads it)."""
-    (msg,) = problems("vertex", {"vertex.finetune.model": LLAMA_70B})
+    found = problems("vertex", {"vertex.finetune.model": LLAMA_70B})
+    (msg,) = [p for p in found if " is gated on " in p]
     assert msg.startswith(f"vertex.finetune.model: {LLAMA_70B} is gated on Hugging Face (data/gated_models.yaml: "
                           "Meta Llama") and "give finetune.modelPath, its folder in the bucket," in msg
-    assert problems("vertex", {"vertex.finetune.model": LLAMA_70B, "hfToken": {"secure": "v1:planted"}}) == [msg]
+    # the other problem: a 70B does not fit the example's two T4s (the fit check, as on GKE)
+    (fit,) = [p for p in found if p != msg]
+    assert "needs" in fit and "nvidia-tesla-t4 has 16 GB" in fit
+    assert sorted(problems("vertex", {"vertex.finetune.model": LLAMA_70B, "hfToken": {"secure": "v1:planted"}})) == \
+        sorted([msg, fit])
     assert problems("vertex", {"vertex.finetune.model": DELETE, "vertex.finetune.modelPath": "models/llama"}) == []
