@@ -25,7 +25,10 @@ Three hosts (e2e/hosts.py) run the stack's own files, rendered by the stack's ow
           Kubernetes stops it (the operator deletes every pod at once: SIGTERM to the launcher, each worker's
           preStop hook then SIGTERM to sshd, SIGKILL after each pod's grace); the launcher asks the workers to
           stop their ranks instead of letting DeepSpeed's runner pkill them; saved on SIGTERM, relaunched, resumed
-          from that step,
+          from that step. Saves are tiered (localCheckpoints): each worker saves to its own folder (its local
+          SSD's emptyDir) and copies to the bucket in the background, a marker last; the stop comes after a
+          first complete copy, while a later one is under way: that copy is dropped for the stop's own save,
+          whose complete copy the relaunch resumes from;
           exported to MODEL_DIR with its marker; then vLLM's CPU build serves MODEL_DIR and send_prompt.py's
           greedy completion must be transformers' greedy tokens.
 - adapters: two LoRA runs of the `finetune` kind at once (two workloads of the dev stack on one base, each its
@@ -683,6 +686,24 @@ def whole_job_stop_problems(launcher: nshosts.Termination, status: int, output: 
     return problems
 
 
+def tiered_problems(ft: Any, local: dict[str, Path], checkpoints: Path, saved: int, in_flight: int,
+                   output: str) -> list[str]:
+    """Tiered saves after the stop: every worker's local disk holds the stop's save, the bucket its complete copy
+    (the run's newest), and the copy the stop cut short (when it was not the stop's own save) was dropped, never
+    marked complete."""
+    problems = [f"{name}'s local disk lacks checkpoint-{saved}" for name, folder in local.items()
+                if ft.newest_checkpoint(folder) is None or ft.checkpoint_step(ft.newest_checkpoint(folder).name)
+                != saved]
+    if in_flight != saved:
+        from workloads.finetune import script_module
+
+        if (checkpoints / f"checkpoint-{in_flight}" / script_module("finetune_tiered").COPIED_MARKER).exists():
+            problems.append(f"checkpoint-{in_flight}, cut short by the stop, is marked complete")
+        if f"copy of checkpoint-{in_flight} abandoned" not in output:
+            problems.append(f"the copy of checkpoint-{in_flight} under way at the stop was not dropped for the stop's")
+    return problems
+
+
 def pre_stop_summary(stop: nshosts.Termination) -> str:
     found = HOOK_SIGNALLED.search(stop.hook_output)
     ranks = len(found.group(1).split(",")) if found else 0
@@ -787,6 +808,10 @@ FINETUNE_KEYS = {"finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath
                  # 2 x 512 x 64 embedding and head + 2 layers x (4 x 64^2 + 3 x 64 x 128) = 148k parameters).
                  "model": {"parameters": 0.00015, "vocabulary": 512, "hidden": 64, "precision": "fp32"}}
 FINETUNE_LAUNCH_ARGS = ["--logging-steps", "5"]
+# Tiered saves (localCheckpoints): each worker's own folder stands for its local SSD emptyDir, and the copy to the
+# bucket is capped so that one takes seconds (a checkpoint of the tiny Llama is about 1 MB; a real one takes minutes)
+# and the whole-job stop comes while one is under way.
+FINETUNE_COPY_ARGS = ["--copy-rate-mb", "0.25"]
 FINETUNE_PROMPT = "What is two plus three?"
 FINETUNE_SYSTEM = "You add numbers."
 # A conversation no record holds (the records' second turns ask other sums): the server's chat reply to it.
@@ -1052,6 +1077,23 @@ def _finetune_script() -> Any:
     return script_module("finetune_checkpoints")
 
 
+def copied(ft: Any, checkpoints: Path) -> Path | None:
+    """The newest checkpoint every node's copy finished (finetune_tiered.py's marker), as a tiered run resumes."""
+    from workloads.finetune import script_module
+
+    return ft.newest_checkpoint(checkpoints, script_module("finetune_tiered").COPIED_MARKER)
+
+
+def copying(ft: Any, checkpoints: Path, after: int) -> int | None:
+    """A checkpoint newer than `after` whose copy to the bucket is under way (its folder there, no marker yet)."""
+    from workloads.finetune import script_module
+
+    marker = script_module("finetune_tiered").COPIED_MARKER
+    steps = [step for p in checkpoints.iterdir() if (step := ft.checkpoint_step(p.name)) is not None
+             and step > after and not (p / marker).exists()] if checkpoints.is_dir() else []
+    return min(steps, default=None)
+
+
 def _venv_python(*args: str, timeout: float = 120) -> str:
     """The e2e venv's python on this machine (torch, transformers), outside the hosts; its stdout."""
     result = subprocess.run([str(VENV / "bin" / "python"), *args], capture_output=True, text=True, timeout=timeout,
@@ -1080,8 +1122,8 @@ def finetune_workload() -> tuple[Any, Any, Any]:
     """The dev stack's `finetune` workload as the stack renders it: (workload, placement, its MPIJob launch)."""
     from workloads import finetune
 
-    w, where = stack_workload("finetune", args=FINETUNE_LAUNCH_ARGS, script="finetune.py", deepspeed=FINETUNE_DS,
-                              keys=FINETUNE_KEYS)
+    w, where = stack_workload("finetune", args=[*FINETUNE_LAUNCH_ARGS, *FINETUNE_COPY_ARGS], script="finetune.py",
+                              deepspeed=FINETUNE_DS, keys={**FINETUNE_KEYS, "localCheckpoints": True})
     return w, where, finetune.launch(w, has_token=False, run_env=e2e_run_env(w))
 
 
@@ -1124,30 +1166,43 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
     rank_env = {"HF_HUB_OFFLINE": "1"}  # nothing is downloaded: a hub lookup would only wait for a timeout
     _w, env, script = start_mpijob(cluster, logs, (w, where), rank_env, job_launch, claim)
     fail_unless("/etc/deepspeed/finetune.py --deepspeed" in script, "the MPIJob's launcher does not run finetune.py")
+    from workloads.finetune import LOCAL_CHECKPOINTS_DIR
+
+    local = {host.name: cluster.work / f"local-ssd-{host.name}" for host in workers}  # each worker's emptyDir
+    for host in workers:
+        local[host.name].mkdir(exist_ok=True)
+        _chown_dirs(local[host.name])
+        cluster.bind(host, local[host.name], LOCAL_CHECKPOINTS_DIR)
     log1 = logs / "finetune-1-preempted.log"
     process = cluster.spawn_main(launcher, ["/bin/bash", "-c", script], log=log1,
                                  env={**IMAGE_ENV, **RANK_ENV, **env})
-    deadline = time.monotonic() + LAUNCH_TIMEOUT
-    while ft.newest_checkpoint(checkpoints) is None:
-        fail_unless(process.poll() is None, f"the run ended before its first checkpoint (log {log1})")
-        fail_unless(time.monotonic() < deadline, f"no checkpoint within {LAUNCH_TIMEOUT:.0f} s (log {log1})")
+    # Tiered saves: the first save copied whole to the bucket (its marker), then the stop while a later copy is
+    # under way.
+    deadline, first_copy, in_flight = time.monotonic() + LAUNCH_TIMEOUT, None, None
+    while in_flight is None:
+        fail_unless(process.poll() is None, f"the run ended before a copy to the bucket was under way (log {log1})")
+        fail_unless(time.monotonic() < deadline, f"no copy under way within {LAUNCH_TIMEOUT:.0f} s (log {log1})")
+        first_copy = first_copy or copied(ft, checkpoints)
+        in_flight = copying(ft, checkpoints, ft.checkpoint_step(first_copy.name)) if first_copy else None
         time.sleep(0.05)
     hook = mpijob_pre_stop(w, where, job_launch)
     launcher_stop, *stops = cluster.stop_job([(launcher, GRACE_SECONDS, None),
                                               *((host, GRACE_SECONDS, hook) for host in workers)], env=IMAGE_ENV)
     status, first = wait_process(cluster, process, log1, "stopped run")
     cluster.stop_services()
-    saved = ft.newest_checkpoint(checkpoints)
+    saved = copied(ft, checkpoints)
     saved_step = ft.checkpoint_step(saved.name)
     on_term = re.search(r"stopped at step (\d+) on SIGTERM", first)
     fail_unless(on_term is not None, f"the ranks did not save on SIGTERM (log {log1})")
     problems = [problem for stop in stops for problem in pre_stop_problems(stop)]
     problems += whole_job_stop_problems(launcher_stop, status, first)
+    problems += tiered_problems(ft, local, checkpoints, saved_step, in_flight, first)
     fail_unless(not problems, f"{'; '.join(problems)} (log {log1})")
     fail_unless(0 < saved_step < FINETUNE_STEPS and saved_step == int(on_term.group(1)),
-                f"newest checkpoint {saved.name}, saved on SIGTERM at step {on_term.group(1)}: expected that step, "
-                f"between the first and step {FINETUNE_STEPS}")
-    phases.end(f"train, whole job stopped, saved at step {saved_step}")
+                f"newest complete copy {saved.name}, saved on SIGTERM at step {on_term.group(1)}: expected that "
+                f"step, between the first and step {FINETUNE_STEPS}")
+    phases.end(f"train, {first_copy.name} copied, whole job stopped while checkpoint-{in_flight} was copied, "
+               f"saved at step {saved_step}")
 
     # 2. The job's pods come back: the same launch resumes from the newest checkpoint and exports the model.
     start_mpijob(cluster, logs, (w, where), rank_env, job_launch, claim)

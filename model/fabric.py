@@ -266,6 +266,13 @@ def pool_fabric(pool: NodePoolConfig) -> Fabric | None:
     return load().for_machine(pool.machine_type)
 
 
+def pool_local_ssds(pool: NodePoolConfig) -> int:
+    """The local SSDs backing a pool's ephemeral storage (emptyDir): its count, or when that is 0 the count its
+    fabric's machine comes with (components/gpu_node_pool.py asks GKE for the same)."""
+    fabric = pool_fabric(pool)
+    return pool.local_ssd_count or (fabric.local_ssds if fabric else 0)
+
+
 def pass_line(pool: NodePoolConfig) -> NcclPassLine | None:
     """The bus bandwidth an NCCL test on the pool must reach: its fabric's line for its machine type."""
     f = pool_fabric(pool)

@@ -560,6 +560,7 @@ class FinetuneWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
     or, without one, to the shared claim."""
 
     finetune: FinetuneConfig
+    local_checkpoints: bool  # tiered saves: the node's local SSDs first, then copied to CHECKPOINT_DIR
 
     @property
     def writes_model(self) -> bool:

@@ -83,15 +83,16 @@ def saves(cfg: StackConfig, run: WorkloadRun, speed: TrainingSpeed | None = None
         return None
     kind = capacity.source(pool)
     storage = "gcsfuse" if w.gcs_fuse.enabled else "nfs"
-    plan = recovery.plan(request.trained_parameters, w.deepspeed.precision, w.workers, storage, pool.spot,
-                         w.writes_model)
+    # With tiered saves (localCheckpoints) training waits only for the local save: that is what each save costs.
+    plan = recovery.workload_plan(w, pool)
+    assert plan is not None  # a sized finetune run
     per_step = step_tokens(w, run.gpus)
     steps = e.tokens / per_step
     mtbi = speed.mean_hours_between_interruptions.get(kind, speed.mean_hours_between_interruptions[capacity.ON_DEMAND])
-    interval = young_interval(plan.save_seconds, mtbi)
+    interval = young_interval(plan.stall_seconds, mtbi)
     step_seconds = tuple(h * SECONDS_PER_HOUR / steps for h in (e.hours_fast, e.hours_slow))
     proposed = tuple(max(1, round(interval / s)) for s in step_seconds)
-    return Saves(w.finetune.save_steps, steps, int(steps // w.finetune.save_steps), plan.save_seconds, storage, kind,
+    return Saves(w.finetune.save_steps, steps, int(steps // w.finetune.save_steps), plan.stall_seconds, storage, kind,
                  mtbi, interval, (proposed[0], proposed[1]))
 
 

@@ -175,7 +175,8 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
     script = nvidia.launcher_script(None, launch)
     assert ("/etc/deepspeed/finetune.py --deepspeed /etc/deepspeed/ds_config.json --model /gcs/e2e-finetune/base "
             "--dataset /gcs/e2e-finetune/data.jsonl --format auto --records messages --eval-split 0.125") in script
-    assert "--lora" in script and "--max-steps 40" in script and script.endswith("--logging-steps 5")
+    assert "--lora" in script and "--max-steps 40" in script
+    assert script.endswith("--logging-steps 5 --copy-rate-mb 0.25")
     # The data check and the tokenized data first.
     assert "check_inputs python /etc/deepspeed/finetune.py --prepare-data " in script
     # The contract's layout on the bucket's mount, and the stack's key names, in the environment every rank is sent.
@@ -186,7 +187,8 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
     assert {k: v for k, v in launch.env.items() if k not in ("FINETUNE_STACK_KEYS", "FINETUNE_ESTIMATE")} == {
         "CHECKPOINT_DIR": "/gcs/checkpoints/ds-e2e", "MODEL_DIR": "/gcs/models/ds-e2e",
         "FINETUNE_MODEL_FLOPS": "600000", "FINETUNE_PEAK_TFLOPS": "0.05", "FINETUNE_PRICE_PER_HOUR": "1",
-        "TENSORBOARD_LOGGING_DIR": "/gcs/logs/ds-e2e", "FINETUNE_POOLS": "t4"}
+        "TENSORBOARD_LOGGING_DIR": "/gcs/logs/ds-e2e", "FINETUNE_POOLS": "t4",
+        "LOCAL_CHECKPOINT_DIR": "/local-checkpoints"}  # tiered saves: the dev stack's t4 pool has a local SSD
     assert json.loads(launch.env["FINETUNE_STACK_KEYS"])["--records"] == "workloads.ds-e2e.finetune.recordFormat"
     forwarded = set(nvidia.forwarded_env(w, where, False, launch))
     assert {"CHECKPOINT_DIR", "MODEL_DIR", "FINETUNE_PEAK_TFLOPS", "TENSORBOARD_LOGGING_DIR",

@@ -244,7 +244,8 @@ def test_the_launch_carries_the_env_and_ships_the_callback_beside_the_script() -
     # finetune.py's modules beside it (every finetune_*.py), the progress callback among them.
     assert sorted(launch.files) == ["finetune.py", "finetune_check.py", "finetune_checkpoints.py", "finetune_config.py",
                                     "finetune_data.py", "finetune_fabric.py", "finetune_hpu.py", "finetune_progress.py",
-                                    "finetune_read.py", "finetune_render.py", "finetune_tokenized.py"]
+                                    "finetune_read.py", "finetune_render.py", "finetune_tiered.py",
+                                    "finetune_tokenized.py"]
     assert launch.files["finetune_progress.py"] == SCRIPT.read_text(encoding="utf-8")
 
 

@@ -22,6 +22,12 @@ from workloads.mpijob import script_source
 from workloads.mpijob.nvidia import NvidiaLaunch, output_env
 from workloads.mpijob.shape import CONFIG_DIR, HF_TOKEN_KEY, TOKEN_DIR, TOKEN_VOLUME, token_secret_name
 
+# Tiered saves (`localCheckpoints`): the workers' emptyDir for the local saves, on the pool's local SSDs (GKE puts
+# emptyDir volumes on them with ephemeral storage on local SSD), and finetune.py's variable naming it
+# (finetune_tiered.py copies each save from there to CHECKPOINT_DIR).
+LOCAL_CHECKPOINTS_VOLUME = "local-checkpoints"
+LOCAL_CHECKPOINTS_DIR = "/local-checkpoints"
+LOCAL_CHECKPOINT_ENV = "LOCAL_CHECKPOINT_DIR"
 SCRIPTS = recipe.SCRIPTS
 SCRIPT = recipe.SCRIPT
 LIBRARY_GLOB = recipe.LIBRARY_GLOB  # finetune.py's modules, shipped beside it
@@ -122,6 +128,8 @@ def env(w: FinetuneWorkloadConfig, has_token: bool) -> dict[str, str]:
         out[POOLS_ENV] = ",".join(pools)
     if has_token:
         out[TOKEN_PATH_ENV] = f"{TOKEN_DIR}/{HF_TOKEN_KEY}"
+    if w.local_checkpoints:
+        out[LOCAL_CHECKPOINT_ENV] = LOCAL_CHECKPOINTS_DIR
     return out
 
 
@@ -157,6 +165,9 @@ def launch(w: FinetuneWorkloadConfig, has_token: bool, run_env: dict[str, str] |
         worker_volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": token_secret_name(w.name),
                                                                 "defaultMode": 0o440}})
         worker_mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
+    if w.local_checkpoints:  # on the workers only: the ranks save there; the launcher saves nothing
+        worker_volumes.append({"name": LOCAL_CHECKPOINTS_VOLUME, "emptyDir": {}})
+        worker_mounts.append({"name": LOCAL_CHECKPOINTS_VOLUME, "mountPath": LOCAL_CHECKPOINTS_DIR})
     return NvidiaLaunch(
         rank_command=[script.path, *script_args(w)], env={**env(w, has_token), **(run_env or {})}, files=files(w),
         hf_trainer=True,

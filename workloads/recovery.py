@@ -35,7 +35,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from model.types import WorkloadConfig
+from model.types import NodePoolConfig, WorkloadConfig
 from planner import recovery as estimate
 
 # The least grace period of a training pod (Kubernetes' default is 30 s); a sized run gets what its save needs
@@ -51,9 +51,10 @@ STOP_RANKS_SCRIPT = Path(__file__).resolve().parent / "scripts" / STOP_RANKS_KEY
 STOP_RANKS_MARGIN_SECONDS = 5
 
 
-def grace_seconds(w: WorkloadConfig) -> int:
-    """terminationGracePeriodSeconds of every pod of the workload (launcher, workers; the chart's client)."""
-    return estimate.workload_grace_seconds(w)
+def grace_seconds(w: WorkloadConfig, pool: NodePoolConfig | None = None) -> int:
+    """terminationGracePeriodSeconds of every pod of the workload (launcher, workers; the chart's client), on
+    `pool` (its local SSDs for tiered saves)."""
+    return estimate.workload_grace_seconds(w, pool)
 
 
 def stop_timeout(grace: int) -> int:

@@ -1,6 +1,7 @@
 """The "Preemption recovery" section, from the `recovery` stack output (planner/recovery.py computes it): per
 training workload with a `model` block, the checkpoint, the time to save it, whether the save fits the pods'
-grace period and the Spot notice (flagged when not), and how often to save."""
+grace period and the Spot notice (flagged when not), and how often to save; then per event (a drain or whole-job
+stop, a Spot preemption, a node failure) the most work it can lose."""
 
 from __future__ import annotations
 
@@ -26,6 +27,27 @@ def _spot(r: dict[str, Any]) -> str:
     return "yes" if r["fitsSpotNotice"] else f"{NO}: periodic checkpoints only"
 
 
+def _save(r: dict[str, Any]) -> str:
+    if r.get("localSaveSeconds") is None:
+        return f"{r['saveSeconds']:.0f} s ({r['storage']})"
+    return (f"{r['localSaveSeconds']:.0f} s to {r['localSsds']} local SSDs, then {r['saveSeconds']:.0f} s copy "
+            f"({r['storage']})")
+
+
+def _lost(minutes: float) -> str:
+    return "none" if minutes == 0 else f"up to {minutes:.0f} min"
+
+
+def _risk_rows(plans: dict[str, dict[str, Any]]) -> list[str]:
+    rows = ["| workload | drain, eviction, whole-job stop (grace period) | Spot preemption (15 s) | node failure |",
+            "| --- | --- | --- | --- |"]
+    for name, r in sorted(plans.items()):
+        lost = r.get("lostMinutes") or {}
+        spot = _lost(lost.get("spot", 0.0)) if r["spot"] else "n/a (on-demand)"
+        rows.append(f"| {name} | {_lost(lost.get('drain', 0.0))} | {spot} | {_lost(lost.get('nodeFailure', 0.0))} |")
+    return rows
+
+
 def _flags(name: str, r: dict[str, Any]) -> list[str]:
     out = []
     if not r["fitsGracePeriod"]:
@@ -45,7 +67,7 @@ def section(run: RunResult) -> list[Section]:
             "| --- | --- | --- | --- | --- | --- |"]
     flags: list[str] = []
     for name, r in sorted(plans.items()):
-        rows.append(f"| {name} | {r['checkpointGb']:.1f} GB | {r['saveSeconds']:.0f} s ({r['storage']}) | "
+        rows.append(f"| {name} | {r['checkpointGb']:.1f} GB | {_save(r)} | "
                     f"{_grace(r)} | {_spot(r)} | {r['saveEveryMinutes']:.0f} min |")
         flags += _flags(name, r)
     flagged = "".join(f"- {NO}: {f}.\n" for f in flags)
@@ -66,4 +88,13 @@ def section(run: RunResult) -> list[Section]:
             f"`{facts.label}` with its start; the MPIJob launcher's maintenance watch evicts the worker on it once the "
             f"start is within the grace period plus {maintenance_margin // 60} minutes, a drain with a save, and "
             "the workers prefer nodes without that label (docs/recovery.md).")
-    return [("Preemption recovery", "\n".join(rows) + "\n\n" + flagged + ("\n" if flags else "") + note)]
+    risk = ("Work at risk per event (from the save and copy times above): a drain, an eviction or a whole-job stop "
+            "(kubectl delete, Kueue's preemption) gives the grace period, which covers the SIGTERM save (and with "
+            "local checkpoints its copy); otherwise up to an interval is lost, plus the save or copy still under way "
+            "(the newest complete checkpoint is that much older).\n\n" + "\n".join(_risk_rows(plans)))
+    tiered = (" With local checkpoints (`localCheckpoints`) training waits only for the local save, at an assumed "
+              f"{recovery.LOCAL_SSD_WRITE_GBPS:g} GB/s per local SSD; the interval uses that wait, and the copy to the "
+              "bucket runs beside the training (docs/recovery.md).") if any(
+        r.get("localSaveSeconds") is not None for r in plans.values()) else ""
+    body = "\n".join(rows) + "\n\n" + flagged + ("\n" if flags else "") + note + tiered + "\n\n" + risk
+    return [("Preemption recovery", body)]

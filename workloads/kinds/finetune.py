@@ -21,6 +21,7 @@ from __future__ import annotations
 import pulumi
 
 from model.config import workload_default
+from model.fabric import pool_local_ssds
 from model.types import FinetuneWorkloadConfig, StackConfig
 from model.validators import at
 from workloads import finetune, finetune_progress, gcs_fuse, recipe
@@ -192,6 +193,25 @@ def check_launch(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
     return problems + script_flag_problems(w, _passed_flags(m, w), frozenset(finetune.STACK_FLAGS))
 
 
+def check_local_checkpoints(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+    """Tiered saves write to the node's local SSDs first: the pool must have them (else the emptyDir is the boot
+    disk, no faster than the bucket), and the ranks must run the project's finetune.py (its copy to the bucket)."""
+    if not w.local_checkpoints:
+        return []
+    problems, key = [], _key(w, "localCheckpoints")
+    pool = m.pool(w.pool or "")
+    if pool is not None and pool_local_ssds(pool) == 0:
+        index = m.node_pools.index(pool)
+        problems.append(f"{key}: pool {pool.name} has no local SSDs, so a local save would go to the boot disk; set "
+                        f"{at('nodePools', index, 'localSsdCount')} to a count {pool.machine_type} takes (1 or "
+                        "more), or set localCheckpoints to false")
+    if w.launch.command or w.launch.script != finetune.SCRIPT.name:
+        problems.append(f"{key}: the copy to the bucket is finetune.py's own (--local-checkpoint-dir); "
+                        f"{_key(w, 'launch', 'command' if w.launch.command else 'script')} runs something else, "
+                        "which would leave the saves on the node's disk: set localCheckpoints to false")
+    return problems
+
+
 def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi.ResourceOptions) -> Built:
     cfg = platform.cfg
     queue = queue_name(cfg, w)
@@ -216,7 +236,7 @@ KIND: Kind[FinetuneWorkloadConfig] = Kind(
     rules=(check_on_nvidia, check_model_and_data, check_data_format, check_record_fields, check_chat_template,
            check_eval_split, check_epochs_or_max_steps, check_text_field_or_prompt, check_model_sequence_length,
            check_lora_combination, check_bucket_model_shape, check_sized_as_training, check_launch,
-           check_mpijob_name, check_mpijob_storage),
+           check_local_checkpoints, check_mpijob_name, check_mpijob_storage),
     build=build,
     warnings=(warn_lora_unused, warn_command_replaces_finetune_keys, warn_dataset_tokens_unread),
 )

@@ -307,7 +307,7 @@ def render_spec(inputs: MpiJobInputs, launch: NvidiaLaunch | None = None) -> dic
     files = config_map_data(w, where, inputs.has_token, launch)
     env = plain_env(w, where, launch)
     state_volume, state_mount = launcher_state()
-    script = launcher_script(where, launch, recovery.grace_seconds(w))
+    script = launcher_script(where, launch, recovery.grace_seconds(w, where.pool))
     launcher = launcher_template(inputs, script=script, env=env, files=files, secure=secure,
                                  ssh_client=True, resources=pod_security.NVIDIA_LAUNCHER_RESOURCES,
                                  annotations=waivers("launcher", where), volumes=[*launch.volumes, state_volume],

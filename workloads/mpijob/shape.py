@@ -237,7 +237,8 @@ def _template(inputs: MpiJobInputs, spec: dict[str, Any], role: str, files: dict
         spec["imagePullSecrets"] = [{"name": inputs.image_pull_secret}]
     # The ConfigMap's content in the spec: a new script or ds_config.json is a new spec, hence a new run.
     meta_annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(files)}
-    spec["terminationGracePeriodSeconds"] = recovery.grace_seconds(inputs.workload)  # time to save on SIGTERM
+    # Time to save on SIGTERM (with tiered saves, and to copy that save).
+    spec["terminationGracePeriodSeconds"] = recovery.grace_seconds(inputs.workload, inputs.placement.pool)
     if inputs.gcs is not None:
         spec["serviceAccountName"] = inputs.gcs.service_account
         meta_annotations.update(gcs_fuse.POD_ANNOTATIONS)
@@ -288,7 +289,7 @@ def worker_template(inputs: MpiJobInputs, *, script: str, env: dict[str, str], f
     container = _container(f"{w.name}-worker", inputs.image, script, env_list(env), pod_mounts)
     container["resources"] = {"limits": dict(limits), "requests": dict(limits)}
     # The ranks run here: they get the notice.
-    container["lifecycle"] = recovery.stop_ranks_hook(CONFIG_DIR, recovery.grace_seconds(w))
+    container["lifecycle"] = recovery.stop_ranks_hook(CONFIG_DIR, recovery.grace_seconds(w, where.pool))
     if nvme:
         container["volumeMounts"].append(nvme[1])
     container.update({k: dict(v) for k, v in probes.items()})

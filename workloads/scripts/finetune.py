@@ -67,6 +67,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
+import finetune_tiered as tiered
 from finetune_check import Plan, check, check_fields, encode_record, plan, report_lines
 from finetune_checkpoints import newest_checkpoint
 from finetune_config import (
@@ -146,6 +147,7 @@ ENV_DEFAULTS = {
     "save_steps": "CHECKPOINT_EVERY_STEPS",
     "checkpoint_dir": "CHECKPOINT_DIR",
     "model_dir": "MODEL_DIR",
+    "local_checkpoint_dir": "LOCAL_CHECKPOINT_DIR",
 }
 # Vertex AI's own variables (a CustomJob with baseOutputDirectory sets them, as gs:// URIs, on every replica; its
 # TensorBoard uploads what lands under AIP_TENSORBOARD_LOG_DIR): the fall-back where neither the argument nor the
@@ -238,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2, the newest)")
     parser.add_argument("--checkpoint-dir", help=f"the checkpoint-N folders ({env['checkpoint_dir']})")
     parser.add_argument("--model-dir", help=f"where the final model goes ({env['model_dir']})")
+    parser.add_argument("--local-checkpoint-dir", help="tiered saves: the Trainer saves to this node-local folder (a "
+                        "local SSD) and each save is copied to --checkpoint-dir in the background, a marker last "
+                        f"(finetune_tiered.py; {env['local_checkpoint_dir']})")
+    parser.add_argument("--copy-rate-mb", type=float, help="with --local-checkpoint-dir: cap each node's copy at this "
+                        "many MB/s (default: none), to leave the node's network to the training")
     parser.add_argument("--precision", choices=PRECISIONS, help="default: ds_config.json's, else fp32")
     parser.add_argument("--logging-steps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=42)
@@ -315,6 +322,8 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
         problems.append(f"--save-steps must be 1 or more, got {args.save_steps}")
     if args.save_total_limit < 1:
         problems.append(f"--save-total-limit must be 1 or more, got {args.save_total_limit}")
+    if args.copy_rate_mb is not None and args.copy_rate_mb <= 0:
+        problems.append(f"--copy-rate-mb must be above 0, got {args.copy_rate_mb}")
     problem = eval_split(args.eval_split)[1]
     if problem:
         problems.append(problem)
@@ -858,6 +867,9 @@ def _export(trainer: Any, args: argparse.Namespace, tokenizer: Any, token: str |
         for stale in stale_files(model_dir, export):
             stale.unlink()
     saved = Path(args.checkpoint_dir) / "adapter-export" if export == MERGED else model_dir
+    # MODEL_DIR is shared: only rank 0 writes it. Tiered saves had every node write its own checkpoint files
+    # (save_on_each_node); here the other nodes would overwrite rank 0's gathered weights with their empty shards.
+    trainer.args.save_on_each_node = False
     trainer.save_model(str(saved))
     trainer.accelerator.wait_for_everyone()
     if trainer.is_world_process_zero():
@@ -916,6 +928,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_data(args, token, keys)
             return 0
         ds = prepared_ds_config(load_ds_config(args.deepspeed))
+        if args.local_checkpoint_dir:
+            ds = tiered.local_ds_config(ds)
         precision = resolve_precision(args.precision, ds)
         cpu = cpu_run(os.environ)
         problems = combination_problems(args.lora, zero_stage(ds), precision, cpu, offloads_params(ds))
@@ -955,7 +969,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (zero.Init).
     ds_args = trainer_ds_args(ds, precision)
     training = TrainingArguments(
-        output_dir=args.checkpoint_dir,
+        # Tiered: the Trainer saves to the node's local disk, every node its own files (finetune_tiered.py).
+        output_dir=args.local_checkpoint_dir or args.checkpoint_dir,
+        save_on_each_node=bool(args.local_checkpoint_dir),
         deepspeed=ds,
         learning_rate=args.learning_rate,
         num_train_epochs=args.epochs if args.epochs is not None else 1.0,
@@ -1000,11 +1016,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.lora:
         model = _lora(model, args)
     callback = _stop_callback(stop)
+    copier, copies = None, []
+    if args.local_checkpoint_dir:
+        copier = tiered.start(args.local_checkpoint_dir, args.checkpoint_dir, training.process_index,
+                              training.local_process_index, training.world_size, args.save_total_limit,
+                              lambda: stop.signal is not None, args.copy_rate_mb, say)
+        copies = [tiered.copy_callback(copier)]
     trainer = Trainer(model=model, args=training, train_dataset=data, eval_dataset=held_out,
                       data_collator=_collator(tokenizer.pad_token_id, head.packing),
                       **{tokenizer_keyword(version): tokenizer},
-                      callbacks=[_last_step_callback(), *_progress_callbacks(args), callback])
-    resume = newest_checkpoint(args.checkpoint_dir)
+                      callbacks=[_last_step_callback(), *_progress_callbacks(args), callback, *copies])
+    # Tiered: only a copy every node finished counts (its marker); a local save may be on one node only.
+    resume = newest_checkpoint(args.checkpoint_dir, tiered.COPIED_MARKER if args.local_checkpoint_dir else None)
     say(f"rank {training.process_index}/{training.world_size}: {len(data)} samples"
         f"{f', {len(held_out)} held out' if held_out is not None else ''}, ZeRO-{zero_stage(ds)}, "
         f"{precision}{', LoRA' if args.lora else ''}; " + (f"resuming from {resume}" if resume else "from the start"))
@@ -1016,12 +1039,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "nothing to train, exporting it")
         step = trainer.state.global_step
         if callback.stopped_at is not None:
+            _finish_copies(copier)
             say(f"rank {training.process_index}: stopped at step {step} on SIGTERM, checkpoint saved")
             return EXIT_PREEMPTED
         if held_out is not None and step % args.save_steps:
             trainer.evaluate()  # the last step's eval loss too (the saves' steps had theirs)
         trainer.model.config.use_cache = use_cache  # the model's own setting again, in what the export saves
         _export(trainer, args, tokenizer, token, precision, step, head.plan)
+        _finish_copies(copier)
         say(f"rank {training.process_index}: done at step {step}")
         return 0
     finally:
@@ -1029,6 +1054,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # their threads (see exit_without_teardown).
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _finish_copies(copier: tiered.Copier | None) -> None:
+    """Tiered: the last save's copy finishes before the rank exits (on SIGTERM, within the pods' grace period)."""
+    if copier is not None:
+        say("waiting for the last save's copy to the bucket")
+        copier.drain()
 
 
 def training_model(name: str, token: str | None, version: str, dtype: Any) -> tuple[Any, bool]:

@@ -16,12 +16,14 @@ def checkpoint_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def newest_checkpoint(directory: str | Path) -> Path | None:
+def newest_checkpoint(directory: str | Path, done_file: str | None = None) -> Path | None:
     """The checkpoint-N folder with the highest N that was saved to the end (it holds trainer_state.json, which
-    the Trainer writes after the model, optimizer and scheduler); None when there is none."""
+    the Trainer writes after the model, optimizer and scheduler; `done_file`: that file instead, e.g. the tiered
+    copy's marker, finetune_tiered.py); None when there is none."""
     root = Path(directory)
     if not root.is_dir():
         return None
+    done = done_file or CHECKPOINT_DONE_FILE
     found = [(step, p) for p in root.iterdir() if p.is_dir() and (step := checkpoint_step(p.name)) is not None
-             and (p / CHECKPOINT_DONE_FILE).is_file()]
+             and (p / done).is_file()]
     return max(found)[1] if found else None
