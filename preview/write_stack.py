@@ -191,7 +191,7 @@ def choose(request: Request, region: str, stack: str, budget: float | None = Non
     reasons = "; ".join(f"{c.label}: {why}" for c, why in refused[:3]) or "the planner found no option"
     on_held = f" on the held {held.describe()} ({cli.arg('--gpus', held.spec)})" if held else ""
     works = (f"; the cheapest the checks accept costs ${min(over_budget):,.2f}/h: {cli.arg('--budget', '')}"
-             f"{math.ceil(min(over_budget) * 100) / 100:.2f} or more would write it" if over_budget else "")
+             f"{math.ceil(round(min(over_budget) * 100, 6)) / 100:.2f} or more would write it" if over_budget else "")
     raise NoPlanError(f"no plan for {request.model.name} in {region}{on_held} that the stack's checks accept"
                       f"{' within the budget' if budget is not None else ''} ({reasons}){works}")
 
