@@ -245,7 +245,7 @@ def test_adapters_trained_with_a_named_template_are_served_with_it() -> None:
     args = server["args"]
     # vLLM renders every chat request with --chat-template (a file or the text), here the ConfigMap's file.
     assert args[args.index("--chat-template") + 1] == "/app/chat_template.jinja"
-    assert {"name": "server", "mountPath": "/app", "readOnly": True} in server["volumeMounts"]
+    assert {"name": "vllm-files", "mountPath": "/app", "readOnly": True} in server["volumeMounts"]
     data = run.one("kubernetes:core/v1:ConfigMap", "chat-server").inputs["data"]
     assert data == {"chat_template.jinja": chat_templates.template("zephyr")}
     doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chat"}, "spec": _pod(run)}
@@ -265,3 +265,16 @@ def test_adapters_trained_with_different_templates_are_refused() -> None:
     # A raw-trained adapter is asked on /v1/completions: any template suits it.
     assert problems("finetune", two(**{f"{T}.finetune.chatTemplate": "zephyr", f"{T2}": _tune2(
         chatTemplate="raw", recordFormat="prompt-completion")})) == []
+
+
+def test_a_named_template_and_the_evaluation_share_the_configmap() -> None:
+    """vLLM's own files (the template, the middleware) in its volume; the evaluator's scripts in the evaluator's."""
+    run = engine.run_program(*engine.engine_config_from_yaml(changed("finetune", two(**{
+        f"{T}.finetune.chatTemplate": "zephyr", f"{T2}": _tune2(chatTemplate="zephyr"),
+        f"{S}.serving.evaluation": {"task": "data/heldout.jsonl"}}))), stack="finetune")
+    pod = _pod(run)
+    (files,) = [v for v in pod["volumes"] if v["name"] == "vllm-files"]
+    assert [i["key"] for i in files["configMap"]["items"]] == ["chat_template.jinja", "client_endpoints.py"]
+    assert len({v["name"] for v in pod["volumes"]}) == len(pod["volumes"])
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chat"}, "spec": pod},
+                                 "1.33.0", strict=True)

@@ -61,7 +61,10 @@ def test_vllm_starts_with_the_base_alone_and_runtime_loading(gated: RunResult, p
     assert _env(server)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "true"
     # Only the pod itself may load or unload (issue 36 item 8): vLLM imports the middleware from the ConfigMap.
     assert _env(server)["PYTHONPATH"] == "/app"
-    assert {"name": "server", "mountPath": "/app", "readOnly": True} in server["volumeMounts"]
+    assert {"name": "vllm-files", "mountPath": "/app", "readOnly": True} in server["volumeMounts"]
+    # Only its middleware: the evaluator's scripts stay out of vLLM's import path.
+    (files,) = [v for v in _pod(gated)["volumes"] if v["name"] == "vllm-files"]
+    assert files["configMap"]["items"] == [{"key": "client_endpoints.py", "path": "client_endpoints.py"}]
     assert "client_endpoints.py" in gated.one(CONFIG_MAP, "chat-server").inputs["data"]
     assert "initContainers" not in _pod(gated)  # nothing to wait for before the base is served
     # Without evaluation: the adapter from MODEL_DIR at start, after the init container's wait, no runtime loading.

@@ -79,6 +79,7 @@ EVALUATOR_LIVENESS = {"exec": {"command": ["test", "-d", EVALS_MOUNT]}, "periodS
                       "failureThreshold": 3}
 SCRIPT_DIR = "/app"  # where the ConfigMap with the entry script is mounted
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # the adapters' named template in that ConfigMap (vLLM --chat-template)
+VLLM_FILES_VOLUME = "vllm-files"  # vLLM's own files of that ConfigMap, mounted at SCRIPT_DIR in its container
 COMPLETION_MARKER = ".complete"  # written last into MODEL_DIR by training (the fine-tuning contract)
 MARKER_POLL_SECONDS = 30
 # The image's user (workloads/images/deepspeed/Dockerfile) and its home, where HF_HOME, Triton's and torch's
@@ -407,9 +408,16 @@ def _volumes(inp: ServerInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
         {"name": "home", "mountPath": HOME},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
-    if w.serving.engine == MII or inp.source.chat_template is not None or inp.source.evaluated:
+    if w.serving.engine == MII:
         volumes.insert(0, {"name": "server", "configMap": {"name": inp.config_map, "defaultMode": 0o444}})
         mounts.insert(0, {"name": "server", "mountPath": SCRIPT_DIR, "readOnly": True})
+    elif vllm_files(inp.source):
+        # Only vLLM's own files of the ConfigMap (its --chat-template, its --middleware on PYTHONPATH): the
+        # evaluator's scripts stay out of its import path (evaluate.py would shadow Hugging Face's `evaluate`).
+        items = [{"key": name, "path": name} for name in vllm_files(inp.source)]
+        volumes.insert(0, {"name": VLLM_FILES_VOLUME, "configMap": {"name": inp.config_map, "defaultMode": 0o444,
+                                                                     "items": items}})
+        mounts.insert(0, {"name": VLLM_FILES_VOLUME, "mountPath": SCRIPT_DIR, "readOnly": True})
     if inp.hf_token_secret:
         volumes.append({"name": "hf-token", "secret": {"secretName": inp.hf_token_secret, "defaultMode": 0o440,
                                                        "items": [{"key": TOKEN_KEY, "path": TOKEN_KEY}]}})
@@ -425,6 +433,12 @@ def _volumes(inp: ServerInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
         volumes.append(evals_volume(inp.gcs))
         mounts.append({"name": EVALS_VOLUME, "mountPath": EVALS_MOUNT, "readOnly": True})
     return volumes, mounts
+
+
+def vllm_files(source: ModelSource) -> list[str]:
+    """The ConfigMap's files vLLM itself reads: the adapters' chat template, the evaluation's client middleware."""
+    return [name for name, wanted in ((CHAT_TEMPLATE_FILE, source.chat_template is not None),
+                                      (CLIENT_ENDPOINTS_FILE, source.evaluated)) if wanted]
 
 
 def evals_volume(gcs: gcs_fuse.GcsMount) -> dict[str, Any]:
@@ -575,8 +589,7 @@ def pod_template(inp: ServerInputs) -> dict[str, Any]:
         spec["initContainers"] = [wait_container(inp, mounts)]
     if inp.source.evaluated and inp.gcs:
         spec["containers"].append(evaluator_container(inp, mounts))
-        have = {v["name"] for v in volumes}  # the server's ConfigMap volume already, with a chat template
-        spec["volumes"] += [v for v in evaluator_volumes(inp) if v["name"] not in have]
+        spec["volumes"] += evaluator_volumes(inp)
     if inp.gcs:
         spec["serviceAccountName"] = inp.gcs.service_account
     return {"metadata": {"labels": pod_labels(w), "annotations": annotations}, "spec": spec}
