@@ -218,7 +218,15 @@ def _in_bucket(url: str) -> str:
     return f"drop the gs:// prefix and the bucket's name{instead}, a path in the stack's bucket"
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
+def _on_claim(path: list[Any], raw: dict[str, Any] | None) -> bool:
+    """Whether a path key is read on a Gaudi claim (an `mpijob` workload's `finetune` block), not in the bucket."""
+    if raw is None or len(path) < 3 or path[0] != "workloads" or path[2] != "finetune":
+        return False
+    workload = (raw.get("workloads") or {}).get(path[1])
+    return isinstance(workload, dict) and workload.get("kind", "mpijob") == "mpijob"
+
+
+def _describe(error: jsonschema.ValidationError, raw: dict[str, Any] | None = None) -> str:
     path = list(error.absolute_path)
     if "propertyNames" in error.relative_schema_path and isinstance(error.instance, str):
         path.append(error.instance)  # a key's name is wrong: name the key itself (`ncclTests.Bad_Name`)
@@ -242,8 +250,10 @@ def _describe(error: jsonschema.ValidationError) -> str:
         hint = did_you_mean(error.instance, map(str, error.validator_value)) if isinstance(error.instance, str) else ""
         return f"{where}: {json.dumps(error.instance)} is not one of {choices}{hint}"
     if error.validator == "pattern":
-        form = error.schema.get("x-form", error.validator_value)
-        local = error.schema.get("x-local-path")  # what to write instead of a path of the deploying machine or pod
+        # On a Gaudi claim the root is `storage.mountPath` (`-claim` variants), elsewhere the stack's bucket.
+        claim = "-claim" if _on_claim(path, raw) and "x-local-path-claim" in error.schema else ""
+        form = error.schema.get(f"x-form{claim}", error.schema.get("x-form", error.validator_value))
+        local = error.schema.get(f"x-local-path{claim}")  # what to write instead of a path of the machine or pod
         if local and str(error.instance).startswith(LOCAL_PATH_STARTS):
             return f"{where}: {json.dumps(error.instance)} is a local path; {local} (the key takes {form})"
         if error.schema.get("x-bucket-path") and str(error.instance).startswith(GS_SCHEME):
@@ -353,15 +363,16 @@ def _each_value_valid(validator: jsonschema.protocols.Validator, raw: dict[str, 
     return True
 
 
-def describe_all(errors: list[jsonschema.ValidationError]) -> list[str]:
+def describe_all(errors: list[jsonschema.ValidationError], raw: dict[str, Any] | None = None) -> list[str]:
     # dict.fromkeys: one line per problem, in order; a value checked through a `$ref` and its own keywords
-    # (e.g. `zones: us-west1-b`, not a list) fails the same way twice.
-    return list(dict.fromkeys(line for e in errors for line in _describe(e).split("\n")))
+    # (e.g. `zones: us-west1-b`, not a list) fails the same way twice. `raw`: the config, for what depends on where
+    # a key is read (a path on a Gaudi claim or in the bucket).
+    return list(dict.fromkeys(line for e in errors for line in _describe(e, raw).split("\n")))
 
 
 def schema_problems(raw: dict[str, Any]) -> list[str]:
     """Every problem the schema finds in `raw` (defaults filled), one line each."""
-    return describe_all(schema_errors(raw))
+    return describe_all(schema_errors(raw), raw)
 
 
 def gcp_settings(cfg: dict[str, Any], problems: list[str], required: bool = True) -> tuple[str, str]:
@@ -425,7 +436,7 @@ def parse_all(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = 
     project, region = gcp_settings(cfg, problems, required="cluster" in raw)
     filled = with_defaults(schema(), raw)
     errors = schema_errors(filled)
-    problems += describe_all(errors)
+    problems += describe_all(errors, filled)
     valid: dict[str, Any] | None = filled
     dropped: list[str] = []
     if problems:

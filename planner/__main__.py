@@ -245,6 +245,9 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
              f"Options keep {HEADROOM:.0%} of each GPU's memory free. Prices are estimates in {cat.currency}, "
              f"{cat.prices_of(region)} (data/gpu_catalog.yaml, {cat.date}).", *_serving_note(request),
              *_held_note(held, request), rank_line(rank), ""]
+    plans, folded = one_gpu_tables(plans)
+    lines += folded
+    every = one_gpu_tables(every)[0] if every else None  # the per-run summary leaves out what the tables do
     found = priced(request, every or plans, tokens.total, cat) if tokens else []
     runs = {(p.plan, id(p.option)): p for p in found}
     for plan in plans:
@@ -270,6 +273,31 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
         lines += _per_run_lines(request, found, tokens.total, tokens.said, top, rank)
     lines += _reservation_lines(res, found, rank, top, tokens is not None)
     return "\n".join(lines)
+
+
+def one_gpu_tables(plans: list[Plan]) -> tuple[list[Plan], list[str]]:
+    """Where every option is one GPU, ZeRO's stages shard over a single rank and save nothing: one table per
+    offload choice (its lowest stage), and a line saying which were left out (issue 40: six near-identical tables)."""
+    training = [p for p in plans if p.strategy.training and p.options]
+    if len(training) < 2 or any(o.gpus != 1 for p in training for o in p.options):
+        return plans, []
+    kept: dict[tuple[bool, bool], Plan] = {}
+    for p in sorted(training, key=lambda p: p.strategy.zero_stage or 0):
+        kept.setdefault((p.strategy.offload_optimizer, p.strategy.offload_params), p)
+    left_out = [p.strategy.label for p in training if p not in kept.values()]
+    if not left_out:
+        return plans, []
+    shown = [p for p in plans if p in kept.values() or not p.strategy.training or not p.options]
+    return shown, [f"On one GPU ZeRO partitions over a single rank and saves no memory: {', '.join(left_out)} left "
+                   f"out (within {_spread(training):.1f} GB per GPU of the table of the same offload shown).", ""]
+
+
+def _spread(plans: list[Plan]) -> float:
+    """The widest difference in GB per GPU between plans of the same offload choice, for the note above."""
+    groups: dict[tuple[bool, bool], list[float]] = {}
+    for p in plans:
+        groups.setdefault((p.strategy.offload_optimizer, p.strategy.offload_params), []).append(p.options[0].per_gpu_gb)
+    return max(max(g) - min(g) for g in groups.values())
 
 
 def run_tokens(args: argparse.Namespace) -> run_estimate.GivenTokens | None:

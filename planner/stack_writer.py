@@ -32,6 +32,7 @@ from planner import recovery
 from planner.held import Held, Reservation
 from planner.recommend import MAX_NODES, Option, recommend, short_name
 from planner.sizing import BYTES_PER_PARAM, GB, HEADROOM, Estimate, Request, Strategy, known_models
+from planner.training_notes import FULL_LEARNING_RATE, batch_reason
 
 TRAINING, INFERENCE = "training", "inference"
 PROJECT_PLACEHOLDER = "my-gcp-project"
@@ -224,6 +225,9 @@ def _finetune(request: Request, strategy: Strategy, option: Option, model_id: st
                              "sequenceLength": request.sequence_length, "epochs": 1,
                              "gradientCheckpointing": request.gradient_checkpointing, "lora": _lora_keys(request)}}
     checkpoint = recovery.checkpoint_bytes(request.trained_parameters, request.precision, exported=True)
+    if request.lora is None:  # every parameter: finetune.lora.enabled's own advice (model/schema.yaml)
+        workload["deepspeed"]["learningRate"] = FULL_LEARNING_RATE
+    reasons.append(batch_reason(workload["deepspeed"], request))
     if request.lora is not None:
         what = (f"finetune: {request.training_label} on {model_id}, sized as such: only the adapters have "
                 "gradients and optimizer states; lora.enabled: false trains every parameter (`make gpus "

@@ -42,6 +42,7 @@ from planner.held import Held, Reservation, held_capacity
 from planner.recommend import RANKS, rank_line, speed_key
 from planner.requests import mode_request
 from planner.sizing import BYTES_PER_PARAM, Request, given_shape, hub_id, resolve
+from planner.training_notes import record_formats, steps_line
 from preview.engine import PROJECT_DIR, SECRET, engine_config_from_yaml
 
 MAX_TRIES = 60  # candidates loaded through the checks before giving up (each load is a few tens of ms)
@@ -209,7 +210,8 @@ def run_line(choice: Choice, request: Request, tokens: run_estimate.GivenTokens 
             f"${on_demand['fast']:,.2f}–${on_demand['slow']:,.2f} per run on-demand, ${spot['fast']:,.2f}–"
             f"${spot['slow']:,.2f} spot, with its saves and data step, at an MFU of {r['mfu']['low']:.0%}–"
             f"{r['mfu']['high']:.0%} from measured runs (data/training_speed.yaml: {', '.join(r['evidence'])}; "
-            "`make gpus` without WRITE= ranks every option by cost per run)."]
+            "`make gpus` without WRITE= ranks every option by cost per run).",
+            *steps_line(choice.candidate.config, request, tokens.total)]
 
 
 def _cost_line(choice: Choice, region: str, stack: str, cat: gpu_catalog.Catalog) -> str:
@@ -236,9 +238,11 @@ def next_steps(choice: Choice, stack: str) -> list[str]:
     for name, w in workloads.items():
         data = (w.get("finetune") or {}).get("datasetPath")
         if data:
-            steps.append(f"Your data (JSON lines, each record's `text` learned; or set finetune.promptField and "
-                         f"responseField) where the stack reads it (workloads.{name}.finetune.datasetPath, in the "
-                         "bucket `pulumi up` created): "
+            steps.append(f"Your data (JSON lines of {record_formats()}: the first record's fields tell which, "
+                         f"or set workloads.{name}.finetune.recordFormat), checked on your machine first with `make "
+                         f"check-data DATA=train.jsonl MODEL={w['finetune'].get('model', 'a local folder')}` (a "
+                         "local folder or a Hugging Face id in your cache), where the stack reads it "
+                         f"(workloads.{name}.finetune.datasetPath, in the bucket `pulumi up` created): "
                          f"`gcloud storage cp train.jsonl gs://$(pulumi stack output bucket -s {stack})/{data}`; "
                          f"the launcher waits for it. Follow the run: `kubectl logs -n {w['namespace']} -f "
                          f"job/{name}-launcher`.")

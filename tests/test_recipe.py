@@ -226,9 +226,24 @@ def test_a_local_or_file_dataset_on_gaudi_is_sent_to_the_claim() -> None:
     found = problems("gaudi", {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.finetune.datasetPath": "/storage/data/train.jsonl"})
     assert found == [
         f"{GAUDI_W}.finetune.datasetPath: \"/storage/data/train.jsonl\" is a local path; write it relative to the "
-        "data root (the bucket on GKE and Vertex AI, `storage.mountPath`, the claim, on Gaudi), e.g. data/train.jsonl "
-        "for /storage/data/train.jsonl on a claim mounted at /storage (the key takes a file or folder of the bucket "
-        "such as data/train.jsonl)"]
+        "claim's root (`storage.mountPath`), e.g. data/train.jsonl for /storage/data/train.jsonl on a claim mounted at "
+        "/storage (the key takes a file or folder of the claim such as data/train.jsonl)"]
+
+
+@pytest.mark.parametrize(("stack", "key"), [("finetune", "workloads.tune.finetune"), ("vertex", "vertex.finetune")])
+def test_a_local_path_in_the_bucket_gets_a_bucket_example(stack: str, key: str) -> None:
+    """Issue 40: GKE's error showed the Gaudi claim's /storage example. On GKE and Vertex AI the root is the
+    bucket; each key's example is its own."""
+    found = problems(stack, {f"{key}.datasetPath": "/home/me/train.jsonl"})
+    assert found == [
+        f"{key}.datasetPath: \"/home/me/train.jsonl\" is a local path; write it relative to the stack's bucket (its "
+        "GCS FUSE mount on GKE), e.g. data/train.jsonl for gs://<the bucket>/data/train.jsonl (`gcloud storage cp` it "
+        "there) (the key takes a file or folder of the bucket such as data/train.jsonl)"]
+    found += problems(stack, {f"{key}.modelPath": "/home/me/base"})
+    assert (f"{key}.modelPath: \"/home/me/base\" is a local path; write it relative to the stack's bucket (its GCS "
+            "FUSE mount on GKE), e.g. models/base/Qwen2.5-7B for gs://<the bucket>/models/base/Qwen2.5-7B (the key "
+            "takes a folder of the bucket such as models/base/Qwen2.5-7B)") in found
+    assert not any("/storage" in p or "claim" in p for p in found)
 
 
 def test_gaudi_data_off_the_claim_is_refused() -> None:

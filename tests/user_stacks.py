@@ -147,7 +147,7 @@ def examples_check(note: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--examples-check", action="store_true", help="compare the stack files with tests/examples")
     parser.add_argument("--note", action="store_true", help="with --examples-check: report differences, exit 0")
     parser.add_argument("--lone", action="store_true", help="the suite in a plain copy with no ../shared beside it")

@@ -411,7 +411,10 @@ def check_serve_evaluation(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
         return []
     key, s = at("workloads", w.name, "serving", "evaluation"), w.serving
     problems = []
-    if not s.adapters and not adapter_names(m, w):
+    # A fromWorkload naming no workload is said at its own key (check_serve_from_workload), not as "serves a whole
+    # model" here (issue 40: the follow-on named the typo's cause wrongly).
+    unknown = bool(s.from_workload) and s.from_workload not in m.workloads
+    if not s.adapters and not adapter_names(m, w) and not unknown:
         what = (f"serving.fromWorkload {s.from_workload} serves a whole model" if s.from_workload else
                 "the server serves no adapter")
         problems.append(f"{key}: scores LoRA adapters against the base model, and {what}; list finetune workloads "
@@ -650,8 +653,8 @@ def warn_autoscaling_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]
 def warn_lora_keys_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """vLLM's LoRA sizes when the server loads no adapter."""
     s = w.serving
-    if adapter_names(m, w) or s.adapters:
-        return []
+    if adapter_names(m, w) or s.adapters or (s.from_workload and s.from_workload not in m.workloads):
+        return []  # a fromWorkload naming no workload is an error at its own key
     return [f"{at('workloads', w.name, 'serving', key)}: not used: the server loads no LoRA adapter (serving.adapters "
             "is empty and serving.fromWorkload exports none)" for key, value in
             (("maxLoraRank", s.max_lora_rank), ("maxLoras", s.max_loras)) if value is not None]

@@ -230,7 +230,7 @@ def lm_eval_version() -> str:
 # --- main ---------------------------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()), allow_abbrev=False)
     parser.add_argument("--url", required=True, help="the server's root, e.g. http://127.0.0.1:8000")
     parser.add_argument("--base", required=True, help="the base model's name in the server's API")
     parser.add_argument("--adapter", required=True, help="the name the tuned adapter is served under")

@@ -202,7 +202,7 @@ def parse_adapter(text: str) -> Adapter:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()), allow_abbrev=False)
     parser.add_argument("--url", required=True, help="the server's root, e.g. http://127.0.0.1:8000")
     parser.add_argument("--base", required=True, help="the base model's name in the server's API")
     parser.add_argument("--task", required=True, help="the held-out task (JSON lines in a format training takes)")

@@ -58,7 +58,7 @@ SKEW = datetime.timedelta(seconds=60)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--queue", required=True, help="the ClusterQueue")
     p.add_argument("--flavor", required=True, help="the reservation's ResourceFlavor")
     p.add_argument("--index", type=int, required=True, help="its index in the GPU resource group")
