@@ -765,3 +765,27 @@ def test_preview_lists_the_server_with_its_cost_and_the_prompt_command(serve: Ru
     assert "kubectl -n serving port-forward svc/chat 8000:8000 &" in body
     assert ('python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model '
             'Qwen/Qwen2.5-7B-Instruct "What is DeepSpeed?"') in body
+
+
+def test_sequence_length_above_the_models_positions_is_refused() -> None:
+    # issue 42 item 5: Llama-3.1-8B has 131,072 positions (config.json max_position_embeddings); vLLM refuses
+    # --max-model-len 140000 at start, so the preview refuses it, and recommends no GPUs for a server that won't start.
+    llama = {f"{W}.serving.model": "meta-llama/Llama-3.1-8B-Instruct", f"{W}.model.name": "Llama-3.1-8B",
+             "hfToken": "v1:planted"}
+    token = ("hfToken",)
+    assert problems("serve", {**llama, f"{W}.model.sequenceLength": 140000}, token) == [
+        f"{W}.model.sequenceLength: 140,000 tokens, but Llama-3.1-8B has 131,072 positions (config.json "
+        "max_position_embeddings, data/models.yaml), and vLLM refuses a --max-model-len above it at start; set at "
+        "most 131072"]
+    # Meta-Llama-3-8B (the same shape, before 3.1) has its own config's 8,192.
+    three = {**llama, f"{W}.serving.model": "meta-llama/Meta-Llama-3-8B-Instruct", f"{W}.model.sequenceLength": 8193}
+    assert problems("serve", three, token)[0].startswith(
+        f"{W}.model.sequenceLength: 8,193 tokens, but meta-llama/Meta-Llama-3-8B-Instruct has 8,192 positions")
+    # Qwen2.5-7B-Instruct's config says 32,768 (its base model 131,072): 32768 passes, 32769 does not.
+    assert not any("positions" in p for p in problems("serve", {f"{W}.model.sequenceLength": 32768}))
+    assert problems("serve", {f"{W}.model.sequenceLength": 32769})[0].startswith(
+        f"{W}.model.sequenceLength: 32,769 tokens, but Qwen/Qwen2.5-7B-Instruct has 32,768 positions")
+    # A model the catalog does not list is not checked (it is sized as model.name's shape, with no limit known).
+    unlisted = {f"{W}.serving.model": "acme/chat-7b", f"{W}.model.name": DELETE, f"{W}.model.parameters": 7,
+                f"{W}.model.sequenceLength": 200000, f"{W}.model.batchSize": 1}
+    assert not any("positions" in p for p in problems("serve", unlisted))

@@ -255,6 +255,32 @@ def check_serve_model_identity(m: StackConfig, w: ServeWorkloadConfig) -> list[s
     return []
 
 
+def _positions(text: str | None) -> tuple[int, str] | None:
+    """The context length data/models.yaml records for a name or id (its `maxPositionsOf`, else `maxPositions`),
+    with the entry's name; None where the catalog does not list it."""
+    entry = known_models().get(text.lower()) if text else None
+    if entry is None or "maxPositions" not in entry:
+        return None
+    own = {k.lower(): v for k, v in entry.get("maxPositionsOf", {}).items()}
+    return int(own.get(text.lower(), entry["maxPositions"])), text if text.lower() in own else entry["name"]
+
+
+def check_serve_context_length(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """vLLM refuses to start with --max-model-len (`model.sequenceLength`) above the model's positions (config.json
+    max_position_embeddings, data/models.yaml `maxPositions`). The model is the served id, else the Hugging Face id
+    fromWorkload trains, else `model.name`; a model the catalog does not list is not checked."""
+    if w.model is None:
+        return []
+    trainer = m.workloads.get(w.serving.from_workload or "")
+    names = [w.serving.model, *(hf for _, hf in (trainer.hub_models() if trainer else ())), w.model.name]
+    limit = next((found for found in map(_positions, names) if found is not None), None)
+    if limit is None or w.model.sequence_length <= limit[0]:
+        return []
+    return [f"{at('workloads', w.name, 'model', 'sequenceLength')}: {w.model.sequence_length:,} tokens, but "
+            f"{limit[1]} has {limit[0]:,} positions (config.json max_position_embeddings, data/models.yaml), and "
+            f"vLLM refuses a --max-model-len above it at start; set at most {limit[0]}"]
+
+
 def _trained_model(trainer: WorkloadConfig) -> tuple[tuple[str, ...], str] | None:
     """The data/models.yaml entry a training workload trains, with the key that names it: its `model.name`, else
     the Hugging Face id it downloads (a finetune's `finetune.model`); None where neither is listed."""
@@ -505,6 +531,8 @@ def check_serve_fits(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
         return []  # no model or no pool: other rules say why
     if serving_problem(cat, gpu.name, request) is not None:
         return []  # the engine cannot serve it on this GPU at all: check_serve_engine_gpu or the precision rule says
+    if check_serve_context_length(m, w):
+        return []  # past the model's positions it would not start on any GPU: no GPUs to recommend
     est = estimate(request, INFERENCE, where.per_worker, 1)
     budget = gpu.memory_gb * (1 - request.headroom)
     if est.per_gpu_gb <= budget:
@@ -685,7 +713,8 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
     rules=(check_serve_accelerator, check_serve_engine_gpu, check_serve_model_block, check_serve_model_source,
            check_serve_from_workload, check_serve_adapters, check_serve_chat_templates, check_serve_adapter_engine,
            check_serve_lora_rank,
-           check_serve_model_identity, check_serve_tensor_parallel, check_serve_fits, check_serve_replicas,
+           check_serve_model_identity, check_serve_context_length, check_serve_tensor_parallel, check_serve_fits,
+           check_serve_replicas,
            check_serve_autoscaling, check_serve_ports, check_serve_allow_from, check_serve_evaluation),
     build=build,
     warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_autoscaling_unused,
