@@ -1,9 +1,15 @@
-# Two commands on a fresh machine: `make preview` and `make test`. Both create .venv when missing.
+# Two commands on a fresh machine: `make preview` and `make test`. Both create .venv when missing: `make preview`
+# installs what the program needs (requirements.txt), `make test` adds the test and lint tools (requirements-test.txt).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STACK ?= dev
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+# Bytecode is written on first import (also where the environment sets PYTHONDONTWRITEBYTECODE): the first run
+# compiles the modules it imports, later runs read them. Not at install: uv's --compile-bytecode compiled every
+# module of the provider SDKs (pulumi-gcp's thousands), which was two thirds of the install (docs/measurements.md).
+RUN := PYTHONDONTWRITEBYTECODE= $(BIN)/python
 
 .PHONY: help preview test examples-check test-user-stacks test-lone-clone test-recipe check-data e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check gpu-bench
 
@@ -13,17 +19,21 @@ UV_VERSION := 0.13.9
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
-	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -r requirements.txt
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -r requirements.txt
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP) requirements-test.txt
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -r requirements.txt -r requirements-test.txt
+	touch $(TEST_STAMP)
 
 help:  ## every target with what it does and its variables (the `##` text of each)
 	@grep -E '^[a-z][a-z-]*:.*## ' $(firstword $(MAKEFILE_LIST)) | sed -E 's/^([a-z-]+):.*## /\1\t/' | expand -t 20
 
 preview: $(STAMP)  ## offline preview of STACK (default dev): no cloud account needed
-	$(BIN)/python -m preview --stack $(STACK) $(if $(BASE),--base $(BASE),)
+	$(RUN) -m preview --stack $(STACK) $(if $(BASE),--base $(BASE),)
 
 bench: $(STAMP)  ## time the offline preview against the bare Pulumi SDK (each stack; 25/100 generated GPU pools)
-	$(BIN)/python -m preview.bench
+	$(RUN) -m preview.bench
 
 # 2 workers (pytest-xdist), tests handed out one by one (--dist load): a module's fixtures may then run on both
 # workers, but loadscope's whole-module batches left one worker idle for the last ~8 s (docs/measurements.md).
@@ -33,7 +43,7 @@ bench: $(STAMP)  ## time the offline preview against the bare Pulumi SDK (each s
 # ruff and lint-imports run beside the tests, while pytest starts its workers (~0.3 s of CPU each, which took ~1 s
 # of wall time after the tests); their output follows the tests', and any of the three failing fails the target.
 LINT_LOGS := build/.lint
-test: $(STAMP)  ## the whole test suite under Pulumi mocks (2 workers, pytest-xdist), plus ruff and the import contracts
+test: $(TEST_STAMP)  ## the whole test suite under Pulumi mocks (2 workers, pytest-xdist), plus ruff and the import contracts
 	@mkdir -p $(LINT_LOGS); \
 	$(BIN)/ruff check . > $(LINT_LOGS)/ruff.log 2>&1 & ruff=$$!; \
 	$(BIN)/lint-imports --no-cache --no-logo > $(LINT_LOGS)/lint-imports.log 2>&1 & imports=$$!; \
@@ -44,22 +54,22 @@ test: $(STAMP)  ## the whole test suite under Pulumi mocks (2 workers, pytest-xd
 	test "$$tests $$ruff $$imports" = "0 0 0" || exit 1; \
 	$(BIN)/python tests/user_stacks.py --examples-check --note
 
-examples-check: $(STAMP)  ## the stack files are still the examples the tests pin (tests/examples); CI runs it
+examples-check: $(TEST_STAMP)  ## the stack files are still the examples the tests pin (tests/examples); CI runs it
 	$(BIN)/python tests/user_stacks.py --examples-check
 
 # A temporary copy with two examples edited and two stack files added, as a user who adapts the stack has it: the
 # whole suite passes there, and the checks every stack must pass ran over the added files (CI runs it).
-test-user-stacks: $(STAMP)  ## the suite on a copy with edited example stacks and stack files of a user's own
+test-user-stacks: $(TEST_STAMP)  ## the suite on a copy with edited example stacks and stack files of a user's own
 	$(BIN)/python tests/user_stacks.py
 
 # A user's clone has no ../shared beside it: the suite in a plain temporary copy must pass there too (CI runs it;
 # the tests that compare with ../shared/reference skip, the facts they need are in data/ and tests/).
-test-lone-clone: $(STAMP)  ## the suite in a copy of the project with no ../shared beside it, as a user's clone has it
+test-lone-clone: $(TEST_STAMP)  ## the suite in a copy of the project with no ../shared beside it, as a user's clone has it
 	$(BIN)/python tests/user_stacks.py --lone
 
 # finetune.py's record formats trained on the tiny Llama with the e2e venv's torch and transformers (after make e2e's
 # install; skips without it): tests/recipe.
-test-recipe: $(STAMP)  ## each record format trains on a tiny model with the expected labels (the e2e venv's libraries)
+test-recipe: $(TEST_STAMP)  ## each record format trains on a tiny model with the expected labels (the e2e venv's libraries)
 	$(BIN)/python -m pytest -m recipe tests/recipe
 
 # The recipe's own data check (finetune.py --check-data, what the launcher runs before the ranks) on your file, here,
@@ -110,7 +120,7 @@ gpu-check:  ## on a device machine: finetune.py bf16 ZeRO-3 LoRA on one GPU, exp
 gpu-bench:  ## on a device machine: tokens/s per GPU, MFU and peak memory per setting (needs make gpu-wheels)
 	GPU_CHECK_SCRIPT=e2e/gpu_bench.py bash e2e/gpu_check.sh $(ARGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache --no-logo
 
@@ -122,7 +132,7 @@ docs: $(STAMP)  ## regenerate the configuration reference (docs/reference.md) fr
 # GPUS=16xH100-MEGA (or 2xa3-megagpu-8g): plan on the capacity you hold only; TOP=n: options per table (not with WRITE).
 # DEEPSPEED_STACK_MAKE=1: the programs name arguments as these variables (BUDGET=, not --budget) in their errors.
 gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-Instruct|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [GPUS=16xH100-MEGA] [RESERVATION=name:2xa3-megagpu-8g:2026-12-04T00:00Z] [RANK=cost|speed] [TOP=n] [VOCAB=.. HIDDEN=..|LARGEST=..] [TOKENS=N|DATA=file.jsonl [FIELDS=a,b]] [EPOCHS=n] [WRITE=<stack> [BUDGET=$/h] [SERVE=0|1] [FORCE=1]]
-	DEEPSPEED_STACK_MAKE=1 $(BIN)/python -m $(if $(WRITE),preview.write_stack --stack "$(WRITE)" \
+	DEEPSPEED_STACK_MAKE=1 $(RUN) -m $(if $(WRITE),preview.write_stack --stack "$(WRITE)" \
 		$(if $(BUDGET),--budget "$(BUDGET)",) $(if $(SERVE),--serve "$(SERVE)",) $(if $(filter-out 0,$(FORCE)),--force,),planner) \
 		$(if $(MODEL),--model "$(MODEL)",$(if $(PARAMETERS),--parameters $(PARAMETERS),)) \
 		$(if $(MODE),--mode $(MODE),) $(if $(PRECISION),--precision $(PRECISION),) \

