@@ -1330,14 +1330,14 @@ GATED = "yes"
 ADAPTER_STEPS, ADAPTER_SAVE_STEPS = 20, 10
 # Rank 2 on every linear layer: the tiny Llama's adapter is then 4.3 % of its weights (a real 7B's rank-16 adapter
 # is about 0.5 %: its embeddings dominate); vLLM holds it in --max-lora-rank 8, its smallest rank above 1.
-ADAPTER_DS = {**FINETUNE_DS, "learningRate": 0.05}
+ADAPTER_DS = {**FINETUNE_DS, "learningRate": 0.1}
 ADAPTER_MAX_SHARE = 0.05  # an adapter's weights, at most this share of the (merged) model's
 TASK_RECORDS = 20
 # One token: the tiny model learns its answer's token (`yes` is one in its tokenizer) within a few steps, but not to
 # stop after it (its logits stay small: RMSNorm and the output head's small initialisation), so longer replies are
 # `yesyes...`; a user's task generates until the end of the turn or --max-tokens (default 32).
 EVAL_MAX_TOKENS = 1
-GATE = 0.05  # nats per reference token: the trained adapter must beat the base (then the served one) by this
+GATE = 0.1  # nats per reference token: the trained adapter must beat the base (then the served one) by this
 LIKELIHOOD_TOLERANCE = 1e-3  # vLLM's prompt logprobs against transformers', both float32 on CPU
 # The bucket's mount (gcsFuse.mountPath) of this scenario's pods: a folder no other scenario mounts, so that a run of
 # older harness code beside this one (which removed /gcs at its end, unmounting it in every run) cannot take it away.
