@@ -241,8 +241,9 @@ def test_variant_autoscaler_load_balancer_bucket_and_token(variant: RunResult) -
     assert hpa["metrics"] == [{"type": "Pods", "pods": {
         "metric": {"name": "prometheus.googleapis.com|vllm:num_requests_running|gauge"},
         "target": {"type": "AverageValue", "averageValue": "8"}}}]
-    # maxReplicas 2 takes both nodes of the pool: no node to surge onto.
-    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    # maxReplicas 2 takes both nodes of the pool: no node to surge onto; the autoscaler may be at 1 replica, which a
+    # rollout never takes down first (issue 42 item 5): the surge pod waits for a node.
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     svc = variant.one(SERVICE).inputs
     assert svc["spec"]["type"] == "LoadBalancer"
     assert svc["metadata"]["annotations"] == {"networking.gke.io/load-balancer-type": "Internal"}
@@ -789,3 +790,38 @@ def test_sequence_length_above_the_models_positions_is_refused() -> None:
     unlisted = {f"{W}.serving.model": "acme/chat-7b", f"{W}.model.name": DELETE, f"{W}.model.parameters": 7,
                 f"{W}.model.sequenceLength": 200000, f"{W}.model.batchSize": 1}
     assert not any("positions" in p for p in problems("serve", unlisted))
+
+
+@pytest.mark.parametrize(("change", "strategy", "warned"), [
+    # The example: one replica, maxNodes 2: the surge pod has a node; nothing to warn.
+    ({}, {"maxSurge": 1, "maxUnavailable": 0}, None),
+    # One replica on a pool of one node: never taken down first; the new pod waits for a node, and the preview
+    # says what one g2-standard-8 more costs (data/gpu_catalog.yaml: $0.85/h on demand).
+    ({"nodePools[0].maxNodes": 1}, {"maxSurge": 1, "maxUnavailable": 0},
+     f"nodePools[0].maxNodes: 1 node(s) of pool l4, all for chat's 1 replica(s): no node for the surge pod a rollout "
+     f"starts first; {W}.serving.replicas is 1 and a rollout never takes it down first (maxUnavailable 0): a new "
+     "model, image or setting waits, its pod Pending and the old one serving, and `pulumi up` fails waiting for the "
+     "Deployment. Raise maxNodes to 2 (one g2-standard-8 node more, $0.85/h on demand, only while a rollout runs: "
+     "the autoscaler removes it after)"),
+    # Two replicas on two nodes: one at a time, the other serving.
+    ({f"{W}.serving.replicas": 2}, {"maxSurge": 0, "maxUnavailable": 1},
+     "nodePools[0].maxNodes: 2 node(s) of pool l4, all for chat's 2 replica(s): no node for the surge pod a rollout "
+     "starts first; a rollout replaces chat's replicas one at a time, one fewer serving meanwhile. Raise maxNodes "
+     "to 3 (one g2-standard-8 node more, $0.85/h on demand, only while a rollout runs: the autoscaler removes it "
+     "after)"),
+    # The autoscaler may be at its 1 replica when a rollout starts: the same, said so.
+    ({f"{W}.serving.autoscaling": {"enabled": True, "maxReplicas": 2}}, {"maxSurge": 1, "maxUnavailable": 0},
+     f"nodePools[0].maxNodes: 2 node(s) of pool l4, all for chat's 2 replica(s): no node for the surge pod a rollout "
+     f"starts first; {W}.serving.replicas (the autoscaler's fewest) is 1 and a rollout never takes it down first "
+     "(maxUnavailable 0): a new model, image or setting waits, its pod Pending and the old one serving, and `pulumi "
+     "up` fails waiting for the Deployment. Raise maxNodes to 3 (one g2-standard-8 node more, $0.85/h on demand, "
+     "only while a rollout runs: the autoscaler removes it after)"),
+])
+def test_a_rollout_never_leaves_zero_ready_replicas(change: dict[str, Any], strategy: dict[str, int],
+                                                    warned: str | None) -> None:
+    # issue 42 item 5: a one-replica server was replaced in place (maxSurge 0, maxUnavailable 1) on a full pool.
+    run = engine.run_program(*engine.engine_config_from_yaml(changed("serve", change)), stack="serve")
+    spec = run.one(DEPLOYMENT).inputs["spec"]
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": strategy}
+    found = [w for w in warnings(config_model(changed("serve", change))) if "surge pod" in w]
+    assert found == ([warned] if warned else [])

@@ -600,10 +600,19 @@ def most_replicas(w: ServeWorkloadConfig) -> int:
     return max(s.replicas, s.autoscaling.max_replicas) if s.autoscaling.enabled else s.replicas
 
 
+def surge_node_spare(w: ServeWorkloadConfig, where: Placement) -> bool:
+    """A surge pod needs a node of its own (one replica a node): the pool has one beyond the most replicas."""
+    return where.pool is not None and where.pool.max_nodes > most_replicas(w)
+
+
 def rollout(w: ServeWorkloadConfig, where: Placement) -> dict[str, Any]:
-    """A surge pod needs a node of its own: surge only when the pool has a node to spare, else replace in place."""
-    spare = where.pool is not None and where.pool.max_nodes > most_replicas(w)
-    return {"maxSurge": 1, "maxUnavailable": 0} if spare else {"maxSurge": 0, "maxUnavailable": 1}
+    """Never zero ready replicas (issue 42 item 5). With a node to spare: surge one, none unavailable. Without
+    one, several replicas are replaced one at a time (the others serve meanwhile), but a lone replica is never taken
+    down first: maxUnavailable 0, so its successor waits Pending for a node the pool cannot give and the old pod
+    serves on until maxNodes is raised (the preview warns: workloads/kinds/serve.py warn_no_surge_node)."""
+    if surge_node_spare(w, where) or w.serving.replicas <= 1:
+        return {"maxSurge": 1, "maxUnavailable": 0}
+    return {"maxSurge": 0, "maxUnavailable": 1}
 
 
 def network_peers(sources: list[AllowedSource]) -> list[dict[str, Any]]:

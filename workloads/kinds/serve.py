@@ -29,6 +29,7 @@ from model.serving_engines import MII, VLLM, Engine, capability_text
 from model.suggest import did_you_mean
 from model.types import FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig, WorkloadConfig
 from model.validators import DNS1123_LABEL, at, or_list
+from planner.cost import pool_costs
 from planner.model_ids import id_problem
 from planner.recommend import Option, cheapest_for_gpu, serving_problem, short_name
 from planner.requests import workload_request
@@ -47,6 +48,7 @@ from workloads.serving import (
     most_replicas,
     served_base,
     served_port,
+    surge_node_spare,
     trained_base,
     vllm_lora_rank,
 )
@@ -666,6 +668,29 @@ def warn_unknown_heads(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
             f"{where.per_worker} GPUs"]
 
 
+def warn_no_surge_node(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """A rollout's surge pod needs a node the pool may not have (workloads/serving.py rollout): one replica then
+    waits for it, several are replaced one at a time; either way, what one node more costs per hour."""
+    where, index = placement(m, w), _pool_index(m, w)
+    if where is None or where.pool is None or index is None or surge_node_spare(w, where):
+        return []
+    pool, s = where.pool, w.serving
+    if most_replicas(w) > pool.max_nodes:
+        return []  # refused at serving.replicas (check_serve_replicas)
+    price = next((p for p in pool_costs(m) if p.name == pool.name and p.known), None)
+    cost = (f"${price.pays(1):,.2f}/h {'spot' if price.spot else 'on demand'}" if price else
+            "price unknown: not in data/gpu_catalog.yaml")
+    fewest = " (the autoscaler's fewest)" if s.autoscaling.enabled else ""
+    what = (f"{at('workloads', w.name, 'serving', 'replicas')}{fewest} is 1 and a rollout never takes it down first "
+            "(maxUnavailable 0): a new model, image or setting waits, its pod Pending and the old one serving, and "
+            "`pulumi up` fails waiting for the Deployment" if s.replicas <= 1 else
+            f"a rollout replaces {w.name}'s replicas one at a time, one fewer serving meanwhile")
+    return [f"{at('nodePools', index, 'maxNodes')}: {pool.max_nodes} node(s) of pool {pool.name}, all for "
+            f"{w.name}'s {most_replicas(w)} replica(s): no node for the surge pod a rollout starts first; {what}. "
+            f"Raise maxNodes to {pool.max_nodes + 1} (one {pool.machine_type} node more, {cost}, only while a "
+            "rollout runs: the autoscaler removes it after)"]
+
+
 def warn_autoscaling_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """The autoscaler's bounds when there is no autoscaler: `replicas` pods, always."""
     scaling = w.serving.autoscaling
@@ -717,7 +742,8 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
            check_serve_replicas,
            check_serve_autoscaling, check_serve_ports, check_serve_allow_from, check_serve_evaluation),
     build=build,
-    warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_autoscaling_unused,
+    warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_no_surge_node,
+              warn_autoscaling_unused,
               warn_lora_keys_unused, warn_openai_port_unused),
     sizes_its_model=True,
     checks_its_gpu=True,
