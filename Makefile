@@ -131,7 +131,7 @@ docs: $(STAMP)  ## regenerate the configuration reference (docs/reference.md) fr
 # SERVE=0|1: without or with the server of the result (MODE=finetune: with, by default); FORCE=1 replaces the file.
 # GPUS=16xH100-MEGA (or 2xa3-megagpu-8g): plan on the capacity you hold only; TOP=n: options per table (not with WRITE).
 # DEEPSPEED_STACK_MAKE=1: the programs name arguments as these variables (BUDGET=, not --budget) in their errors.
-gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-Instruct|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [GPUS=16xH100-MEGA] [RESERVATION=name:2xa3-megagpu-8g:2026-12-04T00:00Z] [RANK=cost|speed] [TOP=n] [VOCAB=.. HIDDEN=..|LARGEST=..] [TOKENS=N|DATA=file.jsonl [FIELDS=a,b]] [EPOCHS=n] [WRITE=<stack> [BUDGET=$/h] [SERVE=0|1] [FORCE=1]]
+gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-Instruct|7B MODE=inference|training|finetune [PRECISION=fp16] [REGION=...] [GPUS=16xH100-MEGA] [RESERVATION=name:2xa3-megagpu-8g:2026-12-04T00:00Z] [RANK=cost|speed] [TOP=n] [VOCAB=.. HIDDEN=..|LARGEST=..] [TOKENS=N|DATA=file.jsonl [FIELDS=a,b]] [EPOCHS=n] [RUNS=<folder of run.json>] [WRITE=<stack> [BUDGET=$/h] [SERVE=0|1] [FORCE=1]]
 	DEEPSPEED_STACK_MAKE=1 $(RUN) -m $(if $(WRITE),preview.write_stack --stack "$(WRITE)" \
 		$(if $(BUDGET),--budget "$(BUDGET)",) $(if $(SERVE),--serve "$(SERVE)",) $(if $(filter-out 0,$(FORCE)),--force,),planner) \
 		$(if $(MODEL),--model "$(MODEL)",$(if $(PARAMETERS),--parameters $(PARAMETERS),)) \
@@ -140,7 +140,8 @@ gpus: $(STAMP)  ## cheapest GPUs that hold a model: make gpus MODEL=Qwen2.5-7B-I
 		$(if $(VOCAB),--vocab $(VOCAB),) $(if $(HIDDEN),--hidden $(HIDDEN),) $(if $(LARGEST),--largest-layer $(LARGEST),) \
 		$(if $(TOKENS),--tokens $(TOKENS),) $(if $(DATA),--data "$(DATA)",) $(if $(FIELDS),--fields "$(FIELDS)",) \
 		$(if $(EPOCHS),--epochs $(EPOCHS),) $(if $(GPUS),--gpus "$(GPUS)",) $(if $(WRITE),,$(if $(TOP),--top $(TOP),)) \
-		$(if $(RESERVATION),--reservation "$(RESERVATION)",) $(if $(RANK),--rank $(RANK),)
+		$(if $(RESERVATION),--reservation "$(RESERVATION)",) $(if $(RANK),--rank $(RANK),) \
+		$(if $(WRITE),,$(if $(RUNS),--runs "$(RUNS)",))
 
 # checkov lives in a venv of its own (it pins many packages of its own); not part of requirements.txt.
 CHECKOV_VENV ?= /tmp/checkov-venv

@@ -10,7 +10,8 @@ from __future__ import annotations
 from checks.common import Check, at
 from model import node_memory
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
-from workloads.placement import pool_fit, quantity_bytes
+from planner.pod_fit import pool_fit
+from workloads.placement import quantity_bytes
 
 
 def _pools(m: StackConfig, w: WorkloadConfig) -> list[NodePoolConfig]:

@@ -15,7 +15,7 @@ import msgspec
 
 from model import catalog as gpu_catalog
 from model import reservation, training_speed
-from planner import cli, run_estimate, spill
+from planner import cli, past_runs, run_estimate, run_hours, spill
 from planner.held import Held, Reservation, held_capacity
 from planner.recommend import MAX_NODES, RANKS, Option, Plan, rank_line, ranked, recommend, short_name
 from planner.requests import mode_request
@@ -63,6 +63,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fields", help="with --data: the records' fields that train, comma-separated (default: "
                                          "every string field)")
     parser.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default 1)")
+    parser.add_argument("--runs", type=Path, metavar="FOLDER",
+                        help="a folder of earlier runs' run.json (copied from the bucket, as the preview's Training "
+                             "section says): those of the same model, LoRA or full, and how far their estimates were "
+                             "off")
     args = parser.parse_args(argv)
     if not args.list and args.mode is None:
         parser.error(f"{cli.arg('--mode', 'inference|training|finetune')} is required")
@@ -168,7 +172,19 @@ def _per_run_lines(request: Request, found: list[Priced], tokens: float, said: s
                      f"({run_estimate.hours_range(best.run)}).")
     else:
         lines.append(f"  The cheapest per hour is also the cheapest per run: {_describe(best)}.")
-    return [*lines, ""]
+    return [*lines, *_data_step_line(best, tokens), ""]
+
+
+def _data_step_line(best: Priced, tokens: float) -> list[str]:
+    """How long the data step takes on the cheapest per run's first worker (text .. chat records)."""
+    o = best.option
+    cpus = run_hours.machine_worker(o.gpu_type, o.machine_type, o.gpus_per_node)
+    if cpus is None:
+        return []
+    step = run_hours.tokenizing(tokens, ("text", "chat"), cpus, training_speed.load())
+    took = " to ".join(f"{run_estimate.format_hours(h)} h ({kind})" for kind, h in step.by_kind.items())
+    return [f"  The data step (every record tokenized once, before the ranks; not in the hours above): {took} in "
+            f"{cpus.on} (data/training_speed.yaml tokenization rates)."]
 
 
 def _alike(by_run: list[Priced]) -> list[tuple[Priced, str]]:
@@ -300,6 +316,25 @@ def _spread(plans: list[Plan]) -> float:
     return max(max(g) - min(g) for g in groups.values())
 
 
+def past_run_lines(request: Request, plans: list[Plan], folder: Path) -> list[str]:
+    """`RUNS=`: the earlier runs of this model (LoRA or full) and how far their estimates were off, each said
+    against the options of its GPU type, count and ZeRO stage."""
+    runs, skipped = past_runs.read_runs(folder)
+    alike = past_runs.same_shape(runs, request.model.name, request.lora is not None)
+    options = {(o.gpu_type, o.gpus, p.strategy.zero_stage) for p in plans for o in p.options}
+    lines = [f"## Earlier runs of {request.model.name} ({'LoRA' if request.lora else 'full'}) in {folder}: "
+             f"{len(alike)} of {len(runs)} run record(s); x: measured over estimated"]
+    for run in alike:
+        s = run.shape
+        mark = ("same GPU, count and ZeRO stage as an option above" if (s.gpu, s.gpus, s.zero_stage) in options
+                else "no option above has its GPU, count and ZeRO stage")
+        lines.append(f"  {past_runs.off_by(run)} [{mark}]")
+    if not alike:
+        lines.append("  none of the same model and LoRA/full")
+    lines += [f"  skipped {line}" for line in skipped]
+    return [*lines, ""]
+
+
 def run_tokens(args: argparse.Namespace) -> run_estimate.GivenTokens | None:
     return run_estimate.given_tokens(args.tokens, args.data, args.fields, args.epochs)
 
@@ -328,7 +363,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"error: {cli.arg('--data', args.data)}: {err.strerror or err}", file=sys.stderr)
         return 2
+    try:
+        past = past_run_lines(request, every, args.runs) if args.runs else []
+    except OSError as err:
+        print(f"error: {cli.arg('--runs', args.runs)}: {err.strerror or err}", file=sys.stderr)
+        return 2
     print(render(request, args.region, plans, cat, tokens, args.top, held, args.rank, res, every))
+    if past:
+        print("\n".join(past))
     if held is not None and not any(p.options for p in plans):
         print(f"error: nothing holds {request.model.name} ({request.mode}) on the held {held.describe()} "
               f"({cli.arg('--reservation' if res else '--gpus', res.spec if res else held.spec)}): every ZeRO stage "

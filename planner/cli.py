@@ -22,7 +22,7 @@ MAKE_VARIABLES = {
     "--region": "REGION", "--seq": "SEQ", "--batch": "BATCH", "--vocab": "VOCAB", "--hidden": "HIDDEN",
     "--largest-layer": "LARGEST", "--tokens": "TOKENS", "--data": "DATA", "--fields": "FIELDS", "--epochs": "EPOCHS",
     "--stack": "WRITE", "--budget": "BUDGET", "--force": "FORCE", "--serve": "SERVE", "--gpus": "GPUS", "--top": "TOP",
-    "--reservation": "RESERVATION", "--rank": "RANK",
+    "--reservation": "RESERVATION", "--rank": "RANK", "--runs": "RUNS",
 }
 SWITCHES = ("--force",)  # flags without a value: FORCE=1
 MAKE_USAGE = ("make gpus MODEL=<name or Hugging Face id>|PARAMETERS=<billions> MODE=inference|training|finetune "

@@ -200,7 +200,7 @@ def _hours_parts(cfg: StackConfig, run: run_estimate.WorkloadRun) -> dict[str, A
                         "proposedSaveSteps": list(s.proposed_steps)}
         if warning := run_hours.saves_warning(run.name, s, e.hours_fast, e.hours_slow):
             out["saves"]["warning"] = warning
-    if isinstance(w, FinetuneWorkloadConfig) and (d := run_hours.data_step(w)) is not None:
+    if isinstance(w, FinetuneWorkloadConfig) and (d := run_hours.data_step(w, run_hours.first_worker(cfg, w))):
         out["dataStep"] = {"hours": {"fast": round(d.hours_fast, 4), "slow": round(d.hours_slow, 4)},
                            "cpus": d.cpus, "on": d.on, "kinds": list(d.kinds)}
     return out

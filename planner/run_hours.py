@@ -8,22 +8,30 @@ minimises lost work plus save time.
   checkpoint interval"; Daly 2006 refines it for long saves), sqrt(2 x save time x mean time between interruptions),
   the interruptions by the capacity the run's pool uses (data/training_speed.yaml `interruptions`), in steps at the
   estimate's two ends. The preview warns when the saves take more than savesShareWarning of the run's hours.
-- The data step: finetune.py --prepare-data tokenizes the run's data once before the ranks start, on the launcher's
-  CPUs (workloads/pod_security.py NVIDIA_LAUNCHER_RESOURCES), while the GPU workers wait: the characters
+- The data step: finetune.py --prepare-data tokenizes the run's data once before the ranks start, while the GPU
+  workers wait: on GKE on the first worker (the launcher runs it there over ssh: workloads/mpijob/nvidia.py
+  on_first_worker), in as many processes as that worker's container has CPUs, at most finetune_tokenized.py's
+  MAX_DATA_PROCS (its data_procs, the script's own rule); on Gaudi on the launcher's CPUs. The characters
   (datasetTokens x charsPerToken) over the measured rate per CPU of the records' kind (data/training_speed.yaml
-  `tokenization`); the slower kind where the format is found at run time.
+  `tokenization`) times the processes [assumption: the rate scales with the processes; the packing and the save
+  after the map run in one process]; the slower kind where the format is found at run time.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import msgspec
 
-from model import capacity, training_speed
+from model import capacity, node_memory, training_speed
+from model import catalog as gpu_catalog
 from model.training_speed import TrainingSpeed
 from model.types import FinetuneWorkloadConfig, MpiJobWorkloadConfig, StackConfig
-from planner import recovery
+from planner import pod_fit, recovery
 from planner.requests import workload_request
 from planner.run_estimate import RunEstimate, WorkloadRun
 
@@ -31,7 +39,6 @@ SECONDS_PER_HOUR = 3600
 # The record formats whose records go through a chat template (the slower data step: a conversation's assistant
 # turns are found by rendering its prefixes); text is rendered as it is.
 CHAT_RECORDS = ("messages", "sharegpt", "prompt-completion", "alpaca")
-LAUNCHER_CPUS = 1.0  # workloads/pod_security.py NVIDIA_LAUNCHER_RESOURCES["cpu"] (a test holds them equal)
 
 
 class Saves(msgspec.Struct, frozen=True):
@@ -96,9 +103,55 @@ def saves(cfg: StackConfig, run: WorkloadRun, speed: TrainingSpeed | None = None
                  mtbi, interval, (proposed[0], proposed[1]))
 
 
-def data_step(w: FinetuneWorkloadConfig | MpiJobWorkloadConfig, speed: TrainingSpeed | None = None,
-              cpus: float = LAUNCHER_CPUS) -> DataStep | None:
-    """The data step's hours for `datasetTokens` on `cpus` (the launcher's); None without datasetTokens (or a
+def _tokenized_module() -> ModuleType:
+    """finetune.py's finetune_tokenized.py (the standard library at its top): its own rule for the processes."""
+    scripts = str(Path(__file__).resolve().parent.parent / "workloads" / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        return importlib.import_module("finetune_tokenized")
+    finally:
+        sys.path.remove(scripts)
+
+
+def cpu_count(quantity: str) -> int:
+    """Whole CPUs of a Kubernetes CPU quantity ("200", "1.5", "500m"), at least 1."""
+    value = float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+    return max(1, math.floor(value))
+
+
+class DataCpus(msgspec.Struct, frozen=True):
+    """Where the data step runs: its processes (datasets' num_proc), in words."""
+
+    procs: int
+    on: str
+
+
+def on_cpus(cpus: int, where: str, machine: str = "") -> DataCpus:
+    """The data step on a container of `cpus` CPUs (`where`, e.g. "the launcher"): finetune.py's data_procs."""
+    procs = _tokenized_module().data_procs(cpus)
+    return DataCpus(procs, f"{procs} process{'es' if procs != 1 else ''} on {where}'s {cpus:g} "
+                           f"CPU{'s' if cpus != 1 else ''}{f' ({machine})' if machine else ''}")
+
+
+def first_worker(cfg: StackConfig, w: FinetuneWorkloadConfig) -> DataCpus:
+    """The GKE data step's CPUs: the first worker's container (resources.cpu, else what fits a node of every pool it
+    may land on, as workloads/placement.py requests it)."""
+    pools = [p for p in (cfg.pool(w.pool or ""), cfg.pool(w.fallback_pool or "")) if p is not None]
+    fitted = pod_fit.fitted_cpu_memory(pools, w.gcs_fuse.enabled, w.evaluates)
+    quantity = w.resources.cpu or (fitted[0] if fitted else None)
+    if quantity is None:  # no pool of a known shape (a config check says so): count one CPU
+        return on_cpus(1, "the first worker")
+    return on_cpus(cpu_count(quantity), "the first worker", pools[0].machine_type if pools else "")
+
+
+def launcher(resources: dict[str, str]) -> DataCpus:
+    """A launcher's data step (Gaudi's) on its CPU request."""
+    return on_cpus(cpu_count(resources["cpu"]), "the launcher")
+
+
+def data_step(w: FinetuneWorkloadConfig | MpiJobWorkloadConfig, cpus: DataCpus,
+              speed: TrainingSpeed | None = None) -> DataStep | None:
+    """The data step's hours for `datasetTokens` in `cpus.procs` processes; None without datasetTokens (or a
     recipe: a Gaudi MPIJob without `finetune`)."""
     speed = speed or training_speed.load()
     f = w.finetune
@@ -107,9 +160,24 @@ def data_step(w: FinetuneWorkloadConfig | MpiJobWorkloadConfig, speed: TrainingS
         return None
     kinds = (("text",) if f.record_format == "text" or f.format == "text" else
              ("chat",) if f.record_format in CHAT_RECORDS else ("text", "chat"))
+    return tokenizing(tokens, kinds, cpus, speed)
+
+
+def tokenizing(tokens: float, kinds: tuple[str, ...], cpus: DataCpus, speed: TrainingSpeed) -> DataStep:
+    """`tokens` of records of `kinds` tokenized in `cpus.procs` processes."""
     rates = speed.tokenize_chars_per_second
-    hours = {k: tokens * speed.chars_per_token / (rates[k] * cpus) / SECONDS_PER_HOUR for k in kinds}
-    return DataStep(min(hours.values()), max(hours.values()), cpus, f"the launcher's {cpus:g} CPU", kinds, hours)
+    hours = {k: tokens * speed.chars_per_token / (rates[k] * cpus.procs) / SECONDS_PER_HOUR for k in kinds}
+    return DataStep(min(hours.values()), max(hours.values()), cpus.procs, cpus.on, kinds, hours)
+
+
+def machine_worker(gpu_type: str, machine_type: str, gpus_per_node: int) -> DataCpus | None:
+    """The data step on the first worker of a machine type (`make gpus`' options): the CPUs its container fits
+    with the machine's default fabric, as a stack written from the plan gets them; None for an unknown shape."""
+    shape = gpu_catalog.load().shape(gpu_type, machine_type, gpus_per_node)
+    if shape is None:
+        return None
+    fit = node_memory.fit_pod(shape.vcpus, shape.memory_gb, node_memory.machine_fabric(machine_type))
+    return on_cpus(fit.cpu, "the first worker", machine_type)
 
 
 def saves_warning(name: str, s: Saves, training_fast: float, training_slow: float,

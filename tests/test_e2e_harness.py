@@ -178,7 +178,9 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
     assert "--lora" in script and "--max-steps 40" in script
     assert script.endswith("--logging-steps 5 --copy-rate-mb 0.25")
     # The data check and the tokenized data first.
-    assert "check_inputs python /etc/deepspeed/finetune.py --prepare-data " in script
+    # (on the first worker, over ssh: tests/test_finetune_kind.py runs the line)
+    assert "check_inputs ssh -o BatchMode=yes \"$MASTER_ADDR\" " in script
+    assert "'python /etc/deepspeed/finetune.py --prepare-data " in script
     # The contract's layout on the bucket's mount, and the stack's key names, in the environment every rank is sent.
     # The progress callback's: LoRA's 4N FLOPs a token of the tiny Llama's 150k parameters (the model block's
     # 0.00015 B) = 600,000; the CPU's stand-in peak and price; TensorBoard's folder under logs/ in the bucket.

@@ -99,14 +99,28 @@ def test_the_launcher_waits_for_the_data_in_the_bucket() -> None:
     assert "for path in" not in _launcher_script(_run(changes=NO_BUCKET))  # a Hub dataset: nothing to wait for
 
 
+def _remote_command(line: str, path: str, libraries: str) -> list[str]:
+    """What the worker's shell parses of the launcher's `check_inputs ssh ...` line: bash runs it with ssh and
+    check_inputs stand-ins (ssh joins its arguments after the host with spaces, as OpenSSH sends them)."""
+    stubs = 'check_inputs() { "$@"; }\nssh() { shift 3; printf "%s" "$*"; }\n'
+    out = subprocess.run(["bash", "-c", stubs + line], capture_output=True, text=True, check=True,
+                         env={"PATH": path, "LD_LIBRARY_PATH": libraries, "MASTER_ADDR": "tune-worker-0"})
+    return shlex.split(out.stdout)
+
+
 def test_the_launcher_checks_the_data_before_the_ranks() -> None:
     """After the wait: finetune.py --prepare-data with the ranks' own arguments (their record format, fields,
     template, sequence length, packing), on the launcher, before any rank starts (issue 27: the data is checked before
     the GPUs work; issue 31: and tokenized once, for every rank to memory-map)."""
     lines = _launcher_script(_run()).splitlines()
     check, ranks = lines[-2], lines[-1]
-    assert check.startswith("check_inputs python /etc/deepspeed/finetune.py --prepare-data ")
-    assert shlex.split(check)[4:] == shlex.split(ranks.split('"$MASTER_ADDR" ', 1)[1])[1:]
+    # On the first worker (issue 37 item 4: the CPUs of a GPU node, not the launcher's one), over the job's ssh.
+    assert check.startswith('check_inputs ssh -o BatchMode=yes "$MASTER_ADDR" ')
+    remote = _remote_command(check, path="/opt/venv/bin:/usr/bin", libraries="/usr/local/nvidia/lib64")
+    assert remote[:7] == ["cd", "/etc/deepspeed", "&&", "exec", "env", "PATH=/opt/venv/bin:/usr/bin",
+                          "LD_LIBRARY_PATH=/usr/local/nvidia/lib64"]
+    assert remote[7:10] == ["python", "/etc/deepspeed/finetune.py", "--prepare-data"]
+    assert remote[10:] == shlex.split(ranks.split('"$MASTER_ADDR" ', 1)[1])[1:]
     assert "check_inputs() {" in lines  # defined with run_ranks, before anything runs
     # A copy of yours (here one of the image) may not have --check-data: no check then.
     assert not [line for line in _launcher_script(_run(changes=((f"{W}.launch.script", "/opt/mine/finetune.py"),)))

@@ -223,7 +223,10 @@ def test_the_recipe_gets_its_gpus_peak_the_models_flops_its_pools_price_and_logs
     run = cost.stack_costs(config_model(changed("finetune")))["runs"]["tune"]
     assert estimate == {"tokensPerSecondPerGpu": run["tokensPerSecondPerGpu"], "mfu": run["mfu"],
                         "hours": run["hours"], "trainingHours": run["trainingHours"], "cost": run["perRun"]["spot"],
-                        "evidence": run["evidence"]}
+                        "evidence": run["evidence"],
+                        # what ran, for `make gpus RUNS=` (tests/test_past_runs.py): Qwen/Qwen2.5-7B-Instruct as
+                        # the planner resolves it, 2 x 4 L4, LoRA, ZeRO-3
+                        "shape": {"model": "Qwen2.5-7B", "gpu": "nvidia-l4", "gpus": 8, "lora": True, "zeroStage": 3}}
 
 
 def test_full_fine_tuning_counts_6n() -> None:

@@ -217,7 +217,7 @@ class FakeDataset:
         return self.records[key] if isinstance(key, int) else [record[key] for record in self.records]
 
     def map(self, fn: Callable[..., dict[str, Any]], remove_columns: list[str], desc: str,
-            with_indices: bool = False, features: Any = None) -> Any:
+            with_indices: bool = False, features: Any = None, num_proc: int | None = None) -> Any:
         return FakeDataset([fn(record, i) if with_indices else fn(record) for i, record in enumerate(self.records)])
 
     def iter(self, batch_size: int) -> Iterator[dict[str, list[Any]]]:

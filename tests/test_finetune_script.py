@@ -429,3 +429,22 @@ def test_a_folder_without_its_marker_is_not_complete(tk: ModuleType, tmp_path: P
                                                                     seconds=1.25, parts={"seqLen": 16}, made=made))
     assert tk.read_marker(tmp_path) == {"samples": 3, "tokens": 48, "packing": "blocks", "seconds": 1.2,
                                         "made": "2026-11-27T13:00:00+00:00", "from": {"seqLen": 16}}
+
+
+# --- the data step's processes (finetune_tokenized.py data_procs, issue 37 item 4) ---------------------------------
+
+@pytest.mark.parametrize(("affinity", "cpu_max", "cpus", "procs"), [
+    (1, None, 1, 1),  # one CPU: one process (datasets' map in this process, num_proc None)
+    (0, None, 1, 1),  # an affinity that says nothing: still one
+    (208, "max 100000", 208, 64),  # no CPU limit: every CPU it may run on, at most MAX_DATA_PROCS
+    (208, "20600000 100000", 206, 64),  # a3-megagpu-8g's worker container: 206 CPUs
+    (48, "4600000 100000", 46, 46),  # g2-standard-48's: 46 processes
+    (8, "150000 100000", 1, 1),  # a limit of 1.5 CPUs: 1
+    (8, "50000 100000", 1, 1),  # half a CPU: still 1
+    (16, "garbage", 16, 16),  # an unreadable limit: the affinity
+])
+def test_the_data_step_runs_one_process_a_usable_cpu(tk: ModuleType, affinity: int, cpu_max: str | None,
+                                                      cpus: int, procs: int) -> None:
+    assert tk.usable_cpus(affinity, cpu_max) == cpus
+    assert tk.data_procs(cpus) == procs
+    assert tk.MAX_DATA_PROCS == 64

@@ -629,7 +629,12 @@ def _checked_launcher_run(tmp_path: Path, check: str) -> tuple[str, Path, Path]:
     state, calls, bin_dir = tmp_path / "state", tmp_path / "calls", tmp_path / "bin"
     for folder in (state, bin_dir):
         folder.mkdir(exist_ok=True)
-    for name, body in (("python", f"echo check >> {calls}\n{check}"), ("deepspeed", f"echo ranks >> {calls}")):
+    # ssh as OpenSSH runs a command on the first worker: its arguments after the host joined by spaces, through the
+    # worker's shell (here in this folder: the ConfigMap's is not here), its status passed back.
+    ssh = (f'[ "$1 $2" = "-o BatchMode=yes" ] || exit 255\necho "ssh $3" >> {calls}\nshift 3\n'
+           'exec bash -c "$(printf "%s" "$*" | sed "s#^cd /etc/deepspeed \\&\\& ##")"')
+    for name, body in (("python", f"echo check >> {calls}\n{check}"), ("deepspeed", f"echo ranks >> {calls}"),
+                       ("ssh", ssh)):
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     # The functions, then the check and the DeepSpeed line (the set-up between needs a cluster).
@@ -645,14 +650,14 @@ def test_a_data_error_found_by_the_launchers_check_is_final(tmp_path: Path) -> N
     assert first.returncode == 2 and final.read_text().strip() == "2"
     assert "the input check stopped with exit status 2" in first.stderr
     again = _bash(script, tmp_path)
-    assert again.returncode == 2 and calls.read_text().splitlines() == ["check"]
+    assert again.returncode == 2 and calls.read_text().splitlines() == ["ssh w0", "check"]  # on the first worker
     assert "not running the ranks again" in again.stderr
 
 
 def test_a_passed_check_starts_the_ranks_and_another_failure_is_retried(tmp_path: Path) -> None:
     script, final, calls = _checked_launcher_run(tmp_path, "exit 0")
-    assert _bash(script, tmp_path).returncode == 0 and calls.read_text().splitlines() == ["check", "ranks"]
+    assert _bash(script, tmp_path).returncode == 0 and calls.read_text().splitlines() == ["ssh w0", "check", "ranks"]
     calls.unlink()
     script, final, calls = _checked_launcher_run(tmp_path, "exit 1")  # e.g. the bucket's mount not ready
     assert _bash(script, tmp_path).returncode == 1 and not final.exists()
-    assert _bash(script, tmp_path).returncode == 1 and calls.read_text().splitlines() == ["check", "check"]
+    assert _bash(script, tmp_path).returncode == 1 and calls.read_text().splitlines() == ["ssh w0", "check"] * 2

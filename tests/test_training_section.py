@@ -42,11 +42,14 @@ def test_the_recipes_steps_in_order(body: str) -> None:
         # the example's TensorBoard server `board` (kind tensorboard, namespace tensorboard) shows tune
         "kubectl port-forward svc/board 6006:6006 -n tensorboard &",
         f"gcloud storage ls {bucket}/models/tune/",
-        f"gcloud storage cat {bucket}/models/tune/run.json"]
+        f"gcloud storage cat {bucket}/models/tune/run.json",
+        # every run record of the stack, one folder each, for `make gpus ... RUNS=runs` (tests/test_past_runs.py)
+        f"for f in $(gcloud storage ls '{bucket}/models/*/run.json'); do "
+        'd="runs/$(basename "$(dirname "$f")")"; mkdir -p "$d" && gcloud storage cp "$f" "$d/"; done']
     assert "# then open http://localhost:6006" in body
     assert "tensorboard --logdir" not in body  # the alternative only where no server shows the run
     assert "| tune | Qwen/Qwen2.5-7B-Instruct | 2 worker(s) x 4 (pool l4x4) | `data/train.jsonl` (bucket) | about " \
-           "0.98–1.2 h, $4.46–$5.33 (spot) | `models/tune/` (bucket) |" in body
+           "0.97–1.2 h, $4.43–$5.27 (spot) | `models/tune/` (bucket) |" in body
 
 
 def test_the_commands_name_what_the_stack_creates() -> None:
@@ -157,18 +160,27 @@ def test_the_measured_tokenization_rates() -> None:
 
 
 def test_the_preview_says_how_long_the_data_step_takes(body: str) -> None:
-    """Pulumi.finetune.yaml's 10,000,000 datasetTokens x 4 characters: 23.7 s of text or 51.9 s of chat on the
-    launcher's one CPU (its record format is found at run time: both)."""
-    assert ("- `tune`: about 24 s (text records) to 52 s (chat records) for 10,000,000 tokens, once, before the ranks "
-            "start: finetune.py --prepare-data on the launcher's 1 CPU, into /gcs/checkpoints/tune/tokenized/, reused "
-            "on every restart and resume") in body
+    """Pulumi.finetune.yaml's 10,000,000 datasetTokens x 4 characters on the first worker of its l4x4 pool
+    (g2-standard-48: 46 CPUs fit its container, 46 processes): 0.5 s of text or 1.1 s of chat (its record format is
+    found at run time: both)."""
+    assert ("- `tune`: about 1 s (text records) to 1 s (chat records) for 10,000,000 tokens, once, before the ranks "
+            "start: finetune.py --prepare-data in 46 processes on the first worker's 46 CPUs (g2-standard-48), into "
+            "/gcs/checkpoints/tune/tokenized/, reused on every restart and resume") in body
 
 
 @pytest.mark.parametrize(("changes", "said"), [
-    # 2B tokens of text: 8e9 characters / 1.69e6 a CPU-second = 4,734 s.
-    ({"recordFormat": "text", "datasetTokens": 2_000_000_000}, "about 79 min (text records) for 2,000,000,000 tokens"),
-    # Conversations: 8e9 / 770,000 = 10,390 s.
-    ({"recordFormat": "messages", "datasetTokens": 2_000_000_000}, "about 2.9 h (chat records) for 2,000,000,000"),
+    # 2B tokens of text: 8e9 characters / (1.69e6 a CPU-second x 46 processes) = 103 s.
+    ({"recordFormat": "text", "datasetTokens": 2_000_000_000}, "about 2 min (text records) for 2,000,000,000 tokens"),
+    # Conversations: 8e9 / (770,000 x 46) = 226 s.
+    ({"recordFormat": "messages", "datasetTokens": 2_000_000_000}, "about 4 min (chat records) for 2,000,000,000"),
+    # A worker of 1 CPU (resources.cpu): 1 process, 8e9 / 1.69e6 = 4,734 s.
+    ({"recordFormat": "text", "datasetTokens": 2_000_000_000, "cpu": "1"},
+     "about 79 min (text records) for 2,000,000,000 tokens, once, before the ranks start: finetune.py --prepare-data "
+     "in 1 process on the first worker's 1 CPU (g2-standard-48)"),
+    # 200 CPUs: at most finetune_tokenized.MAX_DATA_PROCS = 64 processes, 8e9 / (770,000 x 64) = 162 s.
+    ({"recordFormat": "messages", "datasetTokens": 2_000_000_000, "cpu": "200"},
+     "about 3 min (chat records) for 2,000,000,000 tokens, once, before the ranks start: finetune.py --prepare-data "
+     "in 64 processes on the first worker's 200 CPUs"),
     ({"datasetTokens": None}, "while the GPU nodes wait (counted in the run's hours); set "
                               "workloads.tune.finetune.datasetTokens for how long it takes"),
 ])
@@ -176,9 +188,13 @@ def test_the_data_steps_time_follows_the_data(changes: dict[str, Any], said: str
     import msgspec
     from conftest import config_model
 
+    from planner import run_hours
     from workloads import finetune
 
-    w = config_model(stack_yaml("finetune")).workloads["tune"]
-    fields = {"record_format" if k == "recordFormat" else "dataset_tokens": v for k, v in changes.items()}
+    cfg = config_model(stack_yaml("finetune"))
+    w = cfg.workloads["tune"]
+    fields = {"record_format" if k == "recordFormat" else "dataset_tokens": v for k, v in changes.items() if k != "cpu"}
     w = msgspec.structs.replace(w, finetune=msgspec.structs.replace(w.finetune, **fields))
-    assert said in finetune.data_step(w)
+    if "cpu" in changes:
+        w = msgspec.structs.replace(w, resources=msgspec.structs.replace(w.resources, cpu=changes["cpu"]))
+    assert said in finetune.data_step(w, run_hours.first_worker(cfg, w))

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 
 from model import chat_templates, training_speed
-from model.types import FinetuneWorkloadConfig, MpiJobWorkloadConfig
+from model.types import FinetuneWorkloadConfig, MpiJobWorkloadConfig, StackConfig
 from model.validators import at
 from planner import run_hours
-from workloads import pod_security, recipe
+from workloads import recipe
 from workloads.mpijob import script_source
 from workloads.mpijob.nvidia import NvidiaLaunch, output_env
 from workloads.mpijob.shape import CONFIG_DIR, HF_TOKEN_KEY, TOKEN_DIR, TOKEN_VOLUME, token_secret_name
@@ -62,19 +62,18 @@ def dataset_arg(w: FinetuneWorkloadConfig) -> str:
     return recipe.dataset_arg(w.finetune, roots(w))
 
 
-def data_step(w: FinetuneWorkloadConfig | MpiJobWorkloadConfig, speed: training_speed.TrainingSpeed | None = None,
-              launcher: dict[str, str] | None = None) -> str:
-    """How long the launcher's data step (finetune.py --prepare-data) takes on its CPUs for `datasetTokens`
-    (planner/run_hours.py: the characters over the measured rate per CPU of the records' kind, data/training_speed.yaml
-    `tokenization`; both kinds where the record format is found at run time), in words. `launcher`: its resources
-    (the NVIDIA launcher's by default; a Gaudi job's launcher has its own)."""
+def data_step(w: FinetuneWorkloadConfig | MpiJobWorkloadConfig, cpus: run_hours.DataCpus,
+              speed: training_speed.TrainingSpeed | None = None) -> str:
+    """How long the data step (finetune.py --prepare-data) takes on `cpus` for `datasetTokens` (planner/run_hours.py:
+    the characters over the measured rate per CPU of the records' kind, data/training_speed.yaml `tokenization`,
+    times the processes; both kinds where the record format is found at run time), in words. On GKE the launcher
+    runs it on the first worker over ssh (run_hours.first_worker); a Gaudi job's launcher runs it itself."""
     speed = speed or training_speed.load()
     assert w.finetune is not None
-    cpus = float((launcher or pod_security.NVIDIA_LAUNCHER_RESOURCES)["cpu"])
-    where = (f"once, before the ranks start: finetune.py --prepare-data on the launcher's {cpus:g} CPU, into "
+    where = (f"once, before the ranks start: finetune.py --prepare-data in {cpus.on}, into "
              f"{w.checkpoint_dir}/tokenized/, reused on every restart and resume, while the GPU nodes wait (counted "
              "in the run's hours)")
-    step = run_hours.data_step(w, speed, cpus)
+    step = run_hours.data_step(w, cpus, speed)
     if step is None:
         return f"{where}; set {at('workloads', w.name, 'finetune', 'datasetTokens')} for how long it takes"
     rates = speed.tokenize_chars_per_second
@@ -92,14 +91,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def where_to_look(w: FinetuneWorkloadConfig) -> dict[str, str]:
+def where_to_look(cfg: StackConfig, w: FinetuneWorkloadConfig) -> dict[str, str]:
     """What a person needs to start and follow the run (the preview's "Training" section): where the data goes in
     the bucket (or the Hugging Face dataset the ranks download), the launcher Job whose log is the run's output (the
     MPI operator names it <job>-launcher), and where the model lands, in the bucket or on the claim."""
     f = w.finetune
     data = {"datasetInBucket": f.dataset_path} if f.dataset_path else {"datasetHub": f.dataset or ""}
     lands = {"modelInBucket": w.model_folder} if w.gcs_fuse.enabled else {"modelOnClaim": w.model_dir}
-    return {**data, **lands, "launcherJob": f"{w.name}-launcher", "dataStep": data_step(w)}
+    return {**data, **lands, "launcherJob": f"{w.name}-launcher",
+            "dataStep": data_step(w, run_hours.first_worker(cfg, w))}
 
 
 def eval_fraction(w: FinetuneWorkloadConfig) -> float | None:
@@ -172,7 +172,8 @@ def launch(w: FinetuneWorkloadConfig, has_token: bool, run_env: dict[str, str] |
         rank_command=[script.path, *script_args(w)], env={**env(w, has_token), **(run_env or {})}, files=files(w),
         hf_trainer=True,
         command=w.launch.command, worker_volumes=worker_volumes, worker_mounts=worker_mounts,
-        worker_restart_policy=WORKER_RESTART_POLICY, wait_for=bucket_inputs(w), check=data_check_command(w))
+        worker_restart_policy=WORKER_RESTART_POLICY, wait_for=bucket_inputs(w), check=data_check_command(w),
+        check_on_first_worker=True)
 
 
 def bucket_inputs(w: FinetuneWorkloadConfig) -> list[str]:

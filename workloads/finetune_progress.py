@@ -17,7 +17,7 @@ from typing import Any
 
 from model import catalog as gpu_catalog
 from model.types import FinetuneWorkloadConfig, StackConfig, VertexConfig
-from planner import cost, run_estimate, vertex_run
+from planner import cost, past_runs, run_estimate, vertex_run
 from planner.requests import vertex_request, workload_request
 
 PEAK_ENV = "FINETUNE_PEAK_TFLOPS"  # finetune_progress.PEAK_ENV, and the two below
@@ -78,7 +78,12 @@ def estimate_env(cfg: StackConfig, w: FinetuneWorkloadConfig, cat: gpu_catalog.C
     run = (cost.stack_costs(cfg, cat).get("runs") or {}).get(w.name)
     if not isinstance(run, dict) or "missing" in run:
         return {}
-    return {ESTIMATE_ENV: json.dumps(estimate_summary(run), sort_keys=True, separators=(",", ":"))}
+    summary = estimate_summary(run)
+    request = workload_request(w)
+    if request is not None:  # what ran, for `make gpus RUNS=` to find runs of the same shape (planner/past_runs.py)
+        summary["shape"] = past_runs.Shape(request.model.name, str(run["gpu"]), int(run["gpus"]),
+                                           request.lora is not None, w.deepspeed.zero_stage).record()
+    return {ESTIMATE_ENV: json.dumps(summary, sort_keys=True, separators=(",", ":"))}
 
 
 def run_env(cfg: StackConfig, w: FinetuneWorkloadConfig, cat: gpu_catalog.Catalog | None = None) -> dict[str, str]:

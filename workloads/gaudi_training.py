@@ -11,6 +11,7 @@ import shlex
 from typing import Any
 
 from model.types import MpiJobWorkloadConfig
+from planner import run_hours
 from planner.gaudi_run import gaudi_run
 from workloads import pod_security, recipe
 from workloads.finetune import data_step
@@ -63,7 +64,7 @@ def summary(w: MpiJobWorkloadConfig, per_worker: int) -> dict[str, Any]:
     return {
         "checkpointDir": where.checkpoint_dir, "modelDir": where.model_dir, "model": recipe.model_arg(f, where),
         "recipeOnGaudi": True, **data, "launcherJob": f"{w.name}-launcher",
-        "dataStep": data_step(w, launcher=pod_security.LAUNCHER_RESOURCES),
+        "dataStep": data_step(w, run_hours.launcher(pod_security.LAUNCHER_RESOURCES)),
         "runHours": run.short() if run else "", "runEstimate": run.said() if run else "",
         "fetchModel": fetch_commands(w),
     }

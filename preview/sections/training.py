@@ -10,6 +10,7 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
+from planner import past_runs
 from planner.run_estimate import format_hours
 from preview.engine import RunResult
 from preview.sections import Section
@@ -87,8 +88,12 @@ def _steps(stack: str, name: str, s: dict[str, Any], tensorboards: list[dict[str
         lines += [f"# the result: {folder}/ in the bucket, complete once its marker .complete is there",
                   f"gcloud storage ls {_bucket(stack)}/{folder}/"]
         if s.get("runRecordInBucket"):
+            record = PurePosixPath(s["runRecordInBucket"])
             lines += ["# what the run took and cost: its training hours x the pool's $/h, written when it finishes",
-                      f"gcloud storage cat {_bucket(stack)}/{s['runRecordInBucket']}"]
+                      f"gcloud storage cat {_bucket(stack)}/{record}",
+                      "# the stack's run records, for `make gpus MODEL=.. MODE=.. RUNS=runs`: earlier runs of the same "
+                      "shape and how far their estimates were off",
+                      past_runs.copy_command(f"{_bucket(stack)}/{record.parent.parent}/*/{record.name}")]
     elif s.get("modelOnClaim"):
         lines.append(f"# the result: {s['modelOnClaim']} on the claim {s.get('claim', '')}, complete once its marker "
                      ".complete is there")

@@ -225,7 +225,7 @@ def build(name: str, w: FinetuneWorkloadConfig, platform: Platform, opts: pulumi
         admitted_by=platform.mpijob_admitted_by(queue is not None)), opts)
     outputs = {"checkpointDir": w.checkpoint_dir, "modelDir": w.model_dir, "model": finetune.model_arg(w),
                **finetune_progress.where_to_watch(w),
-               **finetune.where_to_look(w)}
+               **finetune.where_to_look(cfg, w)}
     summary = job.summary.apply(lambda s: {**s, **outputs})
     return Built(job, summary, queued_namespace=job.namespace.metadata.name if queue else None)
 

@@ -83,6 +83,9 @@ class NvidiaLaunch(msgspec.Struct, frozen=True):
     # A command the launcher runs after that wait, before the ranks (finetune.py --check-data reads the data): its
     # final status (FINAL_EXIT_STATUSES) is remembered like the ranks', any other failure retried.
     check: list[str] = msgspec.field(default_factory=list)
+    # Run `check` on the first worker over the job's ssh (on_first_worker), not on the launcher's one CPU: the
+    # finetune data step tokenizes with every CPU of a GPU node's worker, before any rank starts there.
+    check_on_first_worker: bool = False
 
 
 def launch_of(w: MpiJobBaseConfig) -> NvidiaLaunch:
@@ -213,6 +216,16 @@ def run_ranks_function(group: bool = False, stop: str | None = None) -> list[str
 CHECK_INPUTS = "check_inputs"  # the launcher's shell function that runs the input check
 
 
+def on_first_worker(command: list[str]) -> str:
+    """`command` as the launcher runs it on the hostfile's first worker ($MASTER_ADDR, where rank 0 will run):
+    over the job's ssh (its client config sends the run's variables, as to the ranks), in the ConfigMap's folder,
+    with the launcher's PATH and LD_LIBRARY_PATH (sshd resets PATH; the ranks get them from ~/.deepspeed_env). ssh
+    exits with the command's status (a final one stays final) or 255 when the worker cannot be reached (retried)."""
+    prefix = (f'"cd {CONFIG_DIR} && exec env PATH=$(printf %q "$PATH") '
+              'LD_LIBRARY_PATH=$(printf %q "${LD_LIBRARY_PATH:-}")"')
+    return f'ssh -o BatchMode=yes "$MASTER_ADDR" {prefix} {shlex.quote(quote_args(command))}'
+
+
 def check_inputs_function() -> list[str]:
     """A shell function that runs the input check: on success the launch goes on; a final status is remembered as
     the ranks' is (no attempt of the pod runs anything again); any other failure exits and is retried."""
@@ -259,10 +272,14 @@ def launcher_script(where: Placement | None, launch: NvidiaLaunch,
         # DeepSpeed runs `cd <this directory>` on every worker: the ConfigMap is mounted there too.
         f"cd {CONFIG_DIR}",
         *([wait_for_paths(launch.wait_for)] if launch.wait_for else []),
-        *([f"{CHECK_INPUTS} {quote_args(launch.check)}"] if checks else []),
+        *([f"{CHECK_INPUTS} {check_command(launch)}"] if checks else []),
         # `launch.command` replaces only this line: $HOSTSFILE and $MASTER_ADDR are set, the workers answer on ssh.
         launch.command or deepspeed,
     ])
+
+
+def check_command(launch: NvidiaLaunch) -> str:
+    return on_first_worker(launch.check) if launch.check_on_first_worker else quote_args(launch.check)
 
 
 # How long the launcher waits for a path (10 s apart): then it fails, restarts (OnFailure) and waits again, up to

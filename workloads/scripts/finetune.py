@@ -131,6 +131,7 @@ from finetune_tokenized import (
     read_marker,
     reused_line,
     source_identity,
+    this_host_procs,
     tokenized_marker_text,
     tokenizer_identity,
 )
@@ -558,8 +559,12 @@ def _encoded(data: Any, the_plan: Plan, tokenizer: Any, seq_len: int | None, key
 
     ids = token_ids_feature(datasets)  # datasets' own List or, before 4.0 (the Gaudi image's), Sequence
     features = datasets.Features({"input_ids": ids, "labels": ids, "length": datasets.Value("int64")})
+    cpus, procs = this_host_procs()
+    # One process a usable CPU (finetune_tokenized.data_procs): on a GPU worker's 100-200 CPUs the step takes
+    # minutes, not hours. `datasets` brings a failing record's UsageError back from its process.
+    say(f"tokenizing {what} in {procs} process{'es' if procs > 1 else ''} ({cpus} CPUs usable here)")
     encoded = data.map(encode, with_indices=True, remove_columns=list(data.column_names), features=features,
-                       desc=f"tokenize {what}")
+                       desc=f"tokenize {what}", num_proc=procs if procs > 1 else None)
     longer = 0 if seq_len is None else sum(1 for length in encoded["length"] if length > seq_len)
     kept = encoded.filter(learns_something).remove_columns(["length"])
     if len(kept) == 0:

@@ -45,6 +45,41 @@ BLOCKS, PADDING_FREE, OFF = "blocks", "padding-free", "off"
 # The modules whose code decides the tokens (a changed one makes a new folder).
 RENDERING_MODULES = ("finetune_data.py", "finetune_render.py", "finetune_check.py", "finetune_tokenized.py")
 FINGERPRINT_LENGTH = 16  # hex digits of sha256: 64 bits, no two settings of one run's folder collide
+# The data step's processes (datasets' map num_proc): the CPUs this process may use, at most this many. The
+# rendering and tokenizing is the map's and splits by records; the packing into blocks and save_to_disk after it run
+# in one process, so past some tens of processes they dominate [assumption: 64, a GPU node's worker has 100-200].
+MAX_DATA_PROCS = 64
+CPU_MAX_FILE = "/sys/fs/cgroup/cpu.max"  # cgroup v2: the container's CPU limit, "<quota> <period>" or "max <period>"
+
+
+def usable_cpus(affinity: int, cpu_max: str | None) -> int:
+    """The CPUs this process may use: the CPUs it may run on (os.sched_getaffinity), fewer where the container's
+    CPU limit (cgroup v2 cpu.max) allows less; at least 1."""
+    cpus = max(1, affinity)
+    fields = (cpu_max or "").split()
+    if len(fields) == 2 and fields[0] != "max":
+        try:
+            quota, period = int(fields[0]), int(fields[1])
+        except ValueError:
+            return cpus
+        if quota > 0 and period > 0:
+            cpus = min(cpus, max(1, quota // period))
+    return cpus
+
+
+def data_procs(cpus: int) -> int:
+    """datasets' num_proc for the data step on `cpus` usable CPUs: all of them up to MAX_DATA_PROCS, at least 1."""
+    return max(1, min(cpus, MAX_DATA_PROCS))
+
+
+def this_host_procs() -> tuple[int, int]:
+    """(usable CPUs here, the data step's processes)."""
+    try:
+        text: str | None = Path(CPU_MAX_FILE).read_text(encoding="utf-8")
+    except OSError:
+        text = None
+    cpus = usable_cpus(len(os.sched_getaffinity(0)), text)
+    return cpus, data_procs(cpus)
 
 
 def packing_for(flag: str, data_kind: str) -> str:
