@@ -22,8 +22,9 @@ def _make_test(tmp_path: Path, failing: str | None) -> tuple[int, list[str], str
         script.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\nexit {1 if tool == failing else 0}\n',
                           encoding="utf-8")
         script.chmod(0o755)
+    # STAMP= and TEST_STAMP=: no install (a copy of the project has no .venv of its own).
     result = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(PROJECT_DIR), "test", "STAMP=",
-                             f"BIN={bin_dir}", f"LINT_LOGS={tmp_path / 'logs'}"],
+                             "TEST_STAMP=", f"BIN={bin_dir}", f"LINT_LOGS={tmp_path / 'logs'}"],
                             capture_output=True, text=True, check=False, timeout=60, env={**os.environ})
     calls = sorted(log.read_text(encoding="utf-8").splitlines()) if log.exists() else []
     return result.returncode, calls, result.stdout
