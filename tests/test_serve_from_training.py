@@ -254,3 +254,21 @@ def test_the_readme_quotes_the_previews_cost(finetune: RunResult) -> None:
     assert f"**${training:,.2f}/h while it trains**" in section
     assert f"**${serving:,.2f}/h while it serves**" in section
     assert f"${floor:,.2f}/h idle" in section
+
+
+ADAPTER_AS_MODEL = (
+    f"{S}.serving.modelPath: {{path}} is where {T} writes its LoRA adapter ({T}.finetune.lora.export: adapter), not a "
+    "whole model, and vLLM cannot load an adapter as one; serve it on its base: serving.model: "
+    f"Qwen/Qwen2.5-7B-Instruct and {S}.serving.adapters: [tune] (or serving.fromWorkload: tune, which does both), or "
+    "train with lora.export: merged for a whole model")
+
+
+@pytest.mark.parametrize("path", ["models/tune", "models/tune/extra"])
+def test_an_adapter_folder_given_as_a_whole_model_is_refused(path: str) -> None:
+    # issue 42 item 4: tune exports its LoRA adapter alone (the default) to models/tune; as serving.modelPath vLLM
+    # would take it for a whole model and fail at start.
+    as_path = {f"{S}.serving.fromWorkload": DELETE, f"{S}.serving.modelPath": path}
+    assert problems("finetune", as_path) == [ADAPTER_AS_MODEL.format(path=path)]
+    # The merged export is a whole model there; another folder is not tune's.
+    assert problems("finetune", {**as_path, **MERGED}) == []
+    assert problems("finetune", {**as_path, f"{S}.serving.modelPath": "models/tuned"}) == []

@@ -335,6 +335,34 @@ def _adapter_problem(m: StackConfig, w: ServeWorkloadConfig, name: str, key: str
     return None
 
 
+def _adapter_folder_of(m: StackConfig, path: str) -> tuple[str, FinetuneWorkloadConfig] | None:
+    """The finetune workload whose MODEL_DIR in the bucket (models/<name>, with gcsFuse) holds a LoRA adapter
+    (`finetune.lora.export: adapter`) at or above `path`; None where the stack knows of none there."""
+    parts = [p for p in path.strip().split("/") if p not in ("", ".")]
+    for name, t in m.workloads.items():
+        if isinstance(t, FinetuneWorkloadConfig) and t.exports_adapter and t.gcs_fuse.enabled:
+            folder = [p for p in t.model_folder.split("/") if p]
+            if parts[:len(folder)] == folder:
+                return name, t
+    return None
+
+
+def check_serve_adapter_as_model(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """A folder holding a LoRA adapter given as a whole model (issue 42 item 4): vLLM would fail to load it (an
+    adapter has no config.json of the model, only adapter_config.json and the adapter's weights)."""
+    path = w.serving.model_path
+    found = _adapter_folder_of(m, path) if path else None
+    if found is None:
+        return []
+    trainer, base = found[0], trained_base(found[1])
+    adapters = at("workloads", w.name, "serving", "adapters")
+    return [f"{at('workloads', w.name, 'serving', 'modelPath')}: {path} is where {at('workloads', trainer)} writes "
+            f"its LoRA adapter ({at('workloads', trainer, 'finetune', 'lora', 'export')}: adapter), not a whole "
+            f"model, and vLLM cannot load an adapter as one; serve it on its base: serving.{base[0]}: {base[1]} and "
+            f"{adapters}: [{trainer}] (or serving.fromWorkload: {trainer}, which does both), or train with "
+            "lora.export: merged for a whole model"]
+
+
 def check_serve_adapters(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """Each of `serving.adapters` is a finetune workload exporting an adapter (into the bucket), named once, trained
     on the base the server serves: an adapter's weights are deltas of that base's layers and mean nothing on
@@ -736,7 +764,8 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
     name="serve",
     config=ServeWorkloadConfig,
     rules=(check_serve_accelerator, check_serve_engine_gpu, check_serve_model_block, check_serve_model_source,
-           check_serve_from_workload, check_serve_adapters, check_serve_chat_templates, check_serve_adapter_engine,
+           check_serve_from_workload, check_serve_adapter_as_model, check_serve_adapters, check_serve_chat_templates,
+           check_serve_adapter_engine,
            check_serve_lora_rank,
            check_serve_model_identity, check_serve_context_length, check_serve_tensor_parallel, check_serve_fits,
            check_serve_replicas,
