@@ -272,3 +272,12 @@ def test_an_adapter_folder_given_as_a_whole_model_is_refused(path: str) -> None:
     # The merged export is a whole model there; another folder is not tune's.
     assert problems("finetune", {**as_path, **MERGED}) == []
     assert problems("finetune", {**as_path, f"{S}.serving.modelPath": "models/tuned"}) == []
+
+
+def test_a_servers_length_is_checked_against_the_model_training_tunes() -> None:
+    # issue 42 item 5: fromWorkload serves what tune trains on Qwen/Qwen2.5-7B-Instruct (config.json: 32,768
+    # positions), whatever model.name says of its shape.
+    assert problems("finetune", {f"{S}.model.sequenceLength": 40000, f"{S}.model.batchSize": 1}) == [
+        f"{S}.model.sequenceLength: 40,000 tokens, but Qwen/Qwen2.5-7B-Instruct has 32,768 positions (config.json "
+        "max_position_embeddings, data/models.yaml), and vLLM refuses a --max-model-len above it at start; set at "
+        "most 32768"]
