@@ -158,6 +158,26 @@ def test_the_watch_objects_are_valid_kubernetes() -> None:
         kubernetes_validate.validate(obj, "1.33.0", strict=True)
 
 
+def test_the_watch_is_granted_to_the_launchers_own_account_never_the_namespaces_default() -> None:
+    """Without the bucket's account the launcher gets one of its own: a grant to `default` would reach every pod of
+    the namespace (checkov CKV_K8S_42 failed on the dws and h100 stacks)."""
+    from conftest import stack_run
+
+    run = stack_run("dws")
+    (account,) = [r for r in run.by_type("kubernetes:core/v1:ServiceAccount")
+                  if r.inputs["metadata"]["name"] == "pretrain-launcher"]
+    assert account.inputs["metadata"]["namespace"] == "pretrain"
+    assert account.inputs["automountServiceAccountToken"] is False
+    bindings = [r for r in run.resources if r.type.endswith(("/v1:RoleBinding", "/v1:ClusterRoleBinding"))
+                and "maintenance" in r.inputs["metadata"]["name"]]
+    assert len(bindings) == 2 and all(
+        b.inputs["subjects"] == [{"kind": "ServiceAccount", "name": "pretrain-launcher", "namespace": "pretrain"}]
+        for b in bindings)
+    _, spec = _spec("dws", "pretrain")
+    assert spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["serviceAccountName"] == "pretrain-launcher"
+    assert "serviceAccountName" not in spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+
+
 def test_the_watch_access_is_the_minimum() -> None:
     w = model("dws").workloads["pretrain"]
     rules = {(o["kind"], o["metadata"].get("namespace")): o.get("rules") for o in maintenance.access(w, "ksa")}

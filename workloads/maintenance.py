@@ -96,9 +96,16 @@ def sidecar(w: MpiJobBaseConfig, image: Any, config_mount: dict[str, Any],
     }
 
 
+def launcher_account(w: MpiJobBaseConfig) -> str:
+    """The launcher's own ServiceAccount where the bucket's (Workload Identity) one is not used: never the
+    namespace's `default`, whose grants every pod of the namespace would share (checkov CKV_K8S_42)."""
+    return f"{w.name}-launcher"[:253]
+
+
 def with_watch(launcher: dict[str, Any], w: MpiJobBaseConfig, image: Any, config_mount: dict[str, Any],
                state_mount: dict[str, Any]) -> None:
     spec = launcher["spec"]
+    spec.setdefault("serviceAccountName", launcher_account(w))  # the bucket's account where there is one
     spec["initContainers"] = [*spec.get("initContainers", []), sidecar(w, image, config_mount, state_mount)]
     spec["volumes"] = [*spec["volumes"], token_volume()]
 

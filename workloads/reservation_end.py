@@ -23,7 +23,7 @@ from typing import Any
 from model import capacity, reservation
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 from workloads import recovery
-from workloads.pod_security import NVIDIA_USER, skip_annotations
+from workloads.pod_security import NVIDIA_IMAGE_UID_WAIVER, NVIDIA_USER, skip_annotations
 
 END_JOB = "reservation-end"  # the ServiceAccount, ConfigMap and RBAC names of the CronJobs
 ROLE = f"deepspeed-stack-{END_JOB}"
@@ -36,6 +36,8 @@ WORKLOADS_RULE = {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "
 WAIVERS = {
     "CKV_K8S_38": "the pod patches the ClusterQueue and the Workloads of the ending reservation: it needs its "
                   "ServiceAccount's token (a role that may patch that one ClusterQueue and list/patch Workloads)",
+    # It runs the stack's own image (python3 and kube_api.py), whose one user is 1001, as every pod of that image.
+    **NVIDIA_IMAGE_UID_WAIVER,
 }
 
 

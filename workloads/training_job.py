@@ -89,11 +89,19 @@ class TrainingJob(pulumi.ComponentResource):
             spec=spec,
             opts=pulumi.ResourceOptions(parent=self),
         ) for role, spec in network_policy.specs(w).items()]
-        # The launcher's maintenance watch may read the workers and their nodes and evict the workers.
-        account = access.kubernetes_service_account if access else "default"
+        # The launcher's maintenance watch may read the workers and their nodes and evict the workers: granted to
+        # the bucket's account, else to the launcher's own (never the namespace's default, which every pod shares).
+        watched = maintenance.watched(w, where)
+        self.launcher_account: k8s.core.v1.ServiceAccount | None = k8s.core.v1.ServiceAccount(
+            f"{name}-launcher-ksa",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=maintenance.launcher_account(w), namespace=ns, labels=labels(w)),
+            automount_service_account_token=False,  # only the watch's container mounts a token (projected)
+            opts=pulumi.ResourceOptions(parent=self)) if watched and not access else None
+        account = access.kubernetes_service_account if access else maintenance.launcher_account(w)
+        holder = self.service_account or self.launcher_account
         self.maintenance_access = [_rbac(f"{name}-maintenance-{o['kind'].lower()}", o, ns, pulumi.ResourceOptions(
-            parent=self, depends_on=[self.service_account] if self.service_account else None))
-            for o in (maintenance.access(w, account) if maintenance.watched(w, where) else [])]
+            parent=self, depends_on=[holder] if holder else None))
+            for o in (maintenance.access(w, account) if watched else [])]
         self.job: k8s.apiextensions.CustomResource = self._job(name, args, ns)
         self.summary: pulumi.Output[dict[str, Any]] = pulumi.Output.from_input({
             "kind": w.kind, "job": w.name, "namespace": ns, "claim": w.storage.claim_name,
@@ -164,7 +172,8 @@ class TrainingJob(pulumi.ComponentResource):
             spec=pulumi.Output.all(image, secret_name, access.bucket if access else None, gaudi, pull).apply(spec),
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[self.config_map, self.claim, *([self.service_account] if self.service_account else []),
+                depends_on=[self.config_map, self.claim,
+                            *[a for a in (self.service_account, self.launcher_account) if a is not None],
                             *args.admitted_by],
                 # The operator runs a job once; a changed spec must start a new run, under the same name.
                 replace_on_changes=["spec"],
