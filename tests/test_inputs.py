@@ -592,7 +592,8 @@ def test_sigterm_asks_the_workers_and_leaves_deepspeeds_runner_alone(tmp_path: P
     ready, stopped = tmp_path / "ready", tmp_path / "stopped"
     # The runner notes a TERM it gets (it must get none) and ends 143 once the stop request reached the workers.
     stub = (f"trap 'echo term >> {tmp_path / 'calls'}' TERM\ntouch {ready}\n"
-            f"until [ -f {stopped} ]; do read -rt 0.1 || :; done\nexit 143")
+            # Ends by itself within 30 s whatever happens (a `read` loop spins at full CPU once stdin closes).
+            f"until [ -f {stopped} ] || ((SECONDS >= 30)); do sleep 0.05; done\nexit 143")
     script, final, calls = _launcher_run(tmp_path, stub)
     (tmp_path / "bin" / "ssh").write_text(f'#!/bin/bash\necho "ssh $*" >> {tmp_path / "ssh-calls"}\ntouch {stopped}\n')
     (tmp_path / "bin" / "ssh").chmod(0o755)
