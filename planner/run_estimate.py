@@ -143,15 +143,16 @@ def count_file_tokens(path: Path, fields: Iterable[str] | None = None,
     return chars / chars_per_token, len(records), f"fields {', '.join(wanted)}"
 
 
-def _finetune_data() -> Any:
-    """finetune.py's own record reading (workloads/scripts/finetune_data.py, the standard library at its top)."""
+def script_module(name: str) -> Any:
+    """A module of the recipe's (workloads/scripts/NAME.py, the standard library at its top): its own rule, read
+    where the planner needs it (finetune_data's record reading, finetune_tokenized's processes)."""
     import importlib
     import sys
 
     scripts = str(Path(__file__).resolve().parent.parent / "workloads" / "scripts")
     sys.path.insert(0, scripts)
     try:
-        return importlib.import_module("finetune_data")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(scripts)
 
@@ -161,7 +162,7 @@ def record_characters(path: Path, records: list[dict[str, Any]]) -> tuple[int, s
     record's fields: messages, sharegpt conversations, alpaca, prompt + completion, text): a conversation's turns,
     alpaca's instruction, input and output, a prompt and its completion, a text. Records of no such format are an
     error naming the fields seen (never 0 tokens)."""
-    fd = _finetune_data()
+    fd = script_module("finetune_data")
     if not records:
         raise ValueError(f"DATA={path}: no records")
     try:

@@ -19,11 +19,7 @@ minimises lost work plus save time.
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import msgspec
 
@@ -33,7 +29,7 @@ from model.training_speed import TrainingSpeed
 from model.types import FinetuneWorkloadConfig, MpiJobWorkloadConfig, StackConfig
 from planner import pod_fit, recovery
 from planner.requests import workload_request
-from planner.run_estimate import RunEstimate, WorkloadRun
+from planner.run_estimate import RunEstimate, WorkloadRun, script_module
 
 SECONDS_PER_HOUR = 3600
 # The record formats whose records go through a chat template (the slower data step: a conversation's assistant
@@ -103,16 +99,6 @@ def saves(cfg: StackConfig, run: WorkloadRun, speed: TrainingSpeed | None = None
                  mtbi, interval, (proposed[0], proposed[1]))
 
 
-def _tokenized_module() -> ModuleType:
-    """finetune.py's finetune_tokenized.py (the standard library at its top): its own rule for the processes."""
-    scripts = str(Path(__file__).resolve().parent.parent / "workloads" / "scripts")
-    sys.path.insert(0, scripts)
-    try:
-        return importlib.import_module("finetune_tokenized")
-    finally:
-        sys.path.remove(scripts)
-
-
 def cpu_count(quantity: str) -> int:
     """Whole CPUs of a Kubernetes CPU quantity ("200", "1.5", "500m"), at least 1."""
     value = float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
@@ -128,7 +114,7 @@ class DataCpus(msgspec.Struct, frozen=True):
 
 def on_cpus(cpus: int, where: str, machine: str = "") -> DataCpus:
     """The data step on a container of `cpus` CPUs (`where`, e.g. "the launcher"): finetune.py's data_procs."""
-    procs = _tokenized_module().data_procs(cpus)
+    procs = script_module("finetune_tokenized").data_procs(cpus)
     return DataCpus(procs, f"{procs} process{'es' if procs != 1 else ''} on {where}'s {cpus:g} "
                            f"CPU{'s' if cpus != 1 else ''}{f' ({machine})' if machine else ''}")
 
