@@ -7,23 +7,25 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import PROJECT_DIR
+from conftest import PROJECT_DIR, SHARED_DIR
 
 TESTS = PROJECT_DIR / "tests"
-# conftest holds the one reader; user_stacks.py builds the copies (and links ../shared into the user-stacks one);
-# this module spells the rule.
-READERS = {"conftest.py", "user_stacks.py", "test_lone_clone.py"}
+NAME = SHARED_DIR.name  # conftest names the folder; this module only looks for it
+UP = f"../{NAME}"
+# conftest names the folder and holds its readers; everything else goes through them.
+READERS = {"conftest.py"}
 
 
 def outside_reads(source: str) -> list[str]:
-    """Code that builds a path to ../shared (`... / "shared"`, a "../shared/..." literal) or climbs above the
-    repository from a test's file (`.parent.parent.parent`); a volume named "shared" or a message is not one."""
+    """Code that builds a path to the folder beside the checkout (a division by its name, a literal starting with
+    `../` and its name) or climbs above the repository (`.parent.parent.parent`); a volume of that name or a
+    message is not one."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant)
-                and node.right.value == "shared"):
-            found.append(f"line {node.lineno}: / 'shared'")
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("../shared"):
+                and node.right.value == NAME):
+            found.append(f"line {node.lineno}: / {NAME!r}")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(UP):
             found.append(f"line {node.lineno}: {node.value!r}")
         if (isinstance(node, ast.Attribute) and node.attr == "parent" and isinstance(node.value, ast.Attribute)
                 and node.value.attr == "parent" and isinstance(node.value.value, ast.Attribute)
@@ -42,19 +44,19 @@ def test_no_test_module_reads_outside_the_repository() -> None:
 
 def test_the_rule_finds_a_direct_read() -> None:
     # What tests/test_fabric_gate.py did before issue 40: a FileNotFoundError in every user's clone.
-    bad = ('SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "reference"\n'
+    bad = (f'SHARED = Path(__file__).resolve().parent.parent.parent / "{NAME}" / "reference"\n'
            'text = (SHARED / "x.yaml").read_text()\n')
-    assert sorted(outside_reads(bad)) == ["line 1: .parent.parent.parent", "line 1: / 'shared'"]
-    assert outside_reads('open("../shared/reference/x.yaml")\n') == ["line 1: '../shared/reference/x.yaml'"]
+    assert sorted(outside_reads(bad)) == ["line 1: .parent.parent.parent", f"line 1: / {NAME!r}"]
+    assert outside_reads(f'open("{UP}/reference/x.yaml")\n') == [f"line 1: '{UP}/reference/x.yaml'"]
     # A volume named shared, a message about ../shared, a read through the helper: none is a read from outside.
-    assert outside_reads('mounts["shared"]\nprint("no ../shared here")\ntext = seed("004.txt")\n') == []
+    assert outside_reads(f'mounts["{NAME}"]\nprint("no {UP} here")\ntext = seed("004.txt")\n') == []
 
 
 def test_the_copy_has_nothing_beside_it(tmp_path: Path) -> None:
     import user_stacks
 
-    (tmp_path / "shared").mkdir()  # a folder beside the temporary parent is not the copy's
+    (tmp_path / NAME).mkdir()  # a folder beside the temporary parent is not the copy's
     copy = tmp_path / "inner" / "project"
     copy.parent.mkdir()
     user_stacks.user_copy(copy, lone=True)
-    assert (copy / "Pulumi.yaml").is_file() and not (copy.parent / "shared").exists()
+    assert (copy / "Pulumi.yaml").is_file() and not (copy.parent / NAME).exists()

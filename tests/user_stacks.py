@@ -24,6 +24,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 import yaml
+from conftest import SHARED_DIR  # the one place that names the folder beside the checkout
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 EXAMPLES_DIR = PROJECT_DIR / "tests" / "examples"
@@ -78,11 +79,10 @@ def user_copy(dest: Path, lone: bool = False) -> None:
     project as cloned, with nothing beside it."""
     shutil.copytree(PROJECT_DIR, dest, ignore=shutil.ignore_patterns(*LEFT_OUT))
     if lone:
-        assert not (dest.parent / "shared").exists()
+        assert not (dest.parent / SHARED_DIR.name).exists()
         return
-    shared = PROJECT_DIR.parent / "shared"
-    if shared.is_dir():  # the tests read ../shared/reference in place
-        (dest.parent / "shared").symlink_to(shared)
+    if SHARED_DIR.is_dir():  # the tests read its reference copies in place (conftest.reference)
+        (dest.parent / SHARED_DIR.name).symlink_to(SHARED_DIR)
     write(dest / "Pulumi.gaudi.yaml", edit_gaudi(read(dest / "Pulumi.gaudi.yaml")))
     write(dest / "Pulumi.dev.yaml", edit_dev(read(dest / "Pulumi.dev.yaml")))
     # From prod: a stack not named dev keeps its nodes private (the policy pack's gke-private-nodes).
