@@ -1493,7 +1493,8 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     from workloads.mpijob import nvidia
     from workloads.mpijob.shape import SSH_CLIENT_KEY
     from workloads.placement import placement
-    from workloads.serving import CLIENT_ENDPOINTS_MIDDLEWARE, lora_args, model_source
+    from workloads.serving_command import CLIENT_ENDPOINTS_MIDDLEWARE, lora_args
+    from workloads.serving_source import model_source
 
     phases = Phases("adapters")
     launcher = cluster.hosts[0]

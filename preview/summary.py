@@ -165,7 +165,7 @@ def _mpijob_workload(reg: Registration) -> Workload:
 
 
 def _server_engine(container: dict) -> str:
-    """vLLM runs its OpenAI server module; MII the stack's entry script (workloads/serving.py `command`)."""
+    """vLLM runs its OpenAI server module; MII the stack's entry script (workloads/serving_command.py `command`)."""
     return "vLLM" if any("vllm" in str(part) for part in container.get("command") or []) else "DeepSpeed-MII"
 
 

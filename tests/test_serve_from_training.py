@@ -68,7 +68,8 @@ def test_the_server_loads_the_base_and_the_adapter_under_the_trainers_name(finet
 ])
 def test_the_prompt_command_matches_the_training_format(finetune_keys: dict[str, Any], chat: bool) -> None:
     """Issue 36 item 6: the printed command asks the model the way it was trained."""
-    from workloads.serving import model_source, prompt_command
+    from workloads.serving_endpoint import prompt_command
+    from workloads.serving_source import model_source
 
     m = model("finetune", {f"workloads.tune.finetune.{k}": v for k, v in finetune_keys.items()})
     w = m.workloads["chat"]
@@ -159,7 +160,9 @@ def test_an_older_merged_models_marker_keeps_the_adapter_server_waiting(finetune
 
 def test_the_merged_model_is_served_as_it_is() -> None:
     from workloads.placement import placement
-    from workloads.serving import lora_args, model_source, vllm_args, wait_script
+    from workloads.serving_command import lora_args, vllm_args
+    from workloads.serving_pod import wait_script
+    from workloads.serving_source import model_source
 
     m = model("finetune", MERGED)
     chat = m.workloads["chat"]

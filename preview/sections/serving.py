@@ -21,7 +21,7 @@ def _node_price(costs: Any, pool: str | None) -> float | None:
 
 def section(run: RunResult) -> list[Section]:
     """Each `serve` workload: its model, GPUs, what a replica costs, and how to send it a prompt (the command its
-    engine takes: workloads/serving.py `prompt_command`)."""
+    engine takes: workloads/serving_endpoint.py `prompt_command`)."""
     servers = {name: s for name, s in (run.outputs.get("workloads") or {}).items()
                if isinstance(s, dict) and s.get("kind") == "serve"}
     if not servers:

@@ -12,7 +12,7 @@ data/models.yaml), and a server of what training writes (`serving.fromWorkload`)
 LoRA adapters (`serving.adapters`, or fromWorkload's when it exports one) come from finetune workloads that export
 one, trained on the base the server serves, with a rank vLLM's --max-lora-rank holds; vLLM serves them (MII
 cannot), and their memory is sized with the model. `serving.evaluation` scores them before they are served (an
-evaluator container, workloads/serving.py): only with adapters, read from the bucket.
+evaluator container, workloads/serving_evaluator.py): only with adapters, read from the bucket.
 """
 
 from __future__ import annotations
@@ -37,18 +37,13 @@ from planner.sizing import INFERENCE, Request, estimate, known_models
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.shared import changed_keys
 from workloads.placement import placement
-from workloads.serving import (
-    ModelServer,
-    ModelServerArgs,
+from workloads.serving import ModelServer, ModelServerArgs, most_replicas, surge_node_spare
+from workloads.serving_command import engine_of, mii_reserved_ports, served_port
+from workloads.serving_source import (
     adapter_names,
     adapter_trainer,
-    engine_of,
-    mii_reserved_ports,
     model_source,
-    most_replicas,
     served_base,
-    served_port,
-    surge_node_spare,
     trained_base,
     vllm_lora_rank,
 )
