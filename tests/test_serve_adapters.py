@@ -208,7 +208,7 @@ def test_lora_sizes_without_adapters_warn() -> None:
 
 def test_the_adapters_memory_is_sized_with_the_model() -> None:
     from planner.sizing import estimate
-    from workloads.kinds.serve import serve_request
+    from workloads.kinds.serve_engine import serve_request
 
     m = config_model(changed("finetune", two()))
     request = serve_request(m, m.workloads["chat"])

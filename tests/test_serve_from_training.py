@@ -19,7 +19,7 @@ import pytest
 from conftest import DELETE, changed, config_model, model, problems, stack_run
 
 from preview.engine import RunResult
-from workloads.kinds.serve import check_serve_from_workload
+from workloads.kinds.serve_model import check_serve_from_workload
 
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 SERVICE = "kubernetes:core/v1:Service"
