@@ -11,7 +11,7 @@ TEST_STAMP := $(VENV)/.installed-test
 # module of the provider SDKs (pulumi-gcp's thousands), which was two thirds of the install (docs/measurements.md).
 RUN := PYTHONDONTWRITEBYTECODE= $(BIN)/python
 
-.PHONY: help preview test examples-check test-user-stacks test-lone-clone test-recipe check-data e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check gpu-bench
+.PHONY: help preview golden test examples-check test-user-stacks test-lone-clone test-recipe check-data e2e lint docs gpus bench checkov checkov-workloads checkov-all clean gpu-wheels gpu-check gpu-bench
 
 # uv (from PyPI, pinned) installs requirements.txt in a few seconds where pip took two minutes (README: Speed).
 UV_VERSION := 0.13.9
@@ -31,6 +31,12 @@ help:  ## every target with what it does and its variables (the `##` text of eac
 
 preview: $(STAMP)  ## offline preview of STACK (default dev): no cloud account needed
 	$(RUN) -m preview --stack $(STACK) $(if $(BASE),--base $(BASE),)
+
+# tests/golden/: every example stack's preview text, summary.md and registered resources (docs/preview.md, Golden
+# previews); tests/test_golden.py diffs them. A refactor leaves them byte-identical; a change that means to change
+# the preview rewrites them here and says what changed and why in its commit.
+golden: $(STAMP)  ## rewrite tests/golden/ (each example stack's preview and resources) after a change meant to change them
+	$(RUN) -m tests.golden_previews
 
 bench: $(STAMP)  ## time the offline preview against the bare Pulumi SDK (each stack; 25/100 generated GPU pools)
 	$(RUN) -m preview.bench

@@ -24,6 +24,7 @@ from policy.rules import POLICIES
 from preview import diff, manifests, plan, policy_check, stackfile, summary, tree
 from preview.engine import PROJECT_DIR, RunResult, engine_config_from_yaml, run_program, stack_file, stacks
 from preview.sections import (
+    Section,
     adopted,
     capacity,
     cost,
@@ -154,6 +155,16 @@ def _wrote(written: Written) -> str:
     return f"wrote {_display(written.directory)}/: {', '.join(parts)}"
 
 
+def terminal_text(result: RunResult, violations: list[policy_check.Violation], plan_diff: diff.PlanDiff | None,
+                  extra: list[Section]) -> str:
+    """What the preview prints before the files it wrote: the resource tree (marked against the base plan, if
+    any) and the summary. tests/golden/ holds it for every example stack."""
+    changes = plan_diff.marks([r.urn for r in result.resources]) if plan_diff else None
+    removed = [(r["type"], r["name"]) for r in plan_diff.removed] if plan_diff else None
+    text = summary.text(result, violations, len(POLICIES), plan_diff, extra)
+    return f"{tree.render(result, changes, removed)}\n\n{text}"
+
+
 def preview(args: argparse.Namespace) -> int:
     try:
         stack, path = stack_and_file(args)
@@ -169,12 +180,7 @@ def preview(args: argparse.Namespace) -> int:
     violations = policy_check.evaluate(result, policy_check.load_config(args.policy_config))
     plan_diff = diff.diff(base, plan_doc) if base is not None else None
     extra = render_sections(result, SECTIONS)
-
-    changes = plan_diff.marks([r.urn for r in result.resources]) if plan_diff else None
-    removed = [(r["type"], r["name"]) for r in plan_diff.removed] if plan_diff else None
-    print(tree.render(result, changes, removed))
-    print()
-    print(summary.text(result, violations, len(POLICIES), plan_diff, extra))
+    print(terminal_text(result, violations, plan_diff, extra))
     written = write_build(result, plan_doc, summary.markdown(result, violations, len(POLICIES), plan_diff, extra),
                           args.out)
     print(f"\n{_wrote(written)}")

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -252,7 +253,26 @@ def run_stack(stack: str, overrides: dict[str, Any] | None = None, *, example: b
         extra, extra_secrets = engine.engine_config_from_yaml(overrides)
         config.update(extra)
         secret_keys = sorted(set(secret_keys) | set(extra_secrets))
-    return engine.run_program(config, secret_keys, stack=stack)
+    with fixed_now():
+        return engine.run_program(config, secret_keys, stack=stack)
+
+
+@contextlib.contextmanager
+def fixed_now() -> Iterator[None]:
+    """Every stack run measures from one "now" (model/reservation.py reads DEEPSPEED_STACK_NOW), the one the golden
+    previews were written at, unless a test set its own: a run then gives the same plan on any day."""
+    from golden_previews import NOW
+
+    from model.reservation import NOW_ENV
+
+    if NOW_ENV in os.environ:
+        yield
+        return
+    os.environ[NOW_ENV] = NOW
+    try:
+        yield
+    finally:
+        os.environ.pop(NOW_ENV, None)
 
 
 def stack_run(stack: str, overrides: dict[str, Any] | None = None, *, example: bool = True,
