@@ -18,7 +18,7 @@ from components.network import Network, NetworkArgs
 from components.node_identity import NodeIdentity, NodeIdentityArgs
 from components.storage import Storage, StorageArgs
 from components.vertex import VertexTraining, VertexTrainingArgs
-from model import capacity, catalog, fabric, serving_metrics, versions
+from model import capacity, catalog, fabric, serving_gateway, serving_metrics, versions
 from planner import cost, recovery
 from planner.capacity_plan import capacity_plan
 from workloads import first_up, kinds
@@ -43,7 +43,8 @@ if cfg.cluster is not None:
     identity = NodeIdentity("nodes", NodeIdentityArgs(project=cfg.project, cluster_name=cfg.cluster.name))
     network = Network("network", NetworkArgs(
         name=cfg.cluster.name, region=cfg.region, config=cfg.network, nat=cfg.cluster.private_nodes,
-        mtu=fabric.primary_mtu(cfg), master_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None))
+        mtu=fabric.primary_mtu(cfg), master_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None,
+        proxy_only_cidr=cfg.network.proxy_only_cidr if serving_gateway.servers(cfg) else None))
     # GPU fabrics (A3/A4): the extra VPCs their NICs attach to, one set per fabric (data/gpu_fabric.yaml).
     fabric_networks = {s.key: FabricNetwork(f"fabric-{s.key}", FabricNetworkArgs(
         project=cfg.project, region=cfg.region, fabric_set=s, fabric_cidr=cfg.network.fabric_cidr))
@@ -51,7 +52,8 @@ if cfg.cluster is not None:
     cluster = GkeCluster("cluster", GkeClusterArgs(
         project=cfg.project, location=cfg.cluster_location, config=cfg.cluster,
         network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email,
-        multi_networking=fabric.multi_networking(cfg), gpu_metrics=bool(cfg.node_pools)))
+        multi_networking=fabric.multi_networking(cfg), gpu_metrics=bool(cfg.node_pools),
+        gateway_api_channel=serving_gateway.load().gateway_api_channel if serving_gateway.servers(cfg) else None))
     fabric_of = {pool: fabric_networks[s.key] for s in fabric.fabric_sets(cfg) for pool in s.pools}
     joins = capacity.pool_classes(cfg)  # pool -> the ComputeClass of a workload's pool then fallbackPool
     pools = {p.name: GpuNodePool(f"pool-{p.name}", GpuNodePoolArgs(

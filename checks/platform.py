@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from checks.common import PROJECT_DIR, Check, at, is_file, or_list
 from model import catalog as gpu_catalog
+from model import serving_gateway
 from model.suggest import did_you_mean
 from model.types import StackConfig
 
@@ -67,6 +68,8 @@ def _named_ranges(m: StackConfig) -> Iterator[tuple[str, str]]:
     yield "network.servicesCidr", m.network.services_cidr
     if m.cluster is not None and m.cluster.private_nodes:
         yield "cluster.masterCidr", m.cluster.master_cidr
+    if serving_gateway.servers(m):  # the gateway's proxy-only subnet exists only then
+        yield "network.proxyOnlyCidr", m.network.proxy_only_cidr
 
 
 def check_cidrs(m: StackConfig) -> list[str]:

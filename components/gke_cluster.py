@@ -29,6 +29,8 @@ class GkeClusterArgs(msgspec.Struct, frozen=True):
     multi_networking: bool = False
     # GKE's DCGM exporter into Managed Prometheus: GPU utilisation, memory and NVLink/PCIe metrics.
     gpu_metrics: bool = False
+    # Gateway API's channel (GKE's Gateway controller) for a server's Inference Gateway; None: off.
+    gateway_api_channel: str | None = None
 
 
 def _plugin_kubeconfig(context: str, cluster: dict[str, str]) -> str:
@@ -115,13 +117,16 @@ def _authorized_networks(cfg: ClusterConfig) -> gcp.container.ClusterMasterAutho
     )
 
 
-def _addons(cfg: ClusterConfig) -> gcp.container.ClusterAddonsConfigArgs:
+def _addons(cfg: ClusterConfig, gateway: bool = False) -> gcp.container.ClusterAddonsConfigArgs:
     return gcp.container.ClusterAddonsConfigArgs(
         gcs_fuse_csi_driver_config=gcp.container.ClusterAddonsConfigGcsFuseCsiDriverConfigArgs(enabled=True),
         gcp_filestore_csi_driver_config=gcp.container.ClusterAddonsConfigGcpFilestoreCsiDriverConfigArgs(enabled=True),
         gce_persistent_disk_csi_driver_config=gcp.container.ClusterAddonsConfigGcePersistentDiskCsiDriverConfigArgs(
             enabled=True
         ),
+        # GKE's Gateway controller (a server's Inference Gateway) needs it: GKE's default, said when a gateway relies
+        # on it (other stacks' clusters keep their config as it was).
+        http_load_balancing=gcp.container.ClusterAddonsConfigHttpLoadBalancingArgs(disabled=False) if gateway else None,
         # With Dataplane V2 network policy is built in; the Calico add-on is only for the legacy dataplane.
         network_policy_config=gcp.container.ClusterAddonsConfigNetworkPolicyConfigArgs(disabled=cfg.dataplane_v2),
     )
@@ -160,7 +165,9 @@ class GkeCluster(pulumi.ComponentResource):
             network_policy=None if cfg.dataplane_v2 else gcp.container.ClusterNetworkPolicyArgs(
                 enabled=True, provider="CALICO"
             ),
-            addons_config=_addons(cfg),
+            addons_config=_addons(cfg, gateway=args.gateway_api_channel is not None),
+            gateway_api_config=gcp.container.ClusterGatewayApiConfigArgs(channel=args.gateway_api_channel)
+            if args.gateway_api_channel else None,
             logging_config=gcp.container.ClusterLoggingConfigArgs(
                 enable_components=["SYSTEM_COMPONENTS", "WORKLOADS"]
             ),

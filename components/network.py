@@ -24,6 +24,8 @@ class NetworkArgs(msgspec.Struct, frozen=True):
     mtu: int | None = None
     # A private cluster's control-plane range, which the firewall lets reach the nodes; None: public nodes.
     master_cidr: str | None = None
+    # The region's proxy-only subnet for a server's Inference Gateway (regional Application Load Balancers); None: none.
+    proxy_only_cidr: str | None = None
 
 
 def flow_log_config(cfg: FlowLogsConfig) -> gcp.compute.SubnetworkLogConfigArgs | None:
@@ -66,6 +68,13 @@ class Network(pulumi.ComponentResource):
                 direction=rule.direction, priority=rule.priority, source_ranges=rule.source_ranges,
                 allows=rule.allows or None, denies=rule.denies or None, opts=child)
         outputs: dict[str, pulumi.Input] = {"network": self.vpc.id, "subnetwork": self.subnet.id}
+        if args.proxy_only_cidr:
+            # Where the Gateway's Envoy proxies run: one ACTIVE REGIONAL_MANAGED_PROXY subnet per region and VPC
+            # (GKE "Deploy GKE Inference Gateway": configure a proxy-only subnet).
+            self.proxy_subnet = gcp.compute.Subnetwork(
+                f"{name}-proxy-only", region=args.region, network=self.vpc.id, ip_cidr_range=args.proxy_only_cidr,
+                purpose="REGIONAL_MANAGED_PROXY", role="ACTIVE", opts=child)
+            outputs["proxyOnlySubnetwork"] = self.proxy_subnet.id
         if args.nat:
             router = gcp.compute.Router(f"{name}-router", region=args.region, network=self.vpc.id, opts=child)
             nat = gcp.compute.RouterNat(

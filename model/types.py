@@ -27,6 +27,7 @@ from model.workload_types import (
     FinetuneConfig,
     FinetuneLoraConfig,
     FinetuneWorkloadConfig,
+    GatewayConfig,
     GaudiConfig,
     GcsFuseConfig,
     HelmWorkloadConfig,
@@ -52,7 +53,7 @@ from model.workload_types import (
 __all__ = [
     "ADAPTER_EXPORT", "WORKLOAD_TYPES", "AcceleratorConfig", "AllowedSource", "AutoscalingConfig", "ChartConfig",
     "DeepSpeedConfig", "DeepSpeedWorkloadConfig", "FinetuneConfig", "FinetuneLoraConfig", "FinetuneWorkloadConfig",
-    "GaudiConfig", "GcsFuseConfig",
+    "GatewayConfig", "GaudiConfig", "GcsFuseConfig",
     "HelmWorkloadConfig", "LaunchConfig", "LoraConfig", "ModelConfig", "MpiJobBaseConfig", "MpiJobWorkloadConfig",
     "OpenAiConfig", "ProxyConfig", "ResourcesConfig", "ServeWorkloadConfig", "ServingConfig", "StackConfig",
     "StorageClaimConfig", "TensorboardConfig", "TensorboardWorkloadConfig", "TrainingConfig", "TrainingRun",
@@ -105,6 +106,7 @@ class NetworkConfig(msgspec.Struct, frozen=True):
     services_cidr: str
     fabric_cidr: str
     flow_logs: FlowLogsConfig
+    proxy_only_cidr: str  # the gateway's proxy-only subnet (created only for serving.gateway)
 
 
 class GpuConfig(msgspec.Struct, frozen=True):

@@ -167,6 +167,13 @@ class AllowedSource(msgspec.Struct, frozen=True):
     cidr: str | None = None
 
 
+class GatewayConfig(msgspec.Struct, frozen=True):
+    """`serving.gateway`: GKE Inference Gateway in front of the replicas (workloads/serving_gateway.py)."""
+
+    enabled: bool
+    access: str  # internal | external (model/serving_gateway.py gatewayClasses)
+
+
 class EvaluationConfig(msgspec.Struct, frozen=True):
     """`serving.evaluation`: each served adapter scored against the base (and the adapter served now) on the user's
     held-out task by the server's evaluator container (workloads/scripts/evaluate.py), optionally gated."""
@@ -193,6 +200,7 @@ class ServingConfig(msgspec.Struct, frozen=True):
     startup_minutes: int
     cache_size: str
     adapters: list[str]  # finetune workloads whose LoRA adapters it serves on the base model
+    gateway: GatewayConfig
     port: int | None = None  # None: the engine's own (data/serving.yaml)
     model: str | None = None
     model_path: str | None = None

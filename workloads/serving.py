@@ -27,7 +27,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import ServeWorkloadConfig
-from workloads import gcs_fuse, pod_security, serving_metrics
+from workloads import gcs_fuse, pod_security, serving_gateway, serving_metrics
+from workloads.inference_gateway import InferenceGateway, InferenceGatewayArgs
 from workloads.placement import Placement, labels
 from workloads.serving_command import TOKEN_KEY, ServerInputs, served_port
 from workloads.serving_endpoint import (
@@ -76,6 +77,8 @@ class ModelServerArgs(msgspec.Struct, frozen=True):
     hf_token: pulumi.Output[str] | None = None
     bucket: gcs_fuse.BucketAccess | None = None  # the stack's bucket, mounted when gcsFuse.enabled
     protect: bool = False  # the cluster's deletion protection: a production endpoint is not deleted by accident
+    proxy_cidr: str | None = None  # the region's proxy-only subnet: with serving.gateway, where requests come from
+    gateway_backends: list[tuple[str, int]] | None = None  # the gateway's pools and weights (a canary)
 
 
 def _depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
@@ -113,7 +116,11 @@ class ModelServer(pulumi.ComponentResource):
             spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
                 max_unavailable=1, selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector(w))),
             opts=child)
-        self.network_policy: k8s.networking.v1.NetworkPolicy = self._network_policy(name, w, ns)
+        gateway_on = serving_gateway.enabled(w) and args.proxy_cidr is not None
+        self.network_policy: k8s.networking.v1.NetworkPolicy = self._network_policy(
+            name, w, ns, args.proxy_cidr if gateway_on else None)
+        self.gateway = InferenceGateway(f"{name}-gateway", InferenceGatewayArgs(
+            w, ns, args.proxy_cidr or "", args.gateway_backends), child) if gateway_on else None
         self.pod_monitoring = self._pod_monitoring(name, w, ns) if serving_metrics.scraped(w) else None
         self.autoscaler = self._autoscaler(name, w, ns) if w.serving.autoscaling.enabled else None
         lb_ip = self.service.status.apply(_ingress_ip) if w.serving.service == "InternalLoadBalancer" else None
@@ -129,6 +136,7 @@ class ModelServer(pulumi.ComponentResource):
             **({"waitsFor": src.markers_text} if src.waits else {}),
             **({"evaluation": evaluation_summary(w, src)} if src.evaluated else {}),
             **({"loadBalancerIp": lb_ip} if lb_ip is not None else {}),
+            **(self._gateway_summary(w) if self.gateway is not None else {}),
         })
         self.register_outputs({"namespace": ns, "deployment": self.deployment.metadata.name,
                                "service": self.service.metadata.name, "endpoint": endpoint(w)})
@@ -212,8 +220,15 @@ class ModelServer(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True, protect=protect),
         )
 
-    def _network_policy(self, name: str, w: ServeWorkloadConfig,
-                        ns: pulumi.Output[str]) -> k8s.networking.v1.NetworkPolicy:
+    def _gateway_summary(self, w: ServeWorkloadConfig) -> dict[str, Any]:
+        """Where requests enter through the gateway: its class, and how to read the address GKE gives it (a
+        CustomResource's status is not an output of pulumi-kubernetes)."""
+        return {"gateway": {"name": w.name, "class": serving_gateway.gateway_class(w),
+                            "access": w.serving.gateway.access, "addressCommand": serving_gateway.address_command(w),
+                            "endpoint": f"http://<gateway address>{'/v1'}"}}
+
+    def _network_policy(self, name: str, w: ServeWorkloadConfig, ns: pulumi.Output[str],
+                        proxy_cidr: str | None = None) -> k8s.networking.v1.NetworkPolicy:
         peers = network_peers(w.serving.allow_from)
         ports = [k8s.networking.v1.NetworkPolicyPortArgs(port=p["port"], protocol="TCP") for p in service_ports(w)]
         ingress = [k8s.networking.v1.NetworkPolicyIngressRuleArgs(from_=[_peer_args(p) for p in peers], ports=ports)] \
@@ -223,6 +238,11 @@ class ModelServer(pulumi.ComponentResource):
             ingress.append(k8s.networking.v1.NetworkPolicyIngressRuleArgs(
                 from_=[_peer_args(serving_metrics.collector_peer())],
                 ports=[k8s.networking.v1.NetworkPolicyPortArgs(port=served_port(w), protocol="TCP")]))
+        for rule in serving_gateway.server_ingress(w, proxy_cidr) if proxy_cidr else []:
+            # The gateway's proxies and health checkers, and the endpoint picker reading /metrics.
+            ingress.append(k8s.networking.v1.NetworkPolicyIngressRuleArgs(
+                from_=[_peer_args(p) for p in rule["from"]],
+                ports=[k8s.networking.v1.NetworkPolicyPortArgs(**p) for p in rule["ports"]]))
         return k8s.networking.v1.NetworkPolicy(
             f"{name}-netpol",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),

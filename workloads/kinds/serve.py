@@ -48,6 +48,7 @@ from workloads.kinds.serve_engine import (
     warn_quantised_checkpoint,
     warn_unknown_heads,
 )
+from workloads.kinds.serve_gateway import check_serve_gateway, warn_serve_gateway_external
 from workloads.kinds.serve_model import (
     check_serve_context_length,
     check_serve_from_workload,
@@ -207,7 +208,8 @@ def build(name: str, w: ServeWorkloadConfig, platform: Platform, opts: pulumi.Re
     server = ModelServer(name, ModelServerArgs(
         workload=w, placement=placement(platform.cfg, w), image_ref=platform.image,
         source=model_source(platform.cfg, w), hf_token=platform.hf_token, bucket=platform.bucket,
-        protect=platform.protect), opts)
+        protect=platform.protect, proxy_cidr=platform.cfg.network.proxy_only_cidr if platform.own_cluster else None),
+        opts)
     endpoint = server.summary.apply(lambda s: {k: s[k] for k in ENDPOINT_KEYS if k in s})
     return Built(server, server.summary, endpoint=endpoint)
 
@@ -221,11 +223,12 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
            check_serve_lora_rank,
            check_serve_model_identity, check_serve_context_length, check_serve_tensor_parallel, check_serve_fits,
            check_serve_replicas,
-           check_serve_autoscaling, check_serve_ports, check_serve_allow_from, check_serve_evaluation),
+           check_serve_autoscaling, check_serve_ports, check_serve_allow_from, check_serve_evaluation,
+           check_serve_gateway),
     build=build,
     warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_no_surge_node,
               warn_autoscaling_unused,
-              warn_lora_keys_unused, warn_openai_port_unused),
+              warn_lora_keys_unused, warn_openai_port_unused, warn_serve_gateway_external),
     sizes_its_model=True,
     checks_its_gpu=True,
 )
