@@ -26,6 +26,7 @@ from workloads.compute_class import ComputeClasses, ComputeClassesArgs
 from workloads.gcs_fuse import BucketAccess
 from workloads.gpu_fabric import GpuFabric, GpuFabricArgs
 from workloads.kueue import Kueue, KueueArgs, end_namespaces, end_waits, flavor_pools
+from workloads.leader_worker_set import LeaderWorkerSetController, LeaderWorkerSetControllerArgs, group_servers
 from workloads.mpi_operator import MpiOperator, MpiOperatorArgs
 from workloads.nccl_test import NcclTest, NcclTestInputs
 from workloads.nfs_provisioner import NfsProvisioner, NfsProvisionerArgs
@@ -156,11 +157,14 @@ if target is not None:
             awaited=name in first_up.awaited_tests(cfg)), image.ref,
                                     pulumi.ResourceOptions(provider=target, depends_on=waits_for))
         workload_summary[name] = nccl_tests[name].summary
+    # LeaderWorkerSet: the controller a server of one replica across nodes runs on (serving.nodesPerReplica).
+    lws = LeaderWorkerSetController("leader-worker-set", LeaderWorkerSetControllerArgs.pinned(), on_target) \
+        if cluster is not None and group_servers(cfg) else None
     queued: dict[str, pulumi.Output[str]] = {}  # namespace of each job Kueue queues
     platform = kinds.Platform(
         cfg=cfg, image=image.ref if image else None, hf_token=cfg.hf_token, bucket=bucket, gaudi_image=gaudi_ref,
         gaudi_login=gaudi_login, claim_depends_on=[nfs] if nfs else [], own_cluster=cluster is not None,
-        adopt_with=adopt_with, mpi_operator=operator, kueue=kueue.release if kueue else None)
+        adopt_with=adopt_with, mpi_operator=operator, kueue=kueue.release if kueue else None, leader_worker_set=lws)
     for name, w in cfg.workloads.items():
         # Pods that pull the stack's image (nvidia, no `image` override) wait for the nodes' read grant on it.
         reader = registry.reader if registry and w.pulls_stack_image else None

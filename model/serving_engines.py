@@ -44,7 +44,8 @@ class Engine(msgspec.Struct, frozen=True):
     quantised: tuple[str, ...] = ()  # precisions served only from a checkpoint quantised that way
     gpu_memory_utilization: float | None = None  # BUDGET: the fraction of each GPU it may take
     reserve_bytes: float = 0.0  # RESERVE: what it leaves free after the KV cache
-    multi_node: bool = False
+    multi_node: bool = False  # one replica may span nodes (tensor parallel within, pipeline parallel across)
+    max_nodes_per_replica: int = 1  # the stack's bound on a replica's nodes (data/serving.yaml)
 
     def runs_kernels_on(self, capability: tuple[int, int]) -> bool:
         """Its own kernels run on the GPU: at or above its minimum, and a cubin of the same major, an equal or lower
@@ -102,6 +103,8 @@ class VllmFacts(msgspec.Struct, frozen=True):
     env: dict[str, str]
     lora_ranks: tuple[int, ...]  # the values --max-lora-rank takes, ascending
     runtime_lora_env: str  # the variable that opens /v1/load_lora_adapter (set "true" for serving.evaluation)
+    headless_entrypoint: tuple[str, ...] = ()  # a multi-node replica's other nodes: `vllm serve ... --headless`
+    master_port: int = 29501  # --master-port: the leader's torch.distributed store (multi-node)
 
 
 @functools.cache
@@ -121,7 +124,8 @@ def _engine(name: str, raw: dict[str, Any]) -> Engine:
         kernel_archs=tuple(_capability(a) for a in archs) if archs else None,
         bf16_min_compute_capability=_capability(bf16) if bf16 else None,
         quantised=tuple(raw.get("quantised", ())), gpu_memory_utilization=float(budget) if budget else None,
-        reserve_bytes=float(raw.get("reserveBytes", 0)), multi_node=bool(raw["multiNode"]))
+        reserve_bytes=float(raw.get("reserveBytes", 0)), multi_node=bool(raw["multiNode"]),
+        max_nodes_per_replica=int(raw.get("maxNodesPerReplica", 1)))
 
 
 @functools.cache
@@ -155,7 +159,8 @@ def vllm_facts() -> VllmFacts:
     return VllmFacts(entrypoint=tuple(raw["entrypoint"]), dtypes={k: str(v) for k, v in raw["dtypes"].items()},
                      health_path=str(raw["healthPath"]), env={k: str(v) for k, v in raw["env"].items()},
                      lora_ranks=tuple(sorted(int(r) for r in raw["loraRanks"])),
-                     runtime_lora_env=str(raw["runtimeLoraEnv"]))
+                     runtime_lora_env=str(raw["runtimeLoraEnv"]),
+                     headless_entrypoint=tuple(raw["headlessEntrypoint"]), master_port=int(raw["masterPort"]))
 
 
 def skip_await_annotation() -> str:
@@ -166,3 +171,13 @@ def skip_await_annotation() -> str:
 def job_await_seconds() -> int:
     """How long pulumi-kubernetes awaits a Job's completion without customTimeouts (source in the data file)."""
     return int(_raw()["pulumiKubernetes"]["jobAwaitSeconds"])
+
+
+class LeaderWorkerSetFacts(msgspec.Struct, frozen=True):
+    version: str  # the kubernetes-sigs/lws release the stack installs
+    manifest_url: str  # its release manifest, `{version}` in it
+
+
+def leader_worker_set() -> LeaderWorkerSetFacts:
+    raw = _raw()["leaderWorkerSet"]
+    return LeaderWorkerSetFacts(version=str(raw["version"]), manifest_url=str(raw["manifestUrl"]))

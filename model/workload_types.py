@@ -201,6 +201,7 @@ class ServingConfig(msgspec.Struct, frozen=True):
     cache_size: str
     adapters: list[str]  # finetune workloads whose LoRA adapters it serves on the base model
     gateway: GatewayConfig
+    nodes_per_replica: int  # above 1: one replica across nodes (pipeline stages), a LeaderWorkerSet group
     port: int | None = None  # None: the engine's own (data/serving.yaml)
     model: str | None = None
     model_path: str | None = None
@@ -635,6 +636,11 @@ class ServeWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):
     @property
     def evaluates(self) -> bool:
         return self.serving.evaluation is not None
+
+    @property
+    def multi_node(self) -> bool:
+        """One replica spans several nodes (a LeaderWorkerSet group: workloads/serving_group.py)."""
+        return self.serving.nodes_per_replica > 1
 
     @property
     def sized_model_name(self) -> str | None:

@@ -88,9 +88,12 @@ def _serving_note(request: Request) -> list[str]:
         return []
     e = request.serving_engine
     budget = f", within --gpu-memory-utilization {e.gpu_memory_utilization:.2f}" if e.gpu_memory_utilization else ""
+    across = (f"; where no single node of a GPU holds the model, one replica spans the fewest nodes of it that do "
+              f"(at most {e.max_nodes_per_replica}: tensor-parallel within each node, pipeline-parallel across them, "
+              "a LeaderWorkerSet)" if e.multi_node else "; the engine spans no nodes in this stack")
     return [f"Served by {e.display_name} (the serve kind's default engine{budget}): one node per replica, the "
             "model tensor-parallel over all of its GPUs (a split the attention heads allow), on GPUs and in a "
-            "precision the engine serves there; the engine spans no nodes in this stack."]
+            f"precision the engine serves there{across}."]
 
 
 class Priced(msgspec.Struct, frozen=True):
@@ -205,7 +208,8 @@ def _held_note(held: Held | None, request: Request) -> list[str]:
     if held is None:
         return []
     if request.mode == "inference":
-        nodes = "one node per replica (a server spans no nodes)"
+        nodes = ("one node per replica, or as few of them as hold one replica where a node does not (within the "
+                 "count held)")
     else:
         nodes = ("all of them in every option (a reservation is paid whether its nodes work or not)"
                  if held.count is not None else "any number of them")
@@ -281,6 +285,9 @@ def render(request: Request, region: str, plans: list[Plan], cat: gpu_catalog.Ca
             cpu = o.estimate.cpu_gb_per_node
             offload = (f" (offload: {cpu:.0f} of the {o.pod_memory_gb:.1f} GB a worker pod may use on the "
                        f"{o.machine_memory_gb:g} GiB machine)") if cpu else ""
+            if o.multi_node_replica:  # no node of this GPU holds it: one replica across nodes
+                offload += (f" (one replica across {o.nodes} nodes: tensor-parallel {o.gpus_per_node} x "
+                            f"pipeline-parallel {o.nodes}, serving.nodesPerReplica: {o.nodes})")
             cells = _run_cells(runs.get((plan.strategy.label, id(o)))) if tokens else ""
             lines.append(f"  {gpus:<18} {machines:<22} {memory:>11} {o.on_demand:>14.2f} {o.spot:>9.2f}{cells}  "
                          f"{', '.join(o.zones)}{offload}")

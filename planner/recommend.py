@@ -5,10 +5,13 @@ type offered in the region, the cheapest (machine shape x node count) whose GPUs
 whose worker pod holds what DeepSpeed offloads (GKE's allocatable less DaemonSets and /dev/shm,
 model/node_memory.py). Options are sorted by the on-demand $/h, then spot $/h.
 
-Inference plans are what the `serve` kind can run (issue 20 item 3): one node per replica (neither engine spans
-nodes in this stack: data/serving.yaml multiNode), the model tensor-parallel over all of the node's GPUs, which the
-engine must be able to split its attention heads over; a GPU the engine's kernels (and the image's torch) run on;
-a precision the engine serves on it (no bf16 below compute capability 8.0: T4 serves fp16).
+Inference plans are what the `serve` kind can run (issue 20 item 3): one node per replica, the model
+tensor-parallel over all of the node's GPUs, which the engine must be able to split its attention heads over; a GPU
+the engine's kernels (and the image's torch) run on; a precision the engine serves on it (no bf16 below compute
+capability 8.0: T4 serves fp16). Where no single node of a GPU type holds the model and the engine spans nodes
+(vLLM: data/serving.yaml multiNode), a replica of several nodes of that type (issue 42 item 3): tensor-parallel
+within each node, pipeline-parallel across them, the fewest nodes that hold it (the serve kind renders it as a
+LeaderWorkerSet, `serving.nodesPerReplica`).
 """
 
 from __future__ import annotations
@@ -50,8 +53,15 @@ class Option(msgspec.Struct, frozen=True):
     def sort_key(self) -> tuple:
         return (round(self.on_demand, 6), round(self.spot, 6), self.gpus, self.gpu_type, self.machine_type, self.nodes)
 
+    @property
+    def multi_node_replica(self) -> bool:
+        """An inference replica of several nodes: tensor-parallel within each, pipeline-parallel across them."""
+        return self.nodes > 1 and self.estimate.request.mode == "inference"
+
     def describe(self) -> str:
         machines = f"{self.nodes} x {self.machine_type}" if self.nodes > 1 else self.machine_type
+        if self.multi_node_replica:
+            machines += (f" per replica: tensor-parallel {self.gpus_per_node} x pipeline-parallel {self.nodes}")
         return f"{self.gpus} x {short_name(self.gpu_name)} ({machines}, {self.per_gpu_gb:.1f} GB each)"
 
 
@@ -109,13 +119,33 @@ def cheapest_for_gpu(request: Request, strategy: Strategy, cat: gpu_catalog.Cata
                      zones: tuple[str, ...], max_nodes: int = MAX_NODES,
                      headroom: float | None = None, held: Held | None = None) -> Option | None:
     """The cheapest shape x nodes of this GPU type that holds the model; more nodes of a shape only cost more,
-    so each shape stops at the fewest nodes that fit. Inference: one node whose GPUs the model splits over.
+    so each shape stops at the fewest nodes that fit. Inference: one node whose GPUs the model splits over, else
+    (no node holds it) the fewest nodes of one replica, pipeline-parallel across them (`max_nodes=1`: one node only).
     `headroom`: the share of each GPU kept free (default: the request's, HEADROOM or the engine's). `held`: the
     capacity the user holds: only its shapes, and (training) all of its nodes, which are paid for either way."""
-    gpu, best = cat.gpus[gpu_type], None
     headroom = request.headroom if headroom is None else headroom
     if request.mode == "inference":
-        max_nodes = 1  # a replica is one node (data/serving.yaml: neither engine spans nodes here)
+        single = _cheapest(request, strategy, cat, gpu_type, zones, 1, headroom, held)
+        if single is not None or max_nodes <= 1:
+            return single  # one node holds it: a replica is one node
+        # No node of this GPU holds it: a replica of several (pipeline stages across nodes), where the engine can.
+        max_nodes = min(max_nodes, _replica_nodes(request, held, cat.gpus[gpu_type]))
+    return _cheapest(request, strategy, cat, gpu_type, zones, max_nodes, headroom, held)
+
+
+def _replica_nodes(request: Request, held: Held | None, gpu: gpu_catalog.Gpu) -> int:
+    """The most nodes one inference replica may span: the engine's bound (1 where it spans none), no more pipeline
+    stages than the model has layers, and within the nodes held (GPUS= with a count)."""
+    most = min(request.serving_engine.max_nodes_per_replica if request.serving_engine.multi_node else 1,
+               request.model.shape.layers)
+    if held is not None and held.count is not None:
+        most = min(most, max((held.nodes(s.gpus) or 0) for s in gpu.shapes))
+    return most
+
+
+def _cheapest(request: Request, strategy: Strategy, cat: gpu_catalog.Catalog, gpu_type: str,
+              zones: tuple[str, ...], max_nodes: int, headroom: float, held: Held | None) -> Option | None:
+    gpu, best = cat.gpus[gpu_type], None
     for shape in gpu.shapes:
         if not splits(request, shape.gpus) or (held is not None and not held.takes(shape.machine_type, shape.gpus)):
             continue
@@ -127,10 +157,16 @@ def cheapest_for_gpu(request: Request, strategy: Strategy, cat: gpu_catalog.Cata
                 option = Option(gpu_type, gpu.display_name, shape.machine_type, nodes, shape.gpus, zones,
                                 gpu.memory_gb, shape.memory_gb, pod_gb, est,
                                 nodes * shape.price.on_demand, nodes * shape.price.spot)
-                if best is None or option.sort_key() < best.sort_key():
+                if best is None or _order(option) < _order(best):
                     best = option
                 break
     return best
+
+
+def _order(option: Option) -> tuple:
+    """Cheapest first; but of one replica across nodes the fewest nodes first (every pipeline stage adds a network
+    hop per token and a node whose loss restarts the group), then the cheapest."""
+    return (option.nodes if option.multi_node_replica else 0, *option.sort_key())
 
 
 def recommend(request: Request, region: str, cat: gpu_catalog.Catalog | None = None, max_nodes: int = MAX_NODES,

@@ -16,6 +16,10 @@ engine (model/serving_engines.py, data/serving.yaml) takes memory:
     LoRA     = vLLM's adapter slots with `--enable-lora`: max_loras x max_lora_rank x (inputs + outputs) of every
                LoRA-capable linear layer (a Llama layer's qkv, o, gate_up and down projections) x 2 bytes (4 for
                fp32), not divided over G (an upper bound: one side of each pair is sharded)
+    Across nodes (a replica no single node holds, vLLM's multi-node layout): tensor-parallel over G = one node's
+               GPUs, pipeline-parallel over P nodes; each GPU holds the largest stage's share of the layers,
+               ceil(layers / P) / layers, of the weights, the KV cache and the LoRA slots (`stage_share`; the
+               embeddings are counted as spread like the layers: within a stage's rounding)
 
 Training: mixed-precision Adam partitioned by ZeRO over the N data-parallel GPUs, counted the way DeepSpeed's
 own estimators count it (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`), which
@@ -456,15 +460,25 @@ def lora_bytes(shape: ModelShape, slots: int, rank: int, precision: str) -> floa
     return float(slots * rank * shape.layers * sides * per_value)
 
 
-def inference_parts(request: Request, gpus: int) -> dict[str, float]:
-    weights = weights_bytes(request.model.parameters, request.precision) / gpus
-    kv = kv_cache_per_gpu(request.model.shape, request.sequence_length, request.batch_size, request.precision, gpus)
+def stage_share(layers: int, stages: int) -> float:
+    """The share of the model's layers the largest of `stages` pipeline stages holds (vLLM's get_pp_indices gives
+    each stage layers // stages, the remainder to some of them): ceil(layers / stages) / layers."""
+    return 1.0 if stages <= 1 else math.ceil(layers / stages) / layers
+
+
+def inference_parts(request: Request, gpus: int, stages: int = 1) -> dict[str, float]:
+    """One GPU of a replica tensor-parallel over `gpus` (a node's) and, across nodes, pipeline-parallel over `stages`
+    (one per node): its share of the weights, KV cache and LoRA stacks of the largest stage's layers."""
+    share = stage_share(request.model.shape.layers, stages)
+    weights = weights_bytes(request.model.parameters, request.precision) / gpus * share
+    kv = share * kv_cache_per_gpu(request.model.shape, request.sequence_length, request.batch_size,
+                                  request.precision, gpus)
     engine = request.serving_engine
     if engine.memory == serving_engines.RESERVE:
         # FastGen: the weights, the KV cache of the sequences asked for, and the reserve it leaves after the cache
         # (which covers activations); then its cache grows into the rest.
         return {"weights": weights, "KV cache": kv, "reserve": engine.reserve_bytes, "CUDA context": CUDA_CONTEXT_BYTES}
-    lora = lora_bytes(request.model.shape, request.adapter_slots, request.adapter_rank, request.precision)
+    lora = share * lora_bytes(request.model.shape, request.adapter_slots, request.adapter_rank, request.precision)
     return {"weights": weights, "KV cache": kv, **({"LoRA adapters": lora} if lora else {}),
             "overhead": INFERENCE_OVERHEAD * (weights + kv + lora), "CUDA context": CUDA_CONTEXT_BYTES}
 
@@ -612,5 +626,7 @@ def estimate(request: Request, strategy: Strategy, gpus_per_node: int = 1, nodes
         parts = training_parts(request, strategy, gpus)
         cpu = training_cpu_bytes(request, strategy, gpus_per_node, nodes)
     else:
-        parts, cpu = inference_parts(request, gpus), 0.0
+        # A replica: tensor-parallel over one node's GPUs, pipeline-parallel across its nodes (vLLM's multi-node
+        # layout, data/serving.yaml multiNode).
+        parts, cpu = inference_parts(request, gpus_per_node, nodes), 0.0
     return Estimate(request, strategy, gpus_per_node, nodes, parts, cpu)

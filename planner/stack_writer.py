@@ -5,7 +5,8 @@ system pool, one GPU pool shaped like the option (one zone: NCCL across zones is
 of the mode: `training` and `finetune` the finetune kind (workloads/scripts/finetune.py, the Hugging Face Trainer
 under the ZeRO stage and offload the planner sized) on the option's nodes, every parameter or LoRA (sized as LoRA:
 the request's `lora`), its data, checkpoints and result in the stack's bucket, where the launcher waits for the
-data; `inference` a `serve` workload on one node. With `serve`, a trainer's stack also gets the server of its result
+data; `inference` a `serve` workload on one node (or, where no node holds the model, one replica across the
+option's nodes: `serving.nodesPerReplica`). With `serve`, a trainer's stack also gets the server of its result
 (a `serve` workload of `serving.fromWorkload`, on a pool of its own sized by the inference plan).
 `render()` writes it with the plan, the ds_config choices and the reasons as YAML comments.
 
@@ -177,25 +178,32 @@ def _job(request: Request, strategy: Strategy, option: Option) -> tuple[dict[str
 
 
 def _inference(request: Request, strategy: Strategy, option: Option, model_id: str) -> tuple[dict[str, Any], list[str]]:
-    """A `serve` workload: one replica on one node, the model tensor-parallel over the node's GPUs."""
+    """A `serve` workload: one replica on one node, the model tensor-parallel over the node's GPUs; where no node
+    holds it, one replica across the option's nodes (pipeline-parallel across them, `serving.nodesPerReplica`)."""
     weights = request.model.parameters * BYTES_PER_PARAM[request.precision]
     cache = _gib(weights * 1.25, 64)  # the download and the engine's compiled kernels on the node's disk
+    across = {"nodesPerReplica": option.nodes} if option.multi_node_replica else {}
     workload = {
         "kind": "serve",
         "namespace": "serving",
         "pool": pool_name(option.gpu_type),
-        "serving": {"model": model_id, "replicas": 1, "service": "ClusterIP", "cacheSize": cache},
+        "serving": {"model": model_id, "replicas": 1, **across, "service": "ClusterIP", "cacheSize": cache},
         "model": _model_block(request, INFERENCE),
     }
     est = option.estimate
     engine = request.serving_engine
     budget = (f"within {engine.display_name}'s --gpu-memory-utilization {engine.gpu_memory_utilization:.2f}"
               if engine.gpu_memory_utilization else f"{HEADROOM:.0%} kept free")
+    where = (f"the {option.gpus_per_node} GPU(s) of each of {option.nodes} x {option.machine_type}, pipeline-parallel "
+             f"across them (no single node of it holds the model)" if option.multi_node_replica else
+             f"the {option.gpus} GPU(s) of one {option.machine_type}")
     reasons = [
-        f"serving: {engine.display_name} (the default engine), tensor-parallel over the {option.gpus} GPU(s) of one "
-        f"{option.machine_type}, {est.per_gpu_gb:.1f} GB of each {option.memory_gb:g} GB ({_parts(est)}), {budget}",
+        f"serving: {engine.display_name} (the default engine), tensor-parallel over {where}, {est.per_gpu_gb:.1f} GB "
+        f"of each {option.memory_gb:g} GB ({_parts(est)}), {budget}",
         f"cacheSize: {cache} for the weights ({weights / GB:.0f} GB) and the engine's kernels on the node's disk",
-        "replicas: 1 (each replica takes a node of the pool; raise maxNodes with it)",
+        (f"replicas: 1 (each replica takes {option.nodes} nodes of the pool, a LeaderWorkerSet group restarted "
+         "whole; raise maxNodes with it)" if option.multi_node_replica else
+         "replicas: 1 (each replica takes a node of the pool; raise maxNodes with it)"),
     ]
     return {"deepspeed-stack:workloads": {"serve": workload}}, reasons
 
@@ -263,13 +271,13 @@ def candidates(request: Request, region: str, stack: str, cat: gpu_catalog.Catal
                top: int = 50, model_id: str | None = None, writer: str | None = None,
                held: Held | None = None) -> list[Candidate]:
     """Every option the planner recommends, as a stack config, cheapest first (on-demand, then spot $/h).
-    Inference stays on one node: a `serve` workload runs one replica per node. `model_id`: the Hugging Face id
-    (default: from data/models.yaml). `writer`: the WORKLOADS entry (default: the request's mode). `held`: the
+    Inference stays on one node where one holds the model (else one replica across nodes). `model_id`: the Hugging
+    Face id (default: from data/models.yaml). `writer`: the WORKLOADS entry (default: the request's mode). `held`: the
     capacity the user holds (GPUS=): its options only."""
     cat = cat or gpu_catalog.load()
     model_id = model_id or hf_id(request.model.name) or MODEL_PLACEHOLDER
     write = WORKLOADS[writer or request.mode]
-    plans = recommend(request, region, cat, max_nodes=1 if request.mode == INFERENCE else MAX_NODES, top=top,
+    plans = recommend(request, region, cat, max_nodes=MAX_NODES, top=top,
                       held=held)
     ranked = sorted(((p.strategy, o) for p in plans for o in p.options), key=lambda so: so[1].sort_key())
     out = []

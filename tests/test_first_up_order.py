@@ -16,10 +16,11 @@ JOB = "kubernetes:batch/v1:Job"
 TRAINING_JOB = "deepspeed-stack:workloads:TrainingJob"
 KUEUE_RELEASE = "kueue-release"
 OPERATOR_MANIFEST = "mpi-operator-manifest"
+LWS_MANIFEST = "leader-worker-set-manifest"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Custom resource API groups the stack creates, and what admits them: the stack's own installs (checked below), or
 # GKE itself, whose controllers come with the cluster (the Kubernetes provider is created after the cluster).
-STACK_ADMITTED = {"kubeflow.org", "kueue.x-k8s.io"}
+STACK_ADMITTED = {"kubeflow.org", "kueue.x-k8s.io", "leaderworkerset.x-k8s.io"}
 # monitoring.googleapis.com: Managed Service for Prometheus' PodMonitoring, whose CRD and operator come with the
 # cluster's managed collection (components/gke_cluster.py).
 GKE_ADMITTED = {"cloud.google.com", "networking.gke.io", "monitoring.googleapis.com"}
@@ -75,6 +76,10 @@ def custom_resources_wait(run: RunResult) -> None:
         elif group(reg) == "kueue.x-k8s.io":
             (release,) = kueue
             assert release.urn in after, reg.name  # Kueue's CRDs, controller and webhooks
+        elif group(reg) == "leaderworkerset.x-k8s.io":
+            # The LeaderWorkerSet controller the stack installs (its CRD, webhooks and controller).
+            (controller,) = [r for r in run.resources if r.name == LWS_MANIFEST]
+            assert controller.urn in after, reg.name
         else:
             provider = run.get(reg.provider) if reg.provider else None
             assert provider is not None and provider.dependencies, reg.name  # after the cluster that serves it

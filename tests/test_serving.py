@@ -453,7 +453,8 @@ def test_tensor_parallel_must_divide_the_attention_heads() -> None:
     ({f"{W}.model.mode": "training"}, f"{W}.model.mode: a serve workload is sized"),
     ({f"{W}.serving.modelPath": "models/m"}, f"{W}.serving: set exactly one of model"),
     ({f"{W}.serving.fromWorkload": "tune"}, f"{W}.serving: set exactly one of model"),
-    ({f"{W}.workers": 2}, f"{W}.workers: a serve workload runs one pod per replica on one node"),
+    ({f"{W}.workers": 2}, f"{W}.workers: a serve workload runs 2 worker(s) as replicas of the server, not as "
+                          f"workers; set {W}.serving.replicas for more servers, or {W}.serving.nodesPerReplica"),
     ({f"{W}.serving.replicas": 3}, f"{W}.serving.replicas: 3 replica(s) need"),
     ({f"{W}.serving.autoscaling": {"enabled": True, "maxReplicas": 5}},
      f"{W}.serving.autoscaling.maxReplicas: 5 replica(s) need"),

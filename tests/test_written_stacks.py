@@ -55,6 +55,8 @@ GRID: dict[str, tuple[str, dict[str, Any]]] = {
         "cluster.minMasterVersion": "1.33"}),
     "t4-serve": ("MODEL=opt-1.3b MODE=inference GPUS=T4 PRECISION=fp16", {}),
     "b200-serve": ("MODEL=Llama-3.1-70B MODE=inference GPUS=B200", {}),
+    # No node of 8 x H100 Mega holds Llama-3.1-405B in bf16: one replica across 2 (a LeaderWorkerSet group).
+    "405b-h100-mega": ("MODEL=meta-llama/Llama-3.1-405B-Instruct MODE=inference GPUS=H100-MEGA", {}),
 }
 FLAGS = {"MODEL": "--model", "MODE": "--mode", "GPUS": "--gpus", "PRECISION": "--precision", "SERVE": "--serve",
          "RESERVATION": "--reservation", "TOKENS": "--tokens"}

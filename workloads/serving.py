@@ -27,11 +27,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import ServeWorkloadConfig
-from workloads import gcs_fuse, pod_security, serving_gateway, serving_metrics
+from workloads import gcs_fuse, pod_security, serving_gateway, serving_group, serving_metrics
+from workloads.fabric import pod_contract
 from workloads.inference_gateway import InferenceGateway, InferenceGatewayArgs
 from workloads.placement import Placement, labels
-from workloads.serving_command import TOKEN_KEY, ServerInputs, served_port
+from workloads.serving_command import SCRIPT_DIR, TOKEN_KEY, ServerInputs, served_port
 from workloads.serving_endpoint import (
+    api_selector,
     await_annotations,
     endpoint,
     network_peers,
@@ -55,8 +57,10 @@ def most_replicas(w: ServeWorkloadConfig) -> int:
 
 
 def surge_node_spare(w: ServeWorkloadConfig, where: Placement) -> bool:
-    """A surge pod needs a node of its own (one replica a node): the pool has one beyond the most replicas."""
-    return where.pool is not None and where.pool.max_nodes > most_replicas(w)
+    """A surge replica needs nodes of its own (one a node, `nodesPerReplica` for a group): the pool has them
+    beyond the most replicas'."""
+    nodes = w.serving.nodes_per_replica
+    return where.pool is not None and where.pool.max_nodes >= (most_replicas(w) + 1) * nodes
 
 
 def rollout(w: ServeWorkloadConfig, where: Placement) -> dict[str, Any]:
@@ -79,6 +83,8 @@ class ModelServerArgs(msgspec.Struct, frozen=True):
     protect: bool = False  # the cluster's deletion protection: a production endpoint is not deleted by accident
     proxy_cidr: str | None = None  # the region's proxy-only subnet: with serving.gateway, where requests come from
     gateway_backends: list[tuple[str, int]] | None = None  # the gateway's pools and weights (a canary)
+    # One replica across nodes: the LeaderWorkerSet controller the stack installs (its CRD must exist first).
+    group_controller: pulumi.Resource | None = None
 
 
 def _depends_on(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
@@ -99,7 +105,7 @@ class ModelServer(pulumi.ComponentResource):
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns", metadata=k8s.meta.v1.ObjectMetaArgs(name=w.namespace, labels=labels(w)), opts=child)
         ns = self.namespace.metadata.name
-        files = script_files(w, args.source)
+        files = script_files(w, args.source, args.placement)
         self.config_map: k8s.core.v1.ConfigMap | None = k8s.core.v1.ConfigMap(
             f"{name}-server",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{w.name}-server", namespace=ns, labels=labels(w)),
@@ -107,7 +113,10 @@ class ModelServer(pulumi.ComponentResource):
         self.token: k8s.core.v1.Secret | None = self._token(name, w, ns, args.hf_token)
         access = args.bucket if w.gcs_fuse.enabled else None
         self.service_account = gcs_fuse.service_account(f"{name}-ksa", ns, access, child) if access else None
-        self.deployment: k8s.apps.v1.Deployment = self._deployment(name, args, ns, access, opts)
+        # One pod per replica (a Deployment), or one group of pods per replica across nodes (a LeaderWorkerSet).
+        self.deployment: k8s.apps.v1.Deployment | k8s.apiextensions.CustomResource = (
+            self._group(name, args, ns, access, opts) if w.multi_node
+            else self._deployment(name, args, ns, access, opts))
         self.service: k8s.core.v1.Service = self._service(name, w, ns, args.protect, await_annotations(args.source))
         self.disruption_budget = k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
@@ -130,7 +139,9 @@ class ModelServer(pulumi.ComponentResource):
             "model": src.ref, "servedModel": src.default_model,
             **({"baseModel": src.served_name, "adapters": {a.name: a.path for a in src.adapters}}
                if src.adapters else {}),
-            "gpusPerReplica": args.placement.per_worker, "replicas": w.serving.replicas,
+            "gpusPerReplica": args.placement.per_worker * w.serving.nodes_per_replica, "replicas": w.serving.replicas,
+            **({"nodesPerReplica": w.serving.nodes_per_replica, "layout": serving_group.layout_text(
+                args.placement.per_worker, w.serving.nodes_per_replica)} if w.multi_node else {}),
             "scaling": serving_metrics.scaling_text(w),
             "endpoint": endpoint(w), "portForward": port_forward_command(w), "prompt": prompt_command(w, src),
             **({"waitsFor": src.markers_text} if src.waits else {}),
@@ -138,7 +149,9 @@ class ModelServer(pulumi.ComponentResource):
             **({"loadBalancerIp": lb_ip} if lb_ip is not None else {}),
             **(self._gateway_summary(w) if self.gateway is not None else {}),
         })
-        self.register_outputs({"namespace": ns, "deployment": self.deployment.metadata.name,
+        # A custom resource's metadata is untyped: its name is the workload's, as the Deployment's is.
+        workload_name = w.name if w.multi_node else self.deployment.metadata.name
+        self.register_outputs({"namespace": ns, "deployment": workload_name,
                                "service": self.service.metadata.name, "endpoint": endpoint(w)})
 
     def _token(self, name: str, w: ServeWorkloadConfig, ns: pulumi.Output[str],
@@ -154,9 +167,8 @@ class ModelServer(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["data", "stringData"]),
         )
 
-    def _deployment(self, name: str, args: ModelServerArgs, ns: pulumi.Output[str],
-                    access: gcs_fuse.BucketAccess | None, opts: pulumi.ResourceOptions | None,
-                    ) -> k8s.apps.v1.Deployment:
+    def _template(self, args: ModelServerArgs, access: gcs_fuse.BucketAccess | None) -> pulumi.Output[dict[str, Any]]:
+        """The server's pod template, once the image, the token's Secret and the bucket are known."""
         w, where = args.workload, args.placement
         image = pulumi.Output.from_input(w.image or args.image_ref)
         secret = self.token.metadata.name if self.token is not None else None
@@ -167,6 +179,33 @@ class ModelServer(pulumi.ComponentResource):
                 if access else None
             return pod_template(ServerInputs(w, where, image_ref, f"{w.name}-server", args.source, secret_name, gcs))
 
+        return pulumi.Output.all(image, secret, access.bucket if access else None).apply(template)
+
+    def _group(self, name: str, args: ModelServerArgs, ns: pulumi.Output[str], access: gcs_fuse.BucketAccess | None,
+               opts: pulumi.ResourceOptions | None) -> k8s.apiextensions.CustomResource:
+        """The LeaderWorkerSet of one replica across nodes (workloads/serving_group.py), after the controller that
+        runs it and the pool; `pulumi up` waits for it no more than for any custom resource (it has no await logic)."""
+        w, where = args.workload, args.placement
+        nodes = w.serving.nodes_per_replica
+        pods = self._template(args, access)
+        waivers = pod_security.merge_waivers(pod_security.NVIDIA_IMAGE_UID_WAIVER, fabric_waivers(where))
+        return k8s.apiextensions.CustomResource(
+            f"{name}-group", api_version=serving_group.API_VERSION, kind=serving_group.KIND,
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w), annotations={
+                **(await_annotations(args.source) or {}), **pod_security.skip_annotations(waivers)}),
+            spec=pods.apply(lambda pod: serving_group.spec(
+                w.serving.replicas, nodes, serving_group.leader_template(pod, SCRIPT_DIR, nodes, where),
+                serving_group.worker_template(pod, SCRIPT_DIR, nodes, where), rollout(w, where))),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[*_depends_on(opts), *(r for r in (self.config_map, self.token, self.service_account,
+                                                              args.group_controller) if r is not None)],
+                delete_before_replace=True, protect=args.protect))
+
+    def _deployment(self, name: str, args: ModelServerArgs, ns: pulumi.Output[str],
+                    access: gcs_fuse.BucketAccess | None, opts: pulumi.ResourceOptions | None,
+                    ) -> k8s.apps.v1.Deployment:
+        w, where = args.workload, args.placement
         timeout = (w.serving.startup_minutes + NODE_PROVISIONING_MINUTES) * 60
         surge = rollout(w, where)
         return k8s.apps.v1.Deployment(
@@ -185,7 +224,7 @@ class ModelServer(pulumi.ComponentResource):
                         max_surge=surge["maxSurge"], max_unavailable=surge["maxUnavailable"])),
                 progress_deadline_seconds=timeout,
                 revision_history_limit=5,
-                template=pulumi.Output.all(image, secret, access.bucket if access else None).apply(template),
+                template=self._template(args, access),
             ),
             opts=pulumi.ResourceOptions(
                 parent=self,
@@ -211,7 +250,7 @@ class ModelServer(pulumi.ComponentResource):
                 name=w.name, namespace=ns, labels=labels(w), annotations=annotations or None),
             spec=k8s.core.v1.ServiceSpecArgs(
                 type="LoadBalancer" if internal_lb else "ClusterIP",
-                selector=selector(w),
+                selector=api_selector(w),
                 ports=[k8s.core.v1.ServicePortArgs(name=p["name"], port=p["port"], target_port=p["targetPort"],
                                                    protocol=p["protocol"]) for p in service_ports(w)],
                 # Local keeps the client's address, so the NetworkPolicy's CIDRs see who really connects.
@@ -243,6 +282,11 @@ class ModelServer(pulumi.ComponentResource):
             ingress.append(k8s.networking.v1.NetworkPolicyIngressRuleArgs(
                 from_=[_peer_args(p) for p in rule["from"]],
                 ports=[k8s.networking.v1.NetworkPolicyPortArgs(**p) for p in rule["ports"]]))
+        if w.multi_node:
+            # The group's own traffic, pod to pod of this server: the torch.distributed store on the leader, NCCL's
+            # and vLLM's message queues on ports each process picks at start (so no port list).
+            ingress.append(k8s.networking.v1.NetworkPolicyIngressRuleArgs(
+                from_=[_peer_args({"podSelector": {"matchLabels": selector(w)}})]))
         return k8s.networking.v1.NetworkPolicy(
             f"{name}-netpol",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
@@ -257,7 +301,7 @@ class ModelServer(pulumi.ComponentResource):
     def _pod_monitoring(self, name: str, w: ServeWorkloadConfig,
                         ns: pulumi.Output[str]) -> k8s.apiextensions.CustomResource:
         """Managed Prometheus scrapes the server's /metrics (its CRD comes with the cluster's managed collection)."""
-        obj = serving_metrics.pod_monitoring(w, selector(w))
+        obj = serving_metrics.pod_monitoring(w, api_selector(w))
         return k8s.apiextensions.CustomResource(
             f"{name}-metrics", api_version=obj["apiVersion"], kind=obj["kind"],
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w)),
@@ -292,3 +336,9 @@ def _ingress_ip(status: Any) -> str | None:
         return None
     first = ingress[0]
     return first.get("ip") if isinstance(first, dict) else getattr(first, "ip", None)
+
+
+def fabric_waivers(where: Placement) -> dict[str, str]:
+    """The fabric daemon's checkov waivers where a group runs on a GPU fabric pool (workloads/fabric.py)."""
+    contract = pod_contract(where)
+    return dict(contract.waivers) if contract is not None else {}

@@ -9,6 +9,7 @@ from typing import Any
 from model import serving_engines
 from model.serving_engines import MII, VLLM
 from model.types import AllowedSource, ServeWorkloadConfig
+from workloads import serving_group
 from workloads.placement import labels
 from workloads.serving_command import rest_path, served_port
 from workloads.serving_source import ModelSource
@@ -18,6 +19,12 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 
 def selector(w: ServeWorkloadConfig) -> dict[str, str]:
     return {"deepspeed-stack/workload": w.name, COMPONENT_LABEL: "server"}
+
+
+def api_selector(w: ServeWorkloadConfig) -> dict[str, str]:
+    """The pods that serve the API: every server pod, or of a replica across nodes its group's leader alone
+    (workloads/serving_group.py)."""
+    return serving_group.leader_selector(selector(w)) if w.multi_node else selector(w)
 
 
 def pod_labels(w: ServeWorkloadConfig) -> dict[str, str]:

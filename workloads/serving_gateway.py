@@ -24,7 +24,7 @@ from model import serving_gateway
 from model.types import ServeWorkloadConfig
 from workloads.placement import SYSTEM_POOL_SELECTOR, labels
 from workloads.serving_command import hardened, health_path, served_port
-from workloads.serving_endpoint import selector
+from workloads.serving_endpoint import api_selector
 
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 INFERENCE_API = "inference.networking.k8s.io/v1"
@@ -89,7 +89,7 @@ def inference_pool(w: ServeWorkloadConfig) -> dict[str, Any]:
     return {"apiVersion": INFERENCE_API, "kind": "InferencePool",
             "metadata": {"name": w.name, "namespace": w.namespace, "labels": labels(w)},
             "spec": {"targetPorts": [{"number": served_port(w)}], "appProtocol": "http",
-                     "selector": {"matchLabels": selector(w)},
+                     "selector": {"matchLabels": api_selector(w)},
                      "endpointPickerRef": {"name": epp_name(w), "port": {"number": f.ext_proc_port},
                                            "failureMode": f.failure_mode}}}
 

@@ -12,8 +12,8 @@ from model import chat_templates
 from model.serving_engines import MII, VLLM, vllm_facts
 from model.types import ServeWorkloadConfig
 from model.workload_types import EVALS_MOUNT
-from workloads import gcs_fuse
-from workloads.placement import CONFIG_DIGEST_ANNOTATION, config_digest
+from workloads import gcs_fuse, serving_group
+from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 from workloads.serving_command import (
     CHAT_TEMPLATE_FILE,
     CLIENT_ENDPOINTS_FILE,
@@ -64,10 +64,10 @@ def _volumes(inp: ServerInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
     if w.serving.engine == MII:
         volumes.insert(0, {"name": "server", "configMap": {"name": inp.config_map, "defaultMode": 0o444}})
         mounts.insert(0, {"name": "server", "mountPath": SCRIPT_DIR, "readOnly": True})
-    elif vllm_files(inp.source):
+    elif vllm_files(inp.source, inp.workload):
         # Only vLLM's own files of the ConfigMap (its --chat-template, its --middleware on PYTHONPATH): the
         # evaluator's scripts stay out of its import path (evaluate.py would shadow Hugging Face's `evaluate`).
-        items = [{"key": name, "path": name} for name in vllm_files(inp.source)]
+        items = [{"key": name, "path": name} for name in vllm_files(inp.source, inp.workload)]
         volumes.insert(0, {"name": VLLM_FILES_VOLUME, "configMap": {"name": inp.config_map, "defaultMode": 0o444,
                                                                      "items": items}})
         mounts.insert(0, {"name": VLLM_FILES_VOLUME, "mountPath": SCRIPT_DIR, "readOnly": True})
@@ -88,10 +88,12 @@ def _volumes(inp: ServerInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
     return volumes, mounts
 
 
-def vllm_files(source: ModelSource) -> list[str]:
-    """The ConfigMap's files vLLM itself reads: the adapters' chat template, the evaluation's client middleware."""
+def vllm_files(source: ModelSource, w: ServeWorkloadConfig | None = None) -> list[str]:
+    """The ConfigMap's files vLLM itself reads: the adapters' chat template, the evaluation's client middleware,
+    and for one replica across nodes the group's launch script (and the fabric's NCCL environment beside it)."""
+    group = serving_group.file_names(w.multi_node) if w is not None else []
     return [name for name, wanted in ((CHAT_TEMPLATE_FILE, source.chat_template is not None),
-                                      (CLIENT_ENDPOINTS_FILE, source.evaluated)) if wanted]
+                                      (CLIENT_ENDPOINTS_FILE, source.evaluated)) if wanted] + group
 
 
 def _env(inp: ServerInputs) -> list[dict[str, str]]:
@@ -106,15 +108,18 @@ def _env(inp: ServerInputs) -> list[dict[str, str]]:
     return env
 
 
-def script_files(w: ServeWorkloadConfig, source: ModelSource) -> dict[str, str]:
-    """The ConfigMap's files: MII's entry script, or the evaluator's (vLLM itself runs from the image alone), and
-    the adapters' named chat template (vLLM's --chat-template file)."""
+def script_files(w: ServeWorkloadConfig, source: ModelSource, where: Placement | None = None) -> dict[str, str]:
+    """The ConfigMap's files: MII's entry script, or the evaluator's (vLLM itself runs from the image alone), the
+    adapters' named chat template (vLLM's --chat-template file), and a group's launch script (on a GPU fabric pool
+    with the fabric's NCCL environment script; `where`: the pool)."""
     names = ([SERVER_SCRIPT] if w.serving.engine == MII else [*EVALUATOR_FILES, CLIENT_ENDPOINTS_FILE] if evaluates(w)
              else [])
     files = {name: (SCRIPTS_DIR / name).read_text(encoding="utf-8") for name in names}
     template = chat_templates.template(source.chat_template) if source.chat_template else None
     if template is not None and w.serving.engine == VLLM:
         files[CHAT_TEMPLATE_FILE] = template
+    if w.multi_node:
+        files.update(serving_group.files(where))
     return files
 
 
@@ -153,7 +158,8 @@ def pod_template(inp: ServerInputs) -> dict[str, Any]:
     w, where = inp.workload, inp.placement
     volumes, mounts = _volumes(inp)
     limits = where.limits()
-    annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(script_files(w, inp.source))}  # a new script rolls the pods
+    # A new script rolls the pods.
+    annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(script_files(w, inp.source, where))}
     if inp.gcs:
         annotations.update(gcs_fuse.POD_ANNOTATIONS)
     cmd, args = command(inp)

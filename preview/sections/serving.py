@@ -30,8 +30,9 @@ def section(run: RunResult) -> list[Section]:
             "| --- | --- | --- | --- | --- | --- |"]
     commands = []
     for name, s in servers.items():
-        price = _node_price(run.outputs.get("costs"), s.get("pool"))
-        cost = f"${price:.2f} (pool {s['pool']})" if price is not None else "unknown"
+        price, nodes = _node_price(run.outputs.get("costs"), s.get("pool")), int(s.get("nodesPerReplica") or 1)
+        across = f", {nodes} nodes: {s['layout']}" if nodes > 1 else ""  # one replica across nodes
+        cost = f"${price * nodes:.2f} (pool {s['pool']}{across})" if price is not None else "unknown"
         # How it scales: a fixed count, or the autoscaler's bounds and what it reads (workloads/serving_metrics.py).
         replicas = s.get("scaling") or s["replicas"]
         rows.append(f"| {name} | {s['model']} | {s['gpusPerReplica']} | {replicas} | {cost} | "

@@ -39,6 +39,8 @@ class Platform(msgspec.Struct, frozen=True):
     adopt_with: pulumi.ProviderResource | None = None
     mpi_operator: pulumi.Resource | None = None  # the MPI operator the stack installs (the MPIJob CRD, its controller)
     kueue: pulumi.Resource | None = None  # Kueue's release (its CRDs, controller and MPIJob webhooks)
+    # The LeaderWorkerSet controller (its CRD): what a server of one replica across nodes is created after.
+    leader_worker_set: pulumi.Resource | None = None
 
     @property
     def protect(self) -> bool:

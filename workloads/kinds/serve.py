@@ -45,6 +45,7 @@ from workloads.kinds.serve_engine import (
     check_serve_fits,
     check_serve_model_block,
     check_serve_tensor_parallel,
+    warn_more_nodes_than_needed,
     warn_quantised_checkpoint,
     warn_unknown_heads,
 )
@@ -56,10 +57,11 @@ from workloads.kinds.serve_model import (
     check_serve_model_source,
     warn_unlisted_model,
 )
+from workloads.kinds.serve_nodes import check_serve_nodes_per_replica, nodes_per_replica
 from workloads.kinds.shared import changed_keys
 from workloads.placement import placement
 from workloads.serving import ModelServer, ModelServerArgs, most_replicas, surge_node_spare
-from workloads.serving_command import engine_of, mii_reserved_ports, served_port
+from workloads.serving_command import mii_reserved_ports, served_port
 from workloads.serving_source import (
     model_source,
 )
@@ -79,18 +81,20 @@ def check_serve_replicas(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     problems = []
     s = w.serving
     if w.workers != 1:
-        problems.append(f"{at('workloads', w.name, 'workers')}: a serve workload runs one pod per replica on one node "
-                        f"({engine_of(w).display_name} spans no nodes here); set "
-                        f"{at('workloads', w.name, 'serving', 'replicas')} instead of workers ({w.workers})")
+        problems.append(f"{at('workloads', w.name, 'workers')}: a serve workload runs {w.workers} worker(s) as "
+                        f"replicas of the server, not as workers; set {at('workloads', w.name, 'serving', 'replicas')} "
+                        f"for more servers, or {at('workloads', w.name, 'serving', 'nodesPerReplica')} for one server "
+                        "across nodes (a model no node holds), and workers: 1")
     if s.autoscaling.enabled and s.autoscaling.max_replicas < s.replicas:
         problems.append(f"{at('workloads', w.name, 'serving', 'autoscaling', 'maxReplicas')}: "
                         f"{s.autoscaling.max_replicas} is fewer than serving.replicas {s.replicas}")
-    pool, index = m.pool(w.pool or ""), _pool_index(m, w)
-    if pool is not None and most_replicas(w) > pool.max_nodes:
+    pool, index, nodes = m.pool(w.pool or ""), _pool_index(m, w), nodes_per_replica(w)
+    if pool is not None and most_replicas(w) * nodes > pool.max_nodes:
         key = "autoscaling.maxReplicas" if s.autoscaling.enabled else "replicas"
-        problems.append(f"{at('workloads', w.name, 'serving')}.{key}: {most_replicas(w)} replica(s) need as many "
-                        f"nodes of pool {pool.name}, but {at('nodePools', index, 'maxNodes')} is "
-                        f"{pool.max_nodes}; raise maxNodes or lower {key}")
+        each = f" x {nodes} nodes each" if nodes > 1 else ""
+        problems.append(f"{at('workloads', w.name, 'serving')}.{key}: {most_replicas(w)} replica(s){each} need "
+                        f"{most_replicas(w) * nodes} nodes of pool {pool.name}, but "
+                        f"{at('nodePools', index, 'maxNodes')} is {pool.max_nodes}; raise maxNodes or lower {key}")
     return problems
 
 
@@ -165,21 +169,30 @@ def warn_no_surge_node(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     where, index = placement(m, w), _pool_index(m, w)
     if where is None or where.pool is None or index is None or surge_node_spare(w, where):
         return []
-    pool, s = where.pool, w.serving
-    if most_replicas(w) > pool.max_nodes:
+    pool, s, nodes = where.pool, w.serving, nodes_per_replica(w)
+    if most_replicas(w) * nodes > pool.max_nodes:
         return []  # refused at serving.replicas (check_serve_replicas)
     price = next((p for p in pool_costs(m) if p.name == pool.name and p.known), None)
-    cost = (f"${price.pays(1):,.2f}/h {'spot' if price.spot else 'on demand'}" if price else
+    more = (most_replicas(w) + 1) * nodes - pool.max_nodes  # a surge replica's nodes the pool lacks
+    cost = (f"${price.pays(more):,.2f}/h {'spot' if price.spot else 'on demand'}" if price else
             "price unknown: not in data/gpu_catalog.yaml")
     fewest = " (the autoscaler's fewest)" if s.autoscaling.enabled else ""
+    # A Deployment is awaited by `pulumi up`; a LeaderWorkerSet (a custom resource) is not.
+    waits = ("`pulumi up` fails waiting for the Deployment" if nodes <= 1 else
+             "the new group waits until maxNodes is raised")
     what = (f"{at('workloads', w.name, 'serving', 'replicas')}{fewest} is 1 and a rollout never takes it down first "
-            "(maxUnavailable 0): a new model, image or setting waits, its pod Pending and the old one serving, and "
-            "`pulumi up` fails waiting for the Deployment" if s.replicas <= 1 else
+            f"(maxUnavailable 0): a new model, image or setting waits, its pod Pending and the old one serving, and "
+            f"{waits}" if s.replicas <= 1 else
             f"a rollout replaces {w.name}'s replicas one at a time, one fewer serving meanwhile")
+    surge = "the surge pod" if nodes <= 1 else f"the surge group ({nodes} nodes)"
     return [f"{at('nodePools', index, 'maxNodes')}: {pool.max_nodes} node(s) of pool {pool.name}, all for "
-            f"{w.name}'s {most_replicas(w)} replica(s): no node for the surge pod a rollout starts first; {what}. "
-            f"Raise maxNodes to {pool.max_nodes + 1} (one {pool.machine_type} node more, {cost}, only while a "
-            "rollout runs: the autoscaler removes it after)"]
+            f"{w.name}'s {most_replicas(w)} replica(s): no node for {surge} a rollout starts first; {what}. "
+            f"Raise maxNodes to {pool.max_nodes + more} ({_nodes_more(more, pool.machine_type)}, {cost}, only while a "
+            f"rollout runs: the autoscaler removes {'it' if more == 1 else 'them'} after)"]
+
+
+def _nodes_more(count: int, machine_type: str) -> str:
+    return f"one {machine_type} node more" if count == 1 else f"{count} {machine_type} nodes more"
 
 
 def warn_autoscaling_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
@@ -208,8 +221,8 @@ def build(name: str, w: ServeWorkloadConfig, platform: Platform, opts: pulumi.Re
     server = ModelServer(name, ModelServerArgs(
         workload=w, placement=placement(platform.cfg, w), image_ref=platform.image,
         source=model_source(platform.cfg, w), hf_token=platform.hf_token, bucket=platform.bucket,
-        protect=platform.protect, proxy_cidr=platform.cfg.network.proxy_only_cidr if platform.own_cluster else None),
-        opts)
+        protect=platform.protect, proxy_cidr=platform.cfg.network.proxy_only_cidr if platform.own_cluster else None,
+        group_controller=platform.leader_worker_set if w.multi_node else None), opts)
     endpoint = server.summary.apply(lambda s: {k: s[k] for k in ENDPOINT_KEYS if k in s})
     return Built(server, server.summary, endpoint=endpoint)
 
@@ -222,11 +235,12 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
            check_serve_adapter_engine,
            check_serve_lora_rank,
            check_serve_model_identity, check_serve_context_length, check_serve_tensor_parallel, check_serve_fits,
-           check_serve_replicas,
+           check_serve_replicas, check_serve_nodes_per_replica,
            check_serve_autoscaling, check_serve_ports, check_serve_allow_from, check_serve_evaluation,
            check_serve_gateway),
     build=build,
     warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_no_surge_node,
+              warn_more_nodes_than_needed,
               warn_autoscaling_unused,
               warn_lora_keys_unused, warn_openai_port_unused, warn_serve_gateway_external),
     sizes_its_model=True,

@@ -16,6 +16,7 @@ from planner.recommend import Option, cheapest_for_gpu, serving_problem, short_n
 from planner.requests import workload_request
 from planner.sizing import INFERENCE, Request, estimate
 from workloads.kinds.serve_model import check_serve_context_length
+from workloads.kinds.serve_nodes import across_nodes_hint, nodes_that_hold
 from workloads.placement import placement
 from workloads.serving_command import engine_of
 from workloads.serving_source import (
@@ -182,7 +183,8 @@ def check_serve_fits(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
         return []  # the engine cannot serve it on this GPU at all: check_serve_engine_gpu or the precision rule says
     if check_serve_context_length(m, w):
         return []  # past the model's positions it would not start on any GPU: no GPUs to recommend
-    est = estimate(request, INFERENCE, where.per_worker, 1)
+    nodes = w.serving.nodes_per_replica  # pipeline stages: one per node of a replica across nodes
+    est = estimate(request, INFERENCE, where.per_worker, nodes)
     budget = gpu.memory_gb * (1 - request.headroom)
     if est.per_gpu_gb <= budget:
         return []
@@ -193,9 +195,11 @@ def check_serve_fits(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     within = (f"{e.display_name} takes {e.gpu_memory_utilization:.0%} of each ({budget:.1f} GB)"
               if e.gpu_memory_utilization else f"each has {gpu.memory_gb:g} GB")
     hint = ("Fits on one node: " + "; ".join(fitting)) if fitting else f"No single node in {m.region} holds it"
+    across = across_nodes_hint(request, where, at("workloads", w.name, "serving", "nodesPerReplica"))
+    split = f" x pipeline-parallel over {nodes} nodes" if nodes > 1 else ""
     return [f"{at('workloads', w.name, 'model')}: {what} needs {est.per_gpu_gb:.1f} GB per GPU ({est.breakdown()}) "
-            f"tensor-parallel over {where.per_worker} x {short_name(gpu.display_name)} ({gpu.memory_gb:g} GB); "
-            f"{within}. {hint}; or lower sequenceLength or batchSize"]
+            f"tensor-parallel over {where.per_worker} x {short_name(gpu.display_name)} ({gpu.memory_gb:g} GB){split}; "
+            f"{within}. {hint}{across}; or lower sequenceLength or batchSize"]
 
 
 def warn_quantised_checkpoint(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
@@ -215,3 +219,18 @@ def warn_unknown_heads(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     return [f"{at('workloads', w.name, 'model')}: {request.model.name}'s attention heads are unknown (not in "
             f"data/models.yaml); {engine_of(w).display_name} refuses to start unless they divide by the node's "
             f"{where.per_worker} GPUs"]
+
+
+def warn_more_nodes_than_needed(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """Pipeline stages where fewer nodes hold the model: every stage adds a network hop per token, and the loss of
+    any node of a group restarts the whole group."""
+    nodes, where, request = w.serving.nodes_per_replica, placement(m, w), serve_request(m, w)
+    if nodes <= 1 or where is None or request is None or not engine_of(w).multi_node:
+        return []
+    needed = nodes_that_hold(request, where)
+    if needed is None or needed >= nodes:
+        return []
+    return [f"{at('workloads', w.name, 'serving', 'nodesPerReplica')}: {nodes} nodes per replica, but {needed} of "
+            f"pool {w.pool} hold {request.model.name} at this sequence length and batch: every pipeline stage more "
+            "adds a network hop per token and a node whose loss restarts the whole group; set "
+            f"nodesPerReplica: {needed} (more replicas add throughput without the hops)"]
