@@ -143,6 +143,8 @@ def test_the_summary_says_where_results_land_and_the_preview_says_how_the_gate_d
     assert "gcloud storage cat gs://$(pulumi stack output bucket -s finetune)/evals/tune/results.json" in body
     assert "# tune: served when its loglikelihood beats" in body and "only the base is served" in body
     assert "kubectl logs -n serving -f deploy/chat -c evaluator" in body
+    # issue 42 item 6: the version an evaluated adapter serves is the gate's last pass, not training's latest export.
+    assert "| tune: the export evals/tune/served.json names (the gate's last pass) |" in body
 
 
 

@@ -163,3 +163,25 @@ def test_external_warns() -> None:
     assert any(w.startswith("workloads.chat.serving.gateway.access: external: a regional external") for w in found)
     internal = warnings(config_model(changed("serve", GATEWAY)))
     assert not any("gateway" in w for w in internal), internal
+
+
+def test_serving_section_says_replicas_entry_and_fleet_costs(gated: RunResult) -> None:
+    """issue 42 item 6: per server, the replicas, where requests enter, one replica's and the fleet's $/h and $/month
+    (a replica is a node: the L4 pool's g2-standard-8 on demand, data/gpu_catalog.yaml)."""
+    from model import catalog
+    from preview.sections import serving
+
+    node = catalog.load().shape("nvidia-l4", "g2-standard-8", 1).price.on_demand
+    ((_, body),) = serving.section(gated)
+    row = next(line for line in body.splitlines() if line.startswith("| chat |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == "2"
+    assert cells[5] == ("Gateway chat (gke-l7-rilb, internal): "
+                        "`kubectl -n serving get gateway chat -o jsonpath='{.status.addresses[0].value}'`")
+    assert cells[6:] == [f"${node:.2f} (pool l4)", f"${2 * node:,.2f}", f"${2 * node * 730:,.2f}"]
+    scaled = run({"cluster.minMasterVersion": "1.34.1-gke.1000000", "nodePools[0].maxNodes": 4,
+                  f"{W}.serving.autoscaling.enabled": True, f"{W}.serving.autoscaling.maxReplicas": 3})
+    ((_, body),) = serving.section(scaled)
+    cells = [c.strip() for c in next(x for x in body.splitlines() if x.startswith("| chat |")).strip("|").split("|")]
+    assert cells[7:] == [f"${node:,.2f}-${3 * node:,.2f}", f"${node * 730:,.2f}-${3 * node * 730:,.2f}"]
+    assert cells[5] == "Service `http://chat.serving.svc.cluster.local:8000/v1` (in the cluster)"

@@ -763,7 +763,10 @@ def test_preview_lists_the_server_with_its_cost_and_the_prompt_command(serve: Ru
     ((title, body),) = serving.section(serve)
     assert title == "Serving"
     node = catalog.load().shape("nvidia-l4", "g2-standard-8", 1).price.on_demand  # the pool is on-demand
-    assert f"| chat | Qwen/Qwen2.5-7B-Instruct | 1 | 1 | ${node:.2f} (pool l4) |" in body
+    assert (f"| chat | Qwen/Qwen2.5-7B-Instruct | none | 1 | 1 | Service "
+            f"`http://chat.serving.svc.cluster.local:8000/v1` (in the cluster) | ${node:.2f} (pool l4) | ${node:.2f} | "
+            f"${node * 730:,.2f} |") in body
+    assert "priced as the pool pays (on demand or spot) from data/gpu_catalog.yaml (" in body
     assert "kubectl -n serving port-forward svc/chat 8000:8000 &" in body
     assert ('python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model '
             'Qwen/Qwen2.5-7B-Instruct "What is DeepSpeed?"') in body

@@ -159,7 +159,7 @@ def test_the_preview_says_how_the_server_scales(scaled: RunResult) -> None:
     assert scaled.outputs["workloads"]["chat"]["scaling"] == (
         "1-2: one more above 10 waiting requests per replica (vllm:num_requests_waiting)")
     ((_, body),) = serving.section(scaled)
-    assert "| chat | Qwen/Qwen2.5-7B-Instruct | 1 | 1-2: one more above 10 waiting requests per replica " \
+    assert "| chat | Qwen/Qwen2.5-7B-Instruct | none | 1 | 1-2: one more above 10 waiting requests per replica " \
            "(vllm:num_requests_waiting) |" in body
 
 

@@ -142,6 +142,7 @@ class ModelServer(pulumi.ComponentResource):
             "gpusPerReplica": args.placement.per_worker * w.serving.nodes_per_replica, "replicas": w.serving.replicas,
             **({"nodesPerReplica": w.serving.nodes_per_replica, "layout": serving_group.layout_text(
                 args.placement.per_worker, w.serving.nodes_per_replica)} if w.multi_node else {}),
+            "maxReplicas": most_replicas(w), "service": w.serving.service,
             "scaling": serving_metrics.scaling_text(w),
             "endpoint": endpoint(w), "portForward": port_forward_command(w), "prompt": prompt_command(w, src),
             **({"waitsFor": src.markers_text} if src.waits else {}),
