@@ -638,6 +638,18 @@ class ServeWorkloadConfig(WorkloadConfig, frozen=True, kw_only=True):
         return self.serving.evaluation is not None
 
     @property
+    def evaluator_apart(self) -> bool:
+        """Evaluation for more than one replica (or an autoscaler): one evaluator pod of its own decides for every
+        replica, and each replica loads what it decided (workloads/serving_fleet.py)."""
+        s = self.serving
+        return s.evaluation is not None and (s.replicas > 1 or s.autoscaling.enabled)
+
+    @property
+    def evaluator_nodes(self) -> int:
+        """Nodes of the pool the evaluator's own pod takes (it runs vLLM of the whole model): 1 or 0."""
+        return 1 if self.evaluator_apart else 0
+
+    @property
     def multi_node(self) -> bool:
         """One replica spans several nodes (a LeaderWorkerSet group: workloads/serving_group.py)."""
         return self.serving.nodes_per_replica > 1

@@ -106,7 +106,7 @@ def workload_nodes(w: WorkloadConfig) -> int:
     """Nodes of its pool the workload keeps busy while it runs: `nodesPerReplica` per serving replica (autoscaling
     starts at `replicas`), else one per worker (each fitted to a whole node) plus the Helm client's."""
     if isinstance(w, ServeWorkloadConfig):
-        return w.serving.replicas * w.serving.nodes_per_replica
+        return w.serving.replicas * w.serving.nodes_per_replica + w.evaluator_nodes  # a fleet's evaluator pod too
     return w.nodes_needed()[0]
 
 

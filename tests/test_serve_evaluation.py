@@ -211,19 +211,6 @@ def test_the_metric_key_reaches_the_evaluator() -> None:
         f'{S}.serving.evaluation.metric: "rouge" is not one of loglikelihood, exact_match']
 
 
-def test_evaluation_with_more_than_one_server_pod_is_refused() -> None:
-    """One verdict per fleet (issue 36 item 3): every pod would run its own evaluator on the same evals/ folder."""
-    why = ("each server pod runs its own evaluator on the same evals/ folder: they would race on the served copy, "
-           "and a pod never loads an export another pod promoted, so the replicas could serve different adapters; "
-           "evaluation needs exactly one server pod")
-    found = problems("finetune", {**EVALUATION, f"{S}.serving.replicas": 2, "nodePools[1].maxNodes": 3})
-    assert f"{S}.serving.replicas: 2 with {S}.serving.evaluation: {why}; set 1, or remove serving.evaluation" in found
-    found = problems("finetune", {**EVALUATION, f"{S}.serving.autoscaling": {"enabled": True, "maxReplicas": 1}})
-    assert found == [f"{S}.serving.autoscaling.enabled: true with {S}.serving.evaluation: {why}; set false, or "
-                     "remove serving.evaluation"]
-    assert problems("finetune", {f"{S}.serving.replicas": 2, "nodePools[1].maxNodes": 3}) == []
-
-
 def test_the_runtime_endpoints_are_no_longer_a_warning() -> None:
     """They answer the pod itself only (client_endpoints.py), so there is nothing left to warn of."""
     assert not [w for w in warnings(config_model(changed("finetune", EVALUATION))) if "VLLM_ALLOW_RUNTIME" in w]

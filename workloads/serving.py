@@ -27,7 +27,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import ServeWorkloadConfig
-from workloads import gcs_fuse, pod_security, serving_gateway, serving_group, serving_metrics
+from workloads import gcs_fuse, pod_security, serving_fleet, serving_gateway, serving_group, serving_metrics
 from workloads.fabric import pod_contract
 from workloads.inference_gateway import InferenceGateway, InferenceGatewayArgs
 from workloads.placement import Placement, labels
@@ -42,7 +42,7 @@ from workloads.serving_endpoint import (
     selector,
     service_ports,
 )
-from workloads.serving_evaluator import evaluation_summary
+from workloads.serving_evaluator import EVALUATOR_READINESS_WAIVER, evaluation_summary
 from workloads.serving_pod import pod_template, script_files
 from workloads.serving_source import ModelSource
 
@@ -60,7 +60,7 @@ def surge_node_spare(w: ServeWorkloadConfig, where: Placement) -> bool:
     """A surge replica needs nodes of its own (one a node, `nodesPerReplica` for a group): the pool has them
     beyond the most replicas'."""
     nodes = w.serving.nodes_per_replica
-    return where.pool is not None and where.pool.max_nodes >= (most_replicas(w) + 1) * nodes
+    return where.pool is not None and where.pool.max_nodes >= (most_replicas(w) + 1) * nodes + w.evaluator_nodes
 
 
 def rollout(w: ServeWorkloadConfig, where: Placement) -> dict[str, Any]:
@@ -117,6 +117,8 @@ class ModelServer(pulumi.ComponentResource):
         self.deployment: k8s.apps.v1.Deployment | k8s.apiextensions.CustomResource = (
             self._group(name, args, ns, access, opts) if w.multi_node
             else self._deployment(name, args, ns, access, opts))
+        # Evaluation for a fleet: its one evaluator in a pod of its own (workloads/serving_fleet.py).
+        self.evaluator = self._evaluator(name, args, ns, access, opts) if serving_fleet.apart(w) else None
         self.service: k8s.core.v1.Service = self._service(name, w, ns, args.protect, await_annotations(args.source))
         self.disruption_budget = k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
@@ -168,8 +170,10 @@ class ModelServer(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["data", "stringData"]),
         )
 
-    def _template(self, args: ModelServerArgs, access: gcs_fuse.BucketAccess | None) -> pulumi.Output[dict[str, Any]]:
-        """The server's pod template, once the image, the token's Secret and the bucket are known."""
+    def _template(self, args: ModelServerArgs, access: gcs_fuse.BucketAccess | None,
+                  role: str = serving_fleet.SERVER) -> pulumi.Output[dict[str, Any]]:
+        """The server's pod template (or the fleet's evaluator's), once the image, the token's Secret and the bucket
+        are known."""
         w, where = args.workload, args.placement
         image = pulumi.Output.from_input(w.image or args.image_ref)
         secret = self.token.metadata.name if self.token is not None else None
@@ -178,7 +182,8 @@ class ModelServer(pulumi.ComponentResource):
             image_ref, secret_name, bucket = values
             gcs = gcs_fuse.GcsMount(bucket, w.gcs_fuse.mount_path, access.kubernetes_service_account) \
                 if access else None
-            return pod_template(ServerInputs(w, where, image_ref, f"{w.name}-server", args.source, secret_name, gcs))
+            return pod_template(ServerInputs(w, where, image_ref, f"{w.name}-server", args.source, secret_name, gcs,
+                                             role))
 
         return pulumi.Output.all(image, secret, access.bucket if access else None).apply(template)
 
@@ -203,6 +208,32 @@ class ModelServer(pulumi.ComponentResource):
                                                               args.group_controller) if r is not None)],
                 delete_before_replace=True, protect=args.protect))
 
+    def _evaluator(self, name: str, args: ModelServerArgs, ns: pulumi.Output[str],
+                   access: gcs_fuse.BucketAccess | None, opts: pulumi.ResourceOptions | None) -> k8s.apps.v1.Deployment:
+        """The fleet's one evaluator: one pod, Recreate (never two at once), no client (its NetworkPolicy admits
+        nobody); `pulumi up` waits for it as for the server."""
+        w = args.workload
+        match = k8s.meta.v1.LabelSelectorArgs(match_labels=serving_fleet.evaluator_selector(w))
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-evaluator-netpol", metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=serving_fleet.evaluator_name(w), namespace=ns, labels=labels(w)),
+            spec=k8s.networking.v1.NetworkPolicySpecArgs(pod_selector=match, policy_types=["Ingress"], ingress=[]),
+            opts=pulumi.ResourceOptions(parent=self))
+        timeout = (w.serving.startup_minutes + NODE_PROVISIONING_MINUTES) * 60
+        return k8s.apps.v1.Deployment(
+            f"{name}-evaluator", metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=serving_fleet.evaluator_name(w), namespace=ns, labels=labels(w),
+                annotations=pod_security.skip_annotations(evaluator_waivers(True))),
+            spec=k8s.apps.v1.DeploymentSpecArgs(
+                replicas=1, selector=match, strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
+                progress_deadline_seconds=timeout, revision_history_limit=5,
+                template=self._template(args, access, serving_fleet.EVALUATOR)),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[*_depends_on(opts), *(r for r in (self.config_map, self.token,
+                                                                          self.service_account) if r is not None)],
+                custom_timeouts=pulumi.CustomTimeouts(create=f"{timeout}s", update=f"{timeout}s"),
+                delete_before_replace=True))
+
     def _deployment(self, name: str, args: ModelServerArgs, ns: pulumi.Output[str],
                     access: gcs_fuse.BucketAccess | None, opts: pulumi.ResourceOptions | None,
                     ) -> k8s.apps.v1.Deployment:
@@ -215,7 +246,8 @@ class ModelServer(pulumi.ComponentResource):
             # pod template: a changed reason would roll the servers).
             metadata=k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=ns, labels=labels(w), annotations={
                 **(await_annotations(args.source) or {}),
-                **pod_security.skip_annotations(pod_security.NVIDIA_IMAGE_UID_WAIVER)}),
+                **pod_security.skip_annotations(evaluator_waivers(
+                    args.source.evaluated and not serving_fleet.apart(w)))}),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 # With an autoscaler the HPA owns the count; Pulumi setting it too would undo every scaling.
                 replicas=None if w.serving.autoscaling.enabled else w.serving.replicas,
@@ -343,3 +375,8 @@ def fabric_waivers(where: Placement) -> dict[str, str]:
     """The fabric daemon's checkov waivers where a group runs on a GPU fabric pool (workloads/fabric.py)."""
     contract = pod_contract(where)
     return dict(contract.waivers) if contract is not None else {}
+
+
+def evaluator_waivers(with_evaluator: bool) -> dict[str, str]:
+    """The image's user, and where an evaluator container runs in the pod, its readiness check's waiver."""
+    return {**pod_security.NVIDIA_IMAGE_UID_WAIVER, **(EVALUATOR_READINESS_WAIVER if with_evaluator else {})}

@@ -67,6 +67,9 @@ class ServerInputs(msgspec.Struct, frozen=True):
     source: ModelSource
     hf_token_secret: str | None = None
     gcs: gcs_fuse.GcsMount | None = None
+    # SERVER: a replica clients reach; EVALUATOR: the evaluator's own pod where it decides for a fleet
+    # (workloads/serving_fleet.py).
+    role: str = "server"
 
 
 def rest_path(w: ServeWorkloadConfig) -> str:

@@ -38,6 +38,11 @@ EVALUATOR_FILES = (EVALUATOR_SCRIPT, EVALUATE_SCRIPT, "evaluate_task.py", "evalu
 EVALS_VOLUME = "evals"  # the bucket's evals/ folder alone (gcs_fuse profile `evals`)
 EVALUATOR_SCRATCH_SIZE = "1Gi"  # its /tmp (the task's copy) and home (datasets' cache of the task)
 # The evaluator's liveness: its writable mount still answers (a dead FUSE mount fails `test -d`).
+# checkov's CKV_K8S_9 (a readiness probe on every container), waived on a pod with the evaluator: it serves nothing,
+# and in the server's own pod its readiness would take the server out of its Service while an export is scored.
+EVALUATOR_READINESS_WAIVER = {"CKV_K8S_9": (
+    "the evaluator container serves no request: it scores adapter exports and loads them into vLLM over loopback; "
+    "a readiness probe on it would take the pod's server out of its Service (workloads/serving_evaluator.py)")}
 EVALUATOR_LIVENESS = {"exec": {"command": ["test", "-d", EVALS_MOUNT]}, "periodSeconds": 60, "timeoutSeconds": 10,
                       "failureThreshold": 3}
 
@@ -105,4 +110,12 @@ def evaluation_summary(w: ServeWorkloadConfig, source: ModelSource) -> dict[str,
             "gate": {name: evaluate.gate_text(metric, ev.min_improvement) for name, metric in metrics.items()},
             "results": {a.name: f"evals/{a.name}/results.json" for a in source.adapters},
             "served": {a.name: f"evals/{a.name}/served.json" for a in source.adapters},
-            "logs": f"kubectl logs -n {w.namespace} -f deploy/{w.name} -c evaluator"}
+            "logs": f"kubectl logs -n {w.namespace} -f deploy/{evaluator_deployment(w)} -c evaluator",
+            **({"decides": f"one evaluator pod (deployment {evaluator_deployment(w)}, a node of its own) for every "
+                           "replica; each replica's adapter-loader serves what it decided (served.json)"}
+               if w.evaluator_apart else {})}
+
+
+def evaluator_deployment(w: ServeWorkloadConfig) -> str:
+    """Where the evaluator runs: beside the one server, or in its own Deployment for a fleet (serving_fleet.py)."""
+    return f"{w.name}-evaluator" if w.evaluator_apart else w.name

@@ -12,7 +12,7 @@ from model import chat_templates
 from model.serving_engines import MII, VLLM, vllm_facts
 from model.types import ServeWorkloadConfig
 from model.workload_types import EVALS_MOUNT
-from workloads import gcs_fuse, serving_group
+from workloads import gcs_fuse, serving_fleet, serving_group
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 from workloads.serving_command import (
     CHAT_TEMPLATE_FILE,
@@ -120,6 +120,8 @@ def script_files(w: ServeWorkloadConfig, source: ModelSource, where: Placement |
         files[CHAT_TEMPLATE_FILE] = template
     if w.multi_node:
         files.update(serving_group.files(where))
+    if serving_fleet.apart(w):  # each replica's adapter loader
+        files[serving_fleet.LOADER_SCRIPT] = (SCRIPTS_DIR / serving_fleet.LOADER_SCRIPT).read_text(encoding="utf-8")
     return files
 
 
@@ -189,9 +191,13 @@ def pod_template(inp: ServerInputs) -> dict[str, Any]:
     }
     if inp.source.waits_for_training:
         spec["initContainers"] = [wait_container(inp, mounts)]
-    if inp.source.evaluated and inp.gcs:
+    if inp.source.evaluated and inp.gcs and serving_fleet.apart(w) and inp.role == serving_fleet.SERVER:
+        serving_fleet.with_loader(spec, inp, EVALS_VOLUME)  # a replica of a fleet: it loads what was decided
+    elif inp.source.evaluated and inp.gcs:
         spec["containers"].append(evaluator_container(inp, mounts))
         spec["volumes"] += evaluator_volumes(inp)
     if inp.gcs:
         spec["serviceAccountName"] = inp.gcs.service_account
-    return {"metadata": {"labels": pod_labels(w), "annotations": annotations}, "spec": spec}
+    labels = pod_labels(w) if inp.role == serving_fleet.SERVER else {**pod_labels(w),
+                                                                     **serving_fleet.evaluator_selector(w)}
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}

@@ -89,11 +89,13 @@ def check_serve_replicas(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
         problems.append(f"{at('workloads', w.name, 'serving', 'autoscaling', 'maxReplicas')}: "
                         f"{s.autoscaling.max_replicas} is fewer than serving.replicas {s.replicas}")
     pool, index, nodes = m.pool(w.pool or ""), _pool_index(m, w), nodes_per_replica(w)
-    if pool is not None and most_replicas(w) * nodes > pool.max_nodes:
+    needed = most_replicas(w) * nodes + w.evaluator_nodes
+    if pool is not None and needed > pool.max_nodes:
         key = "autoscaling.maxReplicas" if s.autoscaling.enabled else "replicas"
         each = f" x {nodes} nodes each" if nodes > 1 else ""
-        problems.append(f"{at('workloads', w.name, 'serving')}.{key}: {most_replicas(w)} replica(s){each} need "
-                        f"{most_replicas(w) * nodes} nodes of pool {pool.name}, but "
+        evaluator = " and the evaluator's own pod" if w.evaluator_nodes else ""
+        problems.append(f"{at('workloads', w.name, 'serving')}.{key}: {most_replicas(w)} replica(s){each}{evaluator} "
+                        f"need {needed} nodes of pool {pool.name}, but "
                         f"{at('nodePools', index, 'maxNodes')} is {pool.max_nodes}; raise maxNodes or lower {key}")
     return problems
 
@@ -170,10 +172,11 @@ def warn_no_surge_node(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     if where is None or where.pool is None or index is None or surge_node_spare(w, where):
         return []
     pool, s, nodes = where.pool, w.serving, nodes_per_replica(w)
-    if most_replicas(w) * nodes > pool.max_nodes:
+    if most_replicas(w) * nodes + w.evaluator_nodes > pool.max_nodes:
         return []  # refused at serving.replicas (check_serve_replicas)
     price = next((p for p in pool_costs(m) if p.name == pool.name and p.known), None)
-    more = (most_replicas(w) + 1) * nodes - pool.max_nodes  # a surge replica's nodes the pool lacks
+    # A surge replica's nodes the pool lacks (beside the replicas' and the fleet evaluator's).
+    more = (most_replicas(w) + 1) * nodes + w.evaluator_nodes - pool.max_nodes
     cost = (f"${price.pays(more):,.2f}/h {'spot' if price.spot else 'on demand'}" if price else
             "price unknown: not in data/gpu_catalog.yaml")
     fewest = " (the autoscaler's fewest)" if s.autoscaling.enabled else ""

@@ -199,29 +199,10 @@ def check_serve_evaluation(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
         problems.append(f"{key}.task: read from the stack's bucket, where the results go too (evals/<adapter>/), "
                         f"through GCS FUSE; set {at('workloads', w.name, 'gcsFuse', 'enabled')}: true "
                         "(storage.enabled: true)")
-    problems += _one_evaluator_problems(w, key)
     if w.model is not None and ev.max_tokens >= w.model.sequence_length:
         problems.append(f"{key}.maxTokens: {ev.max_tokens} tokens per reply, but the server's max length "
                         f"({at('workloads', w.name, 'model', 'sequenceLength')}) is {w.model.sequence_length}, "
                         "prompt included; set fewer (default 32)")
-    return problems
-
-
-def _one_evaluator_problems(w: ServeWorkloadConfig, key: str) -> list[str]:
-    """One verdict per fleet: each server pod runs its own evaluator on the same evals/ folder, with no lock between
-    them (the copy is not atomic on GCS FUSE) and no way for a pod to learn what another promoted, so with more than
-    one pod the fleet could serve different exports. Refused until one evaluator decides for every replica."""
-    s = w.serving
-    why = ("each server pod runs its own evaluator on the same evals/ folder: they would race on the served copy, "
-           "and a pod never loads an export another pod promoted, so the replicas could serve different adapters; "
-           "evaluation needs exactly one server pod")
-    problems = []
-    if s.replicas > 1:
-        problems.append(f"{at('workloads', w.name, 'serving', 'replicas')}: {s.replicas} with {key}: {why}; set 1, "
-                        "or remove serving.evaluation")
-    if s.autoscaling.enabled:
-        problems.append(f"{at('workloads', w.name, 'serving', 'autoscaling', 'enabled')}: true with {key}: {why}; set "
-                        "false, or remove serving.evaluation")
     return problems
 
 
