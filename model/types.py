@@ -19,6 +19,7 @@ from model.workload_types import (
     ADAPTER_EXPORT,
     WORKLOAD_TYPES,
     AcceleratorConfig,
+    AdapterFolder,
     AllowedSource,
     AutoscalingConfig,
     ChartConfig,
@@ -51,7 +52,8 @@ from model.workload_types import (
 
 # The workload classes live in model/workload_types.py (one per kind); re-exported for `from model.types import`.
 __all__ = [
-    "ADAPTER_EXPORT", "WORKLOAD_TYPES", "AcceleratorConfig", "AllowedSource", "AutoscalingConfig", "ChartConfig",
+    "ADAPTER_EXPORT", "WORKLOAD_TYPES", "AcceleratorConfig", "AdapterFolder", "AllowedSource", "AutoscalingConfig",
+    "ChartConfig",
     "DeepSpeedConfig", "DeepSpeedWorkloadConfig", "FinetuneConfig", "FinetuneLoraConfig", "FinetuneWorkloadConfig",
     "GatewayConfig", "GaudiConfig", "GcsFuseConfig",
     "HelmWorkloadConfig", "LaunchConfig", "LoraConfig", "ModelConfig", "MpiJobBaseConfig", "MpiJobWorkloadConfig",
@@ -304,6 +306,9 @@ def _convert(hint: Any, value: Any) -> Any:
         if value is None:
             return None
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        structs = [a for a in inner if _is_struct(a)]
+        if isinstance(value, dict) and structs:  # str | Struct (serving.adapters): an object is the struct
+            return _convert(structs[0], value)
         return _convert(inner[0], value)
     if origin is list:
         (item,) = typing.get_args(hint)

@@ -167,6 +167,15 @@ class AllowedSource(msgspec.Struct, frozen=True):
     cidr: str | None = None
 
 
+class AdapterFolder(msgspec.Struct, frozen=True):
+    """An item of `serving.adapters` that is a folder of the bucket (trained anywhere), not a finetune workload."""
+
+    name: str  # what clients call it
+    path: str  # its folder in the bucket
+    rank: int | None = None  # adapter_config.json's r; None: serving.maxLoraRank must hold it
+    base: str | None = None  # adapter_config.json's base_model_name_or_path; None: not checked
+
+
 class GatewayConfig(msgspec.Struct, frozen=True):
     """`serving.gateway`: GKE Inference Gateway in front of the replicas (workloads/serving_gateway.py)."""
 
@@ -199,7 +208,7 @@ class ServingConfig(msgspec.Struct, frozen=True):
     allow_from: list[AllowedSource]
     startup_minutes: int
     cache_size: str
-    adapters: list[str]  # finetune workloads whose LoRA adapters it serves on the base model
+    adapters: list[str | AdapterFolder]  # finetune workloads, or folders of the bucket, of LoRA adapters on the base
     gateway: GatewayConfig
     nodes_per_replica: int  # above 1: one replica across nodes (pipeline stages), a LeaderWorkerSet group
     port: int | None = None  # None: the engine's own (data/serving.yaml)
@@ -209,6 +218,16 @@ class ServingConfig(msgspec.Struct, frozen=True):
     max_lora_rank: int | None = None  # None: the smallest vLLM rank at least the adapters' largest
     max_loras: int | None = None  # None: every served adapter
     evaluation: EvaluationConfig | None = None  # None: the adapters are served as training exports them
+
+    @property
+    def adapter_workloads(self) -> list[str]:
+        """The items of `adapters` that name finetune workloads."""
+        return [a for a in self.adapters if isinstance(a, str)]
+
+    @property
+    def adapter_folders(self) -> list[tuple[int, AdapterFolder]]:
+        """The items of `adapters` that are folders of the bucket, with their index (their key's)."""
+        return [(i, a) for i, a in enumerate(self.adapters) if isinstance(a, AdapterFolder)]
 
 
 class TensorboardConfig(msgspec.Struct, frozen=True):

@@ -45,6 +45,7 @@ class Adapter(msgspec.Struct, frozen=True):
     rank: int  # its `finetune.lora.rank`
     chat_template: str = "auto"  # its `finetune.chatTemplate`: auto, raw or a template of data/chat_templates.yaml
     chat: bool = False  # trained through a chat template (asked on the chat endpoint; evaluated so)
+    trained_here: bool = True  # a finetune workload's export (with its marker); False: a folder of the bucket
 
 
 class ModelSource(msgspec.Struct, frozen=True):
@@ -116,7 +117,8 @@ def adapter_names(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     those that do export one (the kind's rules refuse the rest)."""
     s = w.serving
     names = [s.from_workload] if s.from_workload and adapter_trainer(m, s.from_workload) else []
-    return names + [n for n in s.adapters if adapter_trainer(m, n) is not None and n not in names and n != w.name]
+    return names + [n for n in s.adapter_workloads
+                    if adapter_trainer(m, n) is not None and n not in names and n != w.name]
 
 
 def vllm_lora_rank(largest: int) -> int | None:
@@ -131,6 +133,11 @@ def _adapters(m: StackConfig, w: ServeWorkloadConfig) -> tuple[Adapter, ...]:
         assert isinstance(trainer, FinetuneWorkloadConfig)
         found.append(Adapter(name, in_bucket(w, trainer.model_folder), trainer.finetune.lora.rank,
                              trainer.finetune.chat_template, trained_on_chat(m, name)))
+    # Folders of the bucket (trained anywhere): a rank recorded, else the one serving.maxLoraRank holds (the kind's
+    # rules refuse neither); asked on /v1/completions (how they were trained is not recorded).
+    taken = {a.name for a in found}
+    found += [Adapter(f.name, in_bucket(w, f.path), f.rank or w.serving.max_lora_rank or 0, trained_here=False)
+              for _, f in w.serving.adapter_folders if f.name not in taken]
     return tuple(found)
 
 
@@ -155,7 +162,8 @@ def model_source(m: StackConfig, w: ServeWorkloadConfig) -> ModelSource:
     adapters = _adapters(m, w)
     evaluated = bool(adapters) and evaluates(w)
     # An evaluated adapter is served by the evaluator once scored: vLLM starts without waiting for it.
-    waits = [] if evaluated else [Wait(f"{a.path}/{COMPLETION_MARKER}", a.name, adapter=True) for a in adapters]
+    waits = [] if evaluated else [Wait(f"{a.path}/{COMPLETION_MARKER}", a.name, adapter=True) for a in adapters
+                                  if a.trained_here]  # a folder of the bucket has no marker: it is there already
     lora: dict[str, Any] = {}
     if adapters:
         lora = {"adapters": adapters, "max_lora_rank": s.max_lora_rank or vllm_lora_rank(max(a.rank for a in adapters)),

@@ -33,10 +33,12 @@ from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.serve_adapters import (
     check_serve_adapter_as_model,
     check_serve_adapter_engine,
+    check_serve_adapter_folders,
     check_serve_adapters,
     check_serve_chat_templates,
     check_serve_evaluation,
     check_serve_lora_rank,
+    warn_adapter_base_unrecorded,
     warn_lora_keys_unused,
 )
 from workloads.kinds.serve_engine import (
@@ -234,7 +236,8 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
     name="serve",
     config=ServeWorkloadConfig,
     rules=(check_serve_accelerator, check_serve_engine_gpu, check_serve_model_block, check_serve_model_source,
-           check_serve_from_workload, check_serve_adapter_as_model, check_serve_adapters, check_serve_chat_templates,
+           check_serve_from_workload, check_serve_adapter_as_model, check_serve_adapters,
+           check_serve_adapter_folders, check_serve_chat_templates,
            check_serve_adapter_engine,
            check_serve_lora_rank,
            check_serve_model_identity, check_serve_context_length, check_serve_tensor_parallel, check_serve_fits,
@@ -245,7 +248,8 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
     warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_no_surge_node,
               warn_more_nodes_than_needed,
               warn_autoscaling_unused,
-              warn_lora_keys_unused, warn_openai_port_unused, warn_serve_gateway_external),
+              warn_lora_keys_unused, warn_openai_port_unused, warn_serve_gateway_external,
+              warn_adapter_base_unrecorded),
     sizes_its_model=True,
     checks_its_gpu=True,
 )

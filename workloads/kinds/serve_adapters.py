@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from model import chat_templates, serving_engines
 from model.serving_engines import MII, VLLM
-from model.types import FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig
+from model.types import AdapterFolder, FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig
 from model.validators import at, or_list
 from workloads.kinds.serve_model import no_such_workload
 from workloads.serving_source import (
@@ -90,6 +90,8 @@ def check_serve_adapters(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     problems = []
     base = served_base(m, w)
     for i, name in enumerate(s.adapters):
+        if not isinstance(name, str):
+            continue  # a folder of the bucket: check_serve_adapter_folders
         key = at("workloads", w.name, "serving", "adapters", i)
         if name == s.from_workload:
             problems.append(f"{key}: {name} is already served by serving.fromWorkload; list it once")
@@ -137,7 +139,7 @@ def check_serve_chat_templates(m: StackConfig, w: ServeWorkloadConfig) -> list[s
 
 def check_serve_adapter_engine(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     """DeepSpeed-MII (FastGen) serves no LoRA adapters: vLLM does (--enable-lora)."""
-    names = adapter_names(m, w)
+    names = adapter_names(m, w) + [f.name for _, f in w.serving.adapter_folders]
     if w.serving.engine != MII or not names:
         return []
     fix = (f"or set {at('workloads', w.serving.from_workload, 'finetune', 'lora', 'export')}: merged"
@@ -214,3 +216,71 @@ def warn_lora_keys_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     return [f"{at('workloads', w.name, 'serving', key)}: not used: the server loads no LoRA adapter (serving.adapters "
             "is empty and serving.fromWorkload exports none)" for key, value in
             (("maxLoraRank", s.max_lora_rank), ("maxLoras", s.max_loras)) if value is not None]
+
+
+def _folder_base_problem(m: StackConfig, w: ServeWorkloadConfig, key: str, folder: AdapterFolder) -> str | None:
+    """The base an adapter folder records is the base this server serves (a Hugging Face id, or a bucket folder)."""
+    base = served_base(m, w)
+    if folder.base is None:
+        return None
+    if base is None:
+        return (f"{key}.base: {folder.base}, but serving.fromWorkload {w.serving.from_workload} serves a whole model; "
+                f"an adapter needs the base it was trained on: serve {folder.base} (serving.model or "
+                "serving.modelPath) from a server of its own")
+    if folder.base.strip("/").casefold() != base[1].strip("/").casefold():
+        return (f"{key}.base: {folder.name} was trained on {folder.base}, but this server's base is "
+                f"{_base_text(base)}; an adapter only works on the base it was trained on: serve it from a server "
+                f"of {folder.base}")
+    return None
+
+
+def _folder_rank_problem(w: ServeWorkloadConfig, key: str, folder: AdapterFolder) -> str | None:
+    """vLLM loads an adapter only up to --max-lora-rank, one of its ranks (data/serving.yaml vllm.loraRanks)."""
+    ranks, s = serving_engines.vllm_facts().lora_ranks, w.serving
+    mkey = at("workloads", w.name, "serving", "maxLoraRank")
+    if folder.rank is None:
+        if s.max_lora_rank is None:
+            return (f"{key}.rank: unset, and {mkey} is unset: vLLM holds room for adapters up to --max-lora-rank and "
+                    "refuses a larger one at load; give its rank (adapter_config.json's `r`), or set maxLoraRank to "
+                    f"one of {', '.join(map(str, ranks))} at least that")
+        return None
+    if vllm_lora_rank(folder.rank) is None:
+        return (f"{key}.rank: {folder.rank}, but vLLM serves adapters of rank {ranks[-1]} at most (--max-lora-rank, "
+                "data/serving.yaml)")
+    if s.max_lora_rank is not None and folder.rank > s.max_lora_rank:
+        return (f"{mkey}: {s.max_lora_rank}, but {folder.name} is an adapter of rank {folder.rank} ({key}.rank), "
+                f"which vLLM would refuse to load; set {vllm_lora_rank(folder.rank)} or more, or leave it unset")
+    return None
+
+
+def check_serve_adapter_folders(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """Adapter folders of the bucket (issue 42 item 4): read through the server's GCS FUSE mount, named once (not
+    as another adapter or the base), of a rank vLLM takes, on the base they record, and not evaluated (the
+    evaluator scores training's exports by their markers)."""
+    s = w.serving
+    problems: list[str] = []
+    seen = set(adapter_names(m, w)) | {served_base(m, w)[1] if served_base(m, w) else s.from_workload or ""}
+    for i, folder in s.adapter_folders:
+        key = at("workloads", w.name, "serving", "adapters", i)
+        if folder.name in seen or folder.name in m.workloads:
+            problems.append(f"{key}.name: {folder.name} is already a name this stack serves or a workload's; clients "
+                            "could not tell them apart: give the folder another name")
+        seen.add(folder.name)
+        if not w.gcs_fuse.enabled:
+            problems.append(f"{key}.path: read from the stack's bucket through GCS FUSE; set "
+                            f"{at('workloads', w.name, 'gcsFuse', 'enabled')}: true (storage.enabled: true)")
+        if s.evaluation is not None:
+            problems.append(f"{key}: a folder adapter with {at('workloads', w.name, 'serving', 'evaluation')}: the "
+                            "evaluator scores the exports training writes (their markers), and a folder of the bucket "
+                            "has none; serve folder adapters from a server without evaluation")
+        problems += [p for p in (_folder_rank_problem(w, key, folder), _folder_base_problem(m, w, key, folder)) if p]
+    return problems
+
+
+def warn_adapter_base_unrecorded(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """An adapter folder without `base`: the stack cannot check it fits the served base."""
+    base = served_base(m, w)
+    return [f"{at('workloads', w.name, 'serving', 'adapters', i)}.base: unset, so {f.name} is not checked against "
+            f"this server's base ({_base_text(base) if base else 'none'}); an adapter trained on another model loads "
+            "but answers nonsense: set it to adapter_config.json's base_model_name_or_path"
+            for i, f in w.serving.adapter_folders if f.base is None]
