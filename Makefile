@@ -101,7 +101,7 @@ $(CHECK_DATA_VENV)/.installed: requirements-data-check.txt
 check-data: $(if $(MODEL),$(if $(wildcard $(E2E_PYTHON)),,$(CHECK_DATA_VENV)/.installed),)  ## check a fine-tune data file before the cluster: make check-data DATA=file.jsonl [MODEL=local-folder|cached-hub-id] [FORMAT=messages|prompt-completion|alpaca|sharegpt|text] [SEQ=2048] [ARGS=--roles bot=assistant]
 	@test -n "$(DATA)" || { echo "error: give the file: make check-data DATA=train.jsonl [MODEL=...] [FORMAT=...]" >&2; exit 2; }
 	@HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error FINETUNE_STACK_KEYS='$(CHECK_DATA_KEYS)' \
-		$(CHECK_DATA_PYTHON) workloads/scripts/finetune.py --check-data --check-records 0 --dataset "$(DATA)" \
+		$(CHECK_DATA_PYTHON) recipes/finetune.py --check-data --check-records 0 --dataset "$(DATA)" \
 		$(if $(MODEL),--model "$(MODEL)",) $(if $(FORMAT),--records "$(FORMAT)",) --seq-len "$(or $(SEQ),$(SEQ_DEFAULT))" $(ARGS)
 
 # Needs root (network namespaces); skips with the reason elsewhere. e2e/install.sh installs once (apt: openssh,

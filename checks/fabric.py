@@ -167,7 +167,7 @@ def check_gke_version(m: StackConfig) -> list[str]:
 
 
 # Scripts that read NCCL's network line after their first collective and stop when the fabric was not used.
-SELF_CHECKING_SCRIPTS = ("smoke_test.py", "finetune.py")
+SELF_CHECKING_SCRIPTS = ("smoke_train.py", "finetune.py")
 
 
 def proves_its_fabric(w: WorkloadConfig) -> bool:
@@ -214,7 +214,7 @@ def warnings(m: StackConfig) -> list[str]:
         why = "gets nodes only for this queued job, so no NCCL test can prove its fabric first" \
             if fb.queued_provisioning else "is measured by no NCCL test"
         out.append(f"{at('workloads', name, 'fallbackPool')}: {fb.name} {why}, and your script does not check "
-                   "NCCL's network line (finetune.py and smoke_test.py do, with nccl_network.py shipped beside it): "
+                   "NCCL's network line (finetune.py and smoke_train.py do, with nccl_network.py shipped beside it): "
                    "a run moved there could train at a fraction of the fabric's bandwidth unnoticed")
     return out
 

@@ -6,7 +6,7 @@ from checks.common import Check, at
 from components import gaudi_image
 from model import gaudi_software
 from model.types import MpiJobWorkloadConfig, StackConfig, WorkloadConfig
-from workloads import recipe
+from recipes import finetune_hpu
 from workloads.mpijob import gaudi as gaudi_job
 
 
@@ -138,7 +138,7 @@ def padding_free_on_gaudi(w: WorkloadConfig) -> bool:
 def check_packing_on_gaudi(m: StackConfig) -> list[str]:
     """finetune.py refuses padding-free batches on HPU at its data step (finetune_hpu.padding_free_problem, read
     from the script, not copied): with the records' format declared the stack knows before the run."""
-    hpu = recipe.script_module("finetune_hpu")
+    hpu = finetune_hpu
     return [f"{at('workloads', w.name, 'finetune', 'packing')}: true packs {w.finetune.record_format} records into "
             f"padding-free batches, which finetune.py refuses at its data step on Gaudi: "
             f"{hpu.padding_free_problem('0', True)}"

@@ -2,7 +2,7 @@
 
     GPU_CHECK_SCRIPT=e2e/gpu_bench.py bash e2e/gpu_check.sh [--cpu] [--quick] [--steps N] [--peak-tflops P]
 
-workloads/scripts/finetune.py under the DeepSpeed launcher (--num_gpus 1), as the stack runs it, on real
+recipes/finetune.py under the DeepSpeed launcher (--num_gpus 1), as the stack runs it, on real
 architectures at random weights (a config of data/models.yaml's shape, no download; e2e/tiny_llm.py's tokenizer):
 Llama-3.2-1B and Qwen2.5-7B, ZeRO-2 and ZeRO-3 (the stack's ds_config.json for each, make gpu-wheels writes them),
 full fine-tuning and LoRA (rank 16, all-linear, gradient checkpointing), sequence 2048 (text records packed into
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FINETUNE = ROOT / "workloads" / "scripts" / "finetune.py"
+FINETUNE = ROOT / "recipes" / "finetune.py"
 TINY_LLM = ROOT / "e2e" / "tiny_llm.py"
 WHEELS = ROOT / "build" / "gpu-wheels"
 # make gpu-wheels writes the stack's ds_config.json for a finetune workload on one GPU at each ZeRO stage
@@ -89,7 +89,7 @@ def with_micro_batch(ds_config: Mapping[str, Any], micro_batch: int) -> dict[str
 
 
 def rates(output: str) -> list[tuple[int, float]]:
-    """(step, tokens/s per GPU) of rank 0's progress lines (workloads/scripts/finetune_progress.py)."""
+    """(step, tokens/s per GPU) of rank 0's progress lines (recipes/finetune_progress.py)."""
     return [(int(step), float(per.replace(",", ""))) for step, _total, per in RATE.findall(output)]
 
 

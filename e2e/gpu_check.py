@@ -3,7 +3,7 @@
     bash e2e/gpu_check.sh [--cpu] [--steps N] [--work DIR]   # installs build/gpu-wheels/, then runs this file
 
 1. A tiny Llama (random weights, e2e/tiny_llm.py's builder) with a chat template, and 64 prompt/response records.
-2. workloads/scripts/finetune.py under the DeepSpeed launcher (--num_gpus 1) with the stack's ds_config.json for a
+2. recipes/finetune.py under the DeepSpeed launcher (--num_gpus 1) with the stack's ds_config.json for a
    finetune workload (ZeRO-3; bf16 on the GPU), LoRA and gradient checkpointing: N steps, adapter export.
 3. The same command again with --lora-export merged: it resumes from step N's checkpoint, trains nothing (the run is
    at its last step; transformers alone would train step N+1: seen on CPU before finetune.py stopped it) and writes
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FINETUNE = ROOT / "workloads" / "scripts" / "finetune.py"
+FINETUNE = ROOT / "recipes" / "finetune.py"
 TINY_LLM = ROOT / "e2e" / "tiny_llm.py"
 WHEELS = ROOT / "build" / "gpu-wheels"
 MIB = 1024 * 1024
@@ -182,7 +182,7 @@ def _tiny_llm() -> Any:
 
 
 def _finetune() -> Any:
-    """workloads/scripts/finetune.py as a module, its own modules beside it on sys.path (as `python finetune.py`)."""
+    """recipes/finetune.py as a module, its own modules beside it on sys.path (as `python finetune.py`)."""
     import importlib.util
 
     sys.path.insert(0, str(FINETUNE.parent))

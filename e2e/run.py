@@ -126,7 +126,7 @@ KIND_WORKLOADS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 
 
 def stack_workload(kind: str, workers: int = WORKERS, args: Sequence[str] = SMOKE_ARGS,
-                   script: str = "smoke_test.py", deepspeed: dict[str, Any] | None = None,
+                   script: str = "smoke_train.py", deepspeed: dict[str, Any] | None = None,
                    keys: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """A CPU-sized workload of the dev stack, loaded and checked by the stack's own code."""
     import yaml
@@ -787,7 +787,7 @@ def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
 # --- fine-tune, preempt, resume, export, serve -------------------------------------------------------------
 
 TINY_LLM = Path(__file__).resolve().parent / "tiny_llm.py"
-SEND_PROMPT = ROOT / "workloads" / "scripts" / "send_prompt.py"
+SEND_PROMPT = ROOT / "recipes" / "send_prompt.py"
 # ZeRO-3 in fp32 (DeepSpeed's CPU accelerator has no fp16); 2 ranks x 4 samples a step. A LoRA adapter learns a
 # random model slowly: a high learning rate.
 FINETUNE_DS = {"zeroStage": 3, "precision": "fp32", "microBatchPerGpu": 4, "gradientAccumulation": 1,
@@ -1317,8 +1317,8 @@ def scenario_finetune(cluster: nshosts.Cluster, logs: Path) -> str:
 
 # --- adapters: two LoRA runs served by one vLLM, the evaluation and its gate -----------------------------------
 
-EVALUATE = ROOT / "workloads" / "scripts" / "evaluate.py"
-EVALUATOR = ROOT / "workloads" / "scripts" / "evaluator.py"  # serving.evaluation's container: it runs EVALUATE
+EVALUATE = ROOT / "recipes" / "evaluate.py"
+EVALUATOR = ROOT / "recipes" / "evaluator.py"  # serving.evaluation's container: it runs EVALUATE
 LORA_LLM = Path(__file__).resolve().parent / "lora_llm.py"
 ADAPTER_INPUTS = "e2e-adapters"  # the base model, both data sets and the held-out task, in the bucket
 # Two finetune workloads on the same base, each taught its own one-word answer in OpenAI chat records (through the

@@ -185,7 +185,7 @@ class GatewayConfig(msgspec.Struct, frozen=True):
 
 class EvaluationConfig(msgspec.Struct, frozen=True):
     """`serving.evaluation`: each served adapter scored against the base (and the adapter served now) on the user's
-    held-out task by the server's evaluator container (workloads/scripts/evaluate.py), optionally gated."""
+    held-out task by the server's evaluator container (recipes/evaluate.py), optionally gated."""
 
     task: str  # a JSON-lines file of the bucket: conversations, prompt/completion, alpaca or prompt/reference
     max_tokens: int  # tokens generated per prompt (evaluate.py --max-tokens)
@@ -241,7 +241,7 @@ class TensorboardConfig(msgspec.Struct, frozen=True):
 
 
 class FinetuneConfig(msgspec.Struct, frozen=True):
-    """`finetune` of a `finetune` workload: what workloads/scripts/finetune.py trains on what (the fine-tuning
+    """`finetune` of a `finetune` workload: what recipes/finetune.py trains on what (the fine-tuning
     contract's arguments, from typed keys)."""
 
     format: str
@@ -583,7 +583,7 @@ class MpiJobWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
 
 
 class FinetuneWorkloadConfig(MpiJobBaseConfig, frozen=True, kw_only=True):
-    """kind finetune: an NVIDIA MPIJob whose ranks run workloads/scripts/finetune.py (the Hugging Face Trainer under
+    """kind finetune: an NVIDIA MPIJob whose ranks run recipes/finetune.py (the Hugging Face Trainer under
     DeepSpeed) with the `finetune` keys; checkpoints and the finished model go to the bucket (its GCS FUSE mount)
     or, without one, to the shared claim."""
 

@@ -1,6 +1,6 @@
 """Earlier runs of the same shape, and how far their estimates were off (`make gpus ... RUNS=<folder>`).
 
-A finished finetune run writes MODEL_DIR/run.json (workloads/scripts/finetune_progress.py run_record): the
+A finished finetune run writes MODEL_DIR/run.json (recipes/finetune_progress.py run_record): the
 measured tokens/s per GPU, MFU, training hours and $, beside the estimate the stack rendered before the run
 (FINETUNE_ESTIMATE), whose `shape` says what ran: the model as the planner resolves it, the GPU type and count, LoRA
 or full, the ZeRO stage. The planner has no bucket access: the user copies the records into a folder

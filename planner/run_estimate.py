@@ -33,6 +33,7 @@ from model.types import FinetuneWorkloadConfig, StackConfig
 from planner import throughput
 from planner.requests import workload_request, workload_strategy
 from planner.sizing import Request, Strategy
+from recipes import finetune_data
 
 SECONDS_PER_HOUR = 3600
 TERA = 1e12
@@ -143,26 +144,12 @@ def count_file_tokens(path: Path, fields: Iterable[str] | None = None,
     return chars / chars_per_token, len(records), f"fields {', '.join(wanted)}"
 
 
-def script_module(name: str) -> Any:
-    """A module of the recipe's (workloads/scripts/NAME.py, the standard library at its top): its own rule, read
-    where the planner needs it (finetune_data's record reading, finetune_tokenized's processes)."""
-    import importlib
-    import sys
-
-    scripts = str(Path(__file__).resolve().parent.parent / "workloads" / "scripts")
-    sys.path.insert(0, scripts)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(scripts)
-
-
 def record_characters(path: Path, records: list[dict[str, Any]]) -> tuple[int, str]:
     """The characters records train on, and their format, recognised as finetune.py recognises them (the first
     record's fields: messages, sharegpt conversations, alpaca, prompt + completion, text): a conversation's turns,
     alpaca's instruction, input and output, a prompt and its completion, a text. Records of no such format are an
     error naming the fields seen (never 0 tokens)."""
-    fd = script_module("finetune_data")
+    fd = finetune_data  # the recipe's own record reading
     if not records:
         raise ValueError(f"DATA={path}: no records")
     try:

@@ -29,7 +29,8 @@ from model.training_speed import TrainingSpeed
 from model.types import FinetuneWorkloadConfig, MpiJobWorkloadConfig, StackConfig
 from planner import pod_fit, recovery
 from planner.requests import workload_request
-from planner.run_estimate import RunEstimate, WorkloadRun, script_module
+from planner.run_estimate import RunEstimate, WorkloadRun
+from recipes import finetune_tokenized
 
 SECONDS_PER_HOUR = 3600
 # The record formats whose records go through a chat template (the slower data step: a conversation's assistant
@@ -114,7 +115,7 @@ class DataCpus(msgspec.Struct, frozen=True):
 
 def on_cpus(cpus: int, where: str, machine: str = "") -> DataCpus:
     """The data step on a container of `cpus` CPUs (`where`, e.g. "the launcher"): finetune.py's data_procs."""
-    procs = script_module("finetune_tokenized").data_procs(cpus)
+    procs = finetune_tokenized.data_procs(cpus)
     return DataCpus(procs, f"{procs} process{'es' if procs != 1 else ''} on {where}'s {cpus:g} "
                            f"CPU{'s' if cpus != 1 else ''}{f' ({machine})' if machine else ''}")
 

@@ -2,7 +2,7 @@
 
 `candidates()` turns every (strategy, option) of `recommend()` into a stack config: one GKE cluster with a private
 system pool, one GPU pool shaped like the option (one zone: NCCL across zones is slow and billed), and the workload
-of the mode: `training` and `finetune` the finetune kind (workloads/scripts/finetune.py, the Hugging Face Trainer
+of the mode: `training` and `finetune` the finetune kind (recipes/finetune.py, the Hugging Face Trainer
 under the ZeRO stage and offload the planner sized) on the option's nodes, every parameter or LoRA (sized as LoRA:
 the request's `lora`), its data, checkpoints and result in the stack's bucket, where the launcher waits for the
 data; `inference` a `serve` workload on one node (or, where no node holds the model, one replica across the

@@ -256,7 +256,7 @@ def next_steps(choice: Choice, stack: str) -> list[str]:
             chat = " --chat" if ft and chat_templates.asked_on_chat(
                 ft.get("chatTemplate", chat_templates.AUTO), ft.get("recordFormat", "auto"), ft.get("model")) else ""
             steps.append(f"A prompt{waits}: `kubectl -n {w['namespace']} port-forward svc/{name} 8000:8000 &`, then "
-                         f"`python workloads/scripts/send_prompt.py --openai{chat} --url http://localhost:8000 --model "
+                         f"`python -m recipes.send_prompt --openai{chat} --url http://localhost:8000 --model "
                          f"{trainer or w['serving']['model']} \"What is DeepSpeed?\"`.")
     return ["Next:", *(f"  {i}. {step}" for i, step in enumerate(steps, 1))]
 

@@ -1,4 +1,4 @@
-"""workloads/scripts/adapter_loader.py (issue 42 item 1): each replica serves the adapter versions the one evaluator
+"""recipes/adapter_loader.py (issue 42 item 1): each replica serves the adapter versions the one evaluator
 decided (EVALS/NAME/served.json), loads them at start, switches when the decision changes, and is Ready only once
 it serves every decided version. Driven with an in-process stand-in of vLLM's adapter endpoints (no network, no
 sleeping); the folders are the evaluator's own layout (evaluate_copies.py writes them here)."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import load_file
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "workloads" / "scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent / "recipes"
 
 
 @pytest.fixture(scope="module")

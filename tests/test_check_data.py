@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import PROJECT_DIR, yaml_load
 
-SCRIPT = PROJECT_DIR / "workloads" / "scripts" / "finetune.py"
+SCRIPT = PROJECT_DIR / "recipes" / "finetune.py"
 
 
 def turn(role: str, content: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""workloads/scripts/client_endpoints.py (issue 36 item 8): with serving.evaluation, vLLM's runtime LoRA endpoints
+"""recipes/client_endpoints.py (issue 36 item 8): with serving.evaluation, vLLM's runtime LoRA endpoints
 answer the pod's own evaluator (loopback) and no client: a client's load or unload gets 403, its prompts go
 through. make e2e's `adapters` scenario runs the same middleware inside vLLM's CPU server."""
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from conftest import load_file
 
-SCRIPT = Path(__file__).resolve().parent.parent / "workloads" / "scripts" / "client_endpoints.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "recipes" / "client_endpoints.py"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from conftest import changed, config_problems
 def nvidia_mpijob(**storage: str) -> dict:
     # dev's t4 pool; 1 worker x 1 GPU x micro batch 8 x 2 accumulation steps = 16.
     return {"kind": "mpijob", "namespace": "train", "pool": "t4", "workers": 1,
-            "launch": {"script": "smoke_test.py"}, "storage": dict(storage),
+            "launch": {"script": "smoke_train.py"}, "storage": dict(storage),
             "deepspeed": {"zeroStage": 2, "precision": "fp16", "microBatchPerGpu": 8, "gradientAccumulation": 2,
                           "trainBatchSize": 16}}
 

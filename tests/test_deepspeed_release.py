@@ -150,10 +150,10 @@ def test_source_configmap_and_launch_command(dev: RunResult) -> None:
     source = values(dev)["source"]
     assert source["existingConfigMap"] == cm.inputs["metadata"]["name"] == "smoke-source"
     assert cm.inputs["metadata"]["namespace"] == "deepspeed-smoke"
-    assert source["launchCommand"] == ("cd /app && deepspeed --force_multi --hostfile /job/hostfile smoke_test.py "
+    assert source["launchCommand"] == ("cd /app && deepspeed --force_multi --hostfile /job/hostfile smoke_train.py "
                                        "--deepspeed_config ds_config.json --expected-gpus-per-node 1")
     data = cm.inputs["data"]
-    assert data["smoke_test.py"] == (PROJECT_DIR / "workloads" / "scripts" / "smoke_test.py").read_text()
+    assert data["smoke_train.py"] == (PROJECT_DIR / "recipes" / "smoke_train.py").read_text()
     ds = json.loads(data["ds_config.json"])
     assert ds["train_batch_size"] == 32  # 2 workers x 1 T4 x micro batch 8 x 2 accumulation steps
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 2)
@@ -327,11 +327,11 @@ def test_helm_workers_must_fit_the_pool() -> None:
 
 
 def test_launch_script_must_exist_unless_command_is_set() -> None:
-    # Not train.py: a user's train.py in workloads/scripts must not fail the project's tests.
+    # Not train.py: a user's train.py in recipes must not fail the project's tests.
     found = problems("dev", {"workloads.smoke.launch.script": "absent.py"})
     assert len(found) == 1, found
-    assert found[0].startswith("workloads.smoke.launch.script: no file 'absent.py' in workloads/scripts")
-    assert "smoke_test.py" in found[0]
+    assert found[0].startswith("workloads.smoke.launch.script: no file 'absent.py' in recipes")
+    assert "smoke_train.py" in found[0]
     assert problems("dev", {"workloads.smoke.launch.script": "absent.py", "workloads.smoke.launch.args": [],
                             "workloads.smoke.launch.command": "deepspeed --hostfile /job/hostfile x.py"}) == []
 

@@ -60,7 +60,7 @@ def test_a_mistyped_from_workload_is_said_once_at_its_key() -> None:
                      "workloads that train a model: tune; did you mean `tune`?"]
 
 
-SCRIPTS = [*sorted((PROJECT_DIR / "workloads" / "scripts").glob("*.py")), *sorted((PROJECT_DIR / "e2e").glob("*.py")),
+SCRIPTS = [*sorted((PROJECT_DIR / "recipes").glob("*.py")), *sorted((PROJECT_DIR / "e2e").glob("*.py")),
            PROJECT_DIR / "tests" / "user_stacks.py", *sorted((PROJECT_DIR / "preview").glob("*.py"))]
 
 

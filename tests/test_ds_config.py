@@ -196,7 +196,7 @@ def test_finetune_py_runs_the_hugging_face_trainer() -> None:
     from workloads.ds_config import runs_hf_trainer
 
     assert runs_hf_trainer("finetune.py") and runs_hf_trainer("/gcs/bucket/code/finetune.py")
-    assert not runs_hf_trainer("smoke_test.py") and not runs_hf_trainer(None) and not runs_hf_trainer("")
+    assert not runs_hf_trainer("smoke_train.py") and not runs_hf_trainer(None) and not runs_hf_trainer("")
 
 
 def test_an_mpijob_and_a_release_running_finetune_py_ship_the_trainers_config() -> None:

@@ -200,8 +200,8 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
     zero = ds["zero_optimization"]
     assert zero["stage"] == 3 and zero["stage3_param_persistence_threshold"] == "auto"
     assert ds["train_batch_size"] == 8 and "fp16" not in ds and "bf16" not in ds
-    assert files["finetune.py"] == (ROOT / "workloads" / "scripts" / "finetune.py").read_text()
-    assert files["finetune_render.py"] == (ROOT / "workloads" / "scripts" / "finetune_render.py").read_text()
+    assert files["finetune.py"] == (ROOT / "recipes" / "finetune.py").read_text()
+    assert files["finetune_render.py"] == (ROOT / "recipes" / "finetune_render.py").read_text()
 
 
 def test_the_adapters_scenario_renders_the_stacks_server(e2e: ModuleType) -> None:

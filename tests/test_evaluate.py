@@ -1,4 +1,4 @@
-"""workloads/scripts/evaluate.py (issue 27 item 4): the held-out task's checks, lm-eval's local task, the gate, and
+"""recipes/evaluate.py (issue 27 item 4): the held-out task's checks, lm-eval's local task, the gate, and
 the whole evaluation against a stand-in of vLLM's OpenAI API (/v1/models, runtime LoRA loading) with a stand-in
 scorer; `make e2e`'s `adapters` scenario runs it with lm-eval against vLLM's CPU build."""
 
@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import load_file
 
-SCRIPT = Path(__file__).resolve().parent.parent / "workloads" / "scripts" / "evaluate.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "recipes" / "evaluate.py"
 
 
 @pytest.fixture(scope="module")

@@ -186,7 +186,7 @@ def _pool(machine: str, gpu: str, zone: str) -> dict[str, Any]:
 
 
 HELM = {"kind": "helm", "pool": "h100", "workers": 2, "namespace": "fabric-helm",
-        "launch": {"script": "smoke_test.py", "args": ["--expected-gpus-per-node", "8"]},
+        "launch": {"script": "smoke_train.py", "args": ["--expected-gpus-per-node", "8"]},
         "deepspeed": {"zeroStage": 2, "precision": "bf16", "microBatchPerGpu": 1, "gradientAccumulation": 1}}
 
 
@@ -653,7 +653,7 @@ JOB = "kubernetes:batch/v1:Job"
 
 def test_bus_bandwidth_follows_nccl_tests() -> None:
     # nccl-tests doc/PERFORMANCE.md: busbw = algbw * 2(n-1)/n (all_reduce), * (n-1)/n (all_gather, reduce_scatter).
-    from workloads.scripts import nccl_bench
+    from recipes import nccl_bench
 
     assert nccl_bench.bandwidth("all_reduce", 8 * 10**9, 1.0, 16) == (8.0, 8.0 * 30 / 16)
     assert nccl_bench.bandwidth("all_gather", 8 * 10**9, 0.5, 16) == (16.0, 16.0 * 15 / 16)
@@ -675,7 +675,7 @@ def test_bus_bandwidth_follows_nccl_tests() -> None:
                       "changed venv); Google qualifies the fabric's plugin with 2.28.7, not this one)"),
 ])
 def test_nccl_bench_checks_the_nccl_torch_ran(ran: str, ok: bool, line: str) -> None:
-    from workloads.scripts import nccl_bench
+    from recipes import nccl_bench
 
     assert nccl_bench.check_nccl(ran, "2.29.7", "2.28.0", "2.28.7") == (ok, line)
     assert nccl_bench.check_nccl("2.28.7", None, "2.28.0", "2.28.7-1") == (
@@ -688,7 +688,7 @@ def test_nccl_bench_fails_before_the_rendezvous_on_a_wrong_nccl(monkeypatch: pyt
     import sys
     import types
 
-    from workloads.scripts import nccl_bench
+    from recipes import nccl_bench
 
     fake = types.ModuleType("torch")
     fake.cuda = types.SimpleNamespace(nccl=types.SimpleNamespace(version=lambda: (2, 21, 5)),  # type: ignore[attr-defined]

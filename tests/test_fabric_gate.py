@@ -13,7 +13,7 @@ from conftest import reference, stack_run
 from test_fabric_in_use import _Tensor
 
 from model import fabric
-from workloads.scripts import nccl_bench
+from recipes import nccl_bench
 
 JOB = "kubernetes:batch/v1:Job"
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"

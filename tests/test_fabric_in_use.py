@@ -1,5 +1,5 @@
 """The fabric is proven in use (issue 32.5): NCCL's own init lines say which network it chose, and the NCCL test
-and the smoke test fail when it is not the fabric plugin's (workloads/scripts/nccl_network.py).
+and the smoke test fail when it is not the fabric plugin's (recipes/nccl_network.py).
 
 Facts (sources in data/gpu_fabric.yaml): NCCL 2.29.7 logs `INFO(NCCL_INIT, "Using network %s")` per communicator
 and `NET/Plugin: Loaded net plugin %s (v%d)`; it falls back to its own "IB" and "Socket" when the plugin does not
@@ -19,8 +19,8 @@ import pytest
 from conftest import stack_run
 
 from model import fabric
+from recipes import nccl_bench, nccl_network
 from workloads import fabric as pod_fabric
-from workloads.scripts import nccl_bench, nccl_network
 
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 HOST = "bandwidth-0.bandwidth.nccl-test.svc.cluster.local"
@@ -239,7 +239,7 @@ def test_the_nccl_test_job_sets_the_log_level_and_the_network(h100: Any) -> None
 
 
 def test_the_smoke_mpijob_ships_the_reader_beside_its_script(h100: Any) -> None:
-    maps = [c.inputs["data"] for c in h100.by_type(CONFIG_MAP) if "smoke_test.py" in c.inputs.get("data", {})]
+    maps = [c.inputs["data"] for c in h100.by_type(CONFIG_MAP) if "smoke_train.py" in c.inputs.get("data", {})]
     assert maps and all(d["nccl_network.py"] == pod_fabric.CHECK_SOURCE.read_text(encoding="utf-8") for d in maps)
     assert all("export FABRIC_NCCL_NETWORK=FasTrak" in d["nccl_env.sh"] for d in maps)
 

@@ -21,7 +21,7 @@ import pytest
 
 from workloads.finetune import script_module
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "workloads" / "scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent / "recipes"
 KEY = "workloads.tune.finetune"
 # The stack's names for the flags (workloads/finetune.py sends them as FINETUNE_STACK_KEYS).
 STACK = {"--dataset": f"{KEY}.datasetPath", "--records": f"{KEY}.recordFormat", "--text-field": f"{KEY}.textField",

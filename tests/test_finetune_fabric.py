@@ -1,5 +1,5 @@
 """finetune.py refuses to train when NCCL's network line shows the GPU fabric's plugin was not used
-(workloads/scripts/finetune_fabric.py), with a final status that names the pools, under a stub of torch.distributed
+(recipes/finetune_fabric.py), with a final status that names the pools, under a stub of torch.distributed
 (two ranks) and NCCL's own log lines."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from conftest import PROJECT_DIR, config_model, load_file, model
 from workloads import finetune
 from workloads.mpijob import nvidia
 
-SCRIPTS = PROJECT_DIR / "workloads" / "scripts"
+SCRIPTS = PROJECT_DIR / "recipes"
 ENV = {"FABRIC_NCCL_NETWORK": "GPUDirectTCPX_v7", "FABRIC_NAME": "GPUDirect-TCPX",
        "FINETUNE_POOLS": "h100-reserved,h100-dws"}
 # NCCL v2.29's INIT lines (src/init.cc "Using network", src/plugin/net.cc), as a rank's NCCL_DEBUG_FILE holds them.
@@ -123,7 +123,9 @@ def test_the_refusal_is_final_at_the_launcher() -> None:
     source = (SCRIPTS / "finetune.py").read_text(encoding="utf-8")
     gate = source.index("refused = fabric_refusal(")
     assert source.index("return EXIT_USAGE", gate) < source.index("trainer.train(", gate)  # before any step
-    assert "EXIT_USAGE = 2" in source and 2 in nvidia.FINAL_EXIT_STATUSES
+    from recipes.contract import EXIT_USAGE
+
+    assert EXIT_USAGE == 2 and EXIT_USAGE in nvidia.FINAL_EXIT_STATUSES
 
 
 def test_the_recipe_knows_its_pools() -> None:
@@ -178,7 +180,7 @@ DWS = {"flexStart": True, "queuedProvisioning": True, "maxRunDuration": "86400s"
 
 
 def test_a_queued_fallback_is_proven_by_the_run_itself() -> None:
-    """No NCCL test Job can reach a queued-provisioning pool's nodes: smoke_test.py's own check is the gate."""
+    """No NCCL test Job can reach a queued-provisioning pool's nodes: smoke_train.py's own check is the gate."""
     config = _h100_with_fallback(**DWS)
     del config["deepspeed-stack:nodePools"][-1]["zones"]
     assert _said(config) == ([], [])
@@ -188,5 +190,5 @@ def test_a_queued_fallback_is_proven_by_the_run_itself() -> None:
     assert problems == [] and len(warned) == 1
     assert warned == ["workloads.smoke.fallbackPool: h100-more gets nodes only for this queued job, so no NCCL test "
                       "can prove its fabric first, and your script does not check NCCL's network line (finetune.py "
-                      "and smoke_test.py do, with nccl_network.py shipped beside it): a run moved there could train "
+                      "and smoke_train.py do, with nccl_network.py shipped beside it): a run moved there could train "
                       "at a fraction of the fabric's bandwidth unnoticed"]

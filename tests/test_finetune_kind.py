@@ -1,4 +1,4 @@
-"""kind finetune (issue 18 item 1, the stack side): an NVIDIA MPIJob whose ranks run workloads/scripts/finetune.py with
+"""kind finetune (issue 18 item 1, the stack side): an NVIDIA MPIJob whose ranks run recipes/finetune.py with
 the `finetune` keys, CHECKPOINT_DIR and MODEL_DIR on the bucket's GCS FUSE mount (checkpointing options) or the
 claim, the token as a mounted file, restarts that resume; and the inputs the script cannot run, refused first.
 
@@ -212,7 +212,7 @@ def test_ds_config_leaves_the_trainers_values_auto() -> None:
 
 def test_the_configmap_ships_the_projects_script() -> None:
     data = _run().one(CONFIG_MAP).inputs["data"]
-    assert data["finetune.py"] == (PROJECT_DIR / "workloads" / "scripts" / "finetune.py").read_text()
+    assert data["finetune.py"] == (PROJECT_DIR / "recipes" / "finetune.py").read_text()
 
 
 def test_failed_pods_restart_and_the_job_retries() -> None:
@@ -384,7 +384,7 @@ def test_training_keys_on_an_nvidia_mpijob_are_refused() -> None:
 
 
 def test_every_nvidia_mpijob_gets_the_output_folders() -> None:
-    """The contract's layout on a plain mpijob too (smoke_test.py checkpoints to CHECKPOINT_DIR, and finetune.py run
+    """The contract's layout on a plain mpijob too (smoke_train.py checkpoints to CHECKPOINT_DIR, and finetune.py run
     as an mpijob's launch.script needs both): the h100 stack's claim is mounted at /data."""
     job = stack_run("h100").one(MPIJOB).inputs
     for role in ("Launcher", "Worker"):
@@ -440,7 +440,7 @@ def test_a_held_out_file_is_read_from_the_bucket_and_waited_for() -> None:
 
 
 def test_the_configmap_ships_finetune_pys_modules_and_the_named_template() -> None:
-    scripts = PROJECT_DIR / "workloads" / "scripts"
+    scripts = PROJECT_DIR / "recipes"
     data = _run().one(CONFIG_MAP).inputs["data"]
     for name in ("finetune_config.py", "finetune_data.py", "finetune_render.py", "finetune_check.py",
                  "finetune_checkpoints.py"):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import load_file
 
-SCRIPT = Path(__file__).resolve().parent.parent / "workloads" / "scripts" / "finetune_progress.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "recipes" / "finetune_progress.py"
 
 
 @pytest.fixture(scope="module")
@@ -244,11 +244,12 @@ def test_the_launch_carries_the_env_and_ships_the_callback_beside_the_script() -
     w = cfg.workloads["tune"]
     launch = finetune.launch(w, has_token=False, run_env=finetune_progress.run_env(cfg, w))
     assert launch.env["FINETUNE_PEAK_TFLOPS"] == "121" and launch.env["CHECKPOINT_DIR"] == "/gcs/checkpoints/tune"
-    # finetune.py's modules beside it (every finetune_*.py), the progress callback among them.
-    assert sorted(launch.files) == ["finetune.py", "finetune_check.py", "finetune_checkpoints.py", "finetune_config.py",
-                                    "finetune_data.py", "finetune_fabric.py", "finetune_hpu.py", "finetune_progress.py",
-                                    "finetune_read.py", "finetune_render.py", "finetune_tiered.py",
-                                    "finetune_tokenized.py"]
+    # finetune.py's modules beside it (every finetune_*.py), the progress callback among them, the contract, and the
+    # package's __init__ as recipes.py.
+    assert sorted(launch.files) == [
+        "contract.py", "finetune.py", "finetune_check.py", "finetune_checkpoints.py", "finetune_config.py",
+        "finetune_data.py", "finetune_fabric.py", "finetune_hpu.py", "finetune_progress.py", "finetune_read.py",
+        "finetune_render.py", "finetune_tiered.py", "finetune_tokenized.py", "recipes.py"]
     assert launch.files["finetune_progress.py"] == SCRIPT.read_text(encoding="utf-8")
 
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "workloads" / "scripts" / "finetune.py"
+SCRIPT = ROOT / "recipes" / "finetune.py"
 MARKER = ".complete"
 STALE_MARKER = "an older model's marker"
 BARRIER_TIMEOUT_S = 5.0  # only a broken test waits this long: a healthy collective meets in microseconds

@@ -1,4 +1,4 @@
-"""workloads/scripts/finetune.py's plain-Python parts (torch, transformers, peft, datasets and deepspeed are only
+"""recipes/finetune.py's plain-Python parts (torch, transformers, peft, datasets and deepspeed are only
 imported inside its run functions, which `make e2e` runs and tests/test_finetune_run.py runs under stand-ins):
 arguments and environment, the ds_config.json it reads, data-format detection, prompt/response samples, the newest
 checkpoint, the completion marker, and the LoRA/ZeRO/precision combinations it refuses."""
@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "workloads" / "scripts" / "finetune.py"
+SCRIPT = ROOT / "recipes" / "finetune.py"
 BASE = ["--model", "m", "--dataset", "d", "--checkpoint-dir", "/c", "--model-dir", "/m"]
 
 
@@ -83,7 +83,7 @@ def test_tensorboards_folder_on_gke_and_on_vertex_ai(ft: ModuleType) -> None:
 def test_defaults(ft: ModuleType) -> None:
     args = ft.parse_args(BASE, {})
     assert (args.save_steps, args.seq_len, args.learning_rate, args.lora, args.format, args.records) == (
-        500, 1024, 2e-5, False, "auto", "auto")
+        200, 2048, 2e-5, False, "auto", "auto")
     # The field names: the record format's own unless given (finetune_data.layout).
     assert args.text_field is None and args.prompt_field is None and args.messages_field is None
     assert (args.chat_template, args.eval_split, args.roles, args.check_data) == ("auto", None, [], False)
@@ -107,7 +107,7 @@ def test_every_problem_is_reported_at_once(ft: ModuleType) -> None:
                      "--model-dir (or MODEL_DIR or AIP_MODEL_DIR) is required",
                      "--prompt-field and --response-field go together", "give --epochs or --max-steps, not both",
                      "--seq-len must be 8 or more, got 4", "--learning-rate must be more than 0, got 0.0",
-                     "--lora-rank must be 1 or more, got 0", "--lora-dropout must be in [0, 1), got 1.0"):
+                     "--lora-rank must be 1 or more, got 0", "--lora-dropout must be less than 1, got 1.0"):
         assert expected in text
 
 
@@ -118,9 +118,12 @@ def test_a_bad_checkpoint_interval_in_the_environment_is_named(ft: ModuleType) -
 
 def test_lora_settings_are_checked_only_with_lora(ft: ModuleType) -> None:
     assert ft.parse_args([*BASE, "--lora-rank", "0"], {}).lora_rank == 0
-    assert ft.lora_problems(8, 16, 0.0, ["q_proj", "v_proj"]) == []
-    assert ft.lora_problems(8, 0, 0.1, [" "]) == ["--lora-alpha must be more than 0, got 0",
-                                                  "--lora-target-modules needs module names (or all-linear)"]
+    lora = [*BASE, "--lora", "--lora-rank", "8", "--lora-alpha", "16", "--lora-target-modules"]
+    assert ft.parse_args([*lora, "q_proj", "v_proj"], {}).lora_rank == 8
+    with pytest.raises(ft.UsageError) as caught:
+        ft.parse_args([*lora[:-3], "--lora-alpha", "0", "--lora-target-modules", " "], {})
+    assert str(caught.value) == ("--lora-alpha must be more than 0, got 0.0; "
+                                 "--lora-target-modules needs module names (or all-linear)")
 
 
 def test_the_token_comes_from_the_file_hf_token_path_names(ft: ModuleType, tmp_path: Path) -> None:
@@ -300,8 +303,8 @@ def test_the_marker_says_the_step_and_the_model(ft: ModuleType) -> None:
 
 def test_the_marker_says_how_the_records_were_rendered(ft: ModuleType) -> None:
     """Issue 36 item 1: what evaluate.py renders the held-out task with, without being told."""
-    from finetune_check import plan
-    from finetune_data import FieldSpec
+    from recipes.finetune_check import plan
+    from recipes.finetune_data import FieldSpec
 
     chat = plan({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, FieldSpec(),
                 "auto", "{{ messages }}", None)

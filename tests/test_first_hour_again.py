@@ -375,5 +375,5 @@ def test_the_written_prompt_command_asks_as_the_model_was_trained(tmp_path: Path
     joined = " ".join(line[1:].strip() for line in text.splitlines() if line.startswith("#"))
     (server,) = [name for name, w in config["deepspeed-stack:workloads"].items() if w["kind"] == "serve"]
     trainer = config["deepspeed-stack:workloads"][server]["serving"]["fromWorkload"]
-    assert (f"`python workloads/scripts/send_prompt.py --openai --chat --url http://localhost:8000 --model "
+    assert (f"`python -m recipes.send_prompt --openai --chat --url http://localhost:8000 --model "
             f"{trainer} \"What is DeepSpeed?\"`") in joined

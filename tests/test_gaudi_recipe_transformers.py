@@ -119,7 +119,7 @@ def test_token_ids_are_datasets_own_list_feature_of_each_release(hpu: Any, versi
 # 3.11". A script that uses one parses on 3.10 and fails when the line runs (datetime.UTC: at the first log step).
 NEW_IN_3_11 = {("datetime", "UTC"), ("typing", "Self"), ("typing", "LiteralString"), ("typing", "Never"),
                ("typing", "assert_never"), ("typing", "reveal_type"), ("enum", "StrEnum"), ("tomllib", None)}
-SCRIPTS = Path(__file__).resolve().parent.parent / "workloads" / "scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent / "recipes"
 
 
 def python_3_11_names(tree: ast.AST) -> list[str]:

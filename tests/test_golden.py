@@ -68,7 +68,7 @@ class _Run:
 
 
 def test_resources_are_sorted_by_type_and_name_with_keys_sorted_and_a_carried_file_shown_by_its_digest() -> None:
-    script = (golden_previews.PROJECT_DIR / "workloads" / "scripts" / "stop_ranks.py").read_text(encoding="utf-8")
+    script = (golden_previews.PROJECT_DIR / "recipes" / "stop_ranks.py").read_text(encoding="utf-8")
     parent = "urn:pulumi:t::deepspeed-stack::deepspeed-stack:workloads:TrainingJob::job"
     regs = [_Reg(urn=f"{parent[:-5]}$kubernetes:core/v1:ConfigMap::job-config", type="kubernetes:core/v1:ConfigMap",
                  name="job-config", parent=parent, protect=True, secret_paths=["data.token"],

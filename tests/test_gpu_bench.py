@@ -13,7 +13,7 @@ from conftest import PROJECT_DIR, load_file, yaml_load
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# What finetune.py's progress callback prints on rank 0 at each logging step (workloads/scripts/finetune_progress.py
+# What finetune.py's progress callback prints on rank 0 at each logging step (recipes/finetune_progress.py
 # progress_line), as a CPU run of the bench printed it (the first line: warm-up, left out of the median).
 CPU_OUTPUT = """\
 [2026-11-29 06:10:01] [INFO] [launch.py:139:main] WORLD INFO DICT: {'localhost': [0]}
@@ -31,7 +31,7 @@ def gb() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def ft() -> ModuleType:
-    return load_file(ROOT / "workloads" / "scripts" / "finetune.py", "finetune_script_for_gpu_bench")
+    return load_file(ROOT / "recipes" / "finetune.py", "finetune_script_for_gpu_bench")
 
 
 def test_no_heavy_import_at_module_level() -> None:

@@ -26,7 +26,7 @@ def gc() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def ft() -> ModuleType:
-    return load_file(ROOT / "workloads" / "scripts" / "finetune.py", "finetune_script_for_gpu_check")
+    return load_file(ROOT / "recipes" / "finetune.py", "finetune_script_for_gpu_check")
 
 
 def test_no_heavy_import_at_module_level() -> None:
@@ -67,7 +67,7 @@ def test_finetune_py_takes_the_check_arguments_as_zero3_bf16_lora(gc: ModuleType
 def test_the_launcher_runs_finetune_py_on_one_gpu(gc: ModuleType) -> None:
     command = gc.launcher_command("/py", 29511, ["--lora"])
     assert command == ["/py", "-m", "deepspeed.launcher.runner", "--num_gpus", "1", "--master_port", "29511",
-                       str(ROOT / "workloads" / "scripts" / "finetune.py"), "--lora"]
+                       str(ROOT / "recipes" / "finetune.py"), "--lora"]
 
 
 def test_cpu_mode_selects_deepspeeds_cpu_accelerator_and_gpu_mode_does_not(gc: ModuleType) -> None:

@@ -1,7 +1,7 @@
-"""The DeepSpeed image: lint, the Bitnami chart contract, entrypoint.sh behaviour, smoke_test.py helpers.
+"""The DeepSpeed image: lint, the Bitnami chart contract, entrypoint.sh behaviour, smoke_train.py helpers.
 
 No Docker engine is needed: the Dockerfile is linted with hadolint and checked as text, the shell
-scripts run under bash in subprocesses, and smoke_test.py's helpers are imported without torch.
+scripts run under bash in subprocesses, and smoke_train.py's helpers are imported without torch.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 IMAGE_DIR = ROOT / "workloads" / "images" / "deepspeed"
 DOCKERFILE = IMAGE_DIR / "Dockerfile"
 ENTRYPOINT = IMAGE_DIR / "entrypoint.sh"
-SMOKE_TEST = ROOT / "workloads" / "scripts" / "smoke_test.py"
+SMOKE_TEST = ROOT / "recipes" / "smoke_train.py"
 CHART_ENTRYPOINT = "/opt/bitnami/scripts/deepspeed/entrypoint.sh"
 
 
@@ -186,7 +186,7 @@ def test_entrypoint_and_vertex_files_copied(parsed: list[tuple[str, str]]) -> No
     assert destinations["entrypoint.sh"] == CHART_ENTRYPOINT
     assert destinations["vertex_start.sh"].startswith("/opt/deepspeed/vertex")
     assert destinations["vertex_cluster.py"].startswith("/opt/deepspeed/vertex")
-    assert "smoke_test.py" not in destinations, "the smoke test ships in the chart's source ConfigMap"
+    assert "smoke_train.py" not in destinations, "the smoke test ships in the chart's source ConfigMap"
 
 
 def test_dockerignore_keeps_only_copied_files() -> None:
@@ -344,7 +344,7 @@ def test_scripts_are_executable(parsed: list[tuple[str, str]]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# smoke_test.py pure helpers (torch and deepspeed are imported only inside main)
+# smoke_train.py pure helpers (torch and deepspeed are imported only inside main)
 # --------------------------------------------------------------------------------------------
 
 
@@ -353,7 +353,7 @@ def smoke() -> ModuleType:
     already = {name for name in ("torch", "deepspeed") if name in sys.modules}
     module = load_file(SMOKE_TEST, "deepspeed_smoke_test")
     for name in ("torch", "deepspeed"):
-        assert name in already or name not in sys.modules, f"smoke_test.py imports {name} at module level"
+        assert name in already or name not in sys.modules, f"smoke_train.py imports {name} at module level"
     return module
 
 

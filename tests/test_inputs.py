@@ -62,7 +62,7 @@ BUCKET_KEYS = {
 
 
 # helm's `launch` is the mpijob's (one YAML anchor, one description), but its client runs only a file of
-# workloads/scripts (workloads/kinds/shared.py refuses any path).
+# recipes (workloads/kinds/shared.py refuses any path).
 SHARED_DESCRIPTION = {("helm", "launch.script")}
 
 
@@ -84,7 +84,7 @@ def test_each_bucket_path_key_is_held_in_the_bucket(kind: str, key: str) -> None
 
 def test_helm_takes_no_script_path() -> None:
     (found,) = problems("dev", {"workloads.smoke.launch.script": "gs://b/../x.py"})
-    assert found.startswith("workloads.smoke.launch.script: no file 'gs://b/../x.py' in workloads/scripts")
+    assert found.startswith("workloads.smoke.launch.script: no file 'gs://b/../x.py' in recipes")
 
 
 @pytest.mark.parametrize(("key", "value", "expected"), [
@@ -191,7 +191,7 @@ def test_nvme_offload_is_refused_on_an_image_without_async_io(monkeypatch: pytes
 
 # --- launch.args: flags the script's own parser has ------------------------------------------------------------------
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "workloads" / "scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent / "recipes"
 UNRECOGNIZED = "(every rank would stop with \"unrecognized arguments\"); its flags, closest first: "
 
 
@@ -213,7 +213,7 @@ def _accepts(parse: Callable[[list[str]], Any], argv: list[str]) -> bool:
     return True
 
 
-@pytest.mark.parametrize("script", ["finetune", "smoke_test"])
+@pytest.mark.parametrize("script", ["finetune", "smoke_train"])
 def test_the_flags_read_from_the_source_are_the_parsers(script: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The reader never runs the script; its answer must be what the script's argparse does with each flag."""
     from workloads import script_flags
@@ -233,14 +233,14 @@ def test_the_flags_read_from_the_source_are_the_parsers(script: str, capsys: pyt
         assert _accepts(parse, [*base, flag, *value]), flag
     assert not _accepts(parse, [*base, "--no-such-flag", "1"])
     prefix = "--logging-step" if script == "finetune" else "--hidd"  # a unique prefix of one flag
-    assert flags.abbrev == _accepts(parse, [*base, prefix, "1"]) == (script == "smoke_test")
+    assert flags.abbrev == _accepts(parse, [*base, prefix, "1"]) == (script == "smoke_train")
     capsys.readouterr()
 
 
 def test_an_unknown_flag_of_the_smoke_test_is_refused() -> None:
     key = "workloads.smoke.launch.args[2]"
     (found,) = problems("h100", {"workloads.smoke.launch.args": ["--expected-gpus-per-node", "8", "--stepz", "50"]})
-    assert found.startswith(f"{key}: smoke_test.py has no flag --stepz {UNRECOGNIZED}--steps, ")
+    assert found.startswith(f"{key}: smoke_train.py has no flag --stepz {UNRECOGNIZED}--steps, ")
     # Its flags only, without help and what the stack passes (--deepspeed_config; on this fabric pool DeepSpeed is
     # told --no_local_rank, so --local_rank is the user's to give).
     listed = set(found.split("closest first: ")[1].split(", "))
@@ -257,18 +257,18 @@ def test_an_unknown_flag_of_finetune_py_is_refused() -> None:
 
 
 def test_abbreviations_as_argparse_takes_them() -> None:
-    """smoke_test.py's parser allows abbreviations: a unique prefix is its flag, a shared one is an error."""
+    """smoke_train.py's parser allows abbreviations: a unique prefix is its flag, a shared one is an error."""
     args = "workloads.smoke.launch.args"
     assert problems("h100", {args: ["--hidden", "64"]}) == []
     assert problems("h100", {args: ["--check", "5"]}) == [
-        f"{args}[0]: --check is ambiguous for smoke_test.py's parser, which would stop every rank with \"ambiguous "
+        f"{args}[0]: --check is ambiguous for smoke_train.py's parser, which would stop every rank with \"ambiguous "
         "option: --check could match --checkpoint-dir, --checkpoint-every\"; write the whole flag"]
 
 
 def test_a_flag_the_stack_passes_is_not_repeated() -> None:
     found = problems("dev", {"workloads.smoke.launch.args": ["--deepspeed-config", "mine.json", "--local_rank=0"]})
     assert found == [
-        "workloads.smoke.launch.args[0]: --deepspeed-config (smoke_test.py's --deepspeed_config) is passed to every "
+        "workloads.smoke.launch.args[0]: --deepspeed-config (smoke_train.py's --deepspeed_config) is passed to every "
         "rank already, by the stack (the generated ds_config.json, from workloads.smoke.deepspeed); change it there "
         "instead",
         "workloads.smoke.launch.args[2]: --local_rank is passed to every rank already, by DeepSpeed's launcher "
@@ -440,12 +440,12 @@ def test_training_keys_under_a_gaudi_command_warn() -> None:
 
 
 def test_a_learning_rate_no_optimizer_reads_warns() -> None:
-    """smoke_test.py builds its own optimizer (--lr) unless the optimizer is offloaded: then ds_config.json names
+    """smoke_train.py builds its own optimizer (--lr) unless the optimizer is offloaded: then ds_config.json names
     DeepSpeed's AdamW with deepspeed.learningRate (workloads/ds_config.py)."""
     lr = {"workloads.smoke.deepspeed.learningRate": 0.001}
     assert _warnings("dev", lr) == [
         "workloads.smoke.deepspeed.learningRate: 0.001 is not used: ds_config.json names an optimizer only with "
-        "deepspeed.offloadOptimizer, and without one the script builds its own (smoke_test.py: --lr); pass the rate "
+        "deepspeed.offloadOptimizer, and without one the script builds its own (smoke_train.py: --lr); pass the rate "
         "in launch.args"]
     assert _warnings("dev", {**lr, "workloads.smoke.deepspeed.offloadOptimizer": "cpu"}) == []
     assert [w for w in _warnings("h100", lr) if "learningRate" in w]  # the mpijob kind too
@@ -506,7 +506,7 @@ MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
 
 def test_the_scripts_exit_2_on_bad_arguments_or_data() -> None:
     """The status the launcher treats as final: both scripts' EXIT_USAGE, and argparse's own on a bad flag."""
-    assert _script_module("finetune").EXIT_USAGE == 2 and _script_module("smoke_test").EXIT_USAGE == 2
+    assert _script_module("finetune").EXIT_USAGE == 2 and _script_module("smoke_train").EXIT_USAGE == 2
 
 
 def test_the_mpijob_crd_has_no_pod_failure_policy() -> None:

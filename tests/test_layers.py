@@ -30,7 +30,7 @@ def test_every_package_of_the_project_is_under_contract() -> None:
     assert sorted(CONFIG["root_packages"]) == packages
     layered = {name.strip() for layer in CONFIG["contracts"][0]["layers"] for name in layer.split("|")}
     assert layered == set(packages)
-    assert {c["type"] for c in CONFIG["contracts"]} == {"layers", "acyclic_siblings"}
+    assert {c["type"] for c in CONFIG["contracts"]} == {"layers", "acyclic_siblings", "forbidden"}
     assert all("ignore_imports" not in c for c in CONFIG["contracts"])  # no exemptions
 
 
@@ -51,10 +51,12 @@ def test_a_back_import_a_sibling_import_and_a_cycle_break_the_contracts(tmp_path
     (tmp_path / "planner" / "sibling.py").write_text("import workloads.placement\n")  # independent siblings
     (tmp_path / "workloads" / "ring_a.py").write_text("from workloads import ring_b\n")
     (tmp_path / "workloads" / "ring_b.py").write_text("from workloads import ring_a\n")
+    (tmp_path / "recipes" / "back.py").write_text("from model import types\n")  # a program importing the stack
     result = _lint_imports(tmp_path)
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
-    assert "Contracts: 0 kept, 2 broken." in out
+    assert "Contracts: 0 kept, 3 broken." in out
     assert "model.back -> preview.engine" in out
     assert "planner.sibling -> workloads.placement" in out
+    assert "recipes.back -> model.types" in out
     assert "No cycles are allowed in workloads.\n" in out and "- .ring_b -> .ring_a (1 import)" in out

@@ -1,4 +1,4 @@
-"""Maintenance seen coming (workloads/maintenance.py, workloads/scripts/maintenance_watch.py): the launcher's watch
+"""Maintenance seen coming (workloads/maintenance.py, recipes/maintenance_watch.py): the launcher's watch
 under a stub API server (no real one), the MPIJob's sidecar, token and affinity, the least access, and the preview's
 warnings, each with an input that fails it."""
 
@@ -17,7 +17,7 @@ from checks import capacity as capacity_checks
 from workloads import maintenance, mpijob, recovery
 from workloads.placement import placement
 
-SCRIPTS = PROJECT_DIR / "workloads" / "scripts"
+SCRIPTS = PROJECT_DIR / "recipes"
 LABEL = "cloud.google.com/scheduled-maintenance-time"  # GKE "Monitor maintenance events", restated
 NOW = 1_800_000_000.0
 

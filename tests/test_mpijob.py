@@ -356,10 +356,10 @@ def test_nvidia_launcher_runs_deepspeed_with_the_shipped_script(nvidia_model: St
     script = container(job, "Launcher")["args"][0]
     assert script.splitlines()[-1] == (
         'run_ranks deepspeed --force_multi --hostfile "$HOSTSFILE" --master_addr "$MASTER_ADDR" '
-        "/etc/deepspeed/smoke_test.py --deepspeed_config /etc/deepspeed/ds_config.json")
+        "/etc/deepspeed/smoke_train.py --deepspeed_config /etc/deepspeed/ds_config.json")
     w = nvidia_model.workloads["ds-t4"]
     data = mpijob.config_map_data(w, placement(nvidia_model, w), has_token=False)
-    assert data["smoke_test.py"] == (PROJECT_DIR / "workloads" / "scripts" / "smoke_test.py").read_text()
+    assert data["smoke_train.py"] == (PROJECT_DIR / "recipes" / "smoke_train.py").read_text()
     assert json.loads(data["ds_config.json"])["fp16"]["enabled"] is True
     assert "Port 2222" in data["ssh_client.conf"].splitlines()
     mounts = {m["name"]: m["mountPath"] for m in container(job, "Launcher")["volumeMounts"]}
@@ -390,7 +390,7 @@ def test_a_kinds_own_launch_on_the_nvidia_path(nvidia_model: StackConfig) -> Non
         assert {"name": "out", "mountPath": "/out"} in c["volumeMounts"]
         assert out in job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["volumes"]
     data = mpijob.config_map_data(w, where, has_token=True, launch=launch)
-    assert data["finetune.py"] == "print('hi')\n" and "smoke_test.py" not in data
+    assert data["finetune.py"] == "print('hi')\n" and "smoke_train.py" not in data
     # The ranks get the variables over ssh: the launcher's client sends them (the workers' sshd accepts them).
     assert ("SendEnv HF_HOME no_proxy NO_PROXY CHECKPOINT_DIR MODEL_DIR PATH LD_LIBRARY_PATH HF_TOKEN "
             "HUGGING_FACE_HUB_TOKEN") in data["ssh_client.conf"].splitlines()
@@ -568,7 +568,7 @@ def test_nvidia_launch_script_must_exist() -> None:
     changes = {"workloads.j": {**copy.deepcopy(NVIDIA_WORKLOAD), "workers": 1, "launch": {"script": "nope.py"}},
                "mpiOperator.install": True, "nodePools[0].maxNodes": 4}
     assert only(problems("dev", changes)).startswith(
-        "workloads.j.launch.script: no file 'nope.py' in workloads/scripts (there: ")
+        "workloads.j.launch.script: no file 'nope.py' in recipes (there: ")
 
 
 def test_nfs_provisioner_rules() -> None:

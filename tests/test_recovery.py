@@ -158,7 +158,7 @@ def test_a_save_longer_than_the_spot_notice_is_flagged() -> None:
 
 
 def test_the_interval_says_it_is_minutes_and_which_flags_take_steps(prod: RunResult) -> None:
-    # The scripts' flags take steps (smoke_test.py --checkpoint-every, finetune.py --save-steps), and a step's time
+    # The scripts' flags take steps (smoke_train.py --checkpoint-every, finetune.py --save-steps), and a step's time
     # is unknown before a run: the table gives minutes and says how to convert.
     [(_, body)] = preemption_recovery(prod)
     assert "It is in minutes, and no flag takes minutes: the scripts' `--checkpoint-every` (CHECKPOINT_EVERY_STEPS;" \

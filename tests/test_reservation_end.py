@@ -191,7 +191,7 @@ def test_reservation_end_objects_are_valid_kubernetes() -> None:
     assert container["image"].startswith("registry.example/deepspeed@sha256:")  # the stack's image, by digest
     assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
     (config,) = [o for o in objects if o["kind"] == "ConfigMap"]
-    assert sorted(config["data"]) == ["kube_api.py", "reservation_end.py"]
+    assert sorted(config["data"]) == ["kube_api.py", "recipes.py", "reservation_end.py"]
 
 
 def test_the_requeue_access_is_the_minimum() -> None:

@@ -1,4 +1,4 @@
-"""The program the reservation-end CronJob runs (workloads/scripts/reservation_end.py) against a stub of the API
+"""The program the reservation-end CronJob runs (recipes/reservation_end.py) against a stub of the API
 server that answers as Kueue does (no real API server): the quota first, then only the Workloads admitted to the
 ending flavor deactivated, reactivated once Kueue has cleared their admission; nothing at a firing that is not the
 end's own (a year before it, on the first `pulumi up`, or a year after)."""
@@ -17,7 +17,7 @@ import yaml
 from conftest import PROJECT_DIR, load_file, reference
 from test_kueue import python_patterns
 
-SCRIPTS = PROJECT_DIR / "workloads" / "scripts"
+SCRIPTS = PROJECT_DIR / "recipes"
 UTC = datetime.UTC
 END = "2030-01-01T00:00:00Z"
 Q, FLAVOR, FALLBACK = "deepspeed", "h100-reserved", "h100-dws"

@@ -2,7 +2,7 @@
 
 After destroy_process_group() DeepSpeed still references the gloo groups, whose threads then race Python's teardown
 and the C++ destructors exit() runs: one `make e2e` finetune run in four aborted a finished rank there ("terminate
-called without an active exception", exit -6). finetune.py and smoke_test.py end with os._exit after flushing
+called without an active exception", exit -6). finetune.py and smoke_train.py end with os._exit after flushing
 their output. These tests run the scripts' real `__main__` blocks in a subprocess (no torch needed on the paths
 used) with an atexit handler standing for the teardown: it must not run, and the output must still arrive.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import PROJECT_DIR
 
-SCRIPTS = PROJECT_DIR / "workloads" / "scripts"
+SCRIPTS = PROJECT_DIR / "recipes"
 TEARDOWN = "TEARDOWN-RAN"
 
 
@@ -68,7 +68,7 @@ def test_smoke_test_usage_error_exits_2_without_teardown(tmp_path: Path) -> None
     config = tmp_path / "ds_config.json"
     config.write_text('{"train_micro_batch_size_per_gpu": 1}')
     # RANK past WORLD_SIZE: refused before torch is imported.
-    done = _run_as_main(SCRIPTS / "smoke_test.py", "--deepspeed_config", str(config),
+    done = _run_as_main(SCRIPTS / "smoke_train.py", "--deepspeed_config", str(config),
                         env={"PATH": "/usr/bin:/bin", "RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"})
     assert done.returncode == 2
     assert "[smoke] FAILED: RANK=3 is not below WORLD_SIZE=2" in done.stderr
@@ -140,7 +140,7 @@ def test_smoke_test_finalizes_mpi_before_the_hard_exit(tmp_path: Path) -> None:
             "mpi.Is_finalized = lambda: state['done']\n"
             "mpi.Finalize = lambda: (state.update(done=True), print('MPI-FINALIZED', flush=True))\n"
             "sys.modules['mpi4py.MPI'] = mpi\n")
-    done = _run_as_main(SCRIPTS / "smoke_test.py", "--deepspeed_config", str(config), preamble=fake,
+    done = _run_as_main(SCRIPTS / "smoke_train.py", "--deepspeed_config", str(config), preamble=fake,
                         env={"PATH": "/usr/bin:/bin", "RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"})
     assert done.returncode == 2
     assert done.stdout.count("MPI-FINALIZED") == 1

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from conftest import load_file
 
-SEND_PROMPT = Path(__file__).resolve().parent.parent / "workloads" / "scripts" / "send_prompt.py"
+SEND_PROMPT = Path(__file__).resolve().parent.parent / "recipes" / "send_prompt.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Evaluation and a gate in a deployed stack (issue 27 item 4): `serving.evaluation` on a server of adapters runs an
-evaluator container beside vLLM (workloads/scripts/evaluator.py, which runs evaluate.py against 127.0.0.1), and vLLM
+evaluator container beside vLLM (recipes/evaluator.py, which runs evaluate.py against 127.0.0.1), and vLLM
 serves an adapter only once the evaluator has scored it and loaded its copy from evals/<adapter>/adapter.
 
 The finetune stack's server `chat` serves tune's adapter (serving.fromWorkload) with a task of the bucket and a
@@ -26,7 +26,7 @@ S = "workloads.chat"
 BASE = "Qwen/Qwen2.5-7B-Instruct"  # tune's finetune.model in Pulumi.finetune.yaml
 TASK = "data/heldout.jsonl"
 EVALUATION = {f"{S}.serving.evaluation": {"task": TASK, "minImprovement": 0.05}}
-SCRIPTS = Path(__file__).resolve().parent.parent / "workloads" / "scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent / "recipes"
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +93,16 @@ def test_the_evaluator_runs_evaluate_py_beside_vllm(gated: RunResult) -> None:
     files = gated.one(CONFIG_MAP, "chat-server").inputs["data"]
     # evaluate.py and every module beside it that it imports (its task, finetune.py's record reading), as they are.
     assert set(files) == {"evaluator.py", "evaluate.py", "evaluate_task.py", "evaluate_metrics.py",
-                          "evaluate_copies.py", "finetune_data.py", "finetune_config.py", "client_endpoints.py"}
+                          "evaluate_copies.py", "finetune_data.py", "finetune_config.py", "client_endpoints.py",
+                          "contract.py", "recipes.py"}  # recipes.py: the package's __init__, shipped flat
     assert all(text == (SCRIPTS / name).read_text(encoding="utf-8") for name, text in files.items())
     import ast
 
     for name, text in files.items():
-        imported = {n.module for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom) and n.module}
+        # The package's own modules: `from recipes.NAME import ...` and `from recipes import NAME`.
+        imported = {m for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom) and n.module
+                    for m in ([a.name for a in n.names] if n.module == "recipes"
+                              else [n.module.removeprefix("recipes.")])}
         assert {f"{m}.py" for m in imported if (SCRIPTS / f"{m}.py").is_file()} <= set(files), name
 
 

@@ -1,6 +1,6 @@
 """One truth for adapters across replicas (issue 42 item 1): with `serving.evaluation` and more than one replica (or
 an autoscaler), one evaluator decides from a pod of its own (the `chat-evaluator` Deployment) and each replica runs
-the adapter loader beside vLLM (workloads/scripts/adapter_loader.py: tests/test_adapter_loader.py drives its logic),
+the adapter loader beside vLLM (recipes/adapter_loader.py: tests/test_adapter_loader.py drives its logic),
 Ready only once it serves what was decided. The finetune stack's `chat` server, scaled to two replicas."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 S = "workloads.chat"
 EVALUATION = {f"{S}.serving.evaluation": {"task": "data/heldout.jsonl", "minImprovement": 0.05}}
 FLEET = {**EVALUATION, f"{S}.serving.replicas": 2, "nodePools[1].maxNodes": 4}
-SCRIPTS = Path(__file__).resolve().parent.parent / "workloads" / "scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent / "recipes"
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,7 @@ def test_the_server_loads_the_base_and_the_adapter_under_the_trainers_name(finet
     assert env["MODEL_DIR"] == "/gcs/models/tune"
     # tune's prompt/response records went through Qwen's chat template: it is asked on the chat endpoint.
     assert finetune.outputs["servingEndpoints"]["chat"]["prompt"] == (
-        'python workloads/scripts/send_prompt.py --openai --chat --url http://localhost:8000 --model tune '
+        'python -m recipes.send_prompt --openai --chat --url http://localhost:8000 --model tune '
         '"What is DeepSpeed?"')
 
 

@@ -32,7 +32,7 @@ from planner.sizing import INFERENCE, Request, estimate, resolve
 from workloads import serving_group
 from workloads.kinds import serve, serve_nodes
 
-SCRIPT = Path(__file__).resolve().parent.parent / "workloads" / "scripts" / serving_group.GROUP_SCRIPT
+SCRIPT = Path(__file__).resolve().parent.parent / "recipes" / serving_group.GROUP_SCRIPT
 LWS = serving_group.TYPE_TOKEN
 H100_MEGA = "nvidia-h100-mega-80gb"
 

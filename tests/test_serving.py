@@ -213,7 +213,7 @@ def test_endpoint_in_the_outputs(serve: RunResult) -> None:
     assert serve.outputs["servingEndpoints"] == {"chat": {
         "endpoint": "http://chat.serving.svc.cluster.local:8000/v1",
         "portForward": "kubectl -n serving port-forward svc/chat 8000:8000",
-        "prompt": 'python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 '
+        "prompt": 'python -m recipes.send_prompt --openai --url http://localhost:8000 '
                   '--model Qwen/Qwen2.5-7B-Instruct "What is DeepSpeed?"',
         "servedModel": "Qwen/Qwen2.5-7B-Instruct"}}
     summary = serve.outputs["workloads"]["chat"]
@@ -284,7 +284,7 @@ def test_mii_runs_its_entry_script_behind_its_own_port(mii: RunResult) -> None:
     volumes = {v["name"]: v for v in pod(mii)["spec"]["volumes"]}
     assert volumes[mounts["/app"]]["configMap"]["name"] == "chat-server"
     cm = mii.one(CONFIG_MAP, "chat-server").inputs["data"]
-    assert cm["serve.py"] == (PROJECT_DIR / "workloads" / "scripts" / "serve.py").read_text(encoding="utf-8")
+    assert cm["serve.py"] == (PROJECT_DIR / "recipes" / "serve.py").read_text(encoding="utf-8")
     assert [p["port"] for p in mii.one(SERVICE).inputs["spec"]["ports"]] == [51080, 8000]
     # The NetworkPolicy admits allowFrom to the two API ports only (never 28080: nothing listens there but on
     # loopback anyway).
@@ -487,7 +487,7 @@ def test_model_path_needs_the_bucket_mount() -> None:
 
 # --- the MII entry script under a stub of MII -----------------------------------------------------
 
-SERVE_PY = PROJECT_DIR / "workloads" / "scripts" / "serve.py"
+SERVE_PY = PROJECT_DIR / "recipes" / "serve.py"
 # deepspeed-mii 0.3.3's keyword arguments of mii.serve: the fields of mii.config.ModelConfig and MIIConfig (read
 # from the wheel's mii/config.py); the real mii.serve raises UnknownArgument for anything else.
 MII_MODEL_FIELDS = {"model_name_or_path", "tokenizer", "task", "tensor_parallel", "quantization_mode",
@@ -667,7 +667,7 @@ def test_the_served_port_forwards_prompts_answers_health_and_hides_terminate(ser
 
 # --- send_prompt.py: the documented way to send one prompt ----------------------------------------
 
-SEND_PROMPT = PROJECT_DIR / "workloads" / "scripts" / "send_prompt.py"
+SEND_PROMPT = PROJECT_DIR / "recipes" / "send_prompt.py"
 
 
 @pytest.fixture(scope="module")
@@ -693,7 +693,7 @@ def test_send_prompt_builds_mii_rest_requests(send_prompt: types.ModuleType, mii
 
 def test_send_prompt_builds_openai_requests(send_prompt: types.ModuleType, serve: RunResult) -> None:
     # The stack's own prompt command for its vLLM server, as the preview prints it.
-    argv = shlex.split(serve.outputs["servingEndpoints"]["chat"]["prompt"])[2:]
+    argv = shlex.split(serve.outputs["servingEndpoints"]["chat"]["prompt"])[3:]  # python -m recipes.send_prompt
     assert argv == ["--openai", "--url", "http://localhost:8000", "--model", "Qwen/Qwen2.5-7B-Instruct",
                     "What is DeepSpeed?"]
     args = send_prompt.parse_args(["--openai", "--url", "http://localhost:8000", "--model",
@@ -768,7 +768,7 @@ def test_preview_lists_the_server_with_its_cost_and_the_prompt_command(serve: Ru
             f"${node * 730:,.2f} |") in body
     assert "priced as the pool pays (on demand or spot) from data/gpu_catalog.yaml (" in body
     assert "kubectl -n serving port-forward svc/chat 8000:8000 &" in body
-    assert ('python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model '
+    assert ('python -m recipes.send_prompt --openai --url http://localhost:8000 --model '
             'Qwen/Qwen2.5-7B-Instruct "What is DeepSpeed?"') in body
 
 

@@ -1,4 +1,4 @@
-"""The workers' preStop hook (workloads/scripts/stop_ranks.py) and where the stack puts it.
+"""The workers' preStop hook (recipes/stop_ranks.py) and where the stack puts it.
 
 Kubernetes sends SIGTERM to each container's main process only; a worker's is sshd, which exits without signalling
 its sessions. The hook must find the ranks (and only the ranks: never DeepSpeed's per-node launcher, whose own
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import PROJECT_DIR, load_file, stack_run
 
-SCRIPT = PROJECT_DIR / "workloads" / "scripts" / "stop_ranks.py"
+SCRIPT = PROJECT_DIR / "recipes" / "stop_ranks.py"
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 STACKS = ("gaudi", "h100", "dws", "finetune")  # the example stacks with MPIJobs

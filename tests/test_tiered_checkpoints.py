@@ -16,7 +16,7 @@ from planner import recovery
 from preview.engine import RunResult
 from preview.sections.recovery import section
 
-SCRIPTS = PROJECT_DIR / "workloads" / "scripts"
+SCRIPTS = PROJECT_DIR / "recipes"
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
 W = "workloads.tune"
 # The finetune stack's pool (g2-standard-48) takes 4 local SSDs (data/gpu_catalog.yaml machineDisks) and has none.
@@ -134,7 +134,7 @@ def test_the_script_takes_the_local_folder_from_the_flag_or_the_contracts_variab
     assert finetune.parse_args(base, {"LOCAL_CHECKPOINT_DIR": "/local-checkpoints"}).local_checkpoint_dir == \
         "/local-checkpoints"
     assert finetune.parse_args([*base, "--local-checkpoint-dir", "/x"], {}).local_checkpoint_dir == "/x"
-    with pytest.raises(finetune.UsageError, match="--copy-rate-mb must be above 0"):
+    with pytest.raises(finetune.UsageError, match="--copy-rate-mb must be more than 0"):
         finetune.parse_args([*base, "--copy-rate-mb", "0"], {})
 
 

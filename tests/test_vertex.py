@@ -131,7 +131,7 @@ def test_every_replica_is_told_where_stop_ranks_py_is_and_the_stack_uploads_it()
     for pool in spec["workerPoolSpecs"]:
         assert pool["containerSpec"]["env"] == [
             {"name": "VERTEX_STOP_RANKS", "value": "/gcs/bkt/deepspeed-stack/scripts/stop_ranks.py"}]
-    hook = (Path(__file__).resolve().parent.parent / "workloads" / "scripts" / "stop_ranks.py").read_text()
+    hook = (Path(__file__).resolve().parent.parent / "recipes" / "stop_ranks.py").read_text()
     assert vertex_files(vertex()) == {"deepspeed-stack/scripts/stop_ranks.py": hook}
 
 

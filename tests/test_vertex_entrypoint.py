@@ -640,7 +640,7 @@ def test_start_primary_fails_when_a_host_never_answers(sandbox: dict[str, Any]) 
 # SIGTERM: Vertex AI signals each replica's main process (vertex_start.sh) only
 # --------------------------------------------------------------------------------------------
 
-STOP_RANKS = ROOT / "workloads" / "scripts" / "stop_ranks.py"
+STOP_RANKS = ROOT / "recipes" / "stop_ranks.py"
 
 # A rank: LOCAL_RANK in its environment (as DeepSpeed's launcher sets it), saves on SIGTERM and exits 143.
 FAKE_RANK = """#!/bin/bash

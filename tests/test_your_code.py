@@ -1,4 +1,4 @@
-"""Your code without forking (issue 18 item 2): `launch.script` from the bucket, the image or workloads/scripts/user/,
+"""Your code without forking (issue 18 item 2): `launch.script` from the bucket, the image or recipes/user/,
 `launch.command` that replaces only the DeepSpeed command line, and a user's script that never breaks the project's
 own tests or lint."""
 
@@ -60,7 +60,7 @@ def test_launch_command_replaces_only_the_deepspeed_line() -> None:
     assert 'printf "PATH=%s\\nLD_LIBRARY_PATH=%s\\n" "$PATH" "${LD_LIBRARY_PATH:-}" >> "$HOME/.deepspeed_env"' in lines
     assert lines[-2] == "cd /etc/deepspeed"
     assert not [line for line in lines if "--force_multi" in line or "run_ranks" in line]  # the stack's line is gone
-    assert "smoke_test.py" not in files  # the command runs what it names: no script shipped
+    assert "smoke_train.py" not in files  # the command runs what it names: no script shipped
 
 
 def test_a_script_in_the_bucket_runs_from_the_mount() -> None:
@@ -69,14 +69,15 @@ def test_a_script_in_the_bucket_runs_from_the_mount() -> None:
     assert _rank(launcher)[1:3] == ["--deepspeed_config", "/etc/deepspeed/ds_config.json"]
     # Only the workers' preStop hook and the launcher's maintenance watch are shipped: the training script runs from
     # the bucket.
-    assert sorted(k for k in files if k.endswith(".py")) == ["kube_api.py", "maintenance_watch.py", "stop_ranks.py"]
+    assert sorted(k for k in files if k.endswith(".py")) == ["kube_api.py", "maintenance_watch.py", "recipes.py",
+                                                                 "stop_ranks.py"]
     assert _problems({**BUCKET, "workloads.smoke.launch.script": "gs://team-bucket/code/train.py"}) == []
     assert _problems({**BUCKET, "workloads.smoke.launch.script": "/gcs/code/train.py"}) == []
 
 
 def test_a_path_in_the_image_runs_where_it_is() -> None:
     launcher, files = _launcher({"workloads.smoke.launch.script": "/opt/app/train.py"})
-    assert _rank(launcher)[0] == "/opt/app/train.py" and "smoke_test.py" not in files
+    assert _rank(launcher)[0] == "/opt/app/train.py" and "smoke_train.py" not in files
     assert _problems({"workloads.smoke.launch.script": "/opt/app/train.py"}) == []
 
 
@@ -96,9 +97,9 @@ def test_a_path_in_the_image_runs_where_it_is() -> None:
      f"{SCRIPT_KEY}: /gcs/train.py is under the bucket's mount path /gcs, but the pods do not mount the bucket; set "
      "workloads.smoke.gcsFuse.enabled: true"),
     ({"workloads.smoke.launch.script": "user/absent.py"},
-     f"{SCRIPT_KEY}: no file 'absent.py' in workloads/scripts/user (there: "),
+     f"{SCRIPT_KEY}: no file 'absent.py' in recipes/user (there: "),
     ({"workloads.smoke.launch.script": "code/train.py"},
-     f"{SCRIPT_KEY}: no file 'code/train.py' in workloads/scripts (there: "),
+     f"{SCRIPT_KEY}: no file 'code/train.py' in recipes (there: "),
 ])
 def test_a_script_the_ranks_cannot_reach_is_refused(changes: dict[str, Any], expected: str) -> None:
     (found,) = [p for p in _problems(changes) if p.startswith(SCRIPT_KEY)]
@@ -121,13 +122,13 @@ def test_a_user_script_ships_under_its_own_key(tmp_path: Path, monkeypatch: pyte
     assert _problems({"workloads.smoke.launch.script": "user/train.py"}) == []
 
 
-@pytest.mark.parametrize(("name", "linted"), [("workloads/scripts/user/mine.py", False),
-                                              ("workloads/scripts/mine.py", True)])
+@pytest.mark.parametrize(("name", "linted"), [("recipes/user/mine.py", False),
+                                              ("recipes/mine.py", True)])
 def test_user_scripts_are_not_linted(name: str, linted: bool) -> None:
-    """pyproject.toml: ruff leaves workloads/scripts/user/ alone; the project's own scripts stay linted. The file is
+    """pyproject.toml: ruff leaves recipes/user/ alone; the project's own scripts stay linted. The file is
     given on stdin under that name, so nothing is written into the checkout."""
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--force-exclude",
                              "--stdin-filename", name, "-"], input="import os\n", cwd=PROJECT_DIR,
                             capture_output=True, text=True, check=False)
     assert (result.returncode != 0) is linted, result.stdout
-    assert (PROJECT_DIR / "workloads" / "scripts" / "user" / "README.md").is_file()  # the folder, saying what it is
+    assert (PROJECT_DIR / "recipes" / "user" / "README.md").is_file()  # the folder, saying what it is

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import shlex
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -20,12 +19,15 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import HelmWorkloadConfig
+from recipes.contract import HERE as RECIPES_DIR
+from recipes.contract import HF_TOKEN_PATH_ENV
+from recipes.contract import sources as recipe_sources
 from workloads import fabric, gcs_fuse, pod_security, recovery
 from workloads.ds_config import build_ds_config, nvme_volume, runs_hf_trainer
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, SYSTEM_POOL_SELECTOR, Placement, config_digest
 from workloads.placement import labels as workload_labels
 
-SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
+SCRIPTS_DIR = RECIPES_DIR  # recipes/
 CHART = "deepspeed"
 # The chart mounts the source ConfigMap at /app (client and workers) and its generated hostfile
 # (`<worker>-N.<worker>-headless slots=<slotsPerNode>`) as /job/hostfile on the client.
@@ -94,13 +96,13 @@ def source_files(w: HelmWorkloadConfig, per_worker: int, with_token: bool = Fals
     ds = build_ds_config(w.deepspeed, w.workers, per_worker, hf_trainer=runs_hf_trainer(w.launch.script))
     files = {DS_CONFIG_FILE: json.dumps(ds, indent=2) + "\n", **recovery.stop_ranks_file()}
     if with_token:
-        files[DEEPSPEED_ENV_FILE] = f"HF_TOKEN_PATH={HF_TOKEN_FILE}\n"
+        files[DEEPSPEED_ENV_FILE] = f"{HF_TOKEN_PATH_ENV}={HF_TOKEN_FILE}\n"
     contract = fabric.pod_contract(where)
     if contract is not None:
         files.update(contract.files())
     script = SCRIPTS_DIR / w.launch.script
     if script.is_file():  # a config check requires it unless launch.command is set
-        files[w.launch.script] = script.read_text(encoding="utf-8")
+        files.update(recipe_sources(w.launch.script, "contract.py"))  # with recipes.py: the package's __init__
     return files
 
 
@@ -150,7 +152,7 @@ def _pod_values(w: HelmWorkloadConfig, where: Placement, token_secret: str | Non
         volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": token_secret, "defaultMode": 0o440,
                                                          "items": [{"key": TOKEN_KEY, "path": "token"}]}})
         mounts.append({"name": TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True})
-        pod["extraEnvVars"] = [{"name": "HF_TOKEN_PATH", "value": HF_TOKEN_FILE}]  # the path, not the token
+        pod["extraEnvVars"] = [{"name": HF_TOKEN_PATH_ENV, "value": HF_TOKEN_FILE}]  # the path, not the token
     if gcs:
         volumes.append(gcs_fuse.volume(gcs))
         mounts.append(gcs_fuse.volume_mount(gcs))

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -39,6 +38,7 @@ import msgspec
 from model.fabric import Fabric, pool_fabric
 from model.fabric import load as load_fabrics
 from model.types import NodePoolConfig
+from recipes import contract as recipe_contract
 from workloads.placement import Placement
 
 INTERFACES_ANNOTATION = "networking.gke.io/interfaces"
@@ -46,10 +46,10 @@ DEFAULT_INTERFACE_ANNOTATION = "networking.gke.io/default-interface"
 DEVICES_ANNOTATION = "devices.gke.io/container.{name}"
 LIBRARY_PATH = "/usr/local/nvidia/lib64"
 ENV_SCRIPT = "nccl_env.sh"
-# What reads NCCL's init lines in a rank (workloads/scripts/nccl_network.py), shipped beside the job's script, and the
+# What reads NCCL's init lines in a rank (recipes/nccl_network.py), shipped beside the job's script, and the
 # variables it reads (the same names as there: tests/test_fabric_in_use.py).
 CHECK_SCRIPT = "nccl_network.py"
-CHECK_SOURCE = Path(__file__).resolve().parent / "scripts" / CHECK_SCRIPT
+CHECK_SOURCE = recipe_contract.HERE / CHECK_SCRIPT
 NETWORK_ENV = "FABRIC_NCCL_NETWORK"
 FABRIC_ENV = "FABRIC_NAME"
 
@@ -71,8 +71,9 @@ class PodContract(msgspec.Struct, frozen=True):
 
     def files(self) -> dict[str, str]:
         """What a job's ConfigMap ships beside its script on a fabric pool: the env script every rank runs through,
-        and the module that reads NCCL's init lines."""
-        return {ENV_SCRIPT: self.env_script, CHECK_SCRIPT: CHECK_SOURCE.read_text(encoding="utf-8")}
+        and the module that reads NCCL's init lines (the programs import it as recipes.nccl_network: with the
+        package's recipes.py)."""
+        return {ENV_SCRIPT: self.env_script, **recipe_contract.sources(CHECK_SCRIPT)}
 
 
 def interfaces(f: Fabric) -> list[dict[str, str]]:

@@ -1,12 +1,12 @@
-"""The `finetune` kind's launch: workloads/scripts/finetune.py on every rank of an NVIDIA MPIJob, its arguments from
+"""The `finetune` kind's launch: recipes/finetune.py on every rank of an NVIDIA MPIJob, its arguments from
 the typed `finetune` keys (the fine-tuning contract), CHECKPOINT_DIR and MODEL_DIR in the environment, the token as
 a mounted file, the launcher's data check before the ranks, and the rules that mirror what the script refuses.
 
-The script is the contract's one source: its pure parts (formats, file endings, the LoRA/ZeRO/precision
-combinations it cannot run) are read from its own modules (`script_module`), not copied here, so the stack refuses
-exactly what the script would refuse at start-up, before anything is created. finetune.py is a small package of flat
-modules (finetune_*.py beside it): the job's ConfigMap ships them all (a ConfigMap key has no '/'), and Python finds
-them in the script's own folder.
+The recipe is the one source of what it reads: its pure parts (formats, file endings, the LoRA/ZeRO/precision
+combinations it cannot run) are imported from the recipes package, not copied here, so the stack refuses exactly what
+the script would refuse at start-up, before anything is created. finetune.py and its modules (finetune_*.py,
+contract.py) are the recipes package: the job's ConfigMap ships them flat (a ConfigMap key has no '/') with the
+package's __init__ as recipes.py (recipes/contract.py `sources`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from model import chat_templates, training_speed
 from model.types import FinetuneWorkloadConfig, MpiJobWorkloadConfig, StackConfig
 from model.validators import at
 from planner import run_hours
+from recipes import contract
 from workloads import recipe
 from workloads.mpijob import script_source
 from workloads.mpijob.nvidia import NvidiaLaunch, output_env
@@ -32,9 +33,9 @@ SCRIPTS = recipe.SCRIPTS
 SCRIPT = recipe.SCRIPT
 LIBRARY_GLOB = recipe.LIBRARY_GLOB  # finetune.py's modules, shipped beside it
 TEMPLATE_KEY = recipe.TEMPLATE_NAME  # the named chat template's file in the ConfigMap
-TOKEN_PATH_ENV = "HF_TOKEN_PATH"  # the contract: the ranks read a gated model's token from this file
+TOKEN_PATH_ENV = contract.HF_TOKEN_PATH_ENV  # the ranks read a gated model's token from this file
 POOLS_ENV = "FINETUNE_POOLS"  # finetune_fabric.POOLS_ENV: the run's pool, then its fallbackPool
-STACK_KEYS_ENV = "FINETUNE_STACK_KEYS"  # finetune_config.STACK_KEYS_ENV: the stack's key for each flag it sets
+STACK_KEYS_ENV = contract.STACK_KEYS_ENV  # the stack's key for each flag it sets
 # A worker whose sshd died restarts in place, and the launcher (OnFailure, up to runPolicy.backoffLimit) resumes the
 # run from the newest checkpoint: the script finds it by itself (workloads/recovery.py).
 WORKER_RESTART_POLICY = "OnFailure"
@@ -135,11 +136,11 @@ def env(w: FinetuneWorkloadConfig, has_token: bool) -> dict[str, str]:
 
 def files(w: FinetuneWorkloadConfig) -> dict[str, str]:
     """What the job's ConfigMap ships beside ds_config.json: the script (when it is the project's or yours under
-    workloads/scripts/user), finetune.py's modules beside it, and the named chat template."""
+    recipes/user), finetune.py's modules beside it, and the named chat template."""
     shipped = script_source.source(w).files
     if not shipped:  # a script of the bucket or the image, or `launch.command`: nothing of ours to ship
         return {}
-    library = {p.name: p.read_text(encoding="utf-8") for p in sorted(SCRIPTS.glob(LIBRARY_GLOB))}
+    library = contract.sources(*sorted(p.name for p in SCRIPTS.glob(LIBRARY_GLOB)), "contract.py")
     text = chat_templates.template(w.finetune.chat_template)
     return {**shipped, **library, **({TEMPLATE_KEY: text} if text is not None else {})}
 

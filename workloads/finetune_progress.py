@@ -1,4 +1,4 @@
-"""What finetune.py's progress callback (workloads/scripts/finetune_progress.py) needs from the stack, in the ranks'
+"""What finetune.py's progress callback (recipes/finetune_progress.py) needs from the stack, in the ranks'
 environment: the GPU's peak dense TFLOPS in the run's precision and the model's FLOPs per token (MFU as the run's
 estimate defines it, planner/run_estimate.py: 6N full, 4N LoRA, without the recomputation, over
 data/gpu_catalog.yaml peakTflops), the stack's $/h while the run trains (its pool's nodes at the price it pays and

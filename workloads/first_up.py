@@ -12,7 +12,7 @@ side (no dependency they do not need), with one exception: training.
 
 A training workload (a DeepSpeed kind: helm, mpijob, finetune) on a pool an NCCL test measures waits for that test
 whether or not they compete for nodes (issue 31.3). The test fails below its machine type's pass line
-(workloads/scripts/nccl_bench.py, data/gpu_fabric.yaml), and a fabric that slow, or one NCCL did not use at all, makes
+(recipes/nccl_bench.py, data/gpu_fabric.yaml), and a fabric that slow, or one NCCL did not use at all, makes
 every step of a multi-node job wait on its collectives: on A3 Mega, 16 GPUs billed at ~$188/h for a fraction of their
 work, for days. Started side by side, the training would already be running (and paying) when the test failed; ordered,
 a failed test stops `pulumi up` before the training is created. A model server (serve) is not held back: it does not

@@ -4,7 +4,7 @@ GPU VMs do not live-migrate; Compute Engine terminates them for host maintenance
 as the label `cloud.google.com/scheduled-maintenance-time=<Unix seconds>` (GKE 1.31.1-gke.2008000 and later for GPU
 machine types; data/capacity.yaml `maintenance`). The stack:
 
-- runs workloads/scripts/maintenance_watch.py as a native sidecar of the launcher (the system pool: nothing taken
+- runs recipes/maintenance_watch.py as a native sidecar of the launcher (the system pool: nothing taken
   from a GPU node's allocatable), in the stack's image, from the job's ConfigMap. It reads each worker's node every
   minute and evicts a worker once its node's maintenance is less than the workers' grace period plus LEAD_MARGIN
   away: the worker's preStop hook makes the ranks save together, and the launcher's next attempt resumes;
@@ -33,10 +33,11 @@ from typing import Any
 
 from model import capacity
 from model.types import MpiJobBaseConfig
+from recipes import contract
 from workloads import recovery
 from workloads.placement import Placement
 
-PROGRAM, API = "maintenance_watch.py", "kube_api.py"  # workloads/scripts, shipped in the job's ConfigMap
+PROGRAM, API = "maintenance_watch.py", "kube_api.py"  # recipes/, shipped in the job's ConfigMap
 SIDECAR = "maintenance-watch"
 TOKEN_VOLUME = "maintenance-watch-token"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where kube_api.py reads it (the usual place)
@@ -65,7 +66,7 @@ def worker_pods(w: MpiJobBaseConfig) -> list[str]:
 
 
 def files() -> dict[str, str]:
-    return {name: (recovery.STOP_RANKS_SCRIPT.parent / name).read_text(encoding="utf-8") for name in (PROGRAM, API)}
+    return contract.sources(PROGRAM, API)
 
 
 def token_volume() -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """NcclTest: the first thing to run on a new GPU fabric pool. An Indexed Job with one pod per node (all its
 GPUs), a headless Service that gives each pod a DNS name, and a ConfigMap with the benchmark; `torchrun`
 starts one rank per GPU on every node and rank 0 prints the bus bandwidth of all_gather / all_reduce
-(workloads/scripts/nccl_bench.py), to compare with Google's figures in the README.
+(recipes/nccl_bench.py), to compare with Google's figures in the README.
 
 Like Google's nccl-test manifests (container-engine-accelerators `*/nccl-test-latest.yaml`), each pod gets the
 fabric's pod contract (workloads/fabric.py): its NICs, the RxDM daemon, the plugin libraries and the NCCL
@@ -14,7 +14,6 @@ Rendered as plain dicts by pure functions, validated with kubernetes-validate in
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,10 +23,11 @@ import pulumi_kubernetes as k8s
 from model import serving_engines
 from model.fabric import pass_line, pool_fabric
 from model.types import NcclTestConfig, NodePoolConfig
+from recipes import contract
 from workloads import fabric, pod_security
 from workloads.placement import GKE_ACCELERATOR_LABEL, NVIDIA_RESOURCE, fitted_cpu_memory
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "nccl_bench.py"
+SCRIPT = contract.HERE / "nccl_bench.py"
 CONFIG_DIR = "/etc/nccl-test"
 RUN_SCRIPT = "run.sh"
 BENCH_SCRIPT = "nccl_bench.py"

@@ -1,6 +1,7 @@
 """The fine-tuning recipe on every platform: the `finetune` keys (model/schema.yaml `$defs.finetuneRun`, one
-definition) -> workloads/scripts/finetune.py's arguments, by ONE function (`recipe_args`), and the rules on those
-keys that do not depend on where the run happens.
+definition) -> recipes/finetune.py's arguments, rendered by the recipe's contract (recipes/contract.py FINETUNE:
+each flag's key, type, default and bounds, declared once), and the rules on those keys that do not depend on where
+the run happens.
 
 Three platforms run the same recipe with the same keys:
 - GKE NVIDIA pools (kind finetune, workloads/kinds/finetune.py): data under the bucket's GCS FUSE mount;
@@ -9,18 +10,18 @@ Three platforms run the same recipe with the same keys:
 
 What differs is only the roots (`RecipeRoots`): where relative data paths are read, where checkpoints and the model
 go (<output>/checkpoints/<run>, <output>/models/<run>: the contract's layout everywhere), and where ds_config.json and
-a named chat template lie. The script is the contract's one source: its pure parts (formats, file endings, the
-LoRA/ZeRO/precision combinations it cannot run) are read from its own modules (`script_module`), not copied here.
+a named chat template lie. The recipe is the one source of what it reads: its pure parts (formats, file endings, the
+LoRA/ZeRO/precision combinations it cannot run) are imported from the recipes package, not copied here.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import sys
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from types import ModuleType
+from typing import Any
 
 import msgspec
 
@@ -29,25 +30,20 @@ from model.types import DeepSpeedConfig, FinetuneConfig
 from model.validators import at
 from model.workload_types import eval_path, run_dirs
 from planner.model_ids import id_problem
+from recipes import contract, finetune_config, finetune_data
+from recipes.contract import DS_CONFIG_NAME, FINETUNE, TEMPLATE_NAME, number
 from workloads import script_flags
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCRIPTS = contract.HERE  # recipes/: every program the stack runs in a container
 SCRIPT = SCRIPTS / "finetune.py"
 LIBRARY_GLOB = "finetune_*.py"  # finetune.py's modules, shipped beside it
-DS_CONFIG_NAME = "ds_config.json"
-TEMPLATE_NAME = "chat_template.jinja"  # a named chat template's file beside ds_config.json
+__all__ = ["DS_CONFIG_NAME", "TEMPLATE_NAME", "number"]
 
 
 @functools.cache
 def script_module(name: str) -> ModuleType:
-    """One of finetune.py's modules (`finetune_data`, `finetune_config`, ...), imported by its own name as the script
-    imports it on the cluster; their tops import only the standard library (tests/test_finetune_script.py holds them
-    to that). The scripts' folder is on sys.path only while it loads."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    """A module of the recipes package by its name (`finetune_tiered`): for e2e/run.py, which names them so."""
+    return importlib.import_module(f"recipes.{name}")
 
 
 class RecipeRoots(msgspec.Struct, frozen=True):
@@ -70,11 +66,6 @@ class RecipeRoots(msgspec.Struct, frozen=True):
         return run_dirs(self.output, self.name)[1]
 
 
-def number(value: float) -> str:
-    """A float argument as the script's argparse reads it: 1.0 -> 1, 0.0003 -> 0.0003."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
 def eval_fraction(f: FinetuneConfig) -> float | None:
     """`evalSplit` as a fraction of the records (`pulumi config set` may store 0.05 as text); None for a file."""
     if f.eval_split is None or eval_path(f) is not None:
@@ -95,80 +86,55 @@ def data_paths(f: FinetuneConfig) -> list[str]:
     return [path for path in (f.model_path, f.dataset_path, eval_path(f)) if path]
 
 
-def recipe_args(f: FinetuneConfig, learning_rate: float, roots: RecipeRoots) -> list[str]:
-    """finetune.py's arguments from the `finetune` keys, on every platform. The precision, batch sizes and clipping
-    are ds_config.json's (the script sets the Trainer to match); the output folders are given as arguments too (they
+def recipe_values(f: FinetuneConfig, learning_rate: float, roots: RecipeRoots) -> dict[str, Any]:
+    """finetune.py's option values (recipes/contract.py FINETUNE) from the `finetune` keys, on every platform; None:
+    the flag is left out and the script's own default applies. The precision, batch sizes and clipping are
+    ds_config.json's (the script sets the Trainer to match); the output folders are given as arguments too (they
     equal CHECKPOINT_DIR and MODEL_DIR where the platform also sets those), so the layout never depends on which
     environment variables reach a rank over ssh."""
-    args = ["--deepspeed", f"{roots.config}/{DS_CONFIG_NAME}", "--model", model_arg(f, roots),
-            "--dataset", dataset_arg(f, roots), "--format", f.format]
-    if f.record_format != "auto":
-        args += ["--records", f.record_format]
-    if f.prompt_field:
-        args += ["--prompt-field", f.prompt_field, "--response-field", f.response_field or ""]
-    elif f.text_field is not None:
-        args += ["--text-field", f.text_field]
-    for flag, value in (("--messages-field", f.messages_field), ("--role-field", f.role_field),
-                        ("--content-field", f.content_field)):
-        if value is not None:
-            args += [flag, value]
-    if f.roles:
-        args += ["--roles", *(f"{name}={role}" for name, role in sorted(f.roles.items()))]
-    if f.chat_template != chat_templates.AUTO:
-        named = f.chat_template not in (chat_templates.AUTO, chat_templates.RAW)
-        args += ["--chat-template", f"{roots.config}/{TEMPLATE_NAME}" if named else f.chat_template]
-    if (path := eval_path(f)) is not None:
-        args += ["--eval-split", roots.under(path)]
-    elif (fraction := eval_fraction(f)) is not None:
-        args += ["--eval-split", number(fraction)]
-    args += ["--seq-len", str(f.sequence_length)]
-    if f.packing is not None:  # unset: the script's auto (text packed into blocks, chat and prompt/completion not)
-        args += ["--packing", "on" if f.packing else "off"]
-    # One or the other (the rules refuse both); neither: the script's own default, one pass over the data.
-    if f.max_steps is not None:
-        args += ["--max-steps", str(f.max_steps)]
-    elif f.epochs is not None:
-        args += ["--epochs", number(f.epochs)]
-    args += ["--learning-rate", number(learning_rate), "--save-steps", str(f.save_steps)]
-    if f.gradient_checkpointing:
-        args.append("--gradient-checkpointing")
-    if f.lora.enabled:
-        lora = f.lora
-        args += ["--lora", "--lora-rank", str(lora.rank), "--lora-alpha", number(lora.alpha),
-                 "--lora-dropout", number(lora.dropout), "--lora-export", lora.export,
-                 "--lora-target-modules", *lora.target_modules]
-    return [*args, "--checkpoint-dir", roots.checkpoint_dir, "--model-dir", roots.model_dir]
+    named = f.chat_template not in (chat_templates.AUTO, chat_templates.RAW)
+    fraction, path = eval_fraction(f), eval_path(f)
+    return {
+        "deepspeed": f"{roots.config}/{DS_CONFIG_NAME}", "model": model_arg(f, roots),
+        "dataset": dataset_arg(f, roots), "format": f.format,
+        "records": None if f.record_format == "auto" else f.record_format,
+        "prompt_field": f.prompt_field or None, "response_field": (f.response_field or "") if f.prompt_field else None,
+        "text_field": None if f.prompt_field else f.text_field, "messages_field": f.messages_field,
+        "role_field": f.role_field, "content_field": f.content_field,
+        "roles": [f"{name}={role}" for name, role in sorted(f.roles.items())] or None,
+        "chat_template": None if f.chat_template == chat_templates.AUTO else (
+            f"{roots.config}/{TEMPLATE_NAME}" if named else f.chat_template),
+        "eval_split": roots.under(path) if path is not None else fraction,
+        "seq_len": f.sequence_length,
+        # unset: the script's auto (text packed into blocks, chat and prompt/completion not)
+        "packing": None if f.packing is None else "on" if f.packing else "off",
+        # One or the other (the rules refuse both); neither: the script's own default, one pass over the data.
+        "max_steps": f.max_steps, "epochs": f.epochs if f.max_steps is None else None,
+        "learning_rate": learning_rate, "save_steps": f.save_steps,
+        "gradient_checkpointing": f.gradient_checkpointing, "lora": f.lora.enabled,
+        **({"lora_rank": f.lora.rank, "lora_alpha": f.lora.alpha, "lora_dropout": f.lora.dropout,
+            "lora_export": f.lora.export, "lora_target_modules": f.lora.target_modules} if f.lora.enabled else {}),
+        "checkpoint_dir": roots.checkpoint_dir, "model_dir": roots.model_dir,
+    }
+
+
+def recipe_args(f: FinetuneConfig, learning_rate: float, roots: RecipeRoots) -> list[str]:
+    """finetune.py's arguments from the `finetune` keys, on every platform: the contract renders them."""
+    return FINETUNE.argv(recipe_values(f, learning_rate, roots))
 
 
 def recipe_files(f: FinetuneConfig, ds_config_text: str) -> dict[str, str]:
-    """What lies in the config folder beside the script: finetune.py, its modules, ds_config.json and a named chat
-    template (file name -> text)."""
-    library = {p.name: p.read_text(encoding="utf-8") for p in sorted(SCRIPTS.glob(LIBRARY_GLOB))}
+    """What lies in the config folder beside the script: finetune.py, its modules (with the package's __init__ as
+    recipes.py: recipes/contract.py `sources`), ds_config.json and a named chat template (file name -> text)."""
+    library = sorted(p.name for p in SCRIPTS.glob(LIBRARY_GLOB))
     template = chat_templates.template(f.chat_template)
-    return {SCRIPT.name: SCRIPT.read_text(encoding="utf-8"), **library, DS_CONFIG_NAME: ds_config_text,
+    return {**contract.sources(SCRIPT.name, *library, "contract.py"), DS_CONFIG_NAME: ds_config_text,
             **({TEMPLATE_NAME: template} if template is not None else {})}
 
 
 # The script's flags the stack sets, with the keys they come from, relative to the run's block (the workload, or
 # `vertex`): an args list may not repeat them (argparse would take the last one and the key would silently lose).
-STACK_FLAGS: dict[str, tuple[str, ...]] = {
-    "--deepspeed": ("deepspeed",), "--deepspeed_config": ("deepspeed",), "--deepspeed-config": ("deepspeed",),
-    "--model": ("finetune", "model"), "--dataset": ("finetune", "dataset"), "--format": ("finetune", "format"),
-    "--text-field": ("finetune", "textField"), "--prompt-field": ("finetune", "promptField"),
-    "--response-field": ("finetune", "responseField"), "--seq-len": ("finetune", "sequenceLength"),
-    "--epochs": ("finetune", "epochs"), "--max-steps": ("finetune", "maxSteps"),
-    "--learning-rate": ("deepspeed", "learningRate"), "--save-steps": ("finetune", "saveSteps"),
-    "--gradient-checkpointing": ("finetune", "gradientCheckpointing"), "--lora": ("finetune", "lora", "enabled"),
-    "--lora-rank": ("finetune", "lora", "rank"), "--lora-alpha": ("finetune", "lora", "alpha"),
-    "--lora-dropout": ("finetune", "lora", "dropout"), "--lora-target-modules": ("finetune", "lora", "targetModules"),
-    "--lora-export": ("finetune", "lora", "export"),
-    "--precision": ("deepspeed", "precision"), "--checkpoint-dir": ("gcsFuse", "enabled"),
-    "--model-dir": ("gcsFuse", "enabled"), "--records": ("finetune", "recordFormat"),
-    "--messages-field": ("finetune", "messagesField"), "--role-field": ("finetune", "roleField"),
-    "--content-field": ("finetune", "contentField"), "--roles": ("finetune", "roles"),
-    "--chat-template": ("finetune", "chatTemplate"), "--eval-split": ("finetune", "evalSplit"),
-    "--packing": ("finetune", "packing"),
-}
+STACK_FLAGS: dict[str, tuple[str, ...]] = FINETUNE.stack_flags()
 OUTPUT_FLAGS = ("--checkpoint-dir", "--model-dir")
 
 
@@ -228,12 +194,12 @@ def data_format(f: FinetuneConfig) -> str | None:
     if f.format != "auto":
         return f.format
     suffix = PurePosixPath(f.dataset_path or "").suffix.lower()
-    return script_module("finetune_data").SUFFIXES.get(suffix)
+    return finetune_data.SUFFIXES.get(suffix)
 
 
 def check_data_format(site: RecipeSite) -> list[str]:
     """What finetune.py can read (its SUFFIXES and FORMATS) and which fields its records have."""
-    f, ft = site.run, script_module("finetune_data")
+    f, ft = site.run, finetune_data
     problems = []
     suffix = PurePosixPath(f.dataset_path or "").suffix.lower()
     readable = ", ".join(ft.SUFFIXES)
@@ -327,7 +293,7 @@ def check_eval_split(site: RecipeSite) -> list[str]:
         return [] if 0 < fraction < 1 else [f"{key}: {f.eval_split}: a fraction of the records is between 0 and 1 "
                                             f"(e.g. 0.05), or name a file of {site.data_where}"]
     suffix = PurePosixPath(str(f.eval_split)).suffix.lower()
-    suffixes = script_module("finetune_data").SUFFIXES
+    suffixes = finetune_data.SUFFIXES
     if suffix and suffix not in suffixes:
         return [f"{key}: finetune.py cannot read {suffix} files (it reads {', '.join(suffixes)})"]
     return []
@@ -356,7 +322,7 @@ def check_text_field_or_prompt(site: RecipeSite) -> list[str]:
 def check_lora_combination(site: RecipeSite) -> list[str]:
     """The LoRA/ZeRO/precision combinations finetune.py refuses at start-up (its own combination_problems)."""
     ds = site.deepspeed
-    found = script_module("finetune_config").combination_problems(
+    found = finetune_config.combination_problems(
         site.run.lora.enabled, ds.zero_stage, ds.precision, False, ds.offload_params != "none")
     return [f"{site.key('lora', 'enabled')}: {problem} (finetune.py would stop at start-up; see "
             f"{site.block_key('deepspeed')})" for problem in found]

@@ -1,6 +1,6 @@
 """Restart semantics for preemptible runs: what the pods and jobs carry so that a run resumes.
 
-The training script saves a DeepSpeed checkpoint when SIGTERM arrives (workloads/scripts/smoke_test.py
+The training script saves a DeepSpeed checkpoint when SIGTERM arrives (recipes/smoke_train.py
 is the contract) and resumes from the latest on start. The pods must give it the time to save, and the
 launching side must start again after a failure:
 
@@ -11,7 +11,7 @@ launching side must start again after a failure:
   the save (planner/recovery.py grace_seconds; 120 s at least, and for a run it cannot size). On a Spot
   VM the node itself goes away after its ~30 s notice, whatever the pod asks for: there only a
   checkpoint that fits the notice is saved, and the periodic checkpoints bound the loss.
-- The ranks get that SIGTERM from the workers' preStop hook (workloads/scripts/stop_ranks.py): the kubelet sends
+- The ranks get that SIGTERM from the workers' preStop hook (recipes/stop_ranks.py): the kubelet sends
   SIGTERM to a container's main process only, sshd on a worker, which exits without signalling the sessions it
   serves, and the kernel then SIGKILLs the rest of the container. The hook runs first: it signals the ranks, waits
   for their save and returns inside the grace period, so the kubelet's own SIGTERM still stops sshd in time.
@@ -32,11 +32,11 @@ launching side must start again after a failure:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from model.types import NodePoolConfig, WorkloadConfig
 from planner import recovery as estimate
+from recipes import contract
 
 # The least grace period of a training pod (Kubernetes' default is 30 s); a sized run gets what its save needs
 # (grace_seconds, from the preview's "Preemption recovery" estimate).
@@ -46,7 +46,7 @@ MPIJOB_BACKOFF_LIMIT = 6
 
 # The workers' preStop hook, shipped with the job's scripts (the MPIJob's ConfigMap, the chart's source ConfigMap).
 STOP_RANKS_KEY = "stop_ranks.py"
-STOP_RANKS_SCRIPT = Path(__file__).resolve().parent / "scripts" / STOP_RANKS_KEY
+STOP_RANKS_SCRIPT = contract.HERE / STOP_RANKS_KEY
 # What the hook leaves of the grace period for the kubelet's SIGTERM to sshd, before its SIGKILL.
 STOP_RANKS_MARGIN_SECONDS = 5
 

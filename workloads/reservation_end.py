@@ -1,5 +1,5 @@
 """A reservation's end moves the run: a CronJob per ending reservation pool (`reservation-end-<pool>`, in Kueue's
-namespace) runs workloads/scripts/reservation_end.py at the end's minute (UTC), in the stack's image. It sets the
+namespace) runs recipes/reservation_end.py at the end's minute (UTC), in the stack's image. It sets the
 reservation flavor's GPU quota to 0 and requeues the Workloads admitted to that flavor (deactivate, wait for the
 admission to clear, reactivate), so Kueue admits them again on their fallback flavor; each resumes from its newest
 checkpoint. Why a requeue, and the Kueue and mpi-operator lines each step relies on: the script's docstring.
@@ -17,19 +17,18 @@ The objects are plain dicts from pure functions, validated in tests against Kube
 from __future__ import annotations
 
 import datetime
-from pathlib import Path
 from typing import Any
 
 from model import capacity, reservation
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
+from recipes import contract
 from workloads import recovery
 from workloads.pod_security import NVIDIA_IMAGE_UID_WAIVER, NVIDIA_USER, skip_annotations
 
 END_JOB = "reservation-end"  # the ServiceAccount, ConfigMap and RBAC names of the CronJobs
 ROLE = f"deepspeed-stack-{END_JOB}"
-PROGRAM, API = "reservation_end.py", "kube_api.py"  # workloads/scripts, shipped in the ConfigMap
+PROGRAM, API = "reservation_end.py", "kube_api.py"  # recipes/, shipped in the ConfigMap
 MOUNT = "/opt/deepspeed-stack/reservation-end"
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
 WAIT_MARGIN_SECONDS = 300  # beyond the grace period: Kueue's reconcilers and the operator's sync
 WORKLOADS_RULE = {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "patch"]}
 # checkov's checks the CronJob cannot pass, each with its reason (skip annotations, as the fabric's daemons have).
@@ -84,7 +83,7 @@ def cron_schedule(end: str) -> str:
 def config_map() -> dict[str, Any]:
     namespace = capacity.load().reservation_end.namespace
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(END_JOB, namespace),
-            "data": {name: (SCRIPTS / name).read_text(encoding="utf-8") for name in (PROGRAM, API)}}
+            "data": contract.sources(PROGRAM, API)}
 
 
 def program_args(queue: str, pools: list[NodePoolConfig], pool: NodePoolConfig, where: list[str],

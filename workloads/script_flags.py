@@ -1,7 +1,7 @@
 """The flags a training script's argparse parser accepts, read from its source without running it, and the arguments
 a workload passes it that the parser would refuse at start-up on every rank ("unrecognized arguments").
 
-The script is read with Python's `ast`, never imported: a user's script (workloads/scripts/user/) may import torch at
+The script is read with Python's `ast`, never imported: a user's script (recipes/user/) may import torch at
 the top, or do anything. Its parser is readable when the file makes exactly one `argparse.ArgumentParser(...)` and
 every `add_argument` call names its option strings as plain strings; then the option strings are all the parser has.
 Anything that could add flags or accept unknown ones out of sight makes it unreadable, and an unreadable parser is
@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 
 import msgspec
+
+from recipes import contract
 
 # What argparse takes for a negative number rather than an option (its _negative_number_matcher).
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -157,8 +159,18 @@ def parse_source(text: str) -> ScriptFlags | None:
 
 
 @functools.cache
+def of_program(program: contract.Program) -> ScriptFlags:
+    """The flags of a program whose parser recipes/contract.py declares: read from the declaration itself."""
+    options = (*program.options, *program.hidden)
+    return ScriptFlags(actions=(HELP, *(o.flags for o in options)), abbrev=False)
+
+
 def read(path: Path) -> ScriptFlags | None:
-    """The flags of the script at `path`, or None (no such file, or no parser that can be read)."""
+    """The flags of the script at `path`, or None (no such file, or no parser that can be read). A program of the
+    recipes package with a declared contract (recipes/contract.py PROGRAMS) is read from the declaration."""
+    program = contract.PROGRAMS.get(path.name) if path.parent == contract.HERE else None
+    if program is not None:
+        return of_program(program)
     try:
         return parse_source(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):

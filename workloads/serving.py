@@ -1,6 +1,6 @@
 """ModelServer: one `serve` workload: a model server (vLLM, or DeepSpeed-MII) on one GKE GPU pool.
 
-The component creates the workload's Namespace, a ConfigMap with MII's entry script (workloads/scripts/serve.py),
+The component creates the workload's Namespace, a ConfigMap with MII's entry script (recipes/serve.py),
 a Secret with the Hugging Face token when the stack has one, a Deployment (one pod per replica, the model
 tensor-parallel over the GPUs of its node), a Service, a PodDisruptionBudget, a NetworkPolicy that admits only the
 sources in `serving.allowFrom` (and, for vLLM, Managed Prometheus' collectors), for vLLM a PodMonitoring of its

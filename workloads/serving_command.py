@@ -96,7 +96,7 @@ def vllm_args(w: ServeWorkloadConfig, where: Placement, source: ModelSource) -> 
 
 
 def guard_args(source: ModelSource) -> list[str]:
-    """With evaluation, the runtime adapter endpoints answer the pod itself only (workloads/scripts/
+    """With evaluation, the runtime adapter endpoints answer the pod itself only (recipes/
     client_endpoints.py, loaded from the ConfigMap on PYTHONPATH): clients get the serving endpoints alone."""
     return ["--middleware", CLIENT_ENDPOINTS_MIDDLEWARE] if source.evaluated else []
 

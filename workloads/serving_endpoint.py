@@ -65,14 +65,14 @@ def port_forward_command(w: ServeWorkloadConfig) -> str:
 
 
 def prompt_command(w: ServeWorkloadConfig, source: ModelSource, prompt: str = "What is DeepSpeed?") -> str:
-    """How to send one prompt through the port-forward (workloads/scripts/send_prompt.py)."""
+    """How to send one prompt through the port-forward (recipes/send_prompt.py)."""
     url = f"http://localhost:{served_port(w)}"
     if w.serving.engine == VLLM:
         # The way it was trained: a model fine-tuned through a chat template on the chat endpoint.
         chat = " --chat" if source.chat else ""
-        return (f'python workloads/scripts/send_prompt.py --openai{chat} --url {url} --model {source.default_model} '
+        return (f'python -m recipes.send_prompt --openai{chat} --url {url} --model {source.default_model} '
                 f'"{prompt}"')
-    return f'python workloads/scripts/send_prompt.py --url {url} --deployment {w.name} "{prompt}"'
+    return f'python -m recipes.send_prompt --url {url} --deployment {w.name} "{prompt}"'
 
 
 def skips_await(source: ModelSource) -> bool:

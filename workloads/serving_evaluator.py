@@ -1,6 +1,6 @@
 """The evaluator container (`serving.evaluation`, vLLM with adapters) and what the preview says of it.
 
-An evaluator container beside vLLM (workloads/scripts/evaluator.py, shipped with evaluate.py in the ConfigMap)
+An evaluator container beside vLLM (recipes/evaluator.py, shipped with evaluate.py in the ConfigMap)
 serves the adapters instead of --lora-modules. vLLM starts with the base and the LoRA flags only, with
 VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, and no init container waits: the evaluator waits for each adapter's marker,
 scores each new export against the base and the adapter served now on the user's task (evaluate.py against
@@ -25,8 +25,8 @@ import msgspec
 from model import node_memory
 from model.types import ServeWorkloadConfig
 from model.workload_types import EVALS_MOUNT
+from recipes import evaluate as recipes_evaluate
 from workloads import gcs_fuse
-from workloads.recipe import script_module
 from workloads.serving_command import HOME, SCRIPT_DIR, ServerInputs, hardened, served_port
 from workloads.serving_source import ModelSource, in_bucket
 
@@ -34,7 +34,7 @@ EVALUATOR_SCRIPT = "evaluator.py"  # the evaluator container's loop; it runs EVA
 EVALUATE_SCRIPT = "evaluate.py"
 # The evaluator's files: its loop, evaluate.py and its modules, and finetune.py's record reading (the same formats).
 EVALUATOR_FILES = (EVALUATOR_SCRIPT, EVALUATE_SCRIPT, "evaluate_task.py", "evaluate_metrics.py", "evaluate_copies.py",
-                   "finetune_data.py", "finetune_config.py")
+                   "finetune_data.py", "finetune_config.py", "contract.py")
 EVALS_VOLUME = "evals"  # the bucket's evals/ folder alone (gcs_fuse profile `evals`)
 EVALUATOR_SCRATCH_SIZE = "1Gi"  # its /tmp (the task's copy) and home (datasets' cache of the task)
 # The evaluator's liveness: its writable mount still answers (a dead FUSE mount fails `test -d`).
@@ -103,7 +103,7 @@ def evaluation_summary(w: ServeWorkloadConfig, source: ModelSource) -> dict[str,
     """Where the evaluator reads and writes (bucket paths) and how its gate decides (the preview's Serving)."""
     ev = w.serving.evaluation
     assert ev is not None
-    evaluate = script_module("evaluate")  # the gate's rule in words, from the script that applies it
+    evaluate = recipes_evaluate  # the gate's rule in words, from the program that applies it
     metrics = {a.name: ev.metric or (evaluate.LOGLIKELIHOOD if a.chat else evaluate.EXACT_MATCH)
                for a in source.adapters}
     return {"task": ev.task, "minImprovement": ev.min_improvement, "maxTokens": ev.max_tokens, "metric": metrics,

@@ -7,7 +7,7 @@ an autoscaler), one evaluator decides for the fleet and every replica serves wha
   Service, gateway or autoscaler selects it and no client reaches its vLLM (its NetworkPolicy admits nobody). It
   alone writes the bucket's evals/ folder: the versioned copies and EVALS/NAME/served.json, the decision.
 - Each replica runs vLLM with runtime adapter loading (its adapter endpoints answer the pod's loopback alone:
-  client_endpoints.py) and the adapter loader beside it (workloads/scripts/adapter_loader.py): it loads what
+  client_endpoints.py) and the adapter loader beside it (recipes/adapter_loader.py): it loads what
   served.json names at start, switches in place when the decision changes, and is Ready only once it serves every
   decided version, so a new replica takes no traffic before it serves what its peers serve. Its evals/ mount is
   read-only (the volume too); it scores and copies nothing.

@@ -10,7 +10,7 @@ workloads/leader_worker_set.py): one group per replica, `size` pods each, one pe
   (the label LWS puts on every pod: `leaderworkerset.sigs.k8s.io/worker-index`);
 - each worker (index 1..size-1) runs `vllm serve ... --headless` with its index as its node rank: the engine's
   workers, no API server.
-Both start through serve_group.sh (workloads/scripts), which reads what the LWS controller injects into every
+Both start through serve_group.sh (recipes), which reads what the LWS controller injects into every
 container (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX), refuses a group of another size than the stack
 rendered, and execs the engine with `--nnodes/--node-rank/--master-addr/--master-port` (through the fabric's NCCL
 environment script on a GPU fabric pool, so the cross-node traffic takes the fabric's NICs).
@@ -26,21 +26,21 @@ the worker template with that reason.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 from model.serving_engines import vllm_facts
+from recipes import contract
 from workloads import fabric
 from workloads.placement import Placement
 
-SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
+SCRIPTS_DIR = contract.HERE  # recipes/
 API_VERSION = "leaderworkerset.x-k8s.io/v1"
 KIND = "LeaderWorkerSet"
 TYPE_TOKEN = f"kubernetes:{API_VERSION}:{KIND}"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # LWS sets it on every pod; 0 is the leader
 LEADER_ADDRESS_ENV, GROUP_SIZE_ENV, WORKER_INDEX_ENV = "LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"
 RESTART_POLICY = "RecreateGroupOnPodRestart"
-GROUP_SCRIPT = "serve_group.sh"  # the launch of every pod of a group (workloads/scripts/serve_group.sh)
+GROUP_SCRIPT = "serve_group.sh"  # the launch of every pod of a group (recipes/serve_group.sh)
 GROUP_NODES_ENV = "GROUP_NODES"  # the group size the stack rendered; the script refuses another
 MASTER_PORT_ENV = "MASTER_PORT"
 NCCL_ENV_SCRIPT_ENV = "NCCL_ENV_SCRIPT"  # on a fabric pool: the fabric's NCCL environment the engine runs through

@@ -5,13 +5,13 @@ ConfigMap's files.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from model import chat_templates
 from model.serving_engines import MII, VLLM, vllm_facts
 from model.types import ServeWorkloadConfig
 from model.workload_types import EVALS_MOUNT
+from recipes import contract
 from workloads import gcs_fuse, serving_fleet, serving_group
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 from workloads.serving_command import (
@@ -33,13 +33,14 @@ from workloads.serving_endpoint import pod_labels
 from workloads.serving_evaluator import (
     EVALS_VOLUME,
     EVALUATOR_FILES,
+    EVALUATOR_SCRIPT,
     evals_volume,
     evaluator_container,
     evaluator_volumes,
 )
 from workloads.serving_source import ADAPTER_MARKER_TEXT, ModelSource, Wait, evaluates
 
-SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
+SCRIPTS_DIR = contract.HERE  # recipes/
 VLLM_FILES_VOLUME = "vllm-files"  # vLLM's own files of that ConfigMap, mounted at SCRIPT_DIR in its container
 MARKER_POLL_SECONDS = 30
 # The init container that waits for the model only runs `sh`: a little CPU and memory, requests = limits.
@@ -104,7 +105,7 @@ def _env(inp: ServerInputs) -> list[dict[str, str]]:
         env.append({"name": "PYTHONPATH", "value": SCRIPT_DIR})  # where vLLM imports --middleware from
     # huggingface_hub reads the token from the file HF_TOKEN_PATH names: only the path is in the pod spec.
     if inp.hf_token_secret:
-        env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{TOKEN_KEY}"})
+        env.append({"name": contract.HF_TOKEN_PATH_ENV, "value": f"{HF_TOKEN_DIR}/{TOKEN_KEY}"})
     return env
 
 
@@ -114,7 +115,9 @@ def script_files(w: ServeWorkloadConfig, source: ModelSource, where: Placement |
     with the fabric's NCCL environment script; `where`: the pool)."""
     names = ([SERVER_SCRIPT] if w.serving.engine == MII else [*EVALUATOR_FILES, CLIENT_ENDPOINTS_FILE] if evaluates(w)
              else [])
-    files = {name: (SCRIPTS_DIR / name).read_text(encoding="utf-8") for name in names}
+    # The evaluator's modules import each other as the recipes package: its __init__ goes with them (recipes.py).
+    files = contract.sources(*names) if EVALUATOR_SCRIPT in names else {
+        name: (SCRIPTS_DIR / name).read_text(encoding="utf-8") for name in names}
     template = chat_templates.template(source.chat_template) if source.chat_template else None
     if template is not None and w.serving.engine == VLLM:
         files[CHAT_TEMPLATE_FILE] = template

@@ -18,6 +18,7 @@ from typing import Any
 
 from model.types import VertexConfig
 from model.yamlio import load_yaml
+from recipes.contract import STACK_KEYS_ENV
 from workloads import finetune_progress, recipe, recovery
 from workloads.ds_config import build_ds_config
 
@@ -104,7 +105,7 @@ def recipe_env(cfg: VertexConfig) -> list[dict[str, str]]:
     """The container's environment: the stack's key for each flag (the script's errors name `vertex.finetune.*`)."""
     assert cfg.finetune is not None
     keys = recipe.stack_keys(cfg.finetune, STACK_PREFIX)
-    return [{"name": "FINETUNE_STACK_KEYS", "value": json.dumps(keys, sort_keys=True, separators=(",", ":"))}]
+    return [{"name": STACK_KEYS_ENV, "value": json.dumps(keys, sort_keys=True, separators=(",", ":"))}]
 
 
 def vertex_accelerator(gpu_type: str) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "workloads" / "scripts"))  # finetune.py's modules, as beside it on the cluster
+sys.path.insert(0, str(ROOT))  # the recipes package (this file runs as a script in the e2e venv too)
 sys.path.insert(0, str(ROOT / "e2e"))
 
 CONVERSATION = [{"role": "system", "content": "You add numbers."},
@@ -71,8 +71,9 @@ def learned_runs(tokenizer: Any, ids: list[int], learned: list[bool]) -> list[st
 
 
 def train(name: str, model: Path, work: Path) -> dict[str, Any]:
-    import finetune
     from transformers import AutoTokenizer
+
+    from recipes import finetune
 
     records, flags = FORMATS[name]
     data = work / name / "data.jsonl"
@@ -108,8 +109,9 @@ def packed(model: Path, work: Path) -> dict[str, Any]:
     the conversations trained padding-free, and transformers' DataCollatorWithFlattening's batch of them (what the
     Trainer handed the model). Per run: its log, and what the tokenized folder holds."""
     import datasets
-    import finetune
     from transformers import AutoTokenizer
+
+    from recipes import finetune
 
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     out: dict[str, Any] = {}

@@ -1,4 +1,4 @@
-"""kind finetune: fine-tune a Hugging Face model on your data with workloads/scripts/finetune.py, as an NVIDIA MPIJob.
+"""kind finetune: fine-tune a Hugging Face model on your data with recipes/finetune.py, as an NVIDIA MPIJob.
 
 Config: FinetuneWorkloadConfig (model/workload_types.py; its keys: the common ones, `finetune`, `launch`,
 `deepspeed`, `storage`, `hfHome`, `proxy`). Builder: the TrainingJob component (workloads/training_job.py) with the

@@ -35,7 +35,7 @@ def check_helm_accelerator(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
 
 
 def check_launch_script(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
-    """The client runs `launch.script` from workloads/scripts, shipped in the source ConfigMap."""
+    """The client runs `launch.script` from recipes, shipped in the source ConfigMap."""
     return launch_script_problems(w)
 
 

@@ -53,7 +53,7 @@ def check_gaudi_placement(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
 
 
 def check_launch_script(m: StackConfig, w: MpiJobWorkloadConfig) -> list[str]:
-    """An NVIDIA MPIJob's ranks run `launch.script`: shipped from workloads/scripts (or its user/ folder) in the
+    """An NVIDIA MPIJob's ranks run `launch.script`: shipped from recipes (or its user/ folder) in the
     job's ConfigMap, or a file of the bucket or the image (a Gaudi job runs optimum-habana's `training.script` from
     its image)."""
     return script_source.problems(m, w) if w.on_nvidia else []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -10,12 +9,13 @@ import msgspec
 from model.config import workload_default
 from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig, camel
 from model.validators import at, is_file
+from recipes import contract
 from workloads import fabric, script_flags
 from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob import script_source
 from workloads.placement import placement
 
-SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS_DIR = contract.HERE  # recipes/
 # DeepSpeed's launcher (deepspeed/launcher/launch.py) appends --local_rank=N to every rank's command line unless it
 # is given --no_local_rank, which the stack passes only on a GPU fabric (workloads/fabric.py LAUNCH_FLAGS: the ranks
 # start through the fabric's NCCL env script): elsewhere every script it runs must accept the flag.
@@ -25,12 +25,12 @@ SHOWN_FLAGS = 12  # the closest flags an unknown one's message lists
 
 
 def launch_script_problems(w: DeepSpeedWorkloadConfig) -> list[str]:
-    """`launch.script` is shipped from workloads/scripts in a ConfigMap, unless launch.command replaces it."""
+    """`launch.script` is shipped from recipes/ in a ConfigMap, unless launch.command replaces it."""
     script = w.launch.script
     if w.launch.command or ("/" not in script and is_file(SCRIPTS_DIR / script)):
         return []
-    known = sorted(p.name for p in SCRIPTS_DIR.glob("*.py"))
-    return [f"{at('workloads', w.name, 'launch', 'script')}: no file {script!r} in workloads/scripts "
+    known = sorted(p.name for p in SCRIPTS_DIR.glob("*.py") if not p.name.startswith("_"))
+    return [f"{at('workloads', w.name, 'launch', 'script')}: no file {script!r} in recipes "
             f"(there: {', '.join(known) or 'nothing'}); add it there or set launch.command"]
 
 
@@ -106,6 +106,6 @@ def warn_learning_rate_unused(w: DeepSpeedWorkloadConfig) -> list[str]:
     why = ("ds_config.json leaves the optimizer's lr to the Hugging Face Trainer (\"auto\"), which takes its own "
            "--learning-rate" if runs_hf_trainer(w.launch.script) else
            "ds_config.json names an optimizer only with deepspeed.offloadOptimizer, and without one the script builds "
-           "its own (smoke_test.py: --lr)")
+           "its own (smoke_train.py: --lr)")
     return [f"{at('workloads', w.name, 'deepspeed', 'learningRate')}: {ds.learning_rate:g} is not used: {why}; "
             "pass the rate in launch.args"]

@@ -17,6 +17,7 @@ from typing import Any
 
 from model import gaudi_software
 from model.types import MpiJobWorkloadConfig
+from recipes.contract import STACK_KEYS_ENV
 from workloads import pod_security, recipe, recovery
 from workloads.ds_config import runs_hf_trainer
 
@@ -99,7 +100,7 @@ def image(w: MpiJobWorkloadConfig, gaudi_built: str | None) -> str:
 # `export NAME=VALUE;` (PDSHRunner), after the ssh session's environment is set.
 ENV_FILE_KEY = "deepspeed_env"
 DS_ENV_FILE = "DS_ENV_FILE"
-RECIPE_KEYS_ENV = "FINETUNE_STACK_KEYS"  # finetune_config.STACK_KEYS_ENV
+RECIPE_KEYS_ENV = STACK_KEYS_ENV
 
 # Names `env` may not set, and the key (or the part of the stack) that sets each.
 STACK_ENV: dict[str, str] = {

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from model.types import MpiJobBaseConfig
+from recipes.contract import FINAL_EXIT_STATUSES
 from workloads import fabric, maintenance, pod_security, recovery
 from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob import script_source
@@ -89,7 +90,7 @@ class NvidiaLaunch(msgspec.Struct, frozen=True):
 
 
 def launch_of(w: MpiJobBaseConfig) -> NvidiaLaunch:
-    """The `launch` keys' launch: `launch.script` (workloads/mpijob/script_source.py: shipped from workloads/scripts,
+    """The `launch` keys' launch: `launch.script` (workloads/mpijob/script_source.py: shipped from recipes,
     or a file of the bucket or the image) with `--deepspeed_config` and `launch.args`; `launch.command` replaces the
     DeepSpeed command line (and ships no script)."""
     script = script_source.source(w)
@@ -100,7 +101,7 @@ def launch_of(w: MpiJobBaseConfig) -> NvidiaLaunch:
 
 
 def output_env(w: MpiJobBaseConfig) -> dict[str, str]:
-    """Where the scripts write (the fine-tuning contract; smoke_test.py reads CHECKPOINT_DIR too): checkpoints, and
+    """Where the scripts write (the fine-tuning contract; smoke_train.py reads CHECKPOINT_DIR too): checkpoints, and
     a finished model, under the bucket's mount, else the claim's."""
     return {"CHECKPOINT_DIR": w.checkpoint_dir, "MODEL_DIR": w.model_dir}
 
@@ -140,7 +141,7 @@ def config_map_data(w: MpiJobBaseConfig, where: Placement, has_token: bool,
     return {**data, **recovery.stop_ranks_file(), **launch.files}
 
 
-# Final errors are not retried. finetune.py and smoke_test.py exit 2 (their EXIT_USAGE, argparse's own status) on
+# Final errors are not retried. finetune.py and smoke_train.py exit 2 (their EXIT_USAGE, argparse's own status) on
 # bad arguments or data, which no restart can fix; DeepSpeed's launcher hands a rank's status back (launch.py exits
 # with the failed rank's, pdsh -S with the largest of the nodes', runner.py with pdsh's). The MPIJob cannot say "do
 # not restart on 2": v2beta1 has no podFailurePolicy, and the operator builds the launcher's Job from backoffLimit,
@@ -148,7 +149,6 @@ def config_map_data(w: MpiJobBaseConfig, where: Placement, has_token: bool,
 # OnFailure and remembers: the status goes into an emptyDir, which outlives a container restart in place (not the
 # pod), and every later attempt of the pod exits at once with it, without waiting for the workers or running the
 # ranks, until backoffLimit ends the job as Failed. Exiting 0 instead would end it faster but mark it Succeeded.
-FINAL_EXIT_STATUSES = (2,)
 LAUNCHER_STATE_VOLUME = "launcher-state"
 LAUNCHER_STATE_DIR = "/run/deepspeed-stack"
 FINAL_STATUS_FILE = f"{LAUNCHER_STATE_DIR}/final-status"

@@ -1,7 +1,8 @@
 """Where an NVIDIA MPIJob's `launch.script` comes from, and the path every rank runs it at.
 
-- `NAME.py`: the project's script in workloads/scripts, shipped in the job's ConfigMap (mounted at CONFIG_DIR).
-- `user/NAME.py`: your own script in workloads/scripts/user/, shipped the same way under the key `user-NAME.py`.
+- `NAME.py`: the project's program in recipes/, shipped in the job's ConfigMap (mounted at CONFIG_DIR) with the
+  package's __init__ as recipes.py and recipes/contract.py (the programs import `recipes.contract`).
+- `user/NAME.py`: your own script in recipes/user/, shipped the same way under the key `user-NAME.py`.
   The folder is yours: ruff and the project's tests leave it alone (pyproject.toml `extend-exclude`), so a script
   of yours never breaks `make test` or `make lint`.
 - `gs://BUCKET/PATH.py`: a file of the stack's bucket, run from the workload's GCS FUSE mount
@@ -20,12 +21,14 @@ import msgspec
 
 from model.types import MpiJobBaseConfig, StackConfig
 from model.validators import at, is_file
+from recipes import contract
 from workloads.mpijob.shape import CONFIG_DIR
 
-SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
-USER_FOLDER = "user"  # workloads/scripts/user/: the users' scripts
+SCRIPTS_DIR = contract.HERE  # recipes/
+USER_FOLDER = "user"  # recipes/user/: the users' scripts
 USER_KEY_PREFIX = "user-"  # their ConfigMap key (a key has no "/")
 GS_PREFIX = "gs://"
+CONTRACT = "contract.py"  # recipes/contract.py: exit codes and options the programs import
 # What a ConfigMap key allows (Kubernetes: [-._a-zA-Z0-9]+), for the shipped file's name.
 CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
@@ -51,8 +54,8 @@ def source(w: MpiJobBaseConfig) -> ScriptSource:
         key = USER_KEY_PREFIX + script.split("/", 1)[1]
         text = "" if w.launch.command else (SCRIPTS_DIR / script).read_text(encoding="utf-8")
         return ScriptSource(f"{CONFIG_DIR}/{key}", {} if w.launch.command else {key: text})
-    text = "" if w.launch.command else (SCRIPTS_DIR / script).read_text(encoding="utf-8")
-    return ScriptSource(f"{CONFIG_DIR}/{script}", {} if w.launch.command else {script: text})
+    # A program of the recipes package ships with the package's __init__ (recipes.py) and its contract.
+    return ScriptSource(f"{CONFIG_DIR}/{script}", {} if w.launch.command else contract.sources(script, CONTRACT))
 
 
 def local_file(script: str) -> Path | None:
@@ -66,7 +69,7 @@ def local_file(script: str) -> Path | None:
 
 
 def _known(folder: Path) -> str:
-    return ", ".join(sorted(p.name for p in folder.glob("*.py"))) or "nothing"
+    return ", ".join(sorted(p.name for p in folder.glob("*.py") if not p.name.startswith("_"))) or "nothing"
 
 
 def _bucket_problems(m: StackConfig, w: MpiJobBaseConfig, key: str) -> list[str]:
@@ -108,10 +111,10 @@ def problems(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
         name = script.split("/", 1)[1]
         if CONFIG_KEY.match(name) and is_file(SCRIPTS_DIR / script):
             return []
-        return [f"{key}: no file {name!r} in workloads/scripts/{USER_FOLDER} (there: "
+        return [f"{key}: no file {name!r} in recipes/{USER_FOLDER} (there: "
                 f"{_known(SCRIPTS_DIR / USER_FOLDER)}); a name of letters, digits, '-', '_' and '.'"]
     if "/" not in script and is_file(SCRIPTS_DIR / script):
         return []
-    return [f"{key}: no file {script!r} in workloads/scripts (there: {_known(SCRIPTS_DIR)}); put your own script in "
-            f"workloads/scripts/{USER_FOLDER}/ (`{USER_FOLDER}/NAME.py`), in the stack's bucket "
+    return [f"{key}: no file {script!r} in recipes (there: {_known(SCRIPTS_DIR)}); put your own script in "
+            f"recipes/{USER_FOLDER}/ (`{USER_FOLDER}/NAME.py`), in the stack's bucket "
             "(`gs://BUCKET/PATH.py`), or name an absolute path in the image, or set launch.command"]

@@ -24,7 +24,7 @@
 # this script, and the container's other processes die with it. So on SIGTERM (or SIGINT) every host
 # passes it on to its own training ranks with the stack's stop_ranks.py (VERTEX_STOP_RANKS: the file
 # the stack ships beside the recipe on the bucket, copied to local disk at start), waits until they have
-# saved their checkpoint and exited (finetune.py and smoke_test.py save on SIGTERM; the ranks agree on it
+# saved their checkpoint and exited (finetune.py and smoke_train.py save on SIGTERM; the ranks agree on it
 # at the next step, so every host saves whichever got the signal), and only then stops its own child:
 # DeepSpeed's runner on the primary (which by then exits with the ranks' status, 143), sshd on a worker.
 # Without VERTEX_STOP_RANKS the child gets the SIGTERM at once (DeepSpeed's runner kills the per-node

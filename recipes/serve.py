@@ -33,6 +33,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from recipes.contract import positive_int
+
 LOCALHOST = "127.0.0.1"
 MII_LOAD_BALANCER_PORT = 50050  # deepspeed-mii's default `port_number`
 GATEWAY_PORT = 28080  # MII's RESTful gateway, on 127.0.0.1 only (data/serving.yaml mii.ports.gatewayInternal)
@@ -50,19 +52,12 @@ def _port(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    return value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="DeepSpeed-MII persistent server with its RESTful API")
     parser.add_argument("--model", required=True, help="Hugging Face model id, or a folder with the checkpoint")
     parser.add_argument("--deployment-name", required=True, help="MII deployment name (REST path /mii/NAME)")
-    parser.add_argument("--tensor-parallel", type=_positive, default=1, help="GPUs the model is split over")
-    parser.add_argument("--max-length", type=_positive, default=None,
+    parser.add_argument("--tensor-parallel", type=positive_int, default=1, help="GPUs the model is split over")
+    parser.add_argument("--max-length", type=positive_int, default=None,
                         help="most tokens (prompt + generated) of one sequence")
     parser.add_argument("--host", default="0.0.0.0", help="address the APIs listen on")
     parser.add_argument("--port", type=_port, default=51080,

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from finetune_config import StackKeys, UsageError
-from finetune_data import FieldSpec, Layout, RecordError, kind_of, layout, sample
-from finetune_render import Encoded, Rendering, choose, encode, learned_text, learns_something
+from recipes.finetune_config import StackKeys, UsageError
+from recipes.finetune_data import FieldSpec, Layout, RecordError, kind_of, layout, sample
+from recipes.finetune_render import Encoded, Rendering, choose, encode, learned_text, learns_something
 
 MAX_PROBLEMS_SHOWN = 5  # the malformed records named one by one; the rest counted
 ALL_PROBLEMS_SHOWN = 100  # where every record is read (make check-data): each named, up to this many

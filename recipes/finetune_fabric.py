@@ -4,7 +4,7 @@ On a fabric pool (A3 High/Mega/Ultra, A4) the stack ships nccl_network.py beside
 the fabric's plugin registers (FABRIC_NCCL_NETWORK). NCCL that cannot load or start the plugin goes on over its own
 Socket transport with nothing but INFO lines, so a run on nodes whose plugin installer did not run (a DWS or
 fallback pool's first nodes, which no NCCL test Job can reach before the run: checks/capacity.py) would train for
-days at a fraction of the fabric's bandwidth. Here, as in smoke_test.py: NCCL's init lines go to a file of the
+days at a fraction of the fabric's bandwidth. Here, as in smoke_train.py: NCCL's init lines go to a file of the
 rank's own (`nccl_divert`, before NCCL starts), one all_reduce after the process group starts makes NCCL pick its
 network, and every rank reads its verdict, summed over the group so all stop together (nccl_network.check).
 
@@ -27,7 +27,7 @@ POOLS_ENV = "FINETUNE_POOLS"  # the run's pool, then its fallbackPool, comma-sep
 def network_module() -> Any | None:
     """nccl_network.py, shipped beside this script on a GPU fabric pool (workloads/fabric.py); None elsewhere."""
     try:
-        import nccl_network
+        from recipes import nccl_network
     except ImportError:
         return None
     return nccl_network

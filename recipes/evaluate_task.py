@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_data import FieldSpec, RecordError, layout, sample
+from recipes.finetune_data import FieldSpec, RecordError, layout, sample
 
 CHAT, RAW = "chat", "raw"
 RENDERINGS = (CHAT, RAW)

@@ -4,7 +4,7 @@
 Launched on every worker by the DeepSpeed launcher, e.g. (the dev stack's default
 ``source.launchCommand`` of the Bitnami chart, which mounts this file at /app)::
 
-    deepspeed --hostfile /job/hostfile smoke_test.py --deepspeed_config ds_config.json
+    deepspeed --hostfile /job/hostfile smoke_train.py --deepspeed_config ds_config.json
 
 Every rank checks that it sees the GPUs the launcher assigned to its node, then
 trains a small MLP (built in code, nothing downloaded) on random data for a few
@@ -48,14 +48,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from recipes.contract import EXIT_PREEMPTED, EXIT_USAGE
+
 DEFAULT_STEPS = 20
 DEFAULT_WARMUP_STEPS = 3
 DEFAULT_MICRO_BATCH = 8
 EXIT_GPU_CHECK_FAILED = 3
 EXIT_LOSS_NOT_FINITE = 4
 EXIT_NOT_ON_FABRIC = 5
-EXIT_USAGE = 2
-EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports it: stopped on notice, after saving a checkpoint
 
 
 def _int_at_least(minimum: int, word: str) -> Callable[[str], int]:
@@ -246,7 +246,7 @@ def rank_env(env: Mapping[str, str]) -> dict[str, str]:
 
     The DeepSpeed launcher (pdsh/ssh) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
     Under Open MPI's mpirun (DeepSpeed's ``--launcher openmpi``) only OMPI_COMM_WORLD_* and the exported
-    MASTER_ADDR/MASTER_PORT exist, so the ranks come from Open MPI's names. A bare ``python smoke_test.py``
+    MASTER_ADDR/MASTER_PORT exist, so the ranks come from Open MPI's names. A bare ``python smoke_train.py``
     is a world of one on this host.
     """
     out: dict[str, str] = {}
@@ -346,7 +346,7 @@ class StopRequest:
 def fabric_network() -> Any:
     """nccl_network.py, shipped beside this script on a GPU fabric pool (workloads/fabric.py); None elsewhere."""
     try:
-        import nccl_network
+        from recipes import nccl_network
     except ImportError:
         return None
     return nccl_network

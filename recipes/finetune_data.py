@@ -36,16 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune_config import StackKeys, UsageError
+from recipes.contract import CHECK_RECORDS, FORMATS, RECORD_FORMATS  # noqa: F401 (this module's names too)
+from recipes.finetune_config import StackKeys, UsageError
 
-FORMATS = ("auto", "jsonl", "parquet", "text")  # the files' formats (--format)
 # File name endings of each format (a folder's files decide its format).
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "text", ".text": "text"}
 # The loader `datasets.load_dataset` names for each format.
 LOADERS = {"jsonl": "json", "parquet": "parquet", "text": "text"}
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
-RECORD_FORMATS = ("auto", "text", "prompt-completion", "messages", "alpaca", "sharegpt")
 CHAT_ROLES = ("system", "user", "assistant")
 # ShareGPT's role names (FastChat's conversation files, which named the format), as axolotl maps them by default.
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user", "assistant": "assistant"}
@@ -57,7 +56,6 @@ ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an 
 ALPACA_PROMPT_NO_INPUT = ("Below is an instruction that describes a task. "
                           "Write a response that appropriately completes the request.\n\n"
                           "### Instruction:\n{instruction}\n\n### Response:")
-CHECK_RECORDS = 200  # how many records the launcher's data check reads
 
 
 class RecordError(ValueError):

@@ -5,14 +5,14 @@ The server answers inside the cluster; reach it through `kubectl port-forward` (
 output prints the command for each workload):
 
     kubectl -n serving port-forward svc/chat 51080:51080 &
-    python workloads/scripts/send_prompt.py --deployment chat "What is DeepSpeed?"
+    python -m recipes.send_prompt --deployment chat "What is DeepSpeed?"
 
 MII's RESTful API takes `POST /mii/<deployment>` with `{"prompts": [...], "max_new_tokens": N}` and answers a
 list of `{"generated_text": ...}` (deepspeed-mii 0.3.3). With --openai the script calls an OpenAI-compatible
 server instead (`POST /v1/completions`: vLLM's, or MII's with `serving.openai.enabled`), which wants the served
 model's name (vLLM serving a folder names the model by its path):
 
-    python workloads/scripts/send_prompt.py --openai --url http://localhost:8000 --model /models/ft \
+    python -m recipes.send_prompt --openai --url http://localhost:8000 --model /models/ft \
         --temperature 0 --max-new-tokens 32 "What is DeepSpeed?"
 
 --chat sends a conversation to `POST /v1/chat/completions` instead: the server renders it through the served
@@ -20,7 +20,7 @@ tokenizer's chat template, the way a model fine-tuned on chat data (finetune.rec
 records through an Instruct model's template) was trained. The prompt is the user's turn (with --system before it),
 or --messages gives the whole conversation as a JSON list of {"role", "content"}:
 
-    python workloads/scripts/send_prompt.py --openai --chat --url http://localhost:8000 --model /models/ft \
+    python -m recipes.send_prompt --openai --chat --url http://localhost:8000 --model /models/ft \
         --system "You add numbers." "What is two plus three?"
 
 --temperature 0 asks for greedy decoding; --ignore-eos and --token-ids are vLLM's extensions of the API (generate
@@ -37,14 +37,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from recipes.contract import positive_int
+
 DEFAULT_URL = "http://localhost:51080"
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,8 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--system", help="with --chat: a system turn before the prompt")
     parser.add_argument("--messages", type=_messages, help="with --chat: the whole conversation, a JSON list of "
                         "{\"role\": ..., \"content\": ...} (instead of the prompt)")
-    parser.add_argument("--max-new-tokens", type=_positive, default=128, help="most tokens to generate (128)")
-    parser.add_argument("--timeout", type=_positive, default=300, help="seconds to wait for the reply (300)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="most tokens to generate (128)")
+    parser.add_argument("--timeout", type=positive_int, default=300, help="seconds to wait for the reply (300)")
     parser.add_argument("--temperature", type=float, help="with --openai: sampling temperature (0: greedy)")
     parser.add_argument("--ignore-eos", action="store_true", help="with --openai (vLLM): do not stop at EOS")
     parser.add_argument("--token-ids", action="store_true", help="with --openai (vLLM): return the token ids")

@@ -67,10 +67,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-import finetune_tiered as tiered
-from finetune_check import Plan, check, check_fields, encode_record, plan, report_lines
-from finetune_checkpoints import newest_checkpoint
-from finetune_config import (
+from recipes import finetune_tiered as tiered
+from recipes.contract import EXIT_PREEMPTED, EXIT_USAGE, FINETUNE, MARKER
+from recipes.finetune_check import Plan, check, check_fields, encode_record, plan, report_lines
+from recipes.finetune_checkpoints import newest_checkpoint
+from recipes.finetune_config import (
     StackKeys,
     UsageError,
     combination_problems,
@@ -83,18 +84,15 @@ from finetune_config import (
     trainer_ds_args,
     zero_stage,
 )
-from finetune_data import (
-    CHECK_RECORDS,
-    FORMATS,
-    RECORD_FORMATS,
+from recipes.finetune_data import (
     DataSource,
     FieldSpec,
     RecordError,
     data_source,
     parse_roles,
 )
-from finetune_fabric import fabric_refusal, nccl_divert
-from finetune_hpu import (
+from recipes.finetune_fabric import fabric_refusal, nccl_divert
+from recipes.finetune_hpu import (
     dtype_keyword,
     hpu_run,
     logging_dir_arguments,
@@ -104,8 +102,8 @@ from finetune_hpu import (
     tokens_seen,
     trainer_classes,
 )
-from finetune_read import first_records
-from finetune_render import (
+from recipes.finetune_read import first_records
+from recipes.finetune_render import (
     CHAT_TEMPLATE_AUTO,
     CHAT_TEMPLATE_RAW,
     IGNORE_INDEX,
@@ -114,11 +112,10 @@ from finetune_render import (
     pad_batch,
     template_file,
 )
-from finetune_tokenized import (
+from recipes.finetune_tokenized import (
     BLOCKS,
     EVAL,
     MARKER_FILE,
-    PACKING_FLAGS,
     PADDING_FREE,
     TOKENIZED_FOLDER,
     TRAIN,
@@ -136,20 +133,11 @@ from finetune_tokenized import (
     tokenizer_identity,
 )
 
-EXIT_USAGE = 2
-EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports it: stopped on notice, after saving a checkpoint
-MARKER = ".complete"
 SAMPLE_FILE = "rendered-sample.json"  # in CHECKPOINT_DIR: the first record as trained
 
-# The contract's environment variables, each the default of its argument (the argument wins).
-ENV_DEFAULTS = {
-    "model": "FINETUNE_MODEL",
-    "dataset": "FINETUNE_DATASET",
-    "save_steps": "CHECKPOINT_EVERY_STEPS",
-    "checkpoint_dir": "CHECKPOINT_DIR",
-    "model_dir": "MODEL_DIR",
-    "local_checkpoint_dir": "LOCAL_CHECKPOINT_DIR",
-}
+# The contract's environment variables (recipes/contract.py: each option's `env`), each the default of its argument
+# (the argument wins).
+ENV_DEFAULTS = FINETUNE.env_defaults()
 # Vertex AI's own variables (a CustomJob with baseOutputDirectory sets them, as gs:// URIs, on every replica; its
 # TensorBoard uploads what lands under AIP_TENSORBOARD_LOG_DIR): the fall-back where neither the argument nor the
 # contract's variable is given, so the same argv runs on Vertex AI and the files land where Vertex looks.
@@ -157,8 +145,6 @@ VERTEX_DEFAULTS = {"checkpoint_dir": "AIP_CHECKPOINT_DIR", "model_dir": "AIP_MOD
 LOGS_ENV, VERTEX_LOGS_ENV = "TENSORBOARD_LOGGING_DIR", "AIP_TENSORBOARD_LOG_DIR"
 GCS_URI, GCS_FUSE_ROOT = "gs://", "/gcs"  # Vertex AI mounts every bucket the job may read at /gcs/<bucket>
 REQUIRED = ("model", "dataset", "checkpoint_dir", "model_dir")
-PRECISIONS = ("bf16", "fp16", "fp32")
-LORA_EXPORTS = ("adapter", "merged")
 # What MODEL_DIR holds, as the marker says: a LoRA adapter, the base with the adapter merged in, or every weight.
 ADAPTER, MERGED, FULL = "adapter", "merged", "full"
 # peft's adapter folder (PeftModel.save_pretrained: SAFETENSORS_WEIGHTS_NAME, CONFIG_NAME) and a whole model's
@@ -175,9 +161,7 @@ READS = {"text": {"text_field"},
          "messages": {"messages_field", "role_field", "content_field", "roles"},
          "sharegpt": {"messages_field", "role_field", "content_field", "roles"},
          "alpaca": set()}
-DEFAULT_SAVE_STEPS = 500
-DEFAULT_SEQ_LEN = 1024
-DEFAULT_LEARNING_RATE = 2e-5
+DEFAULT_SAVE_STEPS = FINETUNE.option("save_steps").default
 DEFAULT_EVAL_BATCH = 8  # the Trainer's per_device_eval_batch_size, where ds_config.json gives no micro batch
 
 
@@ -188,71 +172,8 @@ def _flag(name: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    env = ENV_DEFAULTS
-    parser.add_argument("--model", help=f"a Hugging Face model id or a local folder ({env['model']})")
-    parser.add_argument("--dataset", help=f"a file, a folder of files or a Hugging Face dataset id ({env['dataset']})")
-    parser.add_argument("--format", choices=FORMATS, default="auto", help="the files' format (default: by suffix)")
-    parser.add_argument("--records", choices=RECORD_FORMATS, default="auto",
-                        help="the records' format (default auto: by the first record's fields)")
-    parser.add_argument("--text-field", help="text records: the field learned (default text)")
-    parser.add_argument("--prompt-field", help="with --response-field: learn the response to the prompt")
-    parser.add_argument("--response-field", help="with --prompt-field")
-    parser.add_argument("--messages-field", help="the conversation's field (default messages; sharegpt conversations)")
-    parser.add_argument("--role-field", help="a message's role key (default role; sharegpt from)")
-    parser.add_argument("--content-field", help="a message's text key (default content; sharegpt value)")
-    parser.add_argument("--roles", nargs="+", default=[], metavar="NAME=ROLE",
-                        help="the data's role names as system, user or assistant (e.g. bot=assistant)")
-    parser.add_argument("--chat-template", default=CHAT_TEMPLATE_AUTO,
-                        help="auto (the model's own), raw (no template: text and prompt/completion only), or a "
-                             "Jinja file, then saved with the model")
-    parser.add_argument("--eval-split", help="held-out records: a fraction (e.g. 0.05) or a file or folder of them")
-    parser.add_argument("--check-data", action="store_true",
-                        help=f"check and render the first {CHECK_RECORDS} records, then exit (2 on a data error); "
-                             "without --model the fields and formats only (make check-data runs it on your machine)")
-    parser.add_argument("--check-records", type=int, default=CHECK_RECORDS, metavar="N",
-                        help=f"with --check-data: the records read ({CHECK_RECORDS}; 0: all of them, each malformed "
-                             "one named)")
-    parser.add_argument("--prepare-data", action="store_true",
-                        help="the data check, then every record tokenized (and packed) into --tokenized-dir, or found "
-                             "there; then exit: the launcher's step before the ranks")
-    parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"tokens per sample ({DEFAULT_SEQ_LEN})")
-    parser.add_argument("--packing", choices=PACKING_FLAGS, default="auto",
-                        help="auto (default): text records packed into --seq-len blocks, others not; on: also "
-                             "padding-free batches of chat and prompt/completion records; off: neither")
-    parser.add_argument("--tokenized-dir", help=f"where the tokenized data is kept (default CHECKPOINT_DIR/"
-                        f"{TOKENIZED_FOLDER}): made once, reused on every restart and resume")
-    parser.add_argument("--epochs", type=float, help="passes over the data (default 1; or --max-steps)")
-    parser.add_argument("--max-steps", type=int, help="optimizer steps in all (instead of --epochs)")
-    parser.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE,
-                        help=f"peak learning rate ({DEFAULT_LEARNING_RATE})")
-    parser.add_argument("--lora", action="store_true", help="train a LoRA adapter (merged into the model at export)")
-    parser.add_argument("--lora-rank", type=int, default=16)
-    parser.add_argument("--lora-alpha", type=float, default=32.0)
-    parser.add_argument("--lora-dropout", type=float, default=0.05)
-    parser.add_argument("--lora-target-modules", nargs="+", default=["all-linear"],
-                        help="module names, or all-linear (default)")
-    parser.add_argument("--lora-export", choices=LORA_EXPORTS, default=ADAPTER,
-                        help="MODEL_DIR gets the adapter alone (default) or the model with it merged in")
-    parser.add_argument("--deepspeed", "--deepspeed_config", "--deepspeed-config", dest="deepspeed",
-                        help="ds_config.json (the launcher passes --deepspeed_config)")
-    parser.add_argument("--save-steps", type=int, help=f"checkpoint every N steps ({env['save_steps']}, "
-                        f"default {DEFAULT_SAVE_STEPS})")
-    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2, the newest)")
-    parser.add_argument("--checkpoint-dir", help=f"the checkpoint-N folders ({env['checkpoint_dir']})")
-    parser.add_argument("--model-dir", help=f"where the final model goes ({env['model_dir']})")
-    parser.add_argument("--local-checkpoint-dir", help="tiered saves: the Trainer saves to this node-local folder (a "
-                        "local SSD) and each save is copied to --checkpoint-dir in the background, a marker last "
-                        f"(finetune_tiered.py; {env['local_checkpoint_dir']})")
-    parser.add_argument("--copy-rate-mb", type=float, help="with --local-checkpoint-dir: cap each node's copy at this "
-                        "many MB/s (default: none), to leave the node's network to the training")
-    parser.add_argument("--precision", choices=PRECISIONS, help="default: ds_config.json's, else fp32")
-    parser.add_argument("--logging-steps", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations (less memory)")
-    # The DeepSpeed launcher appends --local_rank=N; LOCAL_RANK says the same.
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
-    return parser
+    """finetune.py's parser: every option as recipes/contract.py declares it."""
+    return FINETUNE.parser(description=__doc__.splitlines()[0])
 
 
 def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
@@ -304,32 +225,17 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
     required = ("dataset",) if args.check_data and not args.prepare_data else REQUIRED
     problems = [f"{_flag(name)} (or {_variables(name)}) is required" for name in required
                 if not getattr(args, name)]
-    if args.check_records < 0:
-        problems.append(f"--check-records must be 0 (all) or more, got {args.check_records}")
+    problems += FINETUNE.problems(args)  # each option's bounds (recipes/contract.py)
     if bool(args.prompt_field) != bool(args.response_field):
         problems.append("--prompt-field and --response-field go together (or neither: --text-field)")
     problems += record_flag_problems(args)
     if args.epochs is not None and args.max_steps is not None:
         problems.append("give --epochs or --max-steps, not both")
-    if args.epochs is not None and args.epochs <= 0:
-        problems.append(f"--epochs must be more than 0, got {args.epochs}")
-    if args.max_steps is not None and args.max_steps < 1:
-        problems.append(f"--max-steps must be 1 or more, got {args.max_steps}")
-    if args.seq_len < 8:
-        problems.append(f"--seq-len must be 8 or more, got {args.seq_len}")
-    if args.learning_rate <= 0:
-        problems.append(f"--learning-rate must be more than 0, got {args.learning_rate}")
-    if args.save_steps < 1:
-        problems.append(f"--save-steps must be 1 or more, got {args.save_steps}")
-    if args.save_total_limit < 1:
-        problems.append(f"--save-total-limit must be 1 or more, got {args.save_total_limit}")
-    if args.copy_rate_mb is not None and args.copy_rate_mb <= 0:
-        problems.append(f"--copy-rate-mb must be above 0, got {args.copy_rate_mb}")
     problem = eval_split(args.eval_split)[1]
     if problem:
         problems.append(problem)
-    if args.lora:
-        problems += lora_problems(args.lora_rank, args.lora_alpha, args.lora_dropout, args.lora_target_modules)
+    if args.lora and any(not t.strip() for t in args.lora_target_modules):
+        problems.append("--lora-target-modules needs module names (or all-linear)")
     return problems
 
 
@@ -362,19 +268,6 @@ def eval_split(value: str | None) -> tuple[float | str | None, str | None]:
     if not 0 < fraction < 1:
         return None, f"--eval-split {value}: a fraction of the records must be between 0 and 1 (e.g. 0.05)"
     return fraction, None
-
-
-def lora_problems(rank: int, alpha: float, dropout: float, targets: Sequence[str]) -> list[str]:
-    problems = []
-    if rank < 1:
-        problems.append(f"--lora-rank must be 1 or more, got {rank}")
-    if alpha <= 0:
-        problems.append(f"--lora-alpha must be more than 0, got {alpha}")
-    if not 0 <= dropout < 1:
-        problems.append(f"--lora-dropout must be in [0, 1), got {dropout}")
-    if not targets or any(not t.strip() for t in targets):
-        problems.append("--lora-target-modules needs module names (or all-linear)")
-    return problems
 
 
 def field_spec(args: argparse.Namespace) -> FieldSpec:
@@ -718,12 +611,8 @@ def _progress_callbacks(args: argparse.Namespace) -> list[Any]:
     TENSORBOARD_LOGGING_DIR (or Vertex AI's AIP_TENSORBOARD_LOG_DIR) names its folder, then what closes its file at
     each logging step: in that order, so the tokens/s and MFU the first adds to the logs are written with the loss,
     and the file is in the bucket (GCS FUSE uploads it on close) while the run lasts."""
-    import importlib
+    from recipes import finetune_progress as progress
 
-    folder = str(Path(__file__).parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    progress = importlib.import_module("finetune_progress")
     out = [progress.progress_callback(progress.RunFacts.from_env(os.environ), args.checkpoint_dir, args.model_dir,
                                       say)]
     logs = tensorboard_dir(os.environ)

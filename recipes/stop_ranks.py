@@ -5,7 +5,7 @@ Why: Kubernetes sends SIGTERM to each container's main process only (preemption,
 process is sshd; sshd exits without signalling its sessions, and when a PID namespace's init exits the kernel
 SIGKILLs everything left in it, so the ranks would die without saving. The kubelet runs a container's preStop hook
 before it sends that SIGTERM and waits for the hook, within terminationGracePeriodSeconds. This hook makes the
-ranks get the notice first: each saves a checkpoint (finetune.py, smoke_test.py: the ranks agree on it at the next
+ranks get the notice first: each saves a checkpoint (finetune.py, smoke_train.py: the ranks agree on it at the next
 step) and exits; then the hook returns and the kubelet stops sshd.
 
 Only the ranks are signalled, never DeepSpeed's per-node launcher (deepspeed.launcher.launch): on SIGTERM it gives

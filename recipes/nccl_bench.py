@@ -252,7 +252,7 @@ def _time(torch, dist, benchmark: str, size: int, world: int, iters: int, warmup
 def fabric_network():
     """nccl_network.py, shipped beside this script on a fabric pool (workloads/fabric.py); None elsewhere."""
     try:
-        import nccl_network
+        from recipes import nccl_network
     except ImportError:
         return None
     return nccl_network

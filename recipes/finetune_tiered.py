@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from finetune_checkpoints import CHECKPOINT_DONE_FILE, CHECKPOINT_PREFIX, checkpoint_step
+from recipes.finetune_checkpoints import CHECKPOINT_DONE_FILE, CHECKPOINT_PREFIX, checkpoint_step
 
 COPIED_MARKER = "checkpoint-copied.json"  # in the bucket's checkpoint-N: every node's files are there
 NODE_MARKER = "copied-node-{node}.json"

@@ -15,7 +15,7 @@ from typing import Any
 # The contract's variable naming the stack's key for each flag it sets (JSON: {"--records":
 # "workloads.tune.finetune.recordFormat", ...}): an error about a flag's value names the key a person changes, not
 # the flag the stack passed. Unset (the script run by hand): errors name the flags.
-STACK_KEYS_ENV = "FINETUNE_STACK_KEYS"
+from recipes.contract import HF_TOKEN_PATH_ENV, STACK_KEYS_ENV
 
 
 class UsageError(ValueError):
@@ -47,15 +47,15 @@ class StackKeys:
 
 def hf_token(environ: Mapping[str, str]) -> str | None:
     """The token in the file HF_TOKEN_PATH names (the stack mounts the Secret there), or None without one."""
-    path = environ.get("HF_TOKEN_PATH", "").strip()
+    path = environ.get(HF_TOKEN_PATH_ENV, "").strip()
     if not path:
         return None
     try:
         token = Path(path).read_text(encoding="utf-8").strip()
     except OSError as error:
-        raise UsageError(f"HF_TOKEN_PATH={path}: cannot read the token file ({error.strerror})") from None
+        raise UsageError(f"{HF_TOKEN_PATH_ENV}={path}: cannot read the token file ({error.strerror})") from None
     if not token:
-        raise UsageError(f"HF_TOKEN_PATH={path}: the token file is empty")
+        raise UsageError(f"{HF_TOKEN_PATH_ENV}={path}: the token file is empty")
     return token
 
 

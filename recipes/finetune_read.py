@@ -12,8 +12,8 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from finetune_config import UsageError
-from finetune_data import CHECK_RECORDS, DataSource, RecordError
+from recipes.finetune_config import UsageError
+from recipes.finetune_data import CHECK_RECORDS, DataSource, RecordError
 
 
 class LineRecord(dict):  # type: ignore[type-arg]

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kube_api import Api, ApiError, in_cluster_send
+from recipes.kube_api import Api, ApiError, in_cluster_send
 
 LABEL = "cloud.google.com/scheduled-maintenance-time"
 

@@ -35,12 +35,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from finetune_data import DataSource
+from recipes.contract import PACKING_FLAGS, TOKENIZED_FOLDER  # noqa: F401 (this module's names too)
+from recipes.finetune_data import DataSource
 
-TOKENIZED_FOLDER = "tokenized"  # under CHECKPOINT_DIR, the default --tokenized-dir
 MARKER_FILE = "tokenized.json"  # written last: the folder is complete
 TRAIN, EVAL = "train", "eval"
-PACKING_FLAGS = ("auto", "on", "off")
 BLOCKS, PADDING_FREE, OFF = "blocks", "padding-free", "off"
 # The modules whose code decides the tokens (a changed one makes a new folder).
 RENDERING_MODULES = ("finetune_data.py", "finetune_render.py", "finetune_check.py", "finetune_tokenized.py")

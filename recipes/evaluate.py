@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evaluate_copies import (
+from recipes.contract import EXIT_USAGE
+from recipes.evaluate_copies import (
     copy_adapter,
     read_json,
     read_marker,
@@ -58,7 +59,7 @@ from evaluate_copies import (
     version_name,
     write_served,
 )
-from evaluate_task import (
+from recipes.evaluate_task import (
     CHAT,
     EXACT_MATCH,
     FILTER,
@@ -75,7 +76,6 @@ from evaluate_task import (
     write_tasks,
 )
 
-EXIT_USAGE = 2
 EXIT_SERVER = 1
 SERVED = "served.json"  # EVALS_DIR/served.json: the versioned copy served under NAME (evaluator.py loads it)
 VERSIONS = "versions"  # EVALS_DIR/versions/NAME-STEP-TIME: each candidate's own copy

@@ -1,7 +1,7 @@
 """Did NCCL use the GPU fabric's network plugin? NCCL's own init lines say so; this module reads them.
 
 Shipped beside a job's script on a GPU fabric pool (with nccl_env.sh, workloads/fabric.py) and imported by
-nccl_bench.py (the NCCL test) and smoke_test.py (after its first collective). The pod contract names the network
+nccl_bench.py (the NCCL test) and smoke_train.py (after its first collective). The pod contract names the network
 the fabric's plugin registers (FABRIC_NCCL_NETWORK, from data/gpu_fabric.yaml `ncclNetwork`: FasTrak for TCPXO,
 GPUDirectTCPX_v7 for TCPX, gIB for RDMA). NCCL tries the external plugin first and, when it does not load or
 initialize, goes on to its own IB and Socket transports with nothing but INFO lines (NVIDIA/nccl v2.29.7-1

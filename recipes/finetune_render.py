@@ -35,11 +35,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from finetune_config import UsageError
-from finetune_data import RecordError, Sample
+from recipes.contract import CHAT_TEMPLATE_AUTO, CHAT_TEMPLATE_RAW
+from recipes.finetune_config import UsageError
+from recipes.finetune_data import RecordError, Sample
 
 IGNORE_INDEX = -100  # labels the loss skips (the Trainer's models' CrossEntropyLoss ignore_index)
-CHAT_TEMPLATE_AUTO, CHAT_TEMPLATE_RAW = "auto", "raw"
 # TRL's has_generation_markers (trl/chat_template_utils.py), whitespace-trim variants included.
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 

@@ -1,4 +1,4 @@
-"""smoke_test.py's run path without torch: the exit status of a rank that sees no GPU (torch and deepspeed
+"""smoke_train.py's run path without torch: the exit status of a rank that sees no GPU (torch and deepspeed
 stubbed in a subprocess), and the launcher-variable and checkpoint helpers the e2e relies on."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from conftest import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOKE_TEST = ROOT / "workloads" / "scripts" / "smoke_test.py"
+SMOKE_TEST = ROOT / "recipes" / "smoke_train.py"
 
 # Stand-ins for torch and deepspeed: a machine without a GPU. Every call that matters is logged to
 # $STUB_LOG; deepspeed.init_distributed and any non-gloo process group fail like NCCL does without a GPU.

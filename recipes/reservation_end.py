@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kube_api import JSON_PATCH, Api, ApiError, in_cluster_send
+from recipes.kube_api import JSON_PATCH, Api, ApiError, in_cluster_send
 
 MARK = "deepspeed-stack/reservation-end"  # on the Workloads this program deactivated
 SKEW = datetime.timedelta(seconds=60)
