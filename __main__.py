@@ -8,6 +8,7 @@ import pulumi
 
 import checks
 from components import gaudi_image as gaudi
+from components import serving_dashboard as dashboards
 from components.artifact_registry import ArtifactRegistry, ArtifactRegistryArgs
 from components.container_image import ContainerImage, ContainerImageArgs
 from components.fabric_network import FabricNetwork, FabricNetworkArgs
@@ -145,6 +146,10 @@ if target is not None:
     if cluster is not None and serving_metrics.needs_adapter(cfg):
         MetricsAdapter("metrics-adapter", MetricsAdapterArgs(
             project=cfg.project, identity_pool_ready=[cluster.cluster]), on_target)
+    # One Cloud Monitoring dashboard of the vLLM servers' queue, batch, KV cache and latencies (what GMP scrapes).
+    if cluster is not None and (scraped_servers := dashboards.scraped_servers(cfg)):
+        dashboards.ServingDashboard("serving-dashboard", dashboards.ServingDashboardArgs(
+            project=cfg.project, stack=pulumi.get_stack(), servers=scraped_servers))
     # NCCL tests: bus bandwidth across a fabric pool's nodes, once its pools, fabric and image read grant exist; the
     # first thing on their pools: what would compete with one for its nodes waits for its Job to complete
     # (workloads/first_up.py).
