@@ -9,6 +9,7 @@ from __future__ import annotations
 from checks.common import Check, at, or_list
 from model import capacity, reservation
 from model import catalog as gpu_catalog
+from model.problems import Problem
 from model.types import MpiJobBaseConfig, NodePoolConfig, StackConfig
 from planner import cost, run_estimate
 
@@ -21,7 +22,7 @@ def _pools(m: StackConfig) -> list[tuple[int, NodePoolConfig]]:
     return list(enumerate(m.node_pools))
 
 
-def check_spot_alone(m: StackConfig) -> list[str]:
+def check_spot_alone(m: StackConfig) -> list[Problem]:
     """Spot VMs consume no reservation and are not DWS capacity: GKE refuses them together."""
     problems = []
     for i, p in _pools(m):
@@ -30,26 +31,27 @@ def check_spot_alone(m: StackConfig) -> list[str]:
         for key, on in (("reservation", bool(p.reservation)), ("flexStart", p.flex_start),
                         ("queuedProvisioning", p.queued_provisioning)):
             if on:
-                problems.append(f"{at('nodePools', i, 'spot')}: spot VMs cannot be combined with {key} (GKE refuses "
-                                f"it); use a separate spot pool, or set spot: false")
+                problems.append(Problem(at('nodePools', i, 'spot'),
+                                        f"spot VMs cannot be combined with {key} (GKE refuses "
+                                        f"it); use a separate spot pool, or set spot: false"))
     return problems
 
 
-def check_dws_without_reservation(m: StackConfig) -> list[str]:
+def check_dws_without_reservation(m: StackConfig) -> list[Problem]:
     """Flex-start and queued provisioning take capacity from DWS, never from a reservation (NO_RESERVATION)."""
-    return [f"{at('nodePools', i, 'reservation')}: a flex-start or queued-provisioning pool cannot consume a "
-            f"reservation (GKE requires reservation affinity NO_RESERVATION); remove reservation or make a "
-            f"separate reservation pool" for i, p in _pools(m) if p.reservation and capacity.is_dws(p)]
+    return [Problem(at('nodePools', i, 'reservation'), "a flex-start or queued-provisioning pool cannot consume a "
+            "reservation (GKE requires reservation affinity NO_RESERVATION); remove reservation or make a "
+            "separate reservation pool") for i, p in _pools(m) if p.reservation and capacity.is_dws(p)]
 
 
-def check_reservation_zone(m: StackConfig) -> list[str]:
+def check_reservation_zone(m: StackConfig) -> list[Problem]:
     """A specific reservation is zonal: the pool's nodes must be in the reservation's zone, named explicitly."""
-    return [f"{at('nodePools', i, 'zones')}: a pool that consumes reservation {p.reservation} needs exactly one "
-            f"zone, the reservation's (e.g. zones: [{m.region}-a]); got {p.zones or 'none (every zone)'}"
+    return [Problem(at('nodePools', i, 'zones'), f"a pool that consumes reservation {p.reservation} needs exactly one "
+            f"zone, the reservation's (e.g. zones: [{m.region}-a]); got {p.zones or 'none (every zone)'}")
             for i, p in _pools(m) if p.reservation and len(p.zones) != 1]
 
 
-def check_flex_start_version(m: StackConfig) -> list[str]:
+def check_flex_start_version(m: StackConfig) -> list[Problem]:
     """GKE creates flex-start pools only on control planes at or above the minimum (data/capacity.yaml)."""
     if m.cluster is None:
         return []
@@ -60,69 +62,72 @@ def check_flex_start_version(m: StackConfig) -> list[str]:
     version = m.cluster.min_master_version
     parsed = capacity.gke_version(version) if version else None
     if version is None:
-        return [f"cluster.minMasterVersion: pool(s) {', '.join(flex)} use flex-start, which needs GKE "
+        return [Problem("cluster.minMasterVersion", f"pool(s) {', '.join(flex)} use flex-start, which needs GKE "
                 f"{facts.flex_start_min_gke} or later; set cluster.minMasterVersion to it (or newer, e.g. 1.33) so "
-                "GKE never runs an older control plane"]
+                "GKE never runs an older control plane")]
     if parsed is not None and parsed < capacity.gke_version(facts.flex_start_min_gke):
-        return [f"cluster.minMasterVersion: {version} is below {facts.flex_start_min_gke}, the oldest GKE that "
-                f"accepts flex-start (pool(s) {', '.join(flex)}); set it to that or newer, e.g. 1.33"]
+        return [Problem("cluster.minMasterVersion",
+                        f"{version} is below {facts.flex_start_min_gke}, the oldest GKE that "
+                        f"accepts flex-start (pool(s) {', '.join(flex)}); set it to that or newer, e.g. 1.33")]
     return []
 
 
-def check_max_run_duration(m: StackConfig) -> list[str]:
+def check_max_run_duration(m: StackConfig) -> list[Problem]:
     """Flex-start nodes run at most 7 days; GKE refuses a longer maxRunDuration on them."""
     limit = capacity.load().flex_start_max_run_seconds
-    return [f"{at('nodePools', i, 'maxRunDuration')}: {p.max_run_duration} is longer than flex-start's limit of "
-            f"{limit}s ({limit // 86400} days); use {limit}s or less"
+    return [Problem(at('nodePools', i, 'maxRunDuration'), f"{p.max_run_duration} is longer than flex-start's limit of "
+            f"{limit}s ({limit // 86400} days); use {limit}s or less")
             for i, p in _pools(m)
             if p.flex_start and p.max_run_duration and capacity.seconds(p.max_run_duration) > limit]
 
 
-def check_queued_provisioning_scales_from_zero(m: StackConfig) -> list[str]:
+def check_queued_provisioning_scales_from_zero(m: StackConfig) -> list[Problem]:
     """Queued provisioning adds nodes only for a ProvisioningRequest: the pool starts (and idles) at 0."""
-    return [f"{at('nodePools', i, 'minNodes')}: a queued-provisioning pool must have minNodes 0 (GKE creates its "
-            f"nodes only for admitted jobs), got {p.min_nodes}"
+    return [Problem(at('nodePools', i, 'minNodes'), f"a queued-provisioning pool must have minNodes 0 (GKE creates its "
+            f"nodes only for admitted jobs), got {p.min_nodes}")
             for i, p in _pools(m) if p.queued_provisioning and p.min_nodes != 0]
 
 
-def check_compact_placement_capacity(m: StackConfig) -> list[str]:
+def check_compact_placement_capacity(m: StackConfig) -> list[Problem]:
     """COMPACT placement: never with queued provisioning on GPUs; with flex-start only on A3 Ultra, A4, H4D."""
     problems = []
     for i, p in _pools(m):
         if not p.compact_placement:
             continue
         if p.queued_provisioning:
-            problems.append(f"{at('nodePools', i, 'compactPlacement')}: GKE refuses COMPACT placement on a GPU pool "
+            problems.append(Problem(at('nodePools', i, 'compactPlacement'),
+                                    "GKE refuses COMPACT placement on a GPU pool "
                             "with queued provisioning; set compactPlacement: false (Kueue admits the job's nodes "
-                            "together anyway)")
+                            "together anyway)"))
         elif p.flex_start and not p.machine_type.startswith(COMPACT_FLEX_FAMILIES):
-            problems.append(f"{at('nodePools', i, 'compactPlacement')}: COMPACT placement with flex-start works only "
-                            f"on A3 Ultra, A4 and H4D machines, not {p.machine_type}; set compactPlacement: false")
+            problems.append(Problem(at('nodePools', i, 'compactPlacement'),
+                                    f"COMPACT placement with flex-start works only "
+                            f"on A3 Ultra, A4 and H4D machines, not {p.machine_type}; set compactPlacement: false"))
     return problems
 
 
-def check_queued_pools_have_kueue(m: StackConfig) -> list[str]:
+def check_queued_pools_have_kueue(m: StackConfig) -> list[Problem]:
     """A queued-provisioning pool gets nodes only through a ProvisioningRequest, which Kueue makes."""
     queued = [p.name for p in m.node_pools if p.queued_provisioning]
     if queued and not m.kueue.install:
-        return [f"kueue.install: pool(s) {', '.join(queued)} use queued provisioning, which gets nodes only "
-                "through Kueue's ProvisioningRequest; set kueue.install: true"]
+        return [Problem("kueue.install", f"pool(s) {', '.join(queued)} use queued provisioning, which gets nodes only "
+                "through Kueue's ProvisioningRequest; set kueue.install: true")]
     return []
 
 
-def check_queued_pool_workloads(m: StackConfig) -> list[str]:
+def check_queued_pool_workloads(m: StackConfig) -> list[Problem]:
     """Only MPIJobs are queued by Kueue here; a Helm release on a queued pool would wait for nodes forever."""
     problems = []
     for name, w in m.workloads.items():
         pool = m.pool(w.pool or "")
         if pool is not None and pool.queued_provisioning and not w.runs_as_mpijob:
-            problems.append(f"{at('workloads', name, 'kind')}: {w.kind} workloads are not queued by Kueue, so "
+            problems.append(Problem(at('workloads', name, 'kind'), f"{w.kind} workloads are not queued by Kueue, so "
                             f"nothing would request nodes of queued-provisioning pool {pool.name}; use kind: mpijob "
-                            "or a pool without queued provisioning")
+                            "or a pool without queued provisioning"))
     return problems
 
 
-def check_queued_pool_nccl_tests(m: StackConfig) -> list[str]:
+def check_queued_pool_nccl_tests(m: StackConfig) -> list[Problem]:
     """An NCCL test is a plain Job, which Kueue does not queue here (it queues MPIJobs), so no ProvisioningRequest
     would ever ask for a queued-provisioning pool's nodes: the Job would wait out its deadline, and the training
     gated on it (workloads/first_up.py) would never be created. The rule a workload meets there, for the test."""
@@ -135,15 +140,15 @@ def check_queued_pool_nccl_tests(m: StackConfig) -> list[str]:
                           and p.machine_type == pool.machine_type]
                 instead = or_list(others) if others else "e.g. a reservation or on-demand pool"
                 problems.append(
-                    f"{at('ncclTests', name, 'pools', i)}: {pool.name} has queued provisioning, whose nodes come "
+                    Problem(at('ncclTests', name, 'pools', i), f"{pool.name} has queued provisioning, whose nodes come "
                     "only for a ProvisioningRequest Kueue makes for a queued MPIJob; the NCCL test is a plain Job "
                     "Kueue does not queue, so nothing would ever request its nodes and it would wait out its "
                     "deadline. Test a pool of the same machine type without queued provisioning "
-                    f"({instead}): same fabric, same pass line")
+                    f"({instead}): same fabric, same pass line"))
     return problems
 
 
-def check_fallback_pool(m: StackConfig) -> list[str]:
+def check_fallback_pool(m: StackConfig) -> list[Problem]:
     """The fallback pool must be another pool of the same shape (the workers' resources are fitted to it); a
     queued-provisioning one only for jobs that Kueue queues."""
     problems = []
@@ -153,51 +158,56 @@ def check_fallback_pool(m: StackConfig) -> list[str]:
         key = at("workloads", name, "fallbackPool")
         pool, fallback = m.pool(w.pool or ""), m.pool(w.fallback_pool)
         if not w.on_nvidia or pool is None:
-            problems.append(f"{key}: a fallback pool needs an nvidia workload on a `pool`")
+            problems.append(Problem(key, "a fallback pool needs an nvidia workload on a `pool`"))
         elif fallback is None:
-            problems.append(f"{key}: no pool named {w.fallback_pool!r} (pools: "
-                            f"{', '.join(p.name for p in m.node_pools) or 'none'})")
+            problems.append(Problem(key, f"no pool named {w.fallback_pool!r} (pools: "
+                            f"{', '.join(p.name for p in m.node_pools) or 'none'})"))
         elif fallback.name == pool.name:
-            problems.append(f"{key}: {fallback.name} is the workload's `pool` itself; name another pool")
+            problems.append(Problem(key, f"{fallback.name} is the workload's `pool` itself; name another pool"))
         elif (fallback.machine_type, fallback.gpu.type, fallback.gpu.count) != \
                 (pool.machine_type, pool.gpu.type, pool.gpu.count):
-            problems.append(f"{key}: {fallback.name} has {fallback.gpu.count} x {fallback.gpu.type} on "
+            problems.append(Problem(key, f"{fallback.name} has {fallback.gpu.count} x {fallback.gpu.type} on "
                             f"{fallback.machine_type}, {pool.name} {pool.gpu.count} x {pool.gpu.type} on "
-                            f"{pool.machine_type}; the workers are sized for one shape, so both pools need the same")
+                            f"{pool.machine_type}; the workers are sized for one shape, so both pools need the same"))
         elif fallback.queued_provisioning and not w.runs_as_mpijob:
-            problems.append(f"{key}: {fallback.name} has queued provisioning, whose nodes only Kueue-admitted "
-                            "MPIJobs get; use kind: mpijob or a fallback pool without queued provisioning")
+            problems.append(Problem(key, f"{fallback.name} has queued provisioning, whose nodes only Kueue-admitted "
+                            "MPIJobs get; use kind: mpijob or a fallback pool without queued provisioning"))
     return problems
 
 
-def check_kueue_target(m: StackConfig) -> list[str]:
+def check_kueue_target(m: StackConfig) -> list[Problem]:
     """Kueue's flavors and quotas come from the stack's GPU pools, and its MPIJob integration needs
     mpi-operator v0.8.0 or newer."""
     if not m.kueue.install:
         return []
     problems = []
     if m.cluster is None:
-        problems.append("kueue.install: Kueue's queues are built from the stack's GKE pools; it needs `cluster` "
-                        "(set kueue.install: false for an existing cluster)")
+        problems.append(Problem("kueue.install",
+                                "Kueue's queues are built from the stack's GKE pools; it needs `cluster` "
+                                "(set kueue.install: false for an existing cluster)"))
     elif not m.node_pools:
-        problems.append("kueue.install: the ClusterQueue's GPU flavors come from `nodePools`, and there are none; "
-                        "add a GPU pool or set kueue.install: false")
+        problems.append(Problem("kueue.install",
+                                "the ClusterQueue's GPU flavors come from `nodePools`, and there are none; "
+                                "add a GPU pool or set kueue.install: false"))
     elif not capacity.queued_chains(m):
-        problems.append("kueue.install: no workload waits in Kueue (it queues `mpijob` workloads on the stack's GPU "
-                        "pools), so its ClusterQueue would have no GPU flavor; add such a workload or set "
-                        "kueue.install: false")
+        problems.append(Problem("kueue.install",
+                                "no workload waits in Kueue (it queues `mpijob` workloads on the stack's GPU "
+                                "pools), so its ClusterQueue would have no GPU flavor; add such a workload or set "
+                                "kueue.install: false"))
     elif len(m.node_pools) > KUEUE_MAX_FLAVORS:
-        problems.append(f"kueue.install: a ClusterQueue resource group holds at most {KUEUE_MAX_FLAVORS} flavors "
-                        f"(one per GPU pool), got {len(m.node_pools)} pools")
+        problems.append(Problem("kueue.install",
+                                f"a ClusterQueue resource group holds at most {KUEUE_MAX_FLAVORS} flavors "
+                                f"(one per GPU pool), got {len(m.node_pools)} pools"))
     minimum = capacity.load().kueue_min_mpi_operator
     if any(w.runs_as_mpijob for w in m.workloads.values()) and \
             _version(m.mpi_operator.version) < _version(minimum):
-        problems.append(f"mpiOperator.version: Kueue queues MPIJobs only with mpi-operator {minimum} or newer, "
-                        f"got {m.mpi_operator.version}")
+        problems.append(Problem("mpiOperator.version",
+                                f"Kueue queues MPIJobs only with mpi-operator {minimum} or newer, "
+                                f"got {m.mpi_operator.version}"))
     return problems
 
 
-def check_queue_order(m: StackConfig) -> list[str]:
+def check_queue_order(m: StackConfig) -> list[Problem]:
     """One ClusterQueue tries its flavors in one order for every job: the queued jobs' `pool` before
     `fallbackPool` preferences must not contradict each other."""
     if capacity.queue_order(m) is not None:
@@ -206,12 +216,12 @@ def check_queue_order(m: StackConfig) -> list[str]:
     wants = "; ".join(f"{name}: {' before '.join(p.name for p in chain)}" for name, chain in chains.items()
                       if len(chain) > 1)
     last = [name for name, chain in chains.items() if len(chain) > 1][-1]
-    return [f"{at('workloads', last, 'fallbackPool')}: Kueue tries the ClusterQueue's flavors in one order for "
+    return [Problem(at('workloads', last, 'fallbackPool'), f"Kueue tries the ClusterQueue's flavors in one order for "
             f"every queued job, and the jobs' preferences contradict each other ({wants}); give them the same "
-            "order"]
+            "order")]
 
 
-def check_compute_class_version(m: StackConfig) -> list[str]:
+def check_compute_class_version(m: StackConfig) -> list[Problem]:
     """A workload's pool then fallbackPool is a GKE custom ComputeClass, which Standard clusters have from
     1.30.3-gke.1451000 on (data/capacity.yaml computeClass)."""
     users = [name for name, w in m.workloads.items() if capacity.workload_chain(m, w) is not None]
@@ -222,15 +232,17 @@ def check_compute_class_version(m: StackConfig) -> list[str]:
     why = (f"workload(s) {', '.join(users)} run on `pool` then `fallbackPool` through a GKE custom ComputeClass "
            f"(the autoscaler ignores preferred node affinity), which GKE has from {minimum}")
     if version is None:
-        return [f"cluster.minMasterVersion: {why}; set cluster.minMasterVersion to {minimum} or newer (e.g. 1.33) "
-                "so GKE never runs an older control plane"]
+        return [Problem("cluster.minMasterVersion",
+                        f"{why}; set cluster.minMasterVersion to {minimum} or newer (e.g. 1.33) "
+                        "so GKE never runs an older control plane")]
     parsed = capacity.gke_version(version)
     if parsed is not None and parsed < capacity.gke_version(minimum):
-        return [f"cluster.minMasterVersion: {version} is too old: {why}; set it to {minimum} or newer (e.g. 1.33)"]
+        return [Problem("cluster.minMasterVersion",
+                        f"{version} is too old: {why}; set it to {minimum} or newer (e.g. 1.33)")]
     return []
 
 
-def check_compute_class_pools(m: StackConfig) -> list[str]:
+def check_compute_class_pools(m: StackConfig) -> list[Problem]:
     """GKE ties a node pool to one ComputeClass, whose taint keeps every other pod off it: a pool in a
     workload's pool-then-fallback class serves that class only."""
     joins = capacity.pool_classes(m)
@@ -243,16 +255,16 @@ def check_compute_class_pools(m: StackConfig) -> list[str]:
                 continue
             how = f"with fallbackPool {w.fallback_pool}" if chain is not None else (
                 "queued by Kueue" if capacity.queued(m, w) else "without that fallbackPool")
-            problems.append(f"{at('workloads', name, key)}: pool {pool} belongs to GKE ComputeClass {joined} "
+            problems.append(Problem(at('workloads', name, key), f"pool {pool} belongs to GKE ComputeClass {joined} "
                             f"({_chain_text(m, joined)}), and GKE lets a pool join one class whose taint keeps "
                             f"other pods off it; this workload ({how}) cannot use it: give it the same pool and "
-                            "fallbackPool, or another pool")
+                            "fallbackPool, or another pool"))
     for test, t in m.nccl_tests.items():
         for i, pool in enumerate(t.pools):
             if pool in joins:
-                problems.append(f"{at('ncclTests', test, 'pools', i)}: pool {pool} belongs to GKE ComputeClass "
+                problems.append(Problem(at('ncclTests', test, 'pools', i), f"pool {pool} belongs to GKE ComputeClass "
                                 f"{joins[pool]} ({_chain_text(m, joins[pool])}), whose taint keeps the test's pods "
-                                "off it; test another pool")
+                                "off it; test another pool"))
     return problems
 
 
@@ -274,13 +286,13 @@ def reservation_end(pool: NodePoolConfig) -> str | None:
     return None
 
 
-def check_reservation_end_time(m: StackConfig) -> list[str]:
+def check_reservation_end_time(m: StackConfig) -> list[Problem]:
     """A reservation's end: a time (RFC 3339, with its zone) still to come, on a pool that consumes a reservation."""
-    return [f"{at('nodePools', i, 'reservationEndTime')}: {problem}"
+    return [Problem(at('nodePools', i, 'reservationEndTime'), f"{problem}")
             for i, p in _pools(m) if (problem := reservation_end(p)) is not None]
 
 
-def check_reservation_fallback(m: StackConfig) -> list[str]:
+def check_reservation_fallback(m: StackConfig) -> list[Problem]:
     """A workload on a reservation that ends needs somewhere to go on when the reservation's nodes go away: a
     `fallbackPool` of the same shape (DWS or spot), where Kueue (or the ComputeClass) admits it next."""
     problems = []
@@ -292,13 +304,13 @@ def check_reservation_fallback(m: StackConfig) -> list[str]:
                   and (p.machine_type, p.gpu.type, p.gpu.count) == (pool.machine_type, pool.gpu.type, pool.gpu.count)]
         instead = f" (e.g. {or_list(others)})" if others else (
             f" (add one: {pool.machine_type} with flexStart and queuedProvisioning, or spot)")
-        problems.append(f"{at('workloads', name, 'fallbackPool')}: pool {pool.name}'s reservation ends at "
+        problems.append(Problem(at('workloads', name, 'fallbackPool'), f"pool {pool.name}'s reservation ends at "
                         f"{pool.reservation_end_time}; name a pool of the same shape{instead} that the job continues "
-                        "on from its newest checkpoint when the reservation's nodes go away")
+                        "on from its newest checkpoint when the reservation's nodes go away"))
     return problems
 
 
-def idle_reserved(m: StackConfig, i: int, pool: NodePoolConfig) -> str | None:
+def idle_reserved(m: StackConfig, i: int, pool: NodePoolConfig) -> Problem | None:
     """A reservation pool whose workloads, all running at once, use fewer nodes than its maxNodes: the rest of the
     reservation is billed at the on-demand rate whether used or not (data/capacity.yaml priceBasis), so say what
     the idle nodes cost per hour and over each run the planner times (planner/run_estimate.py)."""
@@ -310,7 +322,7 @@ def idle_reserved(m: StackConfig, i: int, pool: NodePoolConfig) -> str | None:
     shape = cat.shape(pool.gpu.type, pool.machine_type, pool.gpu.count)
     node = shape.price.on_demand if shape else None
     used = ", ".join(f"{name}: {n}" for name, n in sorted(users.items()))
-    text = (f"{at('nodePools', i, 'maxNodes')}: pool {pool.name} reserves {pool.max_nodes} nodes of reservation "
+    text = (f"pool {pool.name} reserves {pool.max_nodes} nodes of reservation "
             f"{pool.reservation} and its workloads use {sum(users.values())} ({used}): {idle} reserved "
             f"{'node sits' if idle == 1 else 'nodes sit'} idle, billed at the on-demand rate whether used or not")
     if node is not None:
@@ -321,29 +333,31 @@ def idle_reserved(m: StackConfig, i: int, pool: NodePoolConfig) -> str | None:
                 hours = "–".join(run_estimate.format_hours(h) for h in (run.estimate.hours_fast,
                                                                          run.estimate.hours_slow))
                 text += f", ${fast:,.0f}–${slow:,.0f} over run {run.name} ({hours} h)"
-    return (text + f". Give them work (more workers) or shrink the reservation and maxNodes to "
-            f"{sum(users.values())}")
+    return Problem(at('nodePools', i, 'maxNodes'), text + f". Give them work (more workers) or shrink the "
+                   f"reservation and maxNodes to {sum(users.values())}")
 
 
-def maintenance_warnings(m: StackConfig) -> list[str]:
+def maintenance_warnings(m: StackConfig) -> list[Problem]:
     """The launcher's maintenance watch (workloads/maintenance.py) needs GKE's label, from 1.31.1-gke.2008000 on
     GPU nodes, and the stack's image (its python3)."""
     jobs = {name: w for name, w in m.workloads.items()
             if m.cluster is not None and isinstance(w, MpiJobBaseConfig) and w.on_nvidia and m.pool(w.pool or "")}
     facts = capacity.load().maintenance
-    out = [f"{at('workloads', name, 'image')}: the launcher's maintenance watch runs in the stack's image only; with "
-           "an image of your own this run is not saved ahead of its nodes' host maintenance (its workers still "
-           "prefer nodes without pending maintenance)" for name, w in jobs.items() if w.image]
+    out = [Problem(at('workloads', name, 'image'),
+                   "the launcher's maintenance watch runs in the stack's image only; with "
+                   "an image of your own this run is not saved ahead of its nodes' host maintenance (its workers still "
+                   "prefer nodes without pending maintenance)") for name, w in jobs.items() if w.image]
     version = m.cluster.min_master_version if m.cluster else None
     found = capacity.gke_version(version) if version else None
     if found and found < (capacity.gke_version(facts.min_gke) or found) and any(not w.image for w in jobs.values()):
-        out.append(f"cluster.minMasterVersion: {version} is below {facts.min_gke}, from which GKE labels a GPU node "
-                   f"{facts.label} ahead of its host maintenance ({facts.source}); below it the training runs' "
-                   "maintenance watch never sees one and a run loses what it did since its last save")
+        out.append(Problem("cluster.minMasterVersion",
+                           f"{version} is below {facts.min_gke}, from which GKE labels a GPU node "
+                           f"{facts.label} ahead of its host maintenance ({facts.source}); below it the training runs' "
+                           "maintenance watch never sees one and a run loses what it did since its last save"))
     return out
 
 
-def warnings(m: StackConfig) -> list[str]:
+def warnings(m: StackConfig) -> list[Problem]:
     """Reserved nodes no workload uses (each billed anyway); what the maintenance watch cannot do."""
     return [*(w for i, p in _pools(m) if (w := idle_reserved(m, i, p)) is not None), *maintenance_warnings(m)]
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from checks.common import Check, at
+from model.problems import Problem
 from model.types import StackConfig
 
 NFS_CLASS = "nfs-client"
@@ -19,7 +20,7 @@ NFS_CLASS = "nfs-client"
 GKE_RWX_CLASS = "standard-rwx"
 
 
-def check_pool_holds_its_workloads(m: StackConfig) -> list[str]:
+def check_pool_holds_its_workloads(m: StackConfig) -> list[Problem]:
     problems = []
     for i, pool in enumerate(m.node_pools):
         on_pool = [(name, *w.nodes_needed()) for name, w in m.workloads.items()
@@ -28,24 +29,26 @@ def check_pool_holds_its_workloads(m: StackConfig) -> list[str]:
         if len(on_pool) < 2 or total <= pool.max_nodes:
             continue  # one workload alone: check_gpu_pool_placement says it
         each = ", ".join(f"{name} {needed} ({who})" for name, needed, who in on_pool)
-        problems.append(f"{at('nodePools', i, 'maxNodes')}: the workloads on pool {pool.name} need {total} nodes at "
-                        f"once ({each}), but maxNodes is {pool.max_nodes}; raise it to {total}, or move a "
-                        "workload to another pool")
+        problems.append(Problem(at('nodePools', i, 'maxNodes'),
+                                f"the workloads on pool {pool.name} need {total} nodes at "
+                                f"once ({each}), but maxNodes is {pool.max_nodes}; raise it to {total}, or move a "
+                                "workload to another pool"))
     return problems
 
 
-def check_mpijob_has_its_operator(m: StackConfig) -> list[str]:
+def check_mpijob_has_its_operator(m: StackConfig) -> list[Problem]:
     if m.cluster is None or m.mpi_operator.install:
         return []  # an existing cluster brings its own operator (mpiOperator.version says which)
     jobs = [name for name, w in m.workloads.items() if w.runs_as_mpijob]
     if not jobs:
         return []
     runs = "runs as an MPIJob" if len(jobs) == 1 else "run as MPIJobs"
-    return [f"mpiOperator.install: {', '.join(f'workloads.{n}' for n in jobs)} {runs} on this stack's new GKE "
-            "cluster, which has no MPI operator (nor its kubeflow.org MPIJob CRD); set mpiOperator.install: true"]
+    return [Problem("mpiOperator.install",
+                    f"{', '.join(f'workloads.{n}' for n in jobs)} {runs} on this stack's new GKE "
+            "cluster, which has no MPI operator (nor its kubeflow.org MPIJob CRD); set mpiOperator.install: true")]
 
 
-def check_nfs_class_has_a_provisioner(m: StackConfig) -> list[str]:
+def check_nfs_class_has_a_provisioner(m: StackConfig) -> list[Problem]:
     if m.cluster is None:
         return []  # an existing cluster may well have nfs-client (Omnia does)
     nfs = m.nfs_provisioner
@@ -57,9 +60,10 @@ def check_nfs_class_has_a_provisioner(m: StackConfig) -> list[str]:
         cls = w.claim.storage_class
         if cls == provided or (cls != NFS_CLASS and cls != nfs.storage_class):
             continue
-        problems.append(f"{at('workloads', name, 'storage', 'storageClass')}: {cls} does not exist on GKE without "
+        problems.append(Problem(at('workloads', name, 'storage', 'storageClass'),
+                                f"{cls} does not exist on GKE without "
                         f"the NFS provisioner; set nfsProvisioner.install: true (with nfsProvisioner.server, and "
-                        f"nfsProvisioner.storageClass {cls}), or use GKE's Filestore class {GKE_RWX_CLASS}")
+                        f"nfsProvisioner.storageClass {cls}), or use GKE's Filestore class {GKE_RWX_CLASS}"))
     return problems
 
 

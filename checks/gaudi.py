@@ -5,6 +5,7 @@ from __future__ import annotations
 from checks.common import Check, at
 from components import gaudi_image
 from model import gaudi_software
+from model.problems import Problem
 from model.types import MpiJobWorkloadConfig, StackConfig, WorkloadConfig
 from recipes import finetune_hpu
 from workloads.mpijob import gaudi as gaudi_job
@@ -28,15 +29,15 @@ def what_to_use(w: MpiJobWorkloadConfig) -> str:
             f"pytorchVersion)")
 
 
-def check_gaudi_base_image(m: StackConfig) -> list[str]:
+def check_gaudi_base_image(m: StackConfig) -> list[Problem]:
     """The stack builds only on a base image pinned in data/gaudi_software.yaml; the message names what is."""
     if m.gaudi_image.prebuilt:
         return []
     known = ", ".join(f"{b.software_version}/{b.os}/pytorch {b.pytorch}" for b in gaudi_software.base_images())
-    return [f"{at('workloads', w.name, 'gaudi', 'softwareVersion')}: no pinned Habana base image for "
+    return [Problem(at('workloads', w.name, 'gaudi', 'softwareVersion'), f"no pinned Habana base image for "
             f"{w.gaudi.software_version}/{w.gaudi.os}/pytorch {w.gaudi.pytorch_version} in data/gaudi_software.yaml "
             f"(known: {known}); {what_to_use(w)}, or record it there, set gaudiImage.prebuilt, or set "
-            f"workloads.{w.name}.image"
+            f"workloads.{w.name}.image")
             for w in gaudi_image.workloads_on_it(m) if gaudi_software.base_image(w.gaudi) is None]
 
 
@@ -57,13 +58,13 @@ def optimum_habana_mismatch(w: MpiJobWorkloadConfig) -> tuple[str, ...]:
     return () if not matching or w.training.optimum_habana_version in matching else matching
 
 
-def check_optimum_habana_release(m: StackConfig) -> list[str]:
+def check_optimum_habana_release(m: StackConfig) -> list[Problem]:
     """optimum-habana is validated against one Gaudi software release (data/gaudi_software.yaml): another one
     fails late (after a long image build) or misbehaves at run time."""
-    return [f"{at('workloads', w.name, 'training', 'optimumHabanaVersion')}: {w.training.optimum_habana_version} "
+    return [Problem(at('workloads', w.name, 'training', 'optimumHabanaVersion'), f"{w.training.optimum_habana_version} "
             f"is not validated with Gaudi software {w.gaudi.software_version} (workloads.{w.name}.gaudi."
             f"softwareVersion); use {' or '.join(matching)} (optimum-habana's README at each release, "
-            "data/gaudi_software.yaml)"
+            "data/gaudi_software.yaml)")
             for w in installs_optimum_habana(m) if (matching := optimum_habana_mismatch(w))]
 
 
@@ -79,7 +80,7 @@ def recipe_releases(software_version: str) -> str:
             f"software {first.gaudi} and later)")
 
 
-def check_recipe_transformers(m: StackConfig) -> list[str]:
+def check_recipe_transformers(m: StackConfig) -> list[Problem]:
     """finetune.py runs on the transformers that the image's optimum-habana installs: a release that pins one older
     than the recipe runs on (data/gaudi_software.yaml recipeOnGaudi) would fail at its first step, after the build.
     A release refused for its Gaudi software already is that rule's problem alone."""
@@ -88,44 +89,46 @@ def check_recipe_transformers(m: StackConfig) -> list[str]:
         r = gaudi_software.release_named(w.training.optimum_habana_version)
         if w.finetune is None or optimum_habana_mismatch(w) or r is None or gaudi_software.runs_the_recipe(r):
             continue
-        out.append(f"{at('workloads', w.name, 'training', 'optimumHabanaVersion')}: {r.release} installs transformers "
+        out.append(Problem(at('workloads', w.name, 'training', 'optimumHabanaVersion'),
+                           f"{r.release} installs transformers "
                    f"{r.transformers} (its setup.py); finetune.py ({at('workloads', w.name, 'finetune')}) runs on "
                    f"transformers {gaudi_software.recipe_min_transformers()} and later; "
-                   f"{recipe_releases(w.gaudi.software_version)} (data/gaudi_software.yaml)")
+                   f"{recipe_releases(w.gaudi.software_version)} (data/gaudi_software.yaml)"))
     return out
 
 
-def check_one_gaudi_build(m: StackConfig) -> list[str]:
+def check_one_gaudi_build(m: StackConfig) -> list[Problem]:
     """One Gaudi image per stack: the workloads that run it agree on what goes into it."""
     jobs = gaudi_image.workloads_on_it(m)
     if m.gaudi_image.prebuilt or len(jobs) < 2:
         return []
     first = jobs[0]
     # A refused optimum-habana release is check_optimum_habana_release's problem, not a second one here.
-    return [f"{at('workloads', w.name, 'gaudi')}: the stack builds one Gaudi image, from workloads.{first.name}'s "
+    return [Problem(at('workloads', w.name, 'gaudi'),
+                    f"the stack builds one Gaudi image, from workloads.{first.name}'s "
             f"versions {'/'.join(versions(first))}; this workload asks for {'/'.join(versions(w))}. Use the same "
-            "gaudi versions and training.optimumHabanaVersion, or give it an `image` of its own"
+            "gaudi versions and training.optimumHabanaVersion, or give it an `image` of its own")
             for w in jobs[1:] if versions(w) != versions(first) and not optimum_habana_mismatch(w)]
 
 
-def check_gaudi_registry(m: StackConfig) -> list[str]:
+def check_gaudi_registry(m: StackConfig) -> list[Problem]:
     """Without Google Cloud settings the image needs a registry the cluster can reach."""
     jobs = gaudi_image.workloads_on_it(m)
     if not jobs or m.gaudi_image.prebuilt or gaudi_image.uses_artifact_registry(m) or m.gaudi_image.registry:
         return []
-    return [f"gaudiImage.registry: required: the stack has no gcp:project, so the Gaudi image of "
+    return [Problem("gaudiImage.registry", f"required: the stack has no gcp:project, so the Gaudi image of "
             f"workloads.{jobs[0].name} is pushed to a registry the cluster can pull from; set gaudiImage.registry "
             "(e.g. registry.example.com/ml, with gaudiImage.username and the secret registryPassword if it needs a "
-            "login), or gaudiImage.prebuilt, or workloads.<name>.image"]
+            "login), or gaudiImage.prebuilt, or workloads.<name>.image")]
 
 
-def check_registry_login(m: StackConfig) -> list[str]:
+def check_registry_login(m: StackConfig) -> list[Problem]:
     """The registry login is a pair: a user and its secret password."""
     if m.gaudi_image.username and m.registry_password is None:
-        return ["registryPassword: required with gaudiImage.username; set it with "
-                "`pulumi config set --secret registryPassword <password or token>`"]
+        return [Problem("registryPassword", "required with gaudiImage.username; set it with "
+                "`pulumi config set --secret registryPassword <password or token>`")]
     if m.registry_password is not None and not m.gaudi_image.username:
-        return ["gaudiImage.username: required with registryPassword (the registry user it belongs to)"]
+        return [Problem("gaudiImage.username", "required with registryPassword (the registry user it belongs to)")]
     return []
 
 
@@ -135,13 +138,14 @@ def padding_free_on_gaudi(w: WorkloadConfig) -> bool:
     return f is not None and bool(f.packing) and f.record_format not in ("auto", "text") and f.format != "text"
 
 
-def check_packing_on_gaudi(m: StackConfig) -> list[str]:
+def check_packing_on_gaudi(m: StackConfig) -> list[Problem]:
     """finetune.py refuses padding-free batches on HPU at its data step (finetune_hpu.padding_free_problem, read
     from the script, not copied): with the records' format declared the stack knows before the run."""
     hpu = finetune_hpu
-    return [f"{at('workloads', w.name, 'finetune', 'packing')}: true packs {w.finetune.record_format} records into "
-            f"padding-free batches, which finetune.py refuses at its data step on Gaudi: "
-            f"{hpu.padding_free_problem('0', True)}"
+    return [Problem(at('workloads', w.name, 'finetune', 'packing'),
+                    f"true packs {w.finetune.record_format} records into "
+                    f"padding-free batches, which finetune.py refuses at its data step on Gaudi: "
+                    f"{hpu.padding_free_problem('0', True)}")
             for w in m.workloads.values() if padding_free_on_gaudi(w) and w.on_gaudi]
 
 
@@ -156,7 +160,7 @@ CHECKS: list[Check] = [
 ]
 
 
-def warn_ranks_folders(m: StackConfig) -> list[str]:
+def warn_ranks_folders(m: StackConfig) -> list[Problem]:
     """Where the hardened Gaudi ranks (uid 10001) write on a claim of an existing cluster, and the admin's one
     command should they not be able to: the stack cannot see the claim's owners before the launcher runs."""
     out = []
@@ -165,24 +169,24 @@ def warn_ranks_folders(m: StackConfig) -> list[str]:
             continue
         folders = gaudi_job.ranks_folders(w)
         fixes = dict.fromkeys(gaudi_job.admin_command(w, gaudi_job.relative(w, admin)) for _, admin in folders)
-        out.append(f"{at('workloads', w.name, 'storage')}: the ranks (uid {gaudi_job.GAUDI_RANKS_USER}) keep the "
+        out.append(Problem(at('workloads', w.name, 'storage'), f"the ranks (uid {gaudi_job.GAUDI_RANKS_USER}) keep the "
                    f"caches (HF_HOME {w.cache_home}) and the output ({', '.join(gaudi_job.outputs(w))}) on claim "
                    f"{w.storage.claim_name}, making the folders they lack; confirm uid {gaudi_job.GAUDI_RANKS_USER} "
                    f"can write there, or have the NFS server's admin run once `{'; '.join(fixes)}`, CLAIM being the "
                    f"claim's folder there (`{gaudi_job.nfs_folder_hint(w)}`): NFS volumes take no fsGroup, and "
                    "root_squash stops a root pod's chown. Otherwise the launcher stops at once, naming the folder "
-                   "and its owner")
+                   "and its owner"))
     return out
 
 
-def warn_padding_free(m: StackConfig) -> list[str]:
+def warn_padding_free(m: StackConfig) -> list[Problem]:
     """finetune.packing: true on Gaudi: text records are packed into blocks, but chat and prompt/completion records
     would go padding-free, which finetune.py refuses on HPU at its data step (finetune_hpu.padding_free_problem):
     with recordFormat auto the stack cannot see the records' format before the run (a declared one: refused or
     fine, check_packing_on_gaudi)."""
-    return [f"{at('workloads', w.name, 'finetune', 'packing')}: on Gaudi only text records are packed (into "
+    return [Problem(at('workloads', w.name, 'finetune', 'packing'), "on Gaudi only text records are packed (into "
             "sequenceLength blocks); chat or prompt/completion records stop finetune.py at its data step, since "
-            "padding-free batches are not proven with optimum-habana's attention: leave packing unset for them"
+            "padding-free batches are not proven with optimum-habana's attention: leave packing unset for them")
             for w in m.workloads.values()
             if isinstance(w, MpiJobWorkloadConfig) and w.finetune is not None and w.finetune.packing
             and w.finetune.record_format == "auto" and w.finetune.format != "text"]
@@ -200,22 +204,23 @@ def support_line(w: MpiJobWorkloadConfig) -> str:
                 f"{band.first}-{band.last})")
     else:
         runs = f"Gaudi software {g} runs {what} on optimum-habana {release}, the release validated with it"
-    return (f"{at('workloads', w.name, 'gaudi', 'softwareVersion')}: {runs}. optimum-habana is out of support since "
+    return (Problem(at('workloads', w.name, 'gaudi', 'softwareVersion'),
+                    f"{runs}. optimum-habana is out of support since "
             f"{end.date}: its final release {end.final_release} (Gaudi software {end.final_gaudi}) says no fixes are "
             "guaranteed and security issues may not be investigated, and names no replacement. The newest frozen "
             f"path is Gaudi software {end.final_gaudi} with {end.final_release}; transformers "
             f"{native['transformers']}+ and accelerate {native['accelerate']}+ run on HPU themselves (with Habana's "
-            "DeepSpeed), a path the stack records but does not build yet (data/gaudi_software.yaml `paths`)")
+            "DeepSpeed), a path the stack records but does not build yet (data/gaudi_software.yaml `paths`)"))
 
 
-def warn_optimum_habana_support(m: StackConfig) -> list[str]:
+def warn_optimum_habana_support(m: StackConfig) -> list[Problem]:
     """Every Gaudi job whose optimum-habana the stack installs hears which path runs it and that the library is
     out of support (a refused release is its rule's problem alone)."""
     return [support_line(w) for w in installs_optimum_habana(m) if not optimum_habana_mismatch(w)
             and gaudi_software.release_named(w.training.optimum_habana_version) is not None]
 
 
-def warnings(m: StackConfig) -> list[str]:
+def warnings(m: StackConfig) -> list[Problem]:
     """What deploys but must be confirmed: an unpinned base digest, the ranks' folders on the claim (the
     install-at-start opt-in: its kind's warning, workloads/kinds/mpijob.py), packing on Gaudi, optimum-habana's
     end of support."""
@@ -224,7 +229,7 @@ def warnings(m: StackConfig) -> list[str]:
         for w in gaudi_image.workloads_on_it(m)[:1]:
             base = gaudi_software.base_image(w.gaudi)
             if base is not None and base.digest is None:
-                out.append(f"{at('workloads', w.name, 'gaudi', 'softwareVersion')}: the Habana base image "
+                out.append(Problem(at('workloads', w.name, 'gaudi', 'softwareVersion'), f"the Habana base image "
                            f"{base.repository}:{base.tag} is pinned by tag only (digest unconfirmed); record its "
-                           "digest in data/gaudi_software.yaml (`docker buildx imagetools inspect`)")
+                           "digest in data/gaudi_software.yaml (`docker buildx imagetools inspect`)"))
     return out

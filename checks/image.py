@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from checks.common import Check, at
 from model import catalog, fabric, gke_drivers, versions
+from model.problems import Problem
 from model.types import NodePoolConfig, StackConfig
 from workloads.kinds import kind_of
 
@@ -26,7 +27,7 @@ def _unsupported(gpu_type: str) -> str | None:
             "only (data/versions.yaml): its first CUDA kernel would fail")
 
 
-def check_gpu_arch(m: StackConfig) -> list[str]:
+def check_gpu_arch(m: StackConfig) -> list[Problem]:
     """Every pool the stack's image runs on (workloads without their own `image`, NCCL tests, Vertex AI) has a GPU
     the image's torch has kernels for (issue 19.12: A4's sm_100 is there with torch 2.13's CUDA 13 wheels)."""
     if m.image.prebuilt:
@@ -42,14 +43,14 @@ def check_gpu_arch(m: StackConfig) -> list[str]:
         for key, pool_name in (("pool", w.pool), ("fallbackPool", w.fallback_pool)):
             pool = m.pool(pool_name) if pool_name else None
             if pool is not None and (why := _unsupported(pool.gpu.type)):
-                problems.append(f"{at('workloads', w.name, key)}: pool {pool.name}'s {why}; {fix}")
+                problems.append(Problem(at('workloads', w.name, key), f"pool {pool.name}'s {why}; {fix}"))
     for t in m.nccl_tests.values():
         for j, pool_name in enumerate(t.pools):
             pool = m.pool(pool_name)
             if pool is not None and (why := _unsupported(pool.gpu.type)):
-                problems.append(f"{at('ncclTests', t.name, 'pools', j)}: pool {pool.name}'s {why}; {fix}")
+                problems.append(Problem(at('ncclTests', t.name, 'pools', j), f"pool {pool.name}'s {why}; {fix}"))
     if m.vertex.enabled and (why := _unsupported(m.vertex.gpu.type)):
-        problems.append(f"vertex.gpu.type: the {why}; use a GPU it supports, or image.prebuilt")
+        problems.append(Problem("vertex.gpu.type", f"the {why}; use a GPU it supports, or image.prebuilt"))
     return problems
 
 
@@ -92,7 +93,7 @@ def _newer_gke(pools: list[NodePoolConfig]) -> str:
     return f"set cluster.minMasterVersion to {max(firsts, key=lambda r: r.minor).text} or later"
 
 
-def check_driver(m: StackConfig) -> list[str]:
+def check_driver(m: StackConfig) -> list[Problem]:
     """Each pool the stack's image runs on gets a driver its CUDA runs on (issue 32.4): DEFAULT installs the
     long-term R535 branch, which runs CUDA 12 only; LATEST installs R580 from GKE 1.33 (data/gke_drivers.yaml).
     A prebuilt image's CUDA is unknown; INSTALLATION_DISABLED leaves the driver to the user (a warning)."""
@@ -112,19 +113,19 @@ def check_driver(m: StackConfig) -> list[str]:
             too_old.append(pool)
             continue
         fix = "use LATEST" + ("" if row.branch("LATEST", pool.gpu.type) >= need else f", and {_newer_gke([pool])}")
-        problems.append(f"{at('nodePools', i, 'gpu', 'driverVersion')}: DEFAULT installs the "
+        problems.append(Problem(at('nodePools', i, 'gpu', 'driverVersion'), f"DEFAULT installs the "
                         f"R{row.branch(choice, pool.gpu.type)} driver on {pool.gpu.type} with {gke}, and "
                         f"{_image_needs()}: every CUDA call would fail with \"CUDA driver version is insufficient\"; "
-                        f"{fix}")
+                        f"{fix}"))
     if too_old:
         branches = sorted({row.branch("LATEST", p.gpu.type) for p in too_old})
-        problems.append(f"{key}: {gke} installs the R{'/R'.join(map(str, branches))} driver as LATEST, and "
+        problems.append(Problem(key, f"{gke} installs the R{'/R'.join(map(str, branches))} driver as LATEST, and "
                         f"{_image_needs()}: pool(s) {', '.join(p.name for p in too_old)} would run no CUDA; "
-                        f"{_newer_gke(too_old)}")
+                        f"{_newer_gke(too_old)}"))
     return problems
 
 
-def check_fabric_nccl(m: StackConfig) -> list[str]:
+def check_fabric_nccl(m: StackConfig) -> list[Problem]:
     """A fabric pool's plugin works only with an NCCL core at or above its minimum (data/gpu_fabric.yaml); torch runs
     the image's own NCCL wheel (its RPATH wins over LD_LIBRARY_PATH), so that one must be new enough."""
     if m.image.prebuilt:
@@ -135,25 +136,26 @@ def check_fabric_nccl(m: StackConfig) -> list[str]:
         f = fabric.pool_fabric(pool)
         if f is None or f.nccl_minimum is None or fabric.nccl_key(shipped) >= fabric.nccl_key(f.nccl_minimum):
             continue
-        problems.append(f"{at('nodePools', i, 'machineType')}: {pool.machine_type}'s {f.display_name} plugin needs "
-                        f"NCCL {f.nccl_minimum} or later, and the stack's image runs NCCL {shipped} (the "
+        problems.append(Problem(at('nodePools', i, 'machineType'),
+                                f"{pool.machine_type}'s {f.display_name} plugin needs "
+                                f"NCCL {f.nccl_minimum} or later, and the stack's image runs NCCL {shipped} (the "
                         "nvidia-nccl-cu13 wheel torch loads; data/versions.yaml): NCCL would fail at init or fall "
                         "back to TCP on eth0. Raise python.nvidiaNcclCu13 there (and torch with it), or set "
-                        "fabric.enabled: false")
+                        "fabric.enabled: false"))
     return problems
 
 
-def _driver_warnings(m: StackConfig) -> list[str]:
+def _driver_warnings(m: StackConfig) -> list[Problem]:
     """INSTALLATION_DISABLED: GKE installs no driver, so the one the image needs is the user's to install."""
     used = _image_pools(m)
-    return [f"{at('nodePools', i, 'gpu', 'driverVersion')}: INSTALLATION_DISABLED installs no driver, and "
+    return [Problem(at('nodePools', i, 'gpu', 'driverVersion'), f"INSTALLATION_DISABLED installs no driver, and "
             f"{_image_needs()}: install one yourself (a driver installer DaemonSet pinned to such a version) before "
-            "the pool's pods start, or use LATEST"
+            "the pool's pods start, or use LATEST")
             for i, pool in enumerate(m.node_pools)
             if pool.name in used and pool.gpu.driver_version == "INSTALLATION_DISABLED"]
 
 
-def warnings(m: StackConfig) -> list[str]:
+def warnings(m: StackConfig) -> list[Problem]:
     """A fabric pool whose plugin Google qualifies with another NCCL than the image runs: it deploys, unqualified.
     A pool whose driver GKE does not install."""
     if m.image.prebuilt:
@@ -164,10 +166,10 @@ def warnings(m: StackConfig) -> list[str]:
         f = fabric.pool_fabric(pool)
         if f is None or f.nccl_qualified is None or fabric.nccl_key(vs.nccl) == fabric.nccl_key(f.nccl_qualified):
             continue
-        out.append(f"{at('nodePools', i, 'machineType')}: Google qualifies the {f.display_name} plugin with NCCL "
+        out.append(Problem(at('nodePools', i, 'machineType'), f"Google qualifies the {f.display_name} plugin with NCCL "
                    f"{f.nccl_qualified}; the stack's image runs NCCL {vs.nccl}, since torch {vs.python['torch']} "
                    "cannot load an older one (data/versions.yaml). Run the pool's ncclTests entry and compare its bus "
-                   "bandwidth with Google's before training")
+                   "bandwidth with Google's before training"))
     return out
 
 

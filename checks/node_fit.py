@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from checks.common import Check, at
 from model import node_memory
+from model.problems import Problem
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 from planner.pod_fit import pool_fit
 from workloads.placement import quantity_bytes
@@ -28,28 +29,29 @@ def _why(fit: node_memory.PodFit, pool: NodePoolConfig, evaluator: bool = False)
             f"{fit.daemonsets.memory_gib:.1f} GiB for its DaemonSets{sidecar}")
 
 
-def _memory_problem(name: str, w: WorkloadConfig, pool: NodePoolConfig, fit: node_memory.PodFit) -> str | None:
+def _memory_problem(name: str, w: WorkloadConfig, pool: NodePoolConfig, fit: node_memory.PodFit) -> Problem | None:
     asked = quantity_bytes(w.resources.memory or "")
     if asked is None or asked <= fit.container_room_gib * node_memory.GIB_BYTES:
         return None
     why = _why(fit, pool, w.evaluates)
-    return (f"{at('workloads', name, 'resources', 'memory')}: {w.resources.memory} is more than {why}: "
+    return (Problem(at('workloads', name, 'resources', 'memory'), f"{w.resources.memory} is more than {why}: "
             f"at most {fit.memory}; the pod would stay Pending. Leave it unset (the stack fits {fit.memory}), or "
-            "choose a machine type with more memory")
+            "choose a machine type with more memory"))
 
 
-def _cpu_problem(name: str, w: WorkloadConfig, pool: NodePoolConfig, fit: node_memory.PodFit) -> str | None:
+def _cpu_problem(name: str, w: WorkloadConfig, pool: NodePoolConfig, fit: node_memory.PodFit) -> Problem | None:
     cpu = w.resources.cpu or ""
     asked = quantity_bytes(cpu)  # a quantity's value: cores for CPU (500m = 0.5)
     if asked is None or asked <= fit.container_room_cpu:
         return None
-    return (f"{at('workloads', name, 'resources', 'cpu')}: {cpu} is more than one {pool.machine_type} node of pool "
+    return (Problem(at('workloads', name, 'resources', 'cpu'),
+                    f"{cpu} is more than one {pool.machine_type} node of pool "
             f"{pool.name} gives the pod ({fit.node.vcpus:g} vCPUs less kube-reserved {fit.node.kube_reserved_cpu:.2f}, "
             f"{fit.daemonsets.cpu:.2f} for DaemonSets and {fit.sidecars.cpu:.2f} for sidecars): at most "
-            f"{fit.container_room_cpu:.2f}; leave it unset (the stack fits {fit.cpu})")
+            f"{fit.container_room_cpu:.2f}; leave it unset (the stack fits {fit.cpu})"))
 
 
-def check_requests_fit_nodes(m: StackConfig) -> list[str]:
+def check_requests_fit_nodes(m: StackConfig) -> list[Problem]:
     problems = []
     for name, w in m.workloads.items():
         if not w.on_nvidia or m.cluster is None:

@@ -15,6 +15,7 @@ from checks.common import Check, at
 from checks.planner import Sized, _describe, alternatives, sized_workloads
 from model import catalog as gpu_catalog
 from model import node_memory, versions
+from model.problems import Problem
 from model.types import DeepSpeedWorkloadConfig, StackConfig
 from workloads.ds_config import nvme_offload_path
 from workloads.placement import effective_shm, quantity_bytes
@@ -81,7 +82,7 @@ def _pool_known(s: Sized) -> bool:
     return pool is None or gpu_catalog.load().shape(pool.gpu.type, pool.machine_type, pool.gpu.count) is not None
 
 
-def check_offload_fits_pod_memory(m: StackConfig) -> list[str]:
+def check_offload_fits_pod_memory(m: StackConfig) -> list[Problem]:
     problems = []
     for s in sized_workloads(m):
         need, room = s.estimate.cpu_gb_per_node, s.offload_memory_gb
@@ -90,14 +91,15 @@ def check_offload_fits_pod_memory(m: StackConfig) -> list[str]:
         if s.estimate.per_gpu_gb > s.memory_gb:
             continue  # check_model_fits reports it, with suggestions that hold the offload in memory too
         problems.append(
-            f"{at('workloads', s.name, 'deepspeed', 'offloadOptimizer')}: DeepSpeed estimates {need:.1f} GB of CPU "
-            f"memory per node for {s.request.model.name}'s offloaded states at {s.strategy.label} on "
+            Problem(at('workloads', s.name, 'deepspeed', 'offloadOptimizer'),
+                    f"DeepSpeed estimates {need:.1f} GB of CPU "
+                    f"memory per node for {s.request.model.name}'s offloaded states at {s.strategy.label} on "
             f"{s.estimate.nodes} worker(s) (its 1.5 buffer factor included), but a worker pod may use {room:.1f} GB: "
-            f"{_limit(s)} less {_shm(s)} for /dev/shm. {_what_fits(m, s)}")
+            f"{_limit(s)} less {_shm(s)} for /dev/shm. {_what_fits(m, s)}"))
     return problems
 
 
-def check_nvme_offload_has_async_io(m: StackConfig) -> list[str]:
+def check_nvme_offload_has_async_io(m: StackConfig) -> list[Problem]:
     """NVMe offload runs DeepSpeed's async_io op, which needs libaio: on an image that has not built it (data/
     versions.yaml image.deepspeedOps, what the Dockerfile builds), DeepSpeed would try to compile it on every rank at
     start-up and stop without libaio. The stack's own image only: one of the user's (`image`, image.prebuilt) may
@@ -112,10 +114,10 @@ def check_nvme_offload_has_async_io(m: StackConfig) -> list[str]:
         if nvme_offload_path(ds) is None:
             continue
         key = "offloadOptimizer" if ds.offload_optimizer == "nvme" else "offloadParams"
-        problems.append(f"{at('workloads', name, 'deepspeed', key)}: nvme offload runs DeepSpeed's {NVME_OP} op, "
+        problems.append(Problem(at('workloads', name, 'deepspeed', key), f"nvme offload runs DeepSpeed's {NVME_OP} op, "
                         f"which the stack's image does not build (data/versions.yaml image.deepspeedOps; it needs "
                         "libaio-dev in workloads/images/deepspeed/Dockerfile and DS_BUILD_AIO=1); offload to cpu, or "
-                        "run an image with it (the workload's `image`, or image.prebuilt)")
+                        "run an image with it (the workload's `image`, or image.prebuilt)"))
     return problems
 
 

@@ -11,6 +11,7 @@ import msgspec
 
 from checks.common import Check, at
 from model import catalog as gpu_catalog
+from model.problems import Problem
 from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig
 from planner import cost
 from planner.recommend import cheapest, recommend, short_name
@@ -164,7 +165,7 @@ def _suggestions(m: StackConfig, s: Sized) -> str:
     return _with_checkpointing(s) + text
 
 
-def check_model_known(m: StackConfig) -> list[str]:
+def check_model_known(m: StackConfig) -> list[Problem]:
     """The planner needs a parameter count: a model name from data/models.yaml, or `parameters`. A kind sized
     from its own keys (finetune) is sized without a `model` block too: the model it trains must be known."""
     problems = []
@@ -176,8 +177,8 @@ def check_model_known(m: StackConfig) -> list[str]:
         if w.model is not None and not w.model.name and kind_of(w).sizes_its_model:
             continue  # the kind's own rules say what names it (a server: `serving.model`, or what training trains)
         if not w.sized_model_name:
-            problems.append(f"{_model_key(name)}: give `name` (a model in data/models.yaml) or `parameters` "
-                            "(billions) for the planner's memory check")
+            problems.append(Problem(_model_key(name), "give `name` (a model in data/models.yaml) or `parameters` "
+                            "(billions) for the planner's memory check"))
             continue
         try:
             resolve(w.sized_model_name, None)
@@ -186,11 +187,11 @@ def check_model_known(m: StackConfig) -> list[str]:
             text = str(err).replace(COUNT_HINT, f"{COUNT_HINT[:-1]} as {_model_key(name, 'parameters')})")
             if w.sized_model_key != ("model", "name"):
                 text += f"; or name its shape: {_model_key(name, 'name')} (a listed model of the same shape)"
-            problems.append(f"{at('workloads', name, *w.sized_model_key)}: {text}")
+            problems.append(Problem(at('workloads', name, *w.sized_model_key), f"{text}"))
     return problems
 
 
-def check_training_precision(m: StackConfig) -> list[str]:
+def check_training_precision(m: StackConfig) -> list[Problem]:
     """ZeRO trains in fp32, fp16 or bf16, and in the precision ds_config.json sets."""
     problems = []
     for name, w in m.workloads.items():
@@ -198,17 +199,17 @@ def check_training_precision(m: StackConfig) -> list[str]:
         if mb is None or mb.mode != "training" or not isinstance(w, DeepSpeedWorkloadConfig):
             continue  # a kind that trains nothing says so itself (a server is sized for inference)
         if mb.precision not in TRAINING_PRECISIONS:
-            problems.append(f"{_model_key(name, 'precision')}: {mb.precision} is a weight format for inference; "
+            problems.append(Problem(_model_key(name, 'precision'), f"{mb.precision} is a weight format for inference; "
                             f"ZeRO training runs in {', '.join(TRAINING_PRECISIONS)} (quantised fine-tuning such as "
-                            "QLoRA is not modelled)")
+                            "QLoRA is not modelled)"))
         elif mb.precision != w.deepspeed.precision:
-            problems.append(f"{_model_key(name, 'precision')}: {mb.precision}, but the workload trains in "
+            problems.append(Problem(_model_key(name, 'precision'), f"{mb.precision}, but the workload trains in "
                             f"{at('workloads', name, 'deepspeed', 'precision')} = {w.deepspeed.precision}; "
-                            "set both the same")
+                            "set both the same"))
     return problems
 
 
-def check_model_fits(m: StackConfig) -> list[str]:
+def check_model_fits(m: StackConfig) -> list[Problem]:
     """Memory per accelerator must not exceed what the accelerator has; the error says what would fit."""
     problems = []
     for s in sized_workloads(m):
@@ -216,33 +217,33 @@ def check_model_fits(m: StackConfig) -> list[str]:
         if need <= s.memory_gb or kind_of(s.workload).sizes_its_model:  # e.g. a server: what fits on one node
             continue
         problems.append(
-            f"{_fit_key(s)}: {_what(s)} needs {need:.1f} GB per {s.unit} ({s.estimate.breakdown()}); "
+            Problem(_fit_key(s), f"{_what(s)} needs {need:.1f} GB per {s.unit} ({s.estimate.breakdown()}); "
             f"{s.where.accelerator_type} has {s.memory_gb:g} GB ({_plural(s.estimate.nodes, 'worker')} x "
-            f"{_plural(s.estimate.gpus_per_node, s.unit)}). {_suggestions(m, s)}")
+            f"{_plural(s.estimate.gpus_per_node, s.unit)}). {_suggestions(m, s)}"))
     return problems
 
 
-def warnings(m: StackConfig) -> list[str]:
+def warnings(m: StackConfig) -> list[Problem]:
     """What fits, but tightly: under HEADROOM free per accelerator (offloaded states beyond the pod's memory are
     an error: checks/offload.py)."""
     out = []
     for s in sized_workloads(m):
         est, memory = s.estimate, s.memory_gb
         if est.per_gpu_gb <= memory and est.headroom(memory) < HEADROOM:
-            out.append(f"{_fit_key(s)}: {_what(s)} needs {est.per_gpu_gb:.1f} GB per {s.unit} of "
+            out.append(Problem(_fit_key(s), f"{_what(s)} needs {est.per_gpu_gb:.1f} GB per {s.unit} of "
                        f"{s.where.accelerator_type}'s {memory:g} GB, {est.headroom(memory):.1%} headroom (under "
-                       f"{HEADROOM:.0%}); a longer sequence or allocator fragmentation can run it out of memory")
+                       f"{HEADROOM:.0%}); a longer sequence or allocator fragmentation can run it out of memory"))
     return out + warn_saves_take_too_long(m)
 
 
-def warn_saves_take_too_long(m: StackConfig) -> list[str]:
+def warn_saves_take_too_long(m: StackConfig) -> list[Problem]:
     """A finetune run whose saves take more than savesShareWarning of its hours, with the saveSteps Young/Daly
     proposes (planner/run_hours.py; the preview's Estimated cost says the same beside the run)."""
     runs = cost.stack_costs(m).get("runs") or {}
     return [r["saves"]["warning"] for r in runs.values() if r.get("saves", {}).get("warning")]
 
 
-def check_vertex_model_fits(m: StackConfig) -> list[str]:
+def check_vertex_model_fits(m: StackConfig) -> list[Problem]:
     """`vertex.finetune` on the Vertex GPUs, as a `finetune` workload on a GKE pool: memory per GPU within the GPU's
     (a 7B full fine-tune on one T4 is refused here as it is there), with the fewest replicas that would fit."""
     v = m.vertex
@@ -259,12 +260,12 @@ def check_vertex_model_fits(m: StackConfig) -> list[str]:
     more = (f"{_plural(fits, 'replica')} of {v.gpu.count} x {v.gpu.type} would hold it "
             f"({at('vertex', 'workers')}: {fits - 1})" if fits else "no replica count of this GPU holds it")
     model = request.model
-    return [f"{at('vertex', 'finetune', 'model')}: {model.name} ({model.billions:.2f}B parameters) "
+    return [Problem(at('vertex', 'finetune', 'model'), f"{model.name} ({model.billions:.2f}B parameters) "
             f"{request.precision} {request.training_label} at {strategy.label} needs {est.per_gpu_gb:.1f} GB per GPU "
             f"({est.breakdown()}); {v.gpu.type} has {gpu.memory_gb:g} GB ({_plural(replicas, 'replica')} x "
             f"{_plural(v.gpu.count, 'GPU')}): {more}, or a larger GPU (vertex.gpu.type), LoRA "
             f"({at('vertex', 'finetune', 'lora', 'enabled')}) or offload "
-            f"({at('vertex', 'deepspeed', 'offloadOptimizer')})"]
+            f"({at('vertex', 'deepspeed', 'offloadOptimizer')})")]
 
 
 CHECKS: list[Check] = [

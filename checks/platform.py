@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from checks.common import PROJECT_DIR, Check, at, is_file, or_list
 from model import catalog as gpu_catalog
 from model import serving_gateway
+from model.problems import Problem
 from model.suggest import did_you_mean
 from model.types import StackConfig
 
@@ -30,35 +31,36 @@ def _network(value: str) -> ipaddress.IPv4Network | None:
         return None
 
 
-def check_region_in_catalog(m: StackConfig) -> list[str]:
+def check_region_in_catalog(m: StackConfig) -> list[Problem]:
     if m.cluster is None or not m.region:
         return []
     problem = gpu_catalog.load().region_problem(m.region)
-    return [f"gcp:region: {m.region} is {problem}"] if problem else []
+    return [Problem("gcp:region", f"{m.region} is {problem}")] if problem else []
 
 
-def cluster_name_problem(name: str) -> str | None:
+def cluster_name_problem(name: str) -> Problem | None:
     """Why GKE would refuse `name` for a cluster, as `cluster.name`'s message (the stack writer's too), or None."""
     if not GKE_NAME.match(name) or len(name) > CLUSTER_NAME_MAX:
-        return (f"cluster.name: {name!r} is not a GKE cluster name (lowercase letters, digits and hyphens, "
-                f"starting with a letter, at most {CLUSTER_NAME_MAX} characters)")
+        return (Problem("cluster.name", f"{name!r} is not a GKE cluster name (lowercase letters, digits and hyphens, "
+                f"starting with a letter, at most {CLUSTER_NAME_MAX} characters)"))
     return None
 
 
-def check_cluster_name(m: StackConfig) -> list[str]:
+def check_cluster_name(m: StackConfig) -> list[Problem]:
     if m.cluster is None:
         return []
     problem = cluster_name_problem(m.cluster.name)
     return [problem] if problem else []
 
 
-def check_cluster_location(m: StackConfig) -> list[str]:
+def check_cluster_location(m: StackConfig) -> list[Problem]:
     if m.cluster is None or m.cluster.location is None:
         return []
     zones = gpu_catalog.load().regions.get(m.region, ())
     if m.cluster.location != m.region and m.cluster.location not in zones:
-        return [f"cluster.location: {m.cluster.location} is neither gcp:region {m.region} nor one of its zones "
-                f"({', '.join(zones)})"]
+        return [Problem("cluster.location",
+                        f"{m.cluster.location} is neither gcp:region {m.region} nor one of its zones "
+                        f"({', '.join(zones)})")]
     return []
 
 
@@ -72,7 +74,7 @@ def _named_ranges(m: StackConfig) -> Iterator[tuple[str, str]]:
         yield "network.proxyOnlyCidr", m.network.proxy_only_cidr
 
 
-def check_cidrs(m: StackConfig) -> list[str]:
+def check_cidrs(m: StackConfig) -> list[Problem]:
     """Valid IPv4 CIDRs that do not overlap; a /28 for a private control plane."""
     if m.cluster is None:
         return []
@@ -80,77 +82,79 @@ def check_cidrs(m: StackConfig) -> list[str]:
     for key, value in _named_ranges(m):
         net = _network(value)
         if net is None:
-            problems.append(f"{key}: {value!r} is not an IPv4 CIDR with its host bits zero (e.g. 10.10.0.0/20)")
+            problems.append(Problem(key, f"{value!r} is not an IPv4 CIDR with its host bits zero (e.g. 10.10.0.0/20)"))
             continue
         for other_key, other in parsed:
             if net.overlaps(other):
-                problems.append(f"{key}: {value} overlaps {other_key} ({other})")
+                problems.append(Problem(key, f"{value} overlaps {other_key} ({other})"))
         parsed.append((key, net))
     if m.cluster.private_nodes:
         net = _network(m.cluster.master_cidr)
         if net is not None and net.prefixlen != 28:
-            problems.append(f"cluster.masterCidr: a private control plane needs a /28, got /{net.prefixlen}")
+            problems.append(Problem("cluster.masterCidr", f"a private control plane needs a /28, got /{net.prefixlen}"))
     for i, an in enumerate(m.cluster.authorized_networks):
         net = _network(an.cidr)
         if net is None:
-            problems.append(f"{at('cluster', 'authorizedNetworks', i, 'cidr')}: {an.cidr!r} is not an IPv4 CIDR")
+            problems.append(Problem(at('cluster', 'authorizedNetworks', i, 'cidr'), f"{an.cidr!r} is not an IPv4 CIDR"))
         elif net.prefixlen == 0:
-            problems.append(f"{at('cluster', 'authorizedNetworks', i, 'cidr')}: {an.cidr} would open the control "
-                            "plane to the whole internet; list only your networks")
+            problems.append(Problem(at('cluster', 'authorizedNetworks', i, 'cidr'), f"{an.cidr} would open the control "
+                            "plane to the whole internet; list only your networks"))
     return problems
 
 
-def check_private_endpoint(m: StackConfig) -> list[str]:
+def check_private_endpoint(m: StackConfig) -> list[Problem]:
     if m.cluster is not None and m.cluster.private_endpoint and not m.cluster.private_nodes:
-        return ["cluster.privateEndpoint: a private endpoint needs cluster.privateNodes: true"]
+        return [Problem("cluster.privateEndpoint", "a private endpoint needs cluster.privateNodes: true")]
     return []
 
 
-def check_system_pool(m: StackConfig) -> list[str]:
+def check_system_pool(m: StackConfig) -> list[Problem]:
     if m.cluster is None:
         return []
     sp, problems = m.cluster.system_pool, []
     if sp.min_nodes > sp.max_nodes:
-        problems.append(f"cluster.systemPool.minNodes: {sp.min_nodes} is more than maxNodes {sp.max_nodes}")
+        problems.append(Problem("cluster.systemPool.minNodes", f"{sp.min_nodes} is more than maxNodes {sp.max_nodes}"))
     zones = gpu_catalog.load().regions.get(m.region, ())
     for i, zone in enumerate(sp.zones):
         if zones and zone not in zones:
-            problems.append(f"{at('cluster', 'systemPool', 'zones', i)}: {zone} is not a zone of {m.region}"
-                            f"{did_you_mean(zone, zones)}")
+            problems.append(Problem(at('cluster', 'systemPool', 'zones', i), f"{zone} is not a zone of {m.region}"
+                            f"{did_you_mean(zone, zones)}"))
     return problems
 
 
-def check_pools_need_cluster(m: StackConfig) -> list[str]:
+def check_pools_need_cluster(m: StackConfig) -> list[Problem]:
     if m.node_pools and m.cluster is None:
-        return ["nodePools: GPU node pools need a GKE cluster; set `cluster` (e.g. cluster.name) or remove nodePools"]
+        return [Problem("nodePools",
+                        "GPU node pools need a GKE cluster; set `cluster` (e.g. cluster.name) or remove nodePools")]
     return []
 
 
-def check_pool_names(m: StackConfig) -> list[str]:
+def check_pool_names(m: StackConfig) -> list[Problem]:
     problems, seen = [], set()
     for i, pool in enumerate(m.node_pools):
         key = at("nodePools", i, "name")
         if not GKE_NAME.match(pool.name) or len(pool.name) > POOL_NAME_MAX:
-            problems.append(f"{key}: {pool.name!r} is not a valid pool name (lowercase letters, digits and hyphens, "
-                            f"starting with a letter, at most {POOL_NAME_MAX} characters)")
+            problems.append(Problem(key,
+                                    f"{pool.name!r} is not a valid pool name (lowercase letters, digits and hyphens, "
+                                    f"starting with a letter, at most {POOL_NAME_MAX} characters)"))
         if pool.name in seen:
-            problems.append(f"{key}: {pool.name!r} is used by another pool; pool names must be unique")
+            problems.append(Problem(key, f"{pool.name!r} is used by another pool; pool names must be unique"))
         seen.add(pool.name)
     return problems
 
 
-def check_pool_sizes(m: StackConfig) -> list[str]:
-    return [f"{at('nodePools', i, 'minNodes')}: {p.min_nodes} is more than maxNodes {p.max_nodes}"
+def check_pool_sizes(m: StackConfig) -> list[Problem]:
+    return [Problem(at('nodePools', i, 'minNodes'), f"{p.min_nodes} is more than maxNodes {p.max_nodes}")
             for i, p in enumerate(m.node_pools) if p.min_nodes > p.max_nodes]
 
 
-def check_gpu_known(m: StackConfig) -> list[str]:
+def check_gpu_known(m: StackConfig) -> list[Problem]:
     known = gpu_catalog.load().gpus
     problems = []
     for i, pool in enumerate(m.node_pools):
         if pool.gpu.type not in known:
-            problems.append(f"{at('nodePools', i, 'gpu', 'type')}: unknown GPU type {pool.gpu.type!r}; "
-                            f"known: {', '.join(known)}{did_you_mean(pool.gpu.type, known)}")
+            problems.append(Problem(at('nodePools', i, 'gpu', 'type'), f"unknown GPU type {pool.gpu.type!r}; "
+                            f"known: {', '.join(known)}{did_you_mean(pool.gpu.type, known)}"))
     return problems
 
 
@@ -159,7 +163,7 @@ def _article(word: str) -> str:
     return "an" if word[:1] in "aefhilmnorsx" else "a"
 
 
-def machine_problems(prefix: list, gpu_type: str, machine_type: str, count: int) -> list[str]:
+def machine_problems(prefix: list, gpu_type: str, machine_type: str, count: int) -> list[Problem]:
     """The machine family must carry the GPU, and the machine shape must take that many GPUs. Suggestions are
     only shapes that take `count` of the GPU, smallest first. `prefix` is the key path of the object holding
     `machineType` and `gpu` (a pool, or `vertex`)."""
@@ -174,15 +178,17 @@ def machine_problems(prefix: list, gpu_type: str, machine_type: str, count: int)
     counts = cat.counts(gpu_type, machine_type)
     if counts:
         use = f"; for {count} use {or_list(fitting[:4])}" if fitting else ""
-        return [f"{at(*prefix, 'gpu', 'count')}: {machine_type} takes {or_list(counts)} {gpu_type}, got {count}{use}"]
+        return [Problem(at(*prefix, 'gpu', 'count'),
+                        f"{machine_type} takes {or_list(counts)} {gpu_type}, got {count}{use}")]
     if machine_type.startswith(f"{gpu.family}-") and not cat.knows_machine_type(machine_type):
-        return [f"{at(*prefix, 'machineType')}: {machine_type} is not a machine type data/gpu_catalog.yaml knows; "
-                f"check its name ({hint})"]
+        return [Problem(at(*prefix, 'machineType'),
+                        f"{machine_type} is not a machine type data/gpu_catalog.yaml knows; "
+                        f"check its name ({hint})")]
     family = f"{_article(gpu.family)} {gpu.family}"
-    return [f"{at(*prefix, 'machineType')}: {gpu_type} needs {family} machine type, got {machine_type} ({hint})"]
+    return [Problem(at(*prefix, 'machineType'), f"{gpu_type} needs {family} machine type, got {machine_type} ({hint})")]
 
 
-def check_machine_fits_gpu(m: StackConfig) -> list[str]:
+def check_machine_fits_gpu(m: StackConfig) -> list[Problem]:
     return [problem for i, pool in enumerate(m.node_pools)
             for problem in machine_problems(["nodePools", i], pool.gpu.type, pool.machine_type, pool.gpu.count)]
 
@@ -192,7 +198,7 @@ def _typo(zone: str, region: str, offered: tuple[str, ...]) -> str:
     return "" if zone in gpu_catalog.load().regions.get(region, ()) else did_you_mean(zone, offered)
 
 
-def check_gpu_zones(m: StackConfig) -> list[str]:
+def check_gpu_zones(m: StackConfig) -> list[Problem]:
     """Each pool's zones must offer its GPU; with no zones given, the region must offer it somewhere."""
     cat, problems = gpu_catalog.load(), []
     for i, pool in enumerate(m.node_pools):
@@ -200,53 +206,55 @@ def check_gpu_zones(m: StackConfig) -> list[str]:
             continue
         offered, unconfirmed = cat.zones(pool.gpu.type, m.region), cat.unconfirmed_zones(pool.gpu.type, m.region)
         if not offered and not unconfirmed:
-            problems.append(f"{at('nodePools', i, 'gpu', 'type')}: {pool.gpu.type} is not offered in {m.region}")
+            problems.append(Problem(at('nodePools', i, 'gpu', 'type'), f"{pool.gpu.type} is not offered in {m.region}"))
             continue
         if not offered and not pool.zones:
-            problems.append(f"{at('nodePools', i, 'gpu', 'type')}: {pool.gpu.type} is offered in {m.region} only in "
+            problems.append(Problem(at('nodePools', i, 'gpu', 'type'),
+                                    f"{pool.gpu.type} is offered in {m.region} only in "
                             f"zones data/gpu_catalog.yaml has unconfirmed ({', '.join(unconfirmed)}); name one in "
-                            f"{at('nodePools', i, 'zones')} to try it")
+                            f"{at('nodePools', i, 'zones')} to try it"))
             continue
         for j, zone in enumerate(pool.zones):
             if zone not in offered and zone not in unconfirmed:
                 known = ", ".join([*offered, *(f"{z} (unconfirmed)" for z in unconfirmed)])
-                problems.append(f"{at('nodePools', i, 'zones', j)}: {zone} does not offer {pool.gpu.type} "
-                                f"(zones of {m.region} that do: {known}){_typo(zone, m.region, offered)}")
+                problems.append(Problem(at('nodePools', i, 'zones', j), f"{zone} does not offer {pool.gpu.type} "
+                                f"(zones of {m.region} that do: {known}){_typo(zone, m.region, offered)}"))
     return problems
 
 
-def warnings(m: StackConfig) -> list[str]:
+def warnings(m: StackConfig) -> list[Problem]:
     """A pool zone that only one view of the catalog's zone source lists: it may not offer the GPU."""
     cat, found = gpu_catalog.load(), []
     for i, pool in enumerate(m.node_pools):
         for j, zone in enumerate(pool.zones):
             if zone in cat.unconfirmed_zones(pool.gpu.type, m.region):
-                found.append(f"{at('nodePools', i, 'zones', j)}: data/gpu_catalog.yaml has {zone} for "
-                             f"{pool.gpu.type} unconfirmed (one view of its zone source lists it, another does not); "
-                             f"check `gcloud compute accelerator-types list --filter=zone:{zone}` before relying on it")
+                found.append(Problem(at('nodePools', i, 'zones', j),
+                                     f"data/gpu_catalog.yaml has {zone} for {pool.gpu.type} unconfirmed (one view of "
+                                     "its zone source lists it, another does not); check `gcloud compute "
+                                     f"accelerator-types list --filter=zone:{zone}` before relying on it"))
     return found
 
 
-def check_registry_name(m: StackConfig) -> list[str]:
+def check_registry_name(m: StackConfig) -> list[Problem]:
     name = m.registry.name
     if not re.match(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$", name):
-        return [f"registry.name: {name!r} is not an Artifact Registry repository id "
-                "(lowercase letters, digits and hyphens, starting with a letter)"]
+        return [Problem("registry.name", f"{name!r} is not an Artifact Registry repository id "
+                "(lowercase letters, digits and hyphens, starting with a letter)")]
     return []
 
 
-def check_image(m: StackConfig) -> list[str]:
+def check_image(m: StackConfig) -> list[Problem]:
     img, problems = m.image, []
     if not re.match(r"^[a-z0-9]+([._/-][a-z0-9]+)*$", img.name):
-        problems.append(f"image.name: {img.name!r} is not a valid image name (lowercase, digits, . _ - /)")
+        problems.append(Problem("image.name", f"{img.name!r} is not a valid image name (lowercase, digits, . _ - /)"))
     if not DOCKER_TAG.match(img.tag):
-        problems.append(f"image.tag: {img.tag!r} is not a valid Docker tag")
+        problems.append(Problem("image.tag", f"{img.tag!r} is not a valid Docker tag"))
     if img.prebuilt is None:
         if not is_file(PROJECT_DIR / img.context / "Dockerfile"):
-            problems.append(f"image.context: no Dockerfile at {img.context}/Dockerfile "
-                            "(set image.context to a folder with one, or image.prebuilt to an existing image)")
+            problems.append(Problem("image.context", f"no Dockerfile at {img.context}/Dockerfile "
+                            "(set image.context to a folder with one, or image.prebuilt to an existing image)"))
     elif ":" not in img.prebuilt and "@" not in img.prebuilt:
-        problems.append(f"image.prebuilt: {img.prebuilt!r} has neither a tag nor a digest; pin it")
+        problems.append(Problem("image.prebuilt", f"{img.prebuilt!r} has neither a tag nor a digest; pin it"))
     return problems
 
 

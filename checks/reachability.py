@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from checks.common import Check
 from model.fabric import fabric_sets
+from model.problems import Problem
 from model.types import StackConfig
 
 FLEET_FIX = ("`pulumi config set --path cluster.fleet.enabled true` (the Connect Gateway: reachable with IAM from "
@@ -39,7 +40,7 @@ def _named(objects: list[str]) -> str:
     return ", ".join(objects[:3]) + (f" and {more} more" if more > 0 else "")
 
 
-def check_cluster_reachable(m: StackConfig) -> list[str]:
+def check_cluster_reachable(m: StackConfig) -> list[Problem]:
     c = m.cluster
     if c is None or c.fleet.enabled or not c.private_nodes:
         return []
@@ -49,12 +50,13 @@ def check_cluster_reachable(m: StackConfig) -> list[str]:
     what = (f"the stack creates Kubernetes objects in it ({_named(objects)}), and `pulumi up`"
             " would create the cluster and then fail on each of them")
     if c.private_endpoint:
-        return [f"cluster.privateEndpoint: the control plane has only a private address in the VPC the stack "
+        return [Problem("cluster.privateEndpoint", f"the control plane has only a private address in the VPC the stack "
                 f"creates, so nothing outside that VPC reaches it, but {what}. Set {FLEET_FIX}, or "
-                "`pulumi config set --path cluster.privateEndpoint false` and " + NETWORK_FIX]
+                "`pulumi config set --path cluster.privateEndpoint false` and " + NETWORK_FIX)]
     if not c.authorized_networks:
-        return [f"cluster.authorizedNetworks: empty on a private cluster (privateNodes), so only the VPC the stack "
-                f"creates may reach the control plane, but {what}. Set {FLEET_FIX}, or {NETWORK_FIX}"]
+        return [Problem("cluster.authorizedNetworks",
+                        f"empty on a private cluster (privateNodes), so only the VPC the stack "
+                        f"creates may reach the control plane, but {what}. Set {FLEET_FIX}, or {NETWORK_FIX}")]
     return []
 
 

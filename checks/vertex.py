@@ -11,6 +11,7 @@ from components.storage import CHECKPOINT_PREFIX
 from model import catalog as gpu_catalog
 from model import network_pricing
 from model.config import schema
+from model.problems import Problem
 from model.suggest import did_you_mean
 from model.types import StackConfig, snake
 from model.validators import bucket_name_problem, bucket_path_problem
@@ -20,23 +21,24 @@ from workloads import recipe, vertex_job
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-def check_vertex_needs_storage(m: StackConfig) -> list[str]:
+def check_vertex_needs_storage(m: StackConfig) -> list[Problem]:
     if m.vertex.enabled and not m.storage.enabled:
-        return ["vertex.enabled: Vertex AI runs read and write through the stack's bucket; set storage.enabled: true"]
+        return [Problem("vertex.enabled",
+                        "Vertex AI runs read and write through the stack's bucket; set storage.enabled: true")]
     return []
 
 
-def check_vertex_machine(m: StackConfig) -> list[str]:
+def check_vertex_machine(m: StackConfig) -> list[Problem]:
     if not m.vertex.enabled:
         return []
     v = m.vertex
     if v.gpu.type not in gpu_catalog.load().gpus:
         known = gpu_catalog.load().gpus
-        return [f"vertex.gpu.type: unknown GPU type {v.gpu.type!r}; known: {', '.join(known)}"
-                f"{did_you_mean(v.gpu.type, known)}"]
+        return [Problem("vertex.gpu.type", f"unknown GPU type {v.gpu.type!r}; known: {', '.join(known)}"
+                f"{did_you_mean(v.gpu.type, known)}")]
     problems = machine_problems(["vertex"], v.gpu.type, v.machine_type, v.gpu.count)
     if m.region and not gpu_catalog.load().zones(v.gpu.type, m.region):
-        problems.append(f"vertex.gpu.type: {v.gpu.type} is not offered in {m.region}")
+        problems.append(Problem("vertex.gpu.type", f"{v.gpu.type} is not offered in {m.region}"))
     return problems
 
 
@@ -49,7 +51,7 @@ def _vertex_site(m: StackConfig) -> recipe.RecipeSite | None:
                              data_where="the bucket")
 
 
-def check_vertex_recipe(m: StackConfig) -> list[str]:
+def check_vertex_recipe(m: StackConfig) -> list[Problem]:
     """`vertex.finetune`: the recipe's rules (the same as on GKE and Gaudi), its paths in the bucket, and the name
     its outputs are filed under."""
     site = _vertex_site(m)
@@ -57,17 +59,17 @@ def check_vertex_recipe(m: StackConfig) -> list[str]:
         return []
     problems = recipe.problems(site) + recipe.path_problems(
         site, site.run, bucket_path_problem,
-        lambda key, path, why: f"{key}: the bucket path {path!r} {why} (Vertex AI shows the bucket at "
-                               f"{vertex_job.VERTEX_MOUNT}/<bucket>)")
+        lambda key, path, why: Problem(key, f"the bucket path {path!r} {why} (Vertex AI shows the bucket at "
+                               f"{vertex_job.VERTEX_MOUNT}/<bucket>)"))
     name = m.vertex.display_name
     if not K8S_NAME.match(name):
-        problems.append(f"vertex.displayName: {name!r} names the run's folders with vertex.finetune "
+        problems.append(Problem("vertex.displayName", f"{name!r} names the run's folders with vertex.finetune "
                         f"(checkpoints/{name}, models/{name} in the bucket): use lowercase letters, digits and "
-                        "hyphens, e.g. deepspeed-training")
+                        "hyphens, e.g. deepspeed-training"))
     return problems
 
 
-def check_vertex_launch_with_recipe(m: StackConfig) -> list[str]:
+def check_vertex_launch_with_recipe(m: StackConfig) -> list[Problem]:
     """With `vertex.finetune` the replicas run the stack's finetune.py: `launch.script` would be silently replaced,
     and `launch.args` are more finetune.py flags, never one the stack sets from a key (argparse would take the last
     one and the key would silently lose) nor one the script lacks."""
@@ -77,27 +79,28 @@ def check_vertex_launch_with_recipe(m: StackConfig) -> list[str]:
     v, problems = m.vertex, []
     default_script = schema()["properties"]["vertex"]["properties"]["launch"]["properties"]["script"]["default"]
     if v.launch.script != default_script:
-        problems.append(f"vertex.launch.script: not used: with vertex.finetune every replica runs the stack's "
-                        f"finetune.py (uploaded to gs://<bucket>/{vertex_job.RECIPE_PREFIX}/); remove "
-                        "vertex.launch.script, or remove vertex.finetune to run your own script")
+        problems.append(Problem("vertex.launch.script",
+                                f"not used: with vertex.finetune every replica runs the stack's "
+                                f"finetune.py (uploaded to gs://<bucket>/{vertex_job.RECIPE_PREFIX}/); remove "
+                                "vertex.launch.script, or remove vertex.finetune to run your own script"))
     args_key = ("vertex", "launch", "args")
     # A launcher option or --local_rank is check_vertex_launcher_args' (one problem per key).
-    theirs = {f"{at(*args_key, i)}:" for i, arg in enumerate(v.launch.args)
+    theirs = {at(*args_key, i) for i, arg in enumerate(v.launch.args)
               if vertex_job.launcher_arg_problem(arg.split("=", 1)[0]) is not None}
     mine = [*recipe.check_args(site, args_key, v.launch.args), *recipe.check_args_known(args_key, v.launch.args)]
-    return [*problems, *(p for p in mine if p.split(" ", 1)[0] not in theirs)]
+    return [*problems, *(p for p in mine if p.path not in theirs)]
 
 
-def check_vertex_launcher_args(m: StackConfig) -> list[str]:
+def check_vertex_launcher_args(m: StackConfig) -> list[Problem]:
     """`vertex.launch.args` go to the script after its name: a deepspeed launcher option there never reaches the
     launcher, and a --local_rank would override the launcher's on every rank (data/deepspeed_launcher.yaml)."""
     if not m.vertex.enabled:
         return []
-    return [f"{at('vertex', 'launch', 'args', i)}: {flag} {why}" for i, arg in enumerate(m.vertex.launch.args)
+    return [Problem(at('vertex', 'launch', 'args', i), f"{flag} {why}") for i, arg in enumerate(m.vertex.launch.args)
             if (why := vertex_job.launcher_arg_problem(flag := arg.split("=", 1)[0])) is not None]
 
 
-def check_vertex_deepspeed_unused(m: StackConfig) -> list[str]:
+def check_vertex_deepspeed_unused(m: StackConfig) -> list[Problem]:
     """`vertex.deepspeed` is the recipe's ds_config.json: without `vertex.finetune` the user's script reads none of
     it (its own flags, e.g. --zero_stage, say how it trains)."""
     v = m.vertex
@@ -108,21 +111,24 @@ def check_vertex_deepspeed_unused(m: StackConfig) -> list[str]:
                and getattr(v.deepspeed, snake(key)) != node["default"]]
     changed += [key for key, node in defaults.items() if "default" not in node
                 and getattr(v.deepspeed, snake(key)) is not None]
-    return [f"vertex.deepspeed.{key}: not used: vertex.deepspeed is the ds_config.json of vertex.finetune's run; "
-            f"your script ({v.launch.script}) takes its settings in vertex.launch.args. Remove it, or set "
-            "vertex.finetune to run the stack's recipe" for key in changed]
+    return [Problem(f"vertex.deepspeed.{key}",
+                    f"not used: vertex.deepspeed is the ds_config.json of vertex.finetune's run; "
+                    f"your script ({v.launch.script}) takes its settings in vertex.launch.args. Remove it, or set "
+                    "vertex.finetune to run the stack's recipe") for key in changed]
 
 
-def check_gcs_fuse_needs_storage_and_gke(m: StackConfig) -> list[str]:
+def check_gcs_fuse_needs_storage_and_gke(m: StackConfig) -> list[Problem]:
     problems = []
     for name, w in m.workloads.items():
         if not w.gcs_fuse.enabled:
             continue
         if not m.storage.enabled:
-            problems.append(f"workloads.{name}.gcsFuse.enabled: needs the stack's bucket; set storage.enabled: true")
+            problems.append(Problem(f"workloads.{name}.gcsFuse.enabled",
+                                    "needs the stack's bucket; set storage.enabled: true"))
         if m.cluster is None:
-            problems.append(f"workloads.{name}.gcsFuse.enabled: the GCS FUSE CSI driver and Workload Identity "
-                            "are GKE features; this stack has no `cluster`")
+            problems.append(Problem(f"workloads.{name}.gcsFuse.enabled",
+                                    "the GCS FUSE CSI driver and Workload Identity "
+                                    "are GKE features; this stack has no `cluster`"))
     return problems
 
 
@@ -131,28 +137,31 @@ def check_gcs_fuse_needs_storage_and_gke(m: StackConfig) -> list[str]:
 RESERVED_MOUNTS = ("/app", "/tmp", "/dev/shm", "/job", "/etc/deepspeed")
 
 
-def check_gcs_fuse_mount_path(m: StackConfig) -> list[str]:
+def check_gcs_fuse_mount_path(m: StackConfig) -> list[Problem]:
     problems = []
     for name, w in m.workloads.items():
         path = w.gcs_fuse.mount_path.rstrip("/") or "/"
         taken = {*RESERVED_MOUNTS, *(p.rstrip("/") for p in w.mount_paths)}
         if w.gcs_fuse.enabled and path in taken | {"/"}:
-            problems.append(f"workloads.{name}.gcsFuse.mountPath: {path} is already used by the workload's pods; "
-                            "pick another path such as /gcs")
+            problems.append(Problem(f"workloads.{name}.gcsFuse.mountPath",
+                                    f"{path} is already used by the workload's pods; "
+                                    "pick another path such as /gcs"))
     return problems
 
 
-def check_storage_names(m: StackConfig) -> list[str]:
+def check_storage_names(m: StackConfig) -> list[Problem]:
     if not m.storage.enabled:
         return []
     problems = []
     if not K8S_NAME.match(m.storage.kubernetes_service_account):
-        problems.append(f"storage.kubernetesServiceAccount: {m.storage.kubernetes_service_account!r} is not a "
-                        "Kubernetes name (lowercase letters, digits, hyphens)")
+        problems.append(Problem("storage.kubernetesServiceAccount",
+                                f"{m.storage.kubernetes_service_account!r} is not a "
+                                "Kubernetes name (lowercase letters, digits, hyphens)"))
     for key, name in (("bucketName", m.storage.bucket_name), ("existingBucket", m.storage.existing_bucket)):
         why = bucket_name_problem(name) if name is not None else None
         if why:
-            problems.append(f"storage.{key}: {name!r} is not a valid bucket name: {why} (Cloud Storage's naming rules)")
+            problems.append(Problem(f"storage.{key}",
+                                    f"{name!r} is not a valid bucket name: {why} (Cloud Storage's naming rules)"))
     return problems
 
 
@@ -161,7 +170,7 @@ OWN_BUCKET_SETTINGS = {"bucketName": "bucket_name", "location": "location", "ver
                        "softDeleteDays": "soft_delete_days", "checkpointRetentionDays": "checkpoint_retention_days"}
 
 
-def check_existing_bucket_settings(m: StackConfig) -> list[str]:
+def check_existing_bucket_settings(m: StackConfig) -> list[Problem]:
     """`existingBucket` names a bucket the stack did not create: a setting of the stack's own bucket given with it
     would be silently ignored (the stack never changes that bucket), so it is refused. Defaults stand for unset."""
     if not (m.storage.enabled and m.storage.existing_bucket):
@@ -171,9 +180,10 @@ def check_existing_bucket_settings(m: StackConfig) -> list[str]:
     for key, field in OWN_BUCKET_SETTINGS.items():
         value = getattr(m.storage, field)
         if value is not None and value != keys[key].get("default"):
-            problems.append(f"storage.{key}: a setting of a bucket the stack creates, but storage.existingBucket "
+            problems.append(Problem(f"storage.{key}",
+                                    f"a setting of a bucket the stack creates, but storage.existingBucket "
                             f"names {m.storage.existing_bucket!r}, whose settings the stack never changes; remove "
-                            f"{key} (or set it on the bucket yourself)")
+                            f"{key} (or set it on the bucket yourself)"))
     return problems
 
 
@@ -181,7 +191,7 @@ def _own_bucket_default(key: str) -> int:
     return schema()["properties"]["storage"]["properties"][key]["default"]
 
 
-def warn_existing_bucket_lifecycle(m: StackConfig) -> list[str]:
+def warn_existing_bucket_lifecycle(m: StackConfig) -> list[Problem]:
     """A bucket the stack did not create gets none of its own bucket's housekeeping (components/storage.py): no
     rule deletes old checkpoints, and soft delete stays as the bucket has it. Nothing fails, but checkpoints of
     every run pile up and are billed; the warning says what the stack would have set and the gcloud command that
@@ -193,13 +203,14 @@ def warn_existing_bucket_lifecycle(m: StackConfig) -> list[str]:
     rule = json.dumps({"rule": [{"action": {"type": "Delete"},
                                  "condition": {"age": days, "matchesPrefix": [CHECKPOINT_PREFIX]}}]},
                       separators=(",", ":"))
-    return [f"storage.existingBucket: the stack applies no retention or lifecycle setting to {bucket!r}, a bucket it "
+    return [Problem("storage.existingBucket",
+                    f"the stack applies no retention or lifecycle setting to {bucket!r}, a bucket it "
             f"did not create: no rule deletes objects under {CHECKPOINT_PREFIX} (its own bucket deletes them after "
             f"storage.checkpointRetentionDays, {days} days), and soft delete and versioning stay as the bucket has "
             f"them (its own: {soft} days, off). To set the same yourself: `echo '{rule}' "
             f"> lifecycle.json && gcloud storage buckets update gs://{bucket} --lifecycle-file=lifecycle.json "
             f"--soft-delete-duration={soft}d` (--lifecycle-file replaces the bucket's rules: add those it has, from "
-            f"`gcloud storage buckets describe gs://{bucket} --format='default(lifecycle_config)'`)"]
+            f"`gcloud storage buckets describe gs://{bucket} --format='default(lifecycle_config)'`)")]
 
 
 def _bucket_readers(m: StackConfig) -> list[str]:
@@ -209,7 +220,7 @@ def _bucket_readers(m: StackConfig) -> list[str]:
     return readers + (["the Vertex AI job (/gcs)"] if m.vertex.enabled else [])
 
 
-def warn_bucket_region(m: StackConfig) -> list[str]:
+def warn_bucket_region(m: StackConfig) -> list[Problem]:
     """A bucket in another location than the GPUs still works, but every checkpoint written and every read crosses
     regions: billed per GiB (data/network_pricing.yaml) and slower than the region's own. With a 70B model's full
     checkpoint near 1 TB, that is a bill per save; the warning names the rate and each workload's checkpoint at it."""
@@ -234,38 +245,40 @@ def warn_bucket_region(m: StackConfig) -> list[str]:
              f"{name}'s ({gb:.2g} GB) about ${gb * 1e9 / 2**30 * move.per_gib:,.2f}"
              for name, gb in sizes.items()] if move.per_gib is not None else []
     holding = [name for name in [*prices.dual_regions, *prices.multi_regions] if prices.contains(name, m.region)]
-    return [f"storage.location: the bucket is in {location} and the GPUs in {m.region}, so what mounts it "
+    return [Problem("storage.location", f"the bucket is in {location} and the GPUs in {m.region}, so what mounts it "
             f"({', '.join(readers)}) reads and writes across regions, at {rate} and at inter-region bandwidth"
             + (f"; one checkpoint costs {', '.join(saves)} to write" if saves else "")
             + f". Leave storage.location unset (the bucket then goes to {m.region}) or set {m.region}"
-            + (f" (or {or_list(holding)}, which contain it)" if holding else "")]
+            + (f" (or {or_list(holding)}, which contain it)" if holding else ""))]
 
 
-def warn_vertex_dataset_tokens_unread(m: StackConfig) -> list[str]:
+def warn_vertex_dataset_tokens_unread(m: StackConfig) -> list[Problem]:
     """`vertex.finetune.datasetTokens` feeds the run's estimate; with maxSteps the estimate counts maxSteps x the
     global batch x sequenceLength instead, and says so (as a GKE finetune workload's)."""
     f = m.vertex.finetune if m.vertex.enabled else None
     if f is None or f.dataset_tokens is None or f.max_steps is None:
         return []
     key = "vertex.finetune"
-    return [f"{key}.datasetTokens: not used: with {key}.maxSteps the run trains maxSteps x the global batch x "
-            "sequenceLength tokens, what the preview's estimate counts"]
+    return [Problem(f"{key}.datasetTokens",
+                    f"not used: with {key}.maxSteps the run trains maxSteps x the global batch x "
+                    "sequenceLength tokens, what the preview's estimate counts")]
 
 
-def warnings(m: StackConfig) -> list[str]:
+def warnings(m: StackConfig) -> list[Problem]:
     return warn_existing_bucket_lifecycle(m) + warn_bucket_region(m) + warn_vertex_dataset_tokens_unread(m)
 
 
-def check_soft_delete_days(m: StackConfig) -> list[str]:
+def check_soft_delete_days(m: StackConfig) -> list[Problem]:
     days = m.storage.soft_delete_days
     if m.storage.enabled and 0 < days < 7:
-        return [f"storage.softDeleteDays: Cloud Storage keeps deleted objects 7 to 90 days (or 0: off), got {days}"]
+        return [Problem("storage.softDeleteDays",
+                        f"Cloud Storage keeps deleted objects 7 to 90 days (or 0: off), got {days}")]
     return []
 
 
-def check_storage_needs_project(m: StackConfig) -> list[str]:
+def check_storage_needs_project(m: StackConfig) -> list[Problem]:
     if (m.storage.enabled or m.vertex.enabled) and not (m.project and m.region):
-        return ["storage.enabled: the bucket and Vertex AI need gcp:project and gcp:region"]
+        return [Problem("storage.enabled", "the bucket and Vertex AI need gcp:project and gcp:region")]
     return []
 
 

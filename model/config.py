@@ -23,6 +23,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from model import cache, defaults, repair
+from model.problems import Problem, lines
 from model.suggest import did_you_mean
 from model.types import StackConfig, build, camel, key_path, snake
 from model.workload_types import GS_SCHEME, WRITTEN_KEY
@@ -32,18 +33,20 @@ if TYPE_CHECKING:
     import jsonschema
 
 PROJECT = "deepspeed-stack"
+Found = tuple[tuple[Any, ...], Problem]  # a schema problem and the parts of its key
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
 LOCAL_PATH_STARTS = ("/", "./", "../", "~")  # a path, not an id nor a path relative to a root the stack names
 PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 
 
 class ConfigError(pulumi.RunError):
-    """All configuration problems of a stack, one per line, each starting with its key path."""
+    """All configuration problems of a stack (`found`), one line each (`problems`), each starting with its key path."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"invalid stack configuration ({len(problems)} problem(s)):\n{lines}")
+    def __init__(self, found: list[Problem]):
+        self.found = found
+        self.problems = lines(found)
+        listed = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid stack configuration ({len(found)} problem(s)):\n{listed}")
 
 
 @functools.cache
@@ -59,12 +62,12 @@ def engine_config() -> dict[str, Any]:
     return merged
 
 
-def _decode(key: str, value: Any, prop: dict[str, Any], problems: list[str]) -> Any:
+def _decode(key: str, value: Any, prop: dict[str, Any], problems: list[Problem]) -> Any:
     if prop.get("type") in ("object", "array") and isinstance(value, str):
         try:
             return json.loads(value)
         except json.JSONDecodeError as exc:
-            problems.append(f"{key}: expected a {prop['type']}, got text that is not JSON ({exc.msg})")
+            problems.append(Problem(key, f"expected a {prop['type']}, got text that is not JSON ({exc.msg})"))
             return None
     return value
 
@@ -74,7 +77,7 @@ def _suggest(word: str, options: list[str]) -> str:
     return f"; did you mean `{close[0]}`?" if close else f"; known keys: {', '.join(sorted(options))}"
 
 
-def read_raw(cfg: dict[str, Any], secret_keys: set[str], problems: list[str]) -> dict[str, Any]:
+def read_raw(cfg: dict[str, Any], secret_keys: set[str], problems: list[Problem]) -> dict[str, Any]:
     """Pick this project's keys out of the engine config, decoding JSON objects and arrays."""
     props = schema()["properties"]
     raw: dict[str, Any] = {}
@@ -84,12 +87,12 @@ def read_raw(cfg: dict[str, Any], secret_keys: set[str], problems: list[str]) ->
             continue
         key = full_key[len(prefix):]
         if key not in props:
-            problems.append(f"{key}: unknown key{_suggest(key, list(props))}")
+            problems.append(Problem(key, f"unknown key{_suggest(key, list(props))}"))
             continue
         if props[key].get("x-secret") and full_key not in secret_keys:
-            problems.append(f"{key}: must be a secret, not plain text in the stack file; {secret_ways(key)}")
+            problems.append(Problem(key, f"must be a secret, not plain text in the stack file; {secret_ways(key)}"))
         if props[key].get("x-secret") and value == "":
-            problems.append(f"{key}: is empty; set it, or remove it with `pulumi config rm {key}`")
+            problems.append(Problem(key, f"is empty; set it, or remove it with `pulumi config rm {key}`"))
         raw[key] = _decode(key, value, props[key], problems)
     return raw
 
@@ -108,16 +111,16 @@ def secret_ways(key: str) -> str:
             f"reads the value; `pulumi up` needs the one `pulumi config set --secret` encrypts)")
 
 
-def misplaced_secret(path: list[Any], key: str) -> str:
+def misplaced_secret(path: list[Any], key: str) -> Problem:
     """A top-level secret key written inside another key (`hfToken` under a workload): where it belongs."""
     where = "a workload's" if len(path) == 2 and path[0] == "workloads" else f"`{key_path(path)}`'s"
-    return (f"{key_path([*path, key])}: {key} is a top-level key of the stack (one for all its workloads), not "
-            f"{where}; {secret_ways(key)}")
+    return Problem(key_path([*path, key]), f"{key} is a top-level key of the stack (one for all its workloads), "
+                   f"not {where}; {secret_ways(key)}")
 
 
-def _nested_secret_keys(value: Any, path: list[Any], names: list[str]) -> list[str]:
+def _nested_secret_keys(value: Any, path: list[Any], names: list[str]) -> list[Problem]:
     """Where a top-level secret key's name appears inside a value (its paths' messages; never the value)."""
-    found: list[str] = []
+    found: list[Problem] = []
     if isinstance(value, dict):
         for k, v in value.items():
             found += [misplaced_secret(path, k)] if k in names else _nested_secret_keys(v, [*path, k], names)
@@ -127,7 +130,7 @@ def _nested_secret_keys(value: Any, path: list[Any], names: list[str]) -> list[s
     return found
 
 
-def plain_keys_set_as_secrets(cfg: dict[str, Any], secret_keys: set[str]) -> list[str]:
+def plain_keys_set_as_secrets(cfg: dict[str, Any], secret_keys: set[str]) -> list[Problem]:
     """A secret anywhere in a key marks the whole key secret, but only hfToken and kubeconfig stay secret on
     their way to the cloud: any other value would land in plain text in resource inputs, plans and manifests.
     Refused before anything else, so no message ever repeats such a value. A secret key of the stack written
@@ -140,10 +143,10 @@ def plain_keys_set_as_secrets(cfg: dict[str, Any], secret_keys: set[str]) -> lis
         if not key.startswith(prefix) or key not in cfg or props.get(name, {}).get("x-secret"):
             continue
         misplaced = _nested_secret_keys(_json_or_none(cfg[key]), [name], secret_keys_of_schema())
-        problems += misplaced or [
-            f"{name}: is set as a secret, but the stack would write it in plain text into the resources it "
+        problems += misplaced or [Problem(
+            name, "is set as a secret, but the stack would write it in plain text into the resources it "
             "creates; only hfToken and kubeconfig are kept secret. Set it without --secret (or, for a credential "
-            "such as a proxy password, keep it out of the stack)"]
+            "such as a proxy password, keep it out of the stack)")]
     return problems
 
 
@@ -226,11 +229,16 @@ def _on_claim(path: list[Any], raw: dict[str, Any] | None) -> bool:
     return isinstance(workload, dict) and workload.get("kind", "mpijob") == "mpijob"
 
 
-def _describe(error: jsonschema.ValidationError, raw: dict[str, Any] | None = None) -> str:
+def _describe(error: jsonschema.ValidationError, raw: dict[str, Any] | None = None) -> list[Found]:
+    """The error's problems, each with the parts of its key (what the rules must then not repeat)."""
     path = list(error.absolute_path)
     if "propertyNames" in error.relative_schema_path and isinstance(error.instance, str):
         path.append(error.instance)  # a key's name is wrong: name the key itself (`ncclTests.Bad_Name`)
     where = key_path(path)
+
+    def found(text: str) -> list[Found]:
+        return [(tuple(path) if where else (), Problem(where or "(root)", text))]
+
     if error.validator == "additionalProperties":
         known = list(error.schema.get("properties", {}))
         extras = sorted(set(error.instance) - set(known))
@@ -238,39 +246,39 @@ def _describe(error: jsonschema.ValidationError, raw: dict[str, Any] | None = No
         describe = (lambda extra: _not_of_kind(extra, kind, known)) if kind else \
             (lambda extra: f"unknown key{_suggest(extra, known)}")
         secrets = secret_keys_of_schema()
-        return "\n".join(misplaced_secret(path, extra) if extra in secrets else
-                         f"{key_path([*path, extra])}: {describe(extra)}" for extra in extras)
+        return [((*path, extra), misplaced_secret(path, extra) if extra in secrets else
+                 Problem(key_path([*path, extra]), describe(extra))) for extra in extras]
     if error.validator == "required":
         missing = error.message.split("'")[1]
-        return f"{key_path([*path, missing])}: required key is missing"
+        return [((*path, missing), Problem(key_path([*path, missing]), "required key is missing"))]
     if error.validator == "type":
-        return f"{where}: expected {error.validator_value}, got {json.dumps(error.instance)}"
+        return found(f"expected {error.validator_value}, got {json.dumps(error.instance)}")
     if error.validator == "enum":
         choices = ", ".join(map(str, error.validator_value))
         hint = did_you_mean(error.instance, map(str, error.validator_value)) if isinstance(error.instance, str) else ""
-        return f"{where}: {json.dumps(error.instance)} is not one of {choices}{hint}"
+        return found(f"{json.dumps(error.instance)} is not one of {choices}{hint}")
     if error.validator == "pattern":
         # On a Gaudi claim the root is `storage.mountPath` (`-claim` variants), elsewhere the stack's bucket.
         claim = "-claim" if _on_claim(path, raw) and "x-local-path-claim" in error.schema else ""
         form = error.schema.get(f"x-form{claim}", error.schema.get("x-form", error.validator_value))
         local = error.schema.get(f"x-local-path{claim}")  # what to write instead of a path of the machine or pod
         if local and str(error.instance).startswith(LOCAL_PATH_STARTS):
-            return f"{where}: {json.dumps(error.instance)} is a local path; {local} (the key takes {form})"
+            return found(f"{json.dumps(error.instance)} is a local path; {local} (the key takes {form})")
         if error.schema.get("x-bucket-path") and str(error.instance).startswith(GS_SCHEME):
-            return f"{where}: {json.dumps(error.instance)} is a gs:// URL; {_in_bucket(error.instance)} ({form})"
-        return f"{where}: {json.dumps(error.instance)} is not of the form {form}"
+            return found(f"{json.dumps(error.instance)} is a gs:// URL; {_in_bucket(error.instance)} ({form})")
+        return found(f"{json.dumps(error.instance)} is not of the form {form}")
     if error.validator in ("minLength", "maxLength"):
         word = "at least" if error.validator == "minLength" else "at most"
-        return f"{where}: must be {word} {error.validator_value} characters long"
+        return found(f"must be {word} {error.validator_value} characters long")
     if error.validator == "uniqueItems":
-        return f"{where}: lists the same value twice"
+        return found("lists the same value twice")
     if error.validator in ("exclusiveMinimum", "exclusiveMaximum"):
         word = "more than" if error.validator == "exclusiveMinimum" else "less than"
-        return f"{where}: must be {word} {error.validator_value}, got {error.instance}"
+        return found(f"must be {word} {error.validator_value}, got {error.instance}")
     if error.validator in ("minimum", "maximum"):
         word = "at least" if error.validator == "minimum" else "at most"
-        return f"{where}: must be {word} {error.validator_value}, got {error.instance}"
-    return f"{where or '(root)'}: {error.message}"
+        return found(f"must be {word} {error.validator_value}, got {error.instance}")
+    return found(error.message)
 
 
 # The validator's packages: their installed versions are part of a verdict's cache key.
@@ -363,49 +371,49 @@ def _each_value_valid(validator: jsonschema.protocols.Validator, raw: dict[str, 
     return True
 
 
-def describe_all(errors: list[jsonschema.ValidationError], raw: dict[str, Any] | None = None) -> list[str]:
-    # dict.fromkeys: one line per problem, in order; a value checked through a `$ref` and its own keywords
+def describe_all(errors: list[jsonschema.ValidationError], raw: dict[str, Any] | None = None) -> list[Found]:
+    # dict.fromkeys: one per problem, in order; a value checked through a `$ref` and its own keywords
     # (e.g. `zones: us-west1-b`, not a list) fails the same way twice. `raw`: the config, for what depends on where
     # a key is read (a path on a Gaudi claim or in the bucket).
-    return list(dict.fromkeys(line for e in errors for line in _describe(e, raw).split("\n")))
+    return list(dict.fromkeys(found for e in errors for found in _describe(e, raw)))
 
 
 def schema_problems(raw: dict[str, Any]) -> list[str]:
     """Every problem the schema finds in `raw` (defaults filled), one line each."""
-    return describe_all(schema_errors(raw), raw)
+    return lines(problem for _, problem in describe_all(schema_errors(raw), raw))
 
 
-def gcp_settings(cfg: dict[str, Any], problems: list[str], required: bool = True) -> tuple[str, str]:
+def gcp_settings(cfg: dict[str, Any], problems: list[Problem], required: bool = True) -> tuple[str, str]:
     """`gcp:project` and `gcp:region`; required when the stack creates a GKE cluster. A stack that only
     deploys workloads to an existing cluster (e.g. Gaudi) needs no Google Cloud settings."""
     project, region = cfg.get("gcp:project"), cfg.get("gcp:region")
     if not required:
         return project or "", region or ""
     if not project:
-        problems.append("gcp:project: required; set it with `pulumi config set gcp:project <project-id>`")
+        problems.append(Problem("gcp:project", "required; set it with `pulumi config set gcp:project <project-id>`"))
     elif not PROJECT_ID.match(project):
-        problems.append(f"gcp:project: {project!r} is not a project id (6-30 lowercase letters, digits and hyphens, "
-                        "starting with a letter)")
+        problems.append(Problem("gcp:project", f"{project!r} is not a project id (6-30 lowercase letters, digits and "
+                                "hyphens, starting with a letter)"))
     if not region:
-        problems.append("gcp:region: required; set it with `pulumi config set gcp:region <region>`")
+        problems.append(Problem("gcp:region", "required; set it with `pulumi config set gcp:region <region>`"))
     return project or "", region or ""
 
 
 class Parsed(msgspec.Struct, frozen=True):
     """The typed model and the problems found on the way. `model` is built from the config with every value
     the schema rejected dropped (model/repair.py), so the rules can still check the rest; None when too
-    much was rejected for that (a whole top-level key). `reported`: keys whose problems the rules must not
-    repeat. `variant`: the same model with the defaults of every object that had a key rejected set to other
+    much was rejected for that (a whole top-level key). `reported`: keys (their parts) whose problems the rules
+    must not repeat. `variant`: the same model with the defaults of every object that had a key rejected set to other
     valid values (None when no object had one): a rule's problem that changes with them was computed from a
     default standing in for what the user meant (`zeroStag: 3` -> the default zeroStage 2 -> "at ZeRO-2 needs
     50.9 GB"), so it is left out."""
 
     model: StackConfig | None
-    problems: list[str]
-    reported: list[str]
+    problems: list[Problem]
+    reported: list[repair.Key]
     variant: StackConfig | None = None
 
-    def rule_problems(self, problems: list[str], variant_problems: list[str] | None = None) -> list[str]:
+    def rule_problems(self, problems: list[Problem], variant_problems: list[Problem] | None = None) -> list[Problem]:
         """The rules' problems that say something new and do not hang on a stand-in default (those the rules
         also find, word for word, on `variant`)."""
         if variant_problems is not None:
@@ -436,13 +444,17 @@ def parse_all(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = 
     project, region = gcp_settings(cfg, problems, required="cluster" in raw)
     filled = with_defaults(schema(), raw)
     errors = schema_errors(filled)
-    problems += describe_all(errors, filled)
+    # The problems found so far are on top-level keys (the engine's map, gcp:*); the schema's name their parts.
+    reported: list[repair.Key] = [(p.path,) for p in problems]
+    for parts, problem in describe_all(errors, filled):
+        problems.append(problem)
+        reported.append(parts)
     valid: dict[str, Any] | None = filled
-    dropped: list[str] = []
     if problems:
         fixed = repair.repair(filled, _validator(), lambda c: with_defaults(schema(), c), errors)
-        valid, dropped = fixed.config, fixed.dropped
-    reported = list(dict.fromkeys([*(p.split(": ", 1)[0] for p in problems), *dropped]))
+        valid = fixed.config
+        reported += fixed.dropped
+    reported = list(dict.fromkeys(reported))
     if valid is None:
         return Parsed(None, problems, reported)
     # A schema-valid config has no unknown keys, so no default stands in for one.

@@ -24,14 +24,18 @@ import msgspec
 if TYPE_CHECKING:
     import jsonschema
 
+from model.problems import Problem
 from model.types import key_path
 
 MAX_ROUNDS = 8  # each round drops at least one value; real configs settle in one or two
 
 
+Key = tuple[str | int, ...]  # a key's parts: ("nodePools", 0, "maxNodes") is `nodePools[0].maxNodes`
+
+
 class Repaired(msgspec.Struct):
     config: dict[str, Any] | None  # schema-valid with the rejected values dropped; None: the rules must not run
-    dropped: list[str] = msgspec.field(default_factory=list)  # key paths of the dropped values
+    dropped: list[Key] = msgspec.field(default_factory=list)  # the keys of the dropped values
 
 
 def _drop_path(error: jsonschema.ValidationError) -> list[list[Any]]:
@@ -78,7 +82,7 @@ def repair(config: dict[str, Any], validator: jsonschema.protocols.Validator,
         progress = False
         for path in sorted(paths, key=len, reverse=True):  # inner values first: an outer drop removes them anyway
             if _delete(current, path):
-                dropped.append(key_path(path))
+                dropped.append(tuple(path))
                 progress = True
         if not progress:
             return Repaired(None, dropped)
@@ -86,47 +90,43 @@ def repair(config: dict[str, Any], validator: jsonschema.protocols.Validator,
     return Repaired(None, dropped)
 
 
-_LEAF = re.compile(r"(?:\.|\[\"?)([^.\[\]\"]+)\"?\]?$")
-
-
-def _key(problem: str) -> str:
-    return problem.split(": ", 1)[0]
-
-
 def _under(key: str, prefix: str) -> bool:
     return key == prefix or key.startswith((f"{prefix}.", f"{prefix}["))
 
 
-def _parent_and_leaf(key: str) -> tuple[str, str]:
-    match = _LEAF.search(key)
-    if not match:
-        return "", key
-    return key[:match.start()], match.group(1)
+def _mentions(text: str, name: str | int) -> bool:
+    """Whether the text names a key as a word (`maxNodes` in "2 is more than maxNodes 1")."""
+    return re.search(rf"\b{re.escape(str(name))}\b", text) is not None
 
 
-def _names_child(problem: str, rest: str) -> bool:
-    """Whether the problem's text names the first key of `rest` (`.podLabels.app` -> podLabels; a list index names
-    nothing)."""
-    first = re.match(r'^(?:\.([^.\[\]]+)|\["([^"]+)"\])', rest)
-    name = first and (first.group(1) or first.group(2))
-    return bool(name) and re.search(rf"\b{re.escape(name)}\b", problem.split(": ", 1)[-1]) is not None
+def _child_below(other: Key, key: str) -> str | int | None:
+    """The part of `other` just below `key` (`podLabels` of workloads.a.podLabels.app below workloads.a), if
+    `other` is under `key`."""
+    for i in range(1, len(other)):
+        if key_path(other[:i]) == key:
+            return other[i]
+    return None
 
 
-def is_echo(problem: str, reported: Iterable[str]) -> bool:
+def is_echo(problem: Problem, reported: Iterable[Key]) -> bool:
     """A rule's problem that only repeats a reported (or dropped) key's problem: on that key or under it, naming
     it, or on a sibling that names its leaf (`minNodes ... more than maxNodes` after a rejected maxNodes)."""
-    key = _key(problem)
-    for other in reported:
-        if _under(key, other) or other in problem:
+    key = problem.path
+    for parts in reported:
+        if not parts:
+            continue
+        other = key_path(parts)
+        if _under(key, other) or other in str(problem):
             return True
-        if other != key and _under(other, key) and _names_child(problem, other[len(key):]):
+        child = _child_below(parts, key) if other != key and _under(other, key) else None
+        if isinstance(child, str) and _mentions(problem.text, child):
             return True  # on an enclosing object, about its dropped child (allowFrom[0] after podLabels.app)
-        parent, leaf = _parent_and_leaf(other)
-        if parent and _under(key, parent) and re.search(rf"\b{re.escape(leaf)}\b", problem):
+        parent = key_path(parts[:-1])
+        if parent and _under(key, parent) and _mentions(str(problem), parts[-1]):
             return True
     return False
 
 
-def without_echoes(problems: list[str], reported: Iterable[str]) -> list[str]:
+def without_echoes(problems: list[Problem], reported: Iterable[Key]) -> list[Problem]:
     reported = list(reported)
     return [p for p in problems if not is_echo(p, reported)]

@@ -276,14 +276,18 @@ class StackConfig(msgspec.Struct, frozen=True):
 
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_NAMESPACED_KEY = re.compile(r"^[a-z][a-z0-9-]*:[A-Za-z0-9_-]+$")  # another package's key: gcp:project
 
 
 def key_path(parts: list[Any] | tuple[Any, ...]) -> str:
-    """`['nodePools', 1, 'gpu']` -> `nodePools[1].gpu`, as `pulumi config set --path` spells it."""
+    """`['nodePools', 1, 'gpu']` -> `nodePools[1].gpu`, as `pulumi config set --path` spells it (`gcp:project`
+    as itself)."""
     out = ""
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif not out and _NAMESPACED_KEY.match(str(part)):
+            out = str(part)
         elif not _PLAIN_KEY.match(str(part)):
             out += f'["{part}"]'  # a key with dots, brackets or spaces: `workloads["a.b"]`
         else:

@@ -8,6 +8,7 @@ from conftest import model
 
 from checks import vertex, warnings
 from model import network_pricing
+from model.problems import lines
 
 
 def test_the_pricing_facts() -> None:
@@ -46,12 +47,12 @@ def test_a_bucket_in_another_region_warns_with_the_rate() -> None:
 def test_a_70b_checkpoint_across_regions_is_priced(monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's case: a full checkpoint near 1 TB. 1,000 GB = 931.3 GiB, at $0.02: $18.63 per save."""
     monkeypatch.setattr(vertex, "stack_recovery", lambda m: {"tune": {"checkpointGb": 1000.0}})
-    (found,) = vertex.warn_bucket_region(model("finetune", {"storage.location": "us-east4"}))
+    (found,) = lines(vertex.warn_bucket_region(model("finetune", {"storage.location": "us-east4"})))
     assert "one checkpoint costs tune's (1,000 GB) about $18.63 to write" in found
 
 
 def test_across_continents_the_rate_is_named_not_guessed() -> None:
-    (found,) = vertex.warn_bucket_region(model("finetune", {"storage.location": "europe-west4"}))
+    (found,) = lines(vertex.warn_bucket_region(model("finetune", {"storage.location": "europe-west4"})))
     assert "at intercontinental rates (Europe to North America: Cloud Storage's general network table" in found
     assert "one checkpoint costs" not in found
 
@@ -62,5 +63,5 @@ def test_nothing_to_say_in_the_gpus_region_or_without_a_mount() -> None:
     no_mount = model("h100", {"storage": {"enabled": True, "location": "us-east4"}})  # the smoke job mounts none
     assert [w for w in warnings(no_mount) if w.startswith("storage.location")] == []
     # The Vertex AI job reads the bucket through /gcs: it counts.
-    (found,) = vertex.warn_bucket_region(model("vertex", {"storage.location": "us-east4"}))
+    (found,) = lines(vertex.warn_bucket_region(model("vertex", {"storage.location": "us-east4"})))
     assert "(the Vertex AI job (/gcs))" in found

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from conftest import problems
 
+from model.problems import lines
 from model.types import DeepSpeedConfig
 from workloads.ds_config import batch_problems, build_ds_config
 
@@ -105,8 +106,8 @@ def test_bf16_and_fp32() -> None:
 # --- The batch rule --------------------------------------------------------------------------------
 
 def test_batch_problems_names_keys_and_numbers() -> None:
-    (problem,) = batch_problems("workloads.train", ds(micro_batch_per_gpu=8, gradient_accumulation=2,
-                                                      train_batch_size=64), workers=2, per_worker=1)
+    (problem,) = lines(batch_problems("workloads.train", ds(micro_batch_per_gpu=8, gradient_accumulation=2,
+                                                            train_batch_size=64), workers=2, per_worker=1))
     assert problem.startswith("workloads.train.deepspeed.trainBatchSize: 64 must equal workloads.train.workers (2)")
     assert "workloads.train.deepspeed.microBatchPerGpu (8)" in problem
     assert "workloads.train.deepspeed.gradientAccumulation (2)" in problem

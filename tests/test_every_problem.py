@@ -6,6 +6,8 @@ from __future__ import annotations
 from conftest import DELETE, problems
 
 from model import repair
+from model.config import ConfigError
+from model.problems import Problem
 from model.types import key_path
 
 POOL = "nodePools[0]"
@@ -49,12 +51,33 @@ def test_a_missing_required_key_is_reported_with_the_rest() -> None:
 
 
 def test_echo_rules() -> None:
-    reported = [key_path(["nodePools", 0, "maxNodes"]), "gcp:project"]
-    assert repair.is_echo("nodePools[0].maxNodes: anything", reported)
-    assert repair.is_echo("nodePools[0].minNodes: 2 is more than maxNodes 1", reported)
-    assert repair.is_echo("storage.enabled: the bucket needs gcp:project and gcp:region", reported)
-    assert not repair.is_echo("nodePools[1].minNodes: 2 is more than maxNodes 1", reported)
-    assert not repair.is_echo("nodePools[0].machineType: needs a g2 machine type", reported)
+    # Reported keys are parts, as the schema's errors give them; a rule's problem is a value with its key: nothing
+    # is parsed back out of a line of text.
+    reported = [("nodePools", 0, "maxNodes"), ("gcp:project",)]
+    assert repair.is_echo(Problem("nodePools[0].maxNodes", "anything"), reported)
+    assert repair.is_echo(Problem("nodePools[0].minNodes", "2 is more than maxNodes 1"), reported)
+    assert repair.is_echo(Problem("storage.enabled", "the bucket needs gcp:project and gcp:region"), reported)
+    assert not repair.is_echo(Problem("nodePools[1].minNodes", "2 is more than maxNodes 1"), reported)
+    assert not repair.is_echo(Problem("nodePools[0].machineType", "needs a g2 machine type"), reported)
+
+
+def test_a_problem_on_an_enclosing_key_echoes_only_when_it_names_the_dropped_child() -> None:
+    dropped = [("workloads", "chat", "podLabels", "app")]
+    assert repair.is_echo(Problem("workloads.chat", "podLabels must carry app"), dropped)
+    assert not repair.is_echo(Problem("workloads.chat", "replicas must be 1"), dropped)
+    # A list index names nothing, and a key with dots is one part, spelled as `pulumi config set --path` does.
+    assert not repair.is_echo(Problem("nodePools", "pool 0 has no GPU"), [("nodePools", 0, "zones")])
+    assert repair.is_echo(Problem('workloads["a.b"].pool', "x"), [("workloads", "a.b", "pool")])
+    assert key_path(("gcp:project",)) == "gcp:project"
+
+
+def test_a_problem_reads_as_the_line_users_see() -> None:
+    problem = Problem("workloads.tune.finetune.saveSteps", "must be at least 1, got 0")
+    assert str(problem) == "workloads.tune.finetune.saveSteps: must be at least 1, got 0"
+    assert problem.level == "error"
+    assert ConfigError([problem]).problems == [str(problem)]
+    assert str(ConfigError([problem])) == ("invalid stack configuration (1 problem(s)):\n"
+                                           "  - workloads.tune.finetune.saveSteps: must be at least 1, got 0")
 
 
 # --- suggestions (item 5) ------------------------------------------------------------------------
@@ -74,3 +97,23 @@ def test_a_machine_type_that_does_not_exist_says_so() -> None:
     assert found == (f"{POOL}.machineType: n1-standard-7 is not a machine type data/gpu_catalog.yaml knows; check "
                      "its name (n1 types that take 1 nvidia-tesla-t4: n1-standard-4, n1-standard-8, n1-highmem-8, "
                      "n1-standard-16)")
+
+
+def test_a_rule_that_returns_text_is_refused() -> None:
+    # model/repair.py reads each problem's key from its `path`: a rule returning a line of text would leave it
+    # parsing keys out of text again, so the rules' runner refuses one.
+    import pytest
+    from conftest import model
+
+    import checks
+
+    m = model("dev")
+    original = list(checks.ALL_CHECKS)
+    try:
+        checks.ALL_CHECKS[:] = [lambda _: ["nodePools[0].minNodes: text"]]
+        with pytest.raises(TypeError, match=r"rules must return model\.problems\.Problem values"):
+            checks.run_all(m)
+        checks.ALL_CHECKS[:] = [lambda _: [Problem("nodePools[0].minNodes", "a value")]]
+        assert checks.run_all(m) == [Problem("nodePools[0].minNodes", "a value")]
+    finally:
+        checks.ALL_CHECKS[:] = original

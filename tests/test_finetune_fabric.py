@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from conftest import PROJECT_DIR, config_model, load_file, model
 
+from model.problems import lines
 from workloads import finetune
 from workloads.mpijob import nvidia
 
@@ -158,7 +159,7 @@ def _said(config: dict[str, Any]) -> tuple[list[str], list[str]]:
     import checks
 
     found = [p for p in config_problems(config) if "NCCL test" in p]
-    return found, ([] if found else checks.fabric.warnings(config_model(config)))
+    return found, ([] if found else lines(checks.fabric.warnings(config_model(config))))
 
 
 def test_an_untested_fallback_of_a_tested_pool_is_refused() -> None:

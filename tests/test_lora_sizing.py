@@ -11,6 +11,7 @@ from conftest import DELETE, PROJECT_DIR, config_problems, model, problems, stac
 
 from checks import planner as checks_planner
 from model.config import schema as load_schema
+from model.problems import lines
 from planner import recovery, requests
 from planner.__main__ import main as planner_main
 from planner.sizing import GB, Lora, Request, Strategy, estimate, lora_parameters, resolve
@@ -174,7 +175,7 @@ def test_without_gradient_checkpointing_the_error_says_to_turn_it_on() -> None:
 def test_lora_without_gradient_checkpointing_fits_tightly() -> None:
     # 22.6 GB of 24: 5.7 % free, under the 10 % the planner keeps: a warning, not an error.
     m = model("finetune", {f"{T}.finetune.gradientCheckpointing": False})
-    (warning,) = checks_planner.warnings(m)
+    (warning,) = lines(checks_planner.warnings(m))
     assert warning.startswith(f"{T}.finetune.model: Qwen2.5-7B (7.62B parameters) bf16 training at ZeRO-3 (LoRA rank "
                               "16 on all-linear (40.37M adapter parameters, the base frozen), without gradient "
                               "checkpointing; micro batch 2 x sequence 2048) needs 22.6 GB per GPU of nvidia-l4's "

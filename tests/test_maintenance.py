@@ -14,6 +14,7 @@ import pytest
 from conftest import PROJECT_DIR, load_file, model
 
 from checks import capacity as capacity_checks
+from model.problems import lines
 from workloads import maintenance, mpijob, recovery
 from workloads.placement import placement
 
@@ -200,7 +201,7 @@ def test_a_job_with_its_own_image_is_not_watched_and_is_warned() -> None:
     _, spec = _spec("dws", "pretrain", changes)
     launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
     assert not [c for c in launcher.get("initContainers", []) if c["name"] == "maintenance-watch"]
-    found = [w for w in capacity_checks.warnings(model("dws", changes)) if "maintenance watch" in w]
+    found = [w for w in lines(capacity_checks.warnings(model("dws", changes))) if "maintenance watch" in w]
     assert found == ["workloads.pretrain.image: the launcher's maintenance watch runs in the stack's image only; with "
                      "an image of your own this run is not saved ahead of its nodes' host maintenance (its workers "
                      "still prefer nodes without pending maintenance)"]
@@ -213,7 +214,7 @@ def test_a_gke_version_without_the_label_is_warned() -> None:
     assert capacity_checks.maintenance_warnings(m) == []
     old = msgspec.structs.replace(m, cluster=msgspec.structs.replace(m.cluster,
                                                                      min_master_version="1.31.1-gke.2007999"))
-    (found,) = capacity_checks.maintenance_warnings(old)
+    (found,) = lines(capacity_checks.maintenance_warnings(old))
     assert found.startswith("cluster.minMasterVersion: 1.31.1-gke.2007999 is below 1.31.1-gke.2008000, from which "
                             "GKE labels a GPU node cloud.google.com/scheduled-maintenance-time")
     new = msgspec.structs.replace(m, cluster=msgspec.structs.replace(m.cluster,

@@ -24,6 +24,7 @@ from conftest import (
 from checks import planner as checks_planner
 from model import catalog, node_memory
 from model.config import ConfigError
+from model.problems import lines
 from planner import cost, recommend, sizing
 from planner.__main__ import main as planner_main
 from planner.sizing import GB, INFERENCE, Model, ModelShape, Request, Strategy
@@ -347,7 +348,7 @@ def test_under_10_percent_headroom_is_a_warning_not_an_error() -> None:
     assert config_problems(config) == []
     need = (6.74e9 * 2 + 24 * 2 * 32 * 32 * 128 * 2048 * 2) / 2 * 1.1 + 0.5e9
     free = 1 - need / 24e9
-    assert checks_planner.warnings(config_model(config)) == [
+    assert lines(checks_planner.warnings(config_model(config))) == [
         f"{WORKLOAD}.model: Llama-2-7B (6.74B parameters) fp16 inference needs {need / 1e9:.1f} GB per GPU of "
         f"nvidia-l4's 24 GB, {free:.1%} headroom (under 10%); a longer sequence or allocator fragmentation can run "
         "it out of memory"]

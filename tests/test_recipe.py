@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from conftest import DELETE, model, problems
 
+from model.problems import lines
 from workloads import finetune, vertex_job
 from workloads.mpijob import gaudi
 from workloads.placement import placement
@@ -154,7 +155,7 @@ def test_the_layout_is_the_same_everywhere(gke: Any, on_gaudi: Any) -> None:
 def test_the_gaudi_warning_names_the_recipes_folders() -> None:
     from checks import gaudi as gaudi_checks
 
-    (said,) = [w for w in gaudi_checks.warnings(model("gaudi", fresh(GAUDI_CHANGES))) if "keep the caches" in w]
+    (said,) = [w for w in lines(gaudi_checks.warnings(model("gaudi", fresh(GAUDI_CHANGES)))) if "keep the caches" in w]
     assert ("and the output (/storage/deepspeed-stack/checkpoints/gaudi-llm-ds-ft, "
             "/storage/deepspeed-stack/models/gaudi-llm-ds-ft) on claim shared-model") in said
 
@@ -424,7 +425,7 @@ def test_packing_on_gaudi_is_warned_for_chat_records(packing: bool | None, warne
 
     changes = {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.finetune": _keys(recordFormat="auto", **(
         {} if packing is None else {"packing": packing}))}
-    said = [w for w in gaudi_checks.warnings(model("gaudi", changes)) if ".finetune.packing: " in w]
+    said = [w for w in lines(gaudi_checks.warnings(model("gaudi", changes))) if ".finetune.packing: " in w]
     assert len(said) == int(warned)
     if warned:
         assert said[0].startswith(f"workloads.{GAUDI_W.removeprefix('workloads.')}.finetune.packing: on Gaudi only "
@@ -444,7 +445,7 @@ def test_packing_with_declared_chat_records_on_gaudi_is_refused_at_the_key(recor
         "model's attention); set it false there (text records are still packed into blocks)"]
     text = {**fresh(GAUDI_CHANGES), f"{GAUDI_W}.finetune": _keys(recordFormat="text", packing=True)}
     assert problems("gaudi", text) == []
-    assert not [w for w in gaudi_checks.warnings(model("gaudi", text)) if ".finetune.packing: " in w]
+    assert not [w for w in lines(gaudi_checks.warnings(model("gaudi", text))) if ".finetune.packing: " in w]
 
 
 def test_training_written_on_an_nvidia_mpijob_is_refused_at_its_default_too() -> None:

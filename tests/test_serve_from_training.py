@@ -18,6 +18,7 @@ import msgspec
 import pytest
 from conftest import DELETE, changed, config_model, model, problems, stack_run
 
+from model.problems import lines
 from preview.engine import RunResult
 from workloads.kinds.serve_model import check_serve_from_workload
 
@@ -200,7 +201,7 @@ def test_a_workload_that_trains_nothing_is_refused() -> None:
     chat = config_model(changed("finetune")).workloads["chat"]
     chat = msgspec.structs.replace(chat, serving=msgspec.structs.replace(chat.serving, from_workload="pretrain"))
     stack = msgspec.structs.replace(dws, workloads={**dws.workloads, "chat": chat})
-    assert check_serve_from_workload(stack, chat) == [
+    assert lines(check_serve_from_workload(stack, chat)) == [
         f"{S}.serving.fromWorkload: pretrain is kind mpijob, which trains no model a server can load (only kind "
         "finetune, or an NVIDIA mpijob running finetune.py, writes MODEL_DIR and its marker): nothing writes "
         "MODEL_DIR/.complete for it to serve; valid: a workload of kind finetune (the stack has none)"]
@@ -210,7 +211,7 @@ def test_a_workload_that_trains_nothing_is_refused() -> None:
                                  gcs_fuse=msgspec.structs.replace(pretrain.gcs_fuse, enabled=True))
     assert trains.writes_model and not pretrain.writes_model
     stack = msgspec.structs.replace(stack, workloads={**stack.workloads, "pretrain": trains})
-    assert check_serve_from_workload(stack, chat) == []
+    assert lines(check_serve_from_workload(stack, chat)) == []
 
 
 def test_a_model_on_the_trainers_claim_is_refused() -> None:

@@ -24,6 +24,7 @@ from test_mpijob import K8S_VERSION, unknown_fields
 from test_written_stacks import write
 
 from model import catalog
+from model.problems import lines
 from model.serving_engines import vllm_facts
 from planner import __main__ as planner_cli
 from planner.held import parse_held
@@ -138,7 +139,7 @@ def test_more_stages_than_layers_are_refused(monkeypatch: pytest.MonkeyPatch) ->
         request.model, shape=msgspec.structs.replace(request.model.shape, layers=4)))
     monkeypatch.setattr(serve_nodes, "workload_request", lambda _: small)
     w5 = msgspec.structs.replace(w, serving=msgspec.structs.replace(w.serving, nodes_per_replica=5))
-    assert serve_nodes.check_serve_nodes_per_replica(m, w5) == [
+    assert lines(serve_nodes.check_serve_nodes_per_replica(m, w5)) == [
         "workloads.big.serving.nodesPerReplica: 5 pipeline stages, but Llama-3.1-405B has 4 layers to split over "
         "them; set at most 4"]
 
@@ -146,8 +147,8 @@ def test_more_stages_than_layers_are_refused(monkeypatch: pytest.MonkeyPatch) ->
 def test_more_nodes_than_needed_is_a_warning() -> None:
     m = config_model(group_stack(nodesPerReplica=4), secure=("hfToken",))
     w = m.workloads["big"]
-    (warning,) = [x for rule in serve.KIND.warnings for x in rule(m, w)  # type: ignore[arg-type]
-                  if x.startswith("workloads.big.serving.nodesPerReplica")]
+    (warning,) = [str(x) for rule in serve.KIND.warnings for x in rule(m, w)  # type: ignore[arg-type]
+                  if x.path == "workloads.big.serving.nodesPerReplica"]
     assert "4 nodes per replica, but 2 of pool h100 hold Llama-3.1-405B" in warning
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from model.problems import Problem
 from model.types import DeepSpeedConfig
 
 # fp16 dynamic loss scaling: loss_scale 0 means dynamic; the rest are DeepSpeed's documented defaults,
@@ -38,18 +39,19 @@ def train_batch_size(ds: DeepSpeedConfig, workers: int, per_worker: int) -> int:
     return workers * per_worker * ds.micro_batch_per_gpu * ds.gradient_accumulation
 
 
-def batch_problems(path: str, ds: DeepSpeedConfig, workers: int, per_worker: int) -> list[str]:
+def batch_problems(path: str, ds: DeepSpeedConfig, workers: int, per_worker: int) -> list[Problem]:
     """The train_batch_size arithmetic; `path` is the workload's key prefix, e.g. `workloads.train`."""
     if ds.train_batch_size is None:
         return []
     expected = train_batch_size(ds, workers, per_worker)
     if ds.train_batch_size == expected:
         return []
-    return [f"{path}.deepspeed.trainBatchSize: {ds.train_batch_size} must equal {path}.workers ({workers}) x "
+    return [Problem(f"{path}.deepspeed.trainBatchSize",
+                    f"{ds.train_batch_size} must equal {path}.workers ({workers}) x "
             f"accelerators per worker ({per_worker}) x {path}.deepspeed.microBatchPerGpu ({ds.micro_batch_per_gpu}) x "
             f"{path}.deepspeed.gradientAccumulation ({ds.gradient_accumulation}) = {expected}; "
             "DeepSpeed would stop at start-up (\"Micro batch size per gpu: 0\" or a batch size assertion). "
-            "Remove trainBatchSize to have it computed"]
+            "Remove trainBatchSize to have it computed")]
 
 
 NVME_VOLUME = "nvme-offload"

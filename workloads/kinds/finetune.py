@@ -22,6 +22,7 @@ import pulumi
 
 from model.config import workload_default
 from model.fabric import pool_local_ssds
+from model.problems import Problem
 from model.types import FinetuneWorkloadConfig, StackConfig
 from model.validators import at
 from workloads import finetune, finetune_progress, gcs_fuse, recipe
@@ -46,27 +47,27 @@ def site(w: FinetuneWorkloadConfig) -> recipe.RecipeSite:
                              data_where="the bucket")
 
 
-def check_on_nvidia(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_on_nvidia(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     if w.on_nvidia:
         return []
-    return [f"{_key(w, 'accelerator', 'kind')}: a finetune workload runs on NVIDIA GPUs of a GKE pool "
+    return [Problem(_key(w, 'accelerator', 'kind'), "a finetune workload runs on NVIDIA GPUs of a GKE pool "
             "(finetune.py under DeepSpeed's CUDA path); on Gaudi the same `finetune` keys go into a kind mpijob "
-            "(workloads.<name>.finetune: finetune.py on HPU, data on the shared claim)"]
+            "(workloads.<name>.finetune: finetune.py on HPU, data on the shared claim)")]
 
 
-def check_model_and_data(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_model_and_data(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """A Hugging Face id or a bucket path for each of the model and the data, and the bucket mounted for a path."""
     problems = recipe.check_model_and_data(site(w))
     f = w.finetune
     for camel, value in (("modelPath", f.model_path), ("datasetPath", f.dataset_path)):
         if value and not w.gcs_fuse.enabled:
-            problems.append(f"{_key(w, 'finetune', camel)}: {value} is read from the stack's bucket through the "
+            problems.append(Problem(_key(w, 'finetune', camel), f"{value} is read from the stack's bucket through the "
                             f"pods' GCS FUSE mount; set {_key(w, 'gcsFuse', 'enabled')}: true (and storage.enabled: "
-                            "true)")
+                            "true)"))
     return problems
 
 
-def check_data_format(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_data_format(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     return recipe.check_data_format(site(w))
 
 
@@ -76,31 +77,31 @@ FIELD_KEYS = recipe.FIELD_KEYS
 CHAT_FORMATS = recipe.CHAT_FORMATS
 
 
-def check_record_fields(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_record_fields(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     return recipe.check_record_fields(site(w))
 
 
-def check_chat_template(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_chat_template(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     return recipe.check_chat_template(site(w))
 
 
-def check_eval_split(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_eval_split(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """`evalSplit`: a fraction between 0 and 1, or a file or folder of the bucket, read through the GCS FUSE mount."""
     f, key = w.finetune, _key(w, "finetune", "evalSplit")
-    mount = ([f"{key}: {f.eval_split} is read from the stack's bucket through the pods' GCS FUSE mount; set "
-              f"{_key(w, 'gcsFuse', 'enabled')}: true"] if w.eval_path is not None and not w.gcs_fuse.enabled else [])
+    mount = ([Problem(key, f"{f.eval_split} is read from the stack's bucket through the pods' GCS FUSE mount; set "
+              f"{_key(w, 'gcsFuse', 'enabled')}: true")] if w.eval_path is not None and not w.gcs_fuse.enabled else [])
     return [*mount, *recipe.check_eval_split(site(w))]
 
 
-def check_epochs_or_max_steps(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_epochs_or_max_steps(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     return recipe.check_epochs_or_max_steps(site(w))
 
 
-def check_text_field_or_prompt(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_text_field_or_prompt(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     return recipe.check_text_field_or_prompt(site(w))
 
 
-def check_model_sequence_length(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_model_sequence_length(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """The run trains at `finetune.sequenceLength` (--seq-len); a `model` block set to another length sizes a run
     that never happens. The block's default (never set) is left alone."""
     if w.model is None:
@@ -108,41 +109,43 @@ def check_model_sequence_length(m: StackConfig, w: FinetuneWorkloadConfig) -> li
     given, trained = w.model.sequence_length, w.finetune.sequence_length
     if given in (trained, workload_default(w.kind, "model", "sequenceLength")):
         return []
-    return [f"{_key(w, 'model', 'sequenceLength')}: {given}, but the run trains at "
-            f"{_key(w, 'finetune', 'sequenceLength')} {trained} tokens (--seq-len); set both the same"]
+    return [Problem(_key(w, 'model', 'sequenceLength'), f"{given}, but the run trains at "
+            f"{_key(w, 'finetune', 'sequenceLength')} {trained} tokens (--seq-len); set both the same")]
 
 
-def warn_lora_unused(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def warn_lora_unused(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """LoRA's settings when LoRA is off: every parameter trains and no adapter is made, so they go nowhere."""
     lora = w.finetune.lora
     if lora.enabled:
         return []
     defaults = workload_default(w.kind, "finetune", "lora")
-    return [f"{_key(w, 'finetune', 'lora', key)}: not used: {_key(w, 'finetune', 'lora', 'enabled')} is false, so "
-            "every parameter trains and no adapter is made" for key in changed_keys(lora, defaults, ("enabled",))]
+    return [Problem(_key(w, 'finetune', 'lora', key),
+                    f"not used: {_key(w, 'finetune', 'lora', 'enabled')} is false, so "
+            "every parameter trains and no adapter is made") for key in changed_keys(lora, defaults, ("enabled",))]
 
 
-def warn_dataset_tokens_unread(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def warn_dataset_tokens_unread(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """`datasetTokens` counts the tokens of `epochs` passes; with `maxSteps` the run trains maxSteps x the global
     batch, and the estimate reads that instead (planner/run_estimate.py)."""
     f = w.finetune
     if f.dataset_tokens is None or f.max_steps is None:
         return []
-    return [f"{_key(w, 'finetune', 'datasetTokens')}: not used: with {_key(w, 'finetune', 'maxSteps')} the run "
-            "trains maxSteps x the global batch x sequenceLength tokens, what the preview's estimate counts"]
+    return [Problem(_key(w, 'finetune', 'datasetTokens'), f"not used: with {_key(w, 'finetune', 'maxSteps')} the run "
+            "trains maxSteps x the global batch x sequenceLength tokens, what the preview's estimate counts")]
 
 
-def warn_command_replaces_finetune_keys(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def warn_command_replaces_finetune_keys(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """`launch.command` replaces the DeepSpeed command line, the one that passes the `finetune` keys."""
     if not w.launch.command:
         return []
-    return [f"{_key(w, 'launch', 'command')}: replaces the DeepSpeed command line that passes the `finetune` keys "
+    return [Problem(_key(w, 'launch', 'command'),
+                    f"replaces the DeepSpeed command line that passes the `finetune` keys "
             f"(model, data, fields, sequenceLength, epochs or maxSteps, saveSteps, LoRA) to {w.launch.script}: your "
             "command must pass them itself; CHECKPOINT_DIR, MODEL_DIR, the token file and the wait for the bucket's "
-            "inputs stay"]
+            "inputs stay")]
 
 
-def check_lora_combination(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_lora_combination(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     return recipe.check_lora_combination(site(w))
 
 
@@ -155,28 +158,29 @@ def _passed_flags(m: StackConfig, w: FinetuneWorkloadConfig) -> dict[str, str]:
     return {**passed, **launcher_flags(m, w)}
 
 
-def check_bucket_model_shape(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_bucket_model_shape(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """The planner sizes every run: a model from a bucket folder (modelPath) names no shape, so `model.name` (a
     model of data/models.yaml) or `model.parameters` must say what it is."""
     f, mb = w.finetune, w.model
     if not f.model_path or f.model or (mb is not None and (mb.name or mb.parameters is not None)):
         return []
-    return [f"{_key(w, 'finetune', 'modelPath')}: {f.model_path} is a folder of the bucket, whose shape the planner "
+    return [Problem(_key(w, 'finetune', 'modelPath'),
+                    f"{f.model_path} is a folder of the bucket, whose shape the planner "
             f"cannot read: give {_key(w, 'model', 'name')} (the model of data/models.yaml it holds, or one of the "
-            f"same shape) or {_key(w, 'model', 'parameters')} (billions) for the memory check"]
+            f"same shape) or {_key(w, 'model', 'parameters')} (billions) for the memory check")]
 
 
-def check_sized_as_training(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_sized_as_training(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """The planner sizes the run from the `finetune` keys (finetune.model, LoRA, sequenceLength, gradient
     checkpointing; planner/requests.py): a `model` block may name the shape, never make it a server."""
     if w.model is None or w.model.mode == "training":
         return []
-    return [f"{_key(w, 'model', 'mode')}: a finetune workload trains (ZeRO model states, LoRA adapters, "
+    return [Problem(_key(w, 'model', 'mode'), f"a finetune workload trains (ZeRO model states, LoRA adapters, "
             f"activations), got {w.model.mode}; set mode: training, or leave the model block out (the run is sized "
-            f"from {_key(w, 'finetune', 'model')})"]
+            f"from {_key(w, 'finetune', 'model')})")]
 
 
-def check_launch(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_launch(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """The script is one the ranks can run; `launch.args` repeats no flag the stack sets from a key, and has only
     flags the script's parser has (workloads/kinds/shared.py), which in turn takes every flag the stack passes."""
     problems = script_source.problems(m, w)
@@ -186,14 +190,16 @@ def check_launch(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
         if source is None:
             continue
         if flag in ("--checkpoint-dir", "--model-dir"):
-            problems.append(f"{key}: {flag} is the stack's (CHECKPOINT_DIR and MODEL_DIR under the bucket's mount, "
-                            "else the claim's: the contract a server of the result reads); remove it")
+            problems.append(Problem(key,
+                                    f"{flag} is the stack's (CHECKPOINT_DIR and MODEL_DIR under the bucket's mount, "
+                                    "else the claim's: the contract a server of the result reads); remove it"))
         else:
-            problems.append(f"{key}: {flag} is set by the stack from {_key(w, *source)}; change it there instead")
+            problems.append(Problem(key,
+                                    f"{flag} is set by the stack from {_key(w, *source)}; change it there instead"))
     return problems + script_flag_problems(w, _passed_flags(m, w), frozenset(finetune.STACK_FLAGS))
 
 
-def check_local_checkpoints(m: StackConfig, w: FinetuneWorkloadConfig) -> list[str]:
+def check_local_checkpoints(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """Tiered saves write to the node's local SSDs first: the pool must have them (else the emptyDir is the boot
     disk, no faster than the bucket), and the ranks must run the project's finetune.py (its copy to the bucket)."""
     if not w.local_checkpoints:
@@ -202,13 +208,14 @@ def check_local_checkpoints(m: StackConfig, w: FinetuneWorkloadConfig) -> list[s
     pool = m.pool(w.pool or "")
     if pool is not None and pool_local_ssds(pool) == 0:
         index = m.node_pools.index(pool)
-        problems.append(f"{key}: pool {pool.name} has no local SSDs, so a local save would go to the boot disk; set "
-                        f"{at('nodePools', index, 'localSsdCount')} to a count {pool.machine_type} takes (1 or "
-                        "more), or set localCheckpoints to false")
+        problems.append(Problem(key,
+                                f"pool {pool.name} has no local SSDs, so a local save would go to the boot disk; set "
+                                f"{at('nodePools', index, 'localSsdCount')} to a count {pool.machine_type} takes (1 or "
+                                "more), or set localCheckpoints to false"))
     if w.launch.command or w.launch.script != finetune.SCRIPT.name:
-        problems.append(f"{key}: the copy to the bucket is finetune.py's own (--local-checkpoint-dir); "
+        problems.append(Problem(key, f"the copy to the bucket is finetune.py's own (--local-checkpoint-dir); "
                         f"{_key(w, 'launch', 'command' if w.launch.command else 'script')} runs something else, "
-                        "which would leave the saves on the node's disk: set localCheckpoints to false")
+                        "which would leave the saves on the node's disk: set localCheckpoints to false"))
     return problems
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pulumi
 
+from model.problems import Problem
 from model.types import HelmWorkloadConfig, StackConfig
 from model.validators import at
 from workloads.deepspeed_release import DeepSpeedRelease, DeepSpeedReleaseArgs, client_label
@@ -27,29 +28,29 @@ HELM_RELEASE_MAX = 53
 LABEL_NAME_MAX = 63
 
 
-def check_helm_accelerator(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
+def check_helm_accelerator(m: StackConfig, w: HelmWorkloadConfig) -> list[Problem]:
     if w.on_nvidia:
         return []
-    return [f"{at('workloads', w.name, 'accelerator', 'kind')}: kind helm runs on NVIDIA GKE pools only, got "
-            f"{w.accelerator.kind}; use kind mpijob for Gaudi"]
+    return [Problem(at('workloads', w.name, 'accelerator', 'kind'), f"kind helm runs on NVIDIA GKE pools only, got "
+            f"{w.accelerator.kind}; use kind mpijob for Gaudi")]
 
 
-def check_launch_script(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
+def check_launch_script(m: StackConfig, w: HelmWorkloadConfig) -> list[Problem]:
     """The client runs `launch.script` from recipes, shipped in the source ConfigMap."""
     return launch_script_problems(w)
 
 
-def check_launch_args(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
+def check_launch_args(m: StackConfig, w: HelmWorkloadConfig) -> list[Problem]:
     """The client's command line is the script with --deepspeed_config and `launch.args` (workloads/
     deepspeed_release.py): flags the script's parser has, else every rank stops at start-up."""
     return script_flag_problems(w, deepspeed_config_flag(m, w))
 
 
-def warn_helm_learning_rate(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
+def warn_helm_learning_rate(m: StackConfig, w: HelmWorkloadConfig) -> list[Problem]:
     return warn_learning_rate_unused(w)
 
 
-def check_client_label(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
+def check_client_label(m: StackConfig, w: HelmWorkloadConfig) -> list[Problem]:
     """The workers' NetworkPolicy admits the client by the label `<fullname>-client`, which must be a valid key."""
     if len(w.name) > HELM_RELEASE_MAX:  # too long a release name is its own problem
         return []
@@ -57,9 +58,9 @@ def check_client_label(m: StackConfig, w: HelmWorkloadConfig) -> list[str]:
     if len(key) <= LABEL_NAME_MAX:
         return []
     room = LABEL_NAME_MAX - len("-deepspeed-client")
-    return [f"{at('workloads', w.name)}: the chart's client pod label {key!r} is {len(key)} characters, over "
+    return [Problem(at('workloads', w.name), f"the chart's client pod label {key!r} is {len(key)} characters, over "
             f"Kubernetes' {LABEL_NAME_MAX} for a label key; use a name of at most {room} characters, or one that "
-            "contains 'deepspeed' (then the chart does not append it)"]
+            "contains 'deepspeed' (then the chart does not append it)")]
 
 
 def build(name: str, w: HelmWorkloadConfig, platform: Platform, opts: pulumi.ResourceOptions) -> Built:

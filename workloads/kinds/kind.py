@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import pulumi
 
+from model.problems import Problem
 from model.types import StackConfig, WorkloadConfig
 from workloads.gcs_fuse import BucketAccess
 from workloads.pull_secret import RegistryLogin
@@ -21,7 +22,7 @@ W = TypeVar("W", bound=WorkloadConfig)
 # A kind's rule: every problem of one workload of that kind, each starting with its key
 # (`workloads.<name>.<key>`, model/validators.py `at`). The stack is there for what the workload refers to (its
 # pool, the region, the bucket).
-Rule = Callable[[StackConfig, W], list[str]]
+Rule = Callable[[StackConfig, W], list[Problem]]
 
 
 class Platform(msgspec.Struct, frozen=True):
@@ -76,5 +77,5 @@ class Kind(msgspec.Struct, Generic[W], frozen=True):
     sizes_its_model: bool = False  # its rules check the model's fit; the planner's generic fit rule stays silent
     checks_its_gpu: bool = False  # its rules refuse the GPUs its engine cannot run; the image's GPU rule stays silent
 
-    def problems(self, m: StackConfig, w: W) -> list[str]:
+    def problems(self, m: StackConfig, w: W) -> list[Problem]:
         return [p for rule in self.rules for p in rule(m, w)]

@@ -25,6 +25,7 @@ import ipaddress
 import pulumi
 
 from model.config import workload_default
+from model.problems import Problem
 from model.serving_engines import MII, VLLM
 from model.types import ServeWorkloadConfig, StackConfig
 from model.validators import DNS1123_LABEL, at
@@ -77,32 +78,33 @@ def _pool_index(m: StackConfig, w: ServeWorkloadConfig) -> int | None:
     return m.node_pools.index(pool) if pool is not None else None
 
 
-def check_serve_replicas(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+def check_serve_replicas(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
     """Each replica takes a node of the pool (its CPU and memory are fitted to a whole node); `workers` is not
     how a server scales: neither engine spans nodes in this stack (data/serving.yaml)."""
     problems = []
     s = w.serving
     if w.workers != 1:
-        problems.append(f"{at('workloads', w.name, 'workers')}: a serve workload runs {w.workers} worker(s) as "
+        problems.append(Problem(at('workloads', w.name, 'workers'), f"a serve workload runs {w.workers} worker(s) as "
                         f"replicas of the server, not as workers; set {at('workloads', w.name, 'serving', 'replicas')} "
                         f"for more servers, or {at('workloads', w.name, 'serving', 'nodesPerReplica')} for one server "
-                        "across nodes (a model no node holds), and workers: 1")
+                        "across nodes (a model no node holds), and workers: 1"))
     if s.autoscaling.enabled and s.autoscaling.max_replicas < s.replicas:
-        problems.append(f"{at('workloads', w.name, 'serving', 'autoscaling', 'maxReplicas')}: "
-                        f"{s.autoscaling.max_replicas} is fewer than serving.replicas {s.replicas}")
+        problems.append(Problem(at('workloads', w.name, 'serving', 'autoscaling', 'maxReplicas'), f""
+                        f"{s.autoscaling.max_replicas} is fewer than serving.replicas {s.replicas}"))
     pool, index, nodes = m.pool(w.pool or ""), _pool_index(m, w), nodes_per_replica(w)
     needed = most_replicas(w) * nodes + w.evaluator_nodes
     if pool is not None and needed > pool.max_nodes:
         key = "autoscaling.maxReplicas" if s.autoscaling.enabled else "replicas"
         each = f" x {nodes} nodes each" if nodes > 1 else ""
         evaluator = " and the evaluator's own pod" if w.evaluator_nodes else ""
-        problems.append(f"{at('workloads', w.name, 'serving')}.{key}: {most_replicas(w)} replica(s){each}{evaluator} "
-                        f"need {needed} nodes of pool {pool.name}, but "
-                        f"{at('nodePools', index, 'maxNodes')} is {pool.max_nodes}; raise maxNodes or lower {key}")
+        problems.append(Problem(f"{at('workloads', w.name, 'serving')}.{key}",
+                                f"{most_replicas(w)} replica(s){each}{evaluator} "
+                                f"need {needed} nodes of pool {pool.name}, but "
+                        f"{at('nodePools', index, 'maxNodes')} is {pool.max_nodes}; raise maxNodes or lower {key}"))
     return problems
 
 
-def check_serve_ports(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+def check_serve_ports(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
     """The API ports may take neither each other's nor the engine's own ports inside the pod; MII's OpenAI server
     is MII's (vLLM's API is OpenAI-compatible itself)."""
     problems = []
@@ -110,64 +112,70 @@ def check_serve_ports(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     key = at("workloads", w.name, "serving")
     if s.engine == VLLM:
         if s.openai.enabled:
-            problems.append(f"{key}.openai.enabled: vLLM's API on serving.port ({served_port(w)}) is OpenAI-compatible "
-                            "itself; serving.openai is engine mii's second server, leave it disabled")
+            problems.append(Problem(f"{key}.openai.enabled",
+                                    f"vLLM's API on serving.port ({served_port(w)}) is OpenAI-compatible "
+                                    "itself; serving.openai is engine mii's second server, leave it disabled"))
         return problems
     reserved = mii_reserved_ports(where.per_worker if where else 1)
     ports = [("port", served_port(w))] + ([("openai.port", s.openai.port)] if s.openai.enabled else [])
     for name, port in ports:
         if port in reserved:
-            problems.append(f"{key}.{name}: {port} is taken by {reserved[port]} inside the pod; pick another")
+            problems.append(Problem(f"{key}.{name}",
+                                    f"{port} is taken by {reserved[port]} inside the pod; pick another"))
     if s.openai.enabled and served_port(w) == s.openai.port:
-        problems.append(f"{key}.openai.port: {s.openai.port} is also serving.port; give the two APIs different ports")
+        problems.append(Problem(f"{key}.openai.port",
+                                f"{s.openai.port} is also serving.port; give the two APIs different ports"))
     return problems
 
 
-def _source_problems(key: str, cidr: str | None, namespace: str | None, labels: dict | None) -> list[str]:
+def _source_problems(key: str, cidr: str | None, namespace: str | None, labels: dict | None) -> list[Problem]:
     if cidr is not None and (namespace is not None or labels):
-        return [f"{key}: give either cidr or namespace/podLabels, not both (they are different NetworkPolicy peers)"]
+        return [Problem(key,
+                        "give either cidr or namespace/podLabels, not both (they are different NetworkPolicy peers)")]
     if cidr is None and namespace is None and not labels:
-        return [f"{key}: give a cidr, a namespace or podLabels (an empty source would admit every pod)"]
+        return [Problem(key, "give a cidr, a namespace or podLabels (an empty source would admit every pod)")]
     if cidr is not None:
         try:
             net = ipaddress.IPv4Network(cidr, strict=True)
         except ValueError:
-            return [f"{key}.cidr: {cidr!r} is not an IPv4 CIDR with its host bits zero (e.g. 10.0.0.0/8)"]
+            return [Problem(f"{key}.cidr", f"{cidr!r} is not an IPv4 CIDR with its host bits zero (e.g. 10.0.0.0/8)")]
         if net.prefixlen == 0:
-            return [f"{key}.cidr: {cidr} would admit every address; name the clients' ranges"]
+            return [Problem(f"{key}.cidr", f"{cidr} would admit every address; name the clients' ranges")]
     if namespace is not None and not DNS1123_LABEL.match(namespace):
-        return [f"{key}.namespace: {namespace!r} is not a namespace name (a DNS-1123 label)"]
+        return [Problem(f"{key}.namespace", f"{namespace!r} is not a namespace name (a DNS-1123 label)")]
     return []
 
 
-def check_serve_allow_from(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+def check_serve_allow_from(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
     """Each NetworkPolicy source names who may connect, and nothing broader than meant."""
     return [p for i, src in enumerate(w.serving.allow_from)
             for p in _source_problems(at("workloads", w.name, "serving", "allowFrom", i), src.cidr, src.namespace,
                                       src.pod_labels)]
 
 
-def check_serve_autoscaling(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+def check_serve_autoscaling(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
     """The autoscaler reads vLLM's own load (data/serving_metrics.yaml): no CPU autoscaler on a GPU server, and
     none for MII, which reports no load."""
     a, key = w.serving.autoscaling, ("workloads", w.name, "serving", "autoscaling")
     problems = []
     if a.cpu_utilization is not None:
         problems.append(
-            f"{at(*key, 'cpuUtilization')}: refused: the server runs the model on its GPUs, so its CPU use does not "
+            Problem(at(*key, 'cpuUtilization'),
+                    f"refused: the server runs the model on its GPUs, so its CPU use does not "
             "follow its load (and the pod requests nearly all of the node's CPUs), and a CPU autoscaler on it scales "
             "late or never (GKE's best practices for LLM inference on GPUs: not CPU alone). Leave cpuUtilization out; "
             f"the autoscaler scales on vLLM's own queue: {at(*key, 'metric')} waiting (the default) or running, "
-            f"{at(*key, 'target')} per replica")
+            f"{at(*key, 'target')} per replica"))
     if a.enabled and w.serving.engine == MII:
         problems.append(
-            f"{at(*key, 'enabled')}: DeepSpeed-MII reports no load (no /metrics), and CPU use says nothing of a GPU "
+            Problem(at(*key, 'enabled'),
+                    f"DeepSpeed-MII reports no load (no /metrics), and CPU use says nothing of a GPU "
             f"server's, so nothing could scale it; set {at('workloads', w.name, 'serving', 'engine')}: vllm (it "
-            f"scales on its waiting or running requests), or a fixed {at('workloads', w.name, 'serving', 'replicas')}")
+            f"scales on its waiting or running requests), or a fixed {at('workloads', w.name, 'serving', 'replicas')}"))
     return problems
 
 
-def warn_no_surge_node(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+def warn_no_surge_node(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
     """A rollout's surge pod needs a node the pool may not have (workloads/serving.py rollout): one replica then
     waits for it, several are replaced one at a time; either way, what one node more costs per hour."""
     where, index = placement(m, w), _pool_index(m, w)
@@ -190,36 +198,36 @@ def warn_no_surge_node(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
             f"{waits}" if s.replicas <= 1 else
             f"a rollout replaces {w.name}'s replicas one at a time, one fewer serving meanwhile")
     surge = "the surge pod" if nodes <= 1 else f"the surge group ({nodes} nodes)"
-    return [f"{at('nodePools', index, 'maxNodes')}: {pool.max_nodes} node(s) of pool {pool.name}, all for "
+    return [Problem(at('nodePools', index, 'maxNodes'), f"{pool.max_nodes} node(s) of pool {pool.name}, all for "
             f"{w.name}'s {most_replicas(w)} replica(s): no node for {surge} a rollout starts first; {what}. "
             f"Raise maxNodes to {pool.max_nodes + more} ({_nodes_more(more, pool.machine_type)}, {cost}, only while a "
-            f"rollout runs: the autoscaler removes {'it' if more == 1 else 'them'} after)"]
+            f"rollout runs: the autoscaler removes {'it' if more == 1 else 'them'} after)")]
 
 
 def _nodes_more(count: int, machine_type: str) -> str:
     return f"one {machine_type} node more" if count == 1 else f"{count} {machine_type} nodes more"
 
 
-def warn_autoscaling_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+def warn_autoscaling_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
     """The autoscaler's bounds when there is no autoscaler: `replicas` pods, always."""
     scaling = w.serving.autoscaling
     if scaling.enabled:
         return []
     defaults = workload_default(w.kind, "serving", "autoscaling")
-    return [f"{at('workloads', w.name, 'serving', 'autoscaling', key)}: not used: "
+    return [Problem(at('workloads', w.name, 'serving', 'autoscaling', key), f"not used: "
             f"{at('workloads', w.name, 'serving', 'autoscaling', 'enabled')} is false, so no HorizontalPodAutoscaler "
-            f"is made and serving.replicas ({w.serving.replicas}) pods run" for key in
+            f"is made and serving.replicas ({w.serving.replicas}) pods run") for key in
             changed_keys(scaling, defaults, ("enabled", "cpuUtilization"))]  # cpuUtilization: refused
 
 
-def warn_openai_port_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+def warn_openai_port_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
     """MII's second (OpenAI-compatible) server's port when that server is off."""
     openai = w.serving.openai
     if openai.enabled or openai.port == workload_default(w.kind, "serving", "openai", "port"):
         return []
-    return [f"{at('workloads', w.name, 'serving', 'openai', 'port')}: not used: "
+    return [Problem(at('workloads', w.name, 'serving', 'openai', 'port'), f"not used: "
             f"{at('workloads', w.name, 'serving', 'openai', 'enabled')} is false (engine mii's OpenAI-compatible "
-            "server; vLLM's own API is OpenAI-compatible on serving.port)"]
+            "server; vLLM's own API is OpenAI-compatible on serving.port)")]
 
 
 def build(name: str, w: ServeWorkloadConfig, platform: Platform, opts: pulumi.ResourceOptions) -> Built:

@@ -6,12 +6,13 @@ endpoint picker reads vLLM's metrics), the stack's own GKE cluster at a version 
 from __future__ import annotations
 
 from model import capacity, serving_gateway
+from model.problems import Problem
 from model.serving_engines import VLLM
 from model.types import ServeWorkloadConfig, StackConfig
 from model.validators import at
 
 
-def _version_problem(m: StackConfig, w: ServeWorkloadConfig) -> str | None:
+def _version_problem(m: StackConfig, w: ServeWorkloadConfig) -> Problem | None:
     """GKE installs the InferencePool v1 CRD itself from minGkeVersion on; the stack installs no cluster-wide CRD."""
     assert m.cluster is not None
     least = serving_gateway.load().min_gke_version
@@ -19,15 +20,16 @@ def _version_problem(m: StackConfig, w: ServeWorkloadConfig) -> str | None:
     why = (f"{at('workloads', w.name, 'serving', 'gateway', 'enabled')} needs GKE {least} or later, where GKE "
            "installs the InferencePool v1 and Gateway API CRDs itself (data/serving_gateway.yaml)")
     if version is None:
-        return (f"cluster.minMasterVersion: unset, so GKE may run an older control plane than {least}; {why}; set "
-                f"cluster.minMasterVersion to {least} or newer")
+        return (Problem("cluster.minMasterVersion",
+                        f"unset, so GKE may run an older control plane than {least}; {why}; set "
+                        f"cluster.minMasterVersion to {least} or newer"))
     parsed = capacity.gke_version(version)
     if parsed is not None and parsed < capacity.gke_version(least):  # type: ignore[operator]
-        return f"cluster.minMasterVersion: {version} is below {least}; {why}; set it to {least} or newer"
+        return Problem("cluster.minMasterVersion", f"{version} is below {least}; {why}; set it to {least} or newer")
     return None
 
 
-def check_serve_gateway(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+def check_serve_gateway(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
     """The Inference Gateway routes to vLLM replicas of the stack's own GKE cluster at a version that has its CRDs;
     the Service then stays ClusterIP (the gateway is the way in)."""
     s = w.serving
@@ -36,26 +38,28 @@ def check_serve_gateway(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
     key = at("workloads", w.name, "serving", "gateway", "enabled")
     problems = []
     if s.engine != VLLM:
-        problems.append(f"{at('workloads', w.name, 'serving', 'engine')}: {s.engine} with {key}: the endpoint "
+        problems.append(Problem(at('workloads', w.name, 'serving', 'engine'), f"{s.engine} with {key}: the endpoint "
                         "picker scores replicas by vLLM's own metrics (queue, KV cache, adapters); set engine: vllm, "
-                        "or leave the gateway off")
+                        "or leave the gateway off"))
     if m.cluster is None:
-        problems.append(f"{key}: the gateway needs the stack's own GKE cluster (its Gateway API, its proxy-only "
+        problems.append(Problem(key, "the gateway needs the stack's own GKE cluster (its Gateway API, its proxy-only "
                         "subnet); on an existing cluster serve through the Service (serving.service), or leave the "
-                        "gateway off")
+                        "gateway off"))
     elif (problem := _version_problem(m, w)) is not None:
         problems.append(problem)
     if s.service != "ClusterIP":
-        problems.append(f"{at('workloads', w.name, 'serving', 'service')}: {s.service} with {key}: the gateway is "
-                        "the way in from the VPC; a second load balancer would bypass its routing; set ClusterIP")
+        problems.append(Problem(at('workloads', w.name, 'serving', 'service'),
+                                f"{s.service} with {key}: the gateway is "
+                        "the way in from the VPC; a second load balancer would bypass its routing; set ClusterIP"))
     return problems
 
 
-def warn_serve_gateway_external(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+def warn_serve_gateway_external(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
     """An external gateway is on the internet: the NetworkPolicy admits its proxies, not the callers behind them."""
     g = w.serving.gateway
     if not g.enabled or g.access != serving_gateway.EXTERNAL:
         return []
-    return [f"{at('workloads', w.name, 'serving', 'gateway', 'access')}: external: a regional external Application "
+    return [Problem(at('workloads', w.name, 'serving', 'gateway', 'access'),
+                    "external: a regional external Application "
             "Load Balancer answers anyone on the internet, and the pods see only its proxies (allowFrom cannot tell "
-            "callers apart); put authentication in front (e.g. Identity-Aware Proxy or Cloud Armor) or use internal"]
+            "callers apart); put authentication in front (e.g. Identity-Aware Proxy or Cloud Armor) or use internal")]

@@ -12,6 +12,7 @@ split more than needed reads.
 from __future__ import annotations
 
 from model import catalog as gpu_catalog
+from model.problems import Problem
 from model.types import ServeWorkloadConfig, StackConfig
 from model.validators import at
 from planner.recommend import short_name
@@ -52,7 +53,7 @@ def across_nodes_hint(request: Request, where: Placement, key: str) -> str:
             f"{short_name(gpu.display_name)}, a LeaderWorkerSet group)")
 
 
-def check_serve_nodes_per_replica(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+def check_serve_nodes_per_replica(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
     """A replica across nodes: an engine that spans nodes, no more pipeline stages than layers, and neither the
     autoscaler (it scales a Deployment) nor the evaluator (its pod holds the whole model) with it."""
     nodes = nodes_per_replica(w)
@@ -60,21 +61,23 @@ def check_serve_nodes_per_replica(m: StackConfig, w: ServeWorkloadConfig) -> lis
         return []
     key, s, e = at("workloads", w.name, "serving", "nodesPerReplica"), w.serving, engine_of(w)
     if not e.multi_node:
-        return [f"{key}: {nodes}, but {e.display_name} spans no nodes in this stack (data/serving.yaml multiNode); "
-                f"set {at('workloads', w.name, 'serving', 'engine')}: vllm, or nodesPerReplica: 1"]
+        return [Problem(key,
+                        f"{nodes}, but {e.display_name} spans no nodes in this stack (data/serving.yaml multiNode); "
+                        f"set {at('workloads', w.name, 'serving', 'engine')}: vllm, or nodesPerReplica: 1")]
     problems = []
     request = workload_request(w)
     if request is not None and request.model.shape_known and nodes > request.model.shape.layers:
-        problems.append(f"{key}: {nodes} pipeline stages, but {request.model.name} has "
+        problems.append(Problem(key, f"{nodes} pipeline stages, but {request.model.name} has "
                         f"{request.model.shape.layers} layers to split over them; set at most "
-                        f"{request.model.shape.layers}")
+                        f"{request.model.shape.layers}"))
     if s.autoscaling.enabled:
-        problems.append(f"{at('workloads', w.name, 'serving', 'autoscaling', 'enabled')}: true with {key} {nodes}: "
+        problems.append(Problem(at('workloads', w.name, 'serving', 'autoscaling', 'enabled'),
+                                f"true with {key} {nodes}: "
                         "the stack's autoscaler scales a Deployment, and a replica across nodes is a LeaderWorkerSet "
-                        "group; set false and a fixed serving.replicas, or nodesPerReplica: 1")
+                        "group; set false and a fixed serving.replicas, or nodesPerReplica: 1"))
     if s.evaluation is not None:
-        problems.append(f"{at('workloads', w.name, 'serving', 'evaluation')}: with {key} {nodes}: the evaluator "
+        problems.append(Problem(at('workloads', w.name, 'serving', 'evaluation'), f"with {key} {nodes}: the evaluator "
                         "scores exports against a server that holds the whole model in its own pod, and no node of "
                         "this pool does; remove serving.evaluation (adapters are then served as exported), or "
-                        "nodesPerReplica: 1 on a pool whose node holds the model")
+                        "nodesPerReplica: 1 on a pool whose node holds the model"))
     return problems

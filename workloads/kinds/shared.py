@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from model.config import workload_default
+from model.problems import Problem
 from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig, camel
 from model.validators import at, is_file
 from recipes import contract
@@ -24,14 +25,14 @@ NO_LOCAL_RANK = "--no_local_rank"
 SHOWN_FLAGS = 12  # the closest flags an unknown one's message lists
 
 
-def launch_script_problems(w: DeepSpeedWorkloadConfig) -> list[str]:
+def launch_script_problems(w: DeepSpeedWorkloadConfig) -> list[Problem]:
     """`launch.script` is shipped from recipes/ in a ConfigMap, unless launch.command replaces it."""
     script = w.launch.script
     if w.launch.command or ("/" not in script and is_file(SCRIPTS_DIR / script)):
         return []
     known = sorted(p.name for p in SCRIPTS_DIR.glob("*.py") if not p.name.startswith("_"))
-    return [f"{at('workloads', w.name, 'launch', 'script')}: no file {script!r} in recipes "
-            f"(there: {', '.join(known) or 'nothing'}); add it there or set launch.command"]
+    return [Problem(at('workloads', w.name, 'launch', 'script'), f"no file {script!r} in recipes "
+            f"(there: {', '.join(known) or 'nothing'}); add it there or set launch.command")]
 
 
 def launcher_flags(m: StackConfig, w: WorkloadConfig) -> dict[str, str]:
@@ -52,7 +53,7 @@ def deepspeed_config_flag(m: StackConfig, w: DeepSpeedWorkloadConfig) -> dict[st
 
 
 def script_flag_problems(w: DeepSpeedWorkloadConfig, passed: dict[str, str],
-                         reported: frozenset[str] = frozenset()) -> list[str]:
+                         reported: frozenset[str] = frozenset()) -> list[Problem]:
     """The arguments `launch.script`'s own argparse parser (workloads/script_flags.py, read without running it)
     refuses at start-up, on every rank: a flag the stack or DeepSpeed passes (`passed`: flag -> who) that it does not
     define, and in `launch.args` a flag it does not have, an abbreviation several flags share, or one that repeats a
@@ -65,25 +66,26 @@ def script_flag_problems(w: DeepSpeedWorkloadConfig, passed: dict[str, str],
     script, problems = w.launch.script, []
     for flag, who in passed.items():
         if not isinstance(flags.action_of(flag), tuple):
-            problems.append(f"{at('workloads', w.name, 'launch', 'script')}: {script}'s parser has no {flag}, which "
-                            f"{who} passes to every rank: every rank would stop with \"unrecognized arguments: "
-                            f"{flag}\"; add it to the parser")
+            problems.append(Problem(at('workloads', w.name, 'launch', 'script'),
+                                    f"{script}'s parser has no {flag}, which "
+                                    f"{who} passes to every rank: every rank would stop with \"unrecognized arguments: "
+                                    f"{flag}\"; add it to the parser"))
     for j, token in script_flags.option_tokens(w.launch.args):
         name, key = token.split("=", 1)[0], at("workloads", w.name, "launch", "args", j)
         if name in reported:
             continue
         action = flags.action_of(token)
         if isinstance(action, str):
-            problems.append(f"{key}: {name} is ambiguous for {script}'s parser, which would stop every rank with "
-                            f"\"ambiguous option: {name} could match {action}\"; write the whole flag")
+            problems.append(Problem(key, f"{name} is ambiguous for {script}'s parser, which would stop every rank with "
+                            f"\"ambiguous option: {name} could match {action}\"; write the whole flag"))
         elif action is None:
             closest = flags.closest(token, frozenset(passed))[:SHOWN_FLAGS]
-            problems.append(f"{key}: {script} has no flag {name} (every rank would stop with \"unrecognized "
-                            f"arguments\"); its flags, closest first: {', '.join(closest) or 'none'}")
+            problems.append(Problem(key, f"{script} has no flag {name} (every rank would stop with \"unrecognized "
+                            f"arguments\"); its flags, closest first: {', '.join(closest) or 'none'}"))
         elif given := next((f for f in passed if f in action), None):
             what = name if name == given else f"{name} ({script}'s {given})"
-            problems.append(f"{key}: {what} is passed to every rank already, by {passed[given]}; "
-                            + ("remove it" if given == LOCAL_RANK else "change it there instead"))
+            problems.append(Problem(key, f"{what} is passed to every rank already, by {passed[given]}; "
+                            + ("remove it" if given == LOCAL_RANK else "change it there instead")))
     return problems
 
 
@@ -94,7 +96,7 @@ def changed_keys(value: msgspec.Struct, defaults: dict[str, Any], leave_out: tup
             if camel(field) not in leave_out and getattr(value, field) != defaults.get(camel(field))]
 
 
-def warn_learning_rate_unused(w: DeepSpeedWorkloadConfig) -> list[str]:
+def warn_learning_rate_unused(w: DeepSpeedWorkloadConfig) -> list[Problem]:
     """`deepspeed.learningRate` reaches a script only as the DeepSpeed-built optimizer's lr, which exists with
     optimizer offload (workloads/ds_config.py `optimizer`) and is "auto" under the Hugging Face Trainer (its own
     --learning-rate wins). Elsewhere a value of its own goes nowhere: the script's own flag sets the rate."""
@@ -107,5 +109,5 @@ def warn_learning_rate_unused(w: DeepSpeedWorkloadConfig) -> list[str]:
            "--learning-rate" if runs_hf_trainer(w.launch.script) else
            "ds_config.json names an optimizer only with deepspeed.offloadOptimizer, and without one the script builds "
            "its own (smoke_train.py: --lr)")
-    return [f"{at('workloads', w.name, 'deepspeed', 'learningRate')}: {ds.learning_rate:g} is not used: {why}; "
-            "pass the rate in launch.args"]
+    return [Problem(at('workloads', w.name, 'deepspeed', 'learningRate'), f"{ds.learning_rate:g} is not used: {why}; "
+            "pass the rate in launch.args")]

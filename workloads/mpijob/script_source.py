@@ -19,6 +19,7 @@ from pathlib import Path
 
 import msgspec
 
+from model.problems import Problem
 from model.types import MpiJobBaseConfig, StackConfig
 from model.validators import at, is_file
 from recipes import contract
@@ -72,29 +73,30 @@ def _known(folder: Path) -> str:
     return ", ".join(sorted(p.name for p in folder.glob("*.py") if not p.name.startswith("_"))) or "nothing"
 
 
-def _bucket_problems(m: StackConfig, w: MpiJobBaseConfig, key: str) -> list[str]:
+def _bucket_problems(m: StackConfig, w: MpiJobBaseConfig, key: str) -> list[Problem]:
     bucket, path = _in_bucket(w.launch.script)
     named = m.storage.existing_bucket or m.storage.bucket_name
     mount = w.gcs_fuse.mount_path.rstrip("/")
     problems = []
     if not path or path.endswith("/"):
-        problems.append(f"{key}: {w.launch.script!r} names no file (gs://BUCKET/PATH.py)")
+        problems.append(Problem(key, f"{w.launch.script!r} names no file (gs://BUCKET/PATH.py)"))
     if not m.storage.enabled:
-        problems.append(f"{key}: {w.launch.script!r} is in a bucket, but the stack has none; set storage.enabled "
-                        "(with storage.existingBucket for a bucket of yours)")
+        problems.append(Problem(key, f"{w.launch.script!r} is in a bucket, but the stack has none; set storage.enabled "
+                        "(with storage.existingBucket for a bucket of yours)"))
     elif named is None:
-        problems.append(f"{key}: the stack's bucket is auto-named, so {bucket!r} cannot be told to be it; write the "
-                        f"path under the bucket's mount instead ({mount}/{path or 'PATH.py'})")
+        problems.append(Problem(key,
+                                f"the stack's bucket is auto-named, so {bucket!r} cannot be told to be it; write the "
+                                f"path under the bucket's mount instead ({mount}/{path or 'PATH.py'})"))
     elif bucket != named:
-        problems.append(f"{key}: {bucket!r} is not the stack's bucket ({named!r}); the pods mount only that one "
-                        f"(storage.existingBucket names a bucket of yours)")
+        problems.append(Problem(key, f"{bucket!r} is not the stack's bucket ({named!r}); the pods mount only that one "
+                        f"(storage.existingBucket names a bucket of yours)"))
     if not w.gcs_fuse.enabled:
-        problems.append(f"{key}: a script in the bucket is read through the pods' GCS FUSE mount; set "
-                        f"{at('workloads', w.name, 'gcsFuse', 'enabled')}: true")
+        problems.append(Problem(key, f"a script in the bucket is read through the pods' GCS FUSE mount; set "
+                        f"{at('workloads', w.name, 'gcsFuse', 'enabled')}: true"))
     return problems
 
 
-def problems(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
+def problems(m: StackConfig, w: MpiJobBaseConfig) -> list[Problem]:
     """`launch.script` names a file the ranks can run (see the module's forms)."""
     script, key = w.launch.script, at("workloads", w.name, "launch", "script")
     if script.startswith(GS_PREFIX):
@@ -102,8 +104,8 @@ def problems(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
     if script.startswith("/"):
         mount = w.gcs_fuse.mount_path.rstrip("/")
         if script.startswith(f"{mount}/") and not w.gcs_fuse.enabled:
-            return [f"{key}: {script} is under the bucket's mount path {mount}, but the pods do not mount the "
-                    f"bucket; set {at('workloads', w.name, 'gcsFuse', 'enabled')}: true"]
+            return [Problem(key, f"{script} is under the bucket's mount path {mount}, but the pods do not mount the "
+                    f"bucket; set {at('workloads', w.name, 'gcsFuse', 'enabled')}: true")]
         return []  # in the image or on the claim: nothing here can see it
     if w.launch.command:
         return []  # the command runs what it names
@@ -111,10 +113,10 @@ def problems(m: StackConfig, w: MpiJobBaseConfig) -> list[str]:
         name = script.split("/", 1)[1]
         if CONFIG_KEY.match(name) and is_file(SCRIPTS_DIR / script):
             return []
-        return [f"{key}: no file {name!r} in recipes/{USER_FOLDER} (there: "
-                f"{_known(SCRIPTS_DIR / USER_FOLDER)}); a name of letters, digits, '-', '_' and '.'"]
+        return [Problem(key, f"no file {name!r} in recipes/{USER_FOLDER} (there: "
+                f"{_known(SCRIPTS_DIR / USER_FOLDER)}); a name of letters, digits, '-', '_' and '.'")]
     if "/" not in script and is_file(SCRIPTS_DIR / script):
         return []
-    return [f"{key}: no file {script!r} in recipes (there: {_known(SCRIPTS_DIR)}); put your own script in "
+    return [Problem(key, f"no file {script!r} in recipes (there: {_known(SCRIPTS_DIR)}); put your own script in "
             f"recipes/{USER_FOLDER}/ (`{USER_FOLDER}/NAME.py`), in the stack's bucket "
-            "(`gs://BUCKET/PATH.py`), or name an absolute path in the image, or set launch.command"]
+            "(`gs://BUCKET/PATH.py`), or name an absolute path in the image, or set launch.command")]
