@@ -299,3 +299,45 @@ def test_the_e2e_estimate_rests_on_the_cpu_rows_and_counts_its_saves(e2e: Module
     saves = est["hours"]["fast"] - est["trainingHours"]["fast"]
     assert saves > 0  # 40 // saveSteps 5 = 8 saves, each the adapter's checkpoint over the bucket's write rate
     assert est["cost"]["slow"] == pytest.approx(est["hours"]["slow"] * 1.0, abs=1e-4)
+
+
+def test_the_scenarios_split_over_two_clusters_in_the_order_asked(e2e: ModuleType) -> None:
+    assert e2e.streams_of(["mpijob", "vertex", "recovery", "finetune", "adapters"]) == [
+        ["recovery", "finetune"], ["mpijob", "vertex", "adapters"]]
+    assert e2e.streams_of(["adapters", "mpijob"]) == [["adapters", "mpijob"]]  # one side only: one cluster
+    assert e2e.streams_of(["finetune"]) == [["finetune"]]
+    every = [name for stream in e2e.STREAMS for name in stream]
+    assert sorted(every) == sorted(e2e.DEFAULT_SCENARIOS) == sorted(e2e.SCENARIOS)
+
+
+def _tiered(tmp_path: Path, nodes: list[int], complete: bool) -> Path:
+    folder = tmp_path / "bucket" / "checkpoint-10"
+    folder.mkdir(parents=True)
+    for node in nodes:
+        (folder / f"copied-node-{node}.json").write_text("{}")
+    if complete:
+        (folder / "checkpoint-copied.json").write_text("{}")
+    return tmp_path / "bucket"
+
+
+def test_a_copy_under_way_at_the_stop_is_dropped_or_finished_whole(e2e: ModuleType, tmp_path: Path) -> None:
+    ft = e2e._finetune_script()
+    local = {"w0": tmp_path / "w0", "w1": tmp_path / "w1"}
+    for folder in local.values():
+        (folder / "checkpoint-12").mkdir(parents=True)
+        (folder / "checkpoint-12" / "trainer_state.json").write_text("{}")  # the Trainer's last write of a save
+    dropped = "[finetune] copy of checkpoint-10 abandoned: stopping, and checkpoint-12 is newer"
+    # Dropped for the stop's save, and not marked: right. Dropped but marked: wrong.
+    assert e2e.tiered_problems(ft, local, _tiered(tmp_path / "a", [0], False), 12, 10, dropped) == []
+    assert e2e.tiered_problems(ft, local, _tiered(tmp_path / "b", [0, 1], True), 12, 10, dropped) == [
+        "checkpoint-10, cut short by the stop, is marked complete"]
+    # Finished before the ranks reached their save (a loaded machine): whole on both nodes, or it is wrong.
+    assert e2e.tiered_problems(ft, local, _tiered(tmp_path / "c", [0, 1], True), 12, 10, "") == []
+    half = e2e.tiered_problems(ft, local, _tiered(tmp_path / "d", [0], True), 12, 10, "")
+    assert half == ["the copy of checkpoint-10 under way at the stop was neither dropped for the stop's save nor "
+                    "finished on every node"]
+    assert e2e.tiered_problems(ft, local, _tiered(tmp_path / "e", [0], False), 12, 10, "") == half
+    # A worker whose local disk lacks the stop's save.
+    (local["w1"] / "checkpoint-12" / "trainer_state.json").unlink()
+    assert e2e.tiered_problems(ft, local, _tiered(tmp_path / "f", [0, 1], True), 12, 10, "") == [
+        "w1's local disk lacks checkpoint-12"]
