@@ -13,7 +13,7 @@ the stack's own code:
 - recovery: the Bitnami chart's path. Workers serve SSH as UID 1001 on port 2222 with the chart's sshd
           drop-in over the image's sshd_config; the client waits for them with the image entrypoint's
           `retry_while`, then runs the release's launch command (`cd /app && deepspeed --hostfile
-          /job/hostfile smoke_test.py ...`, pdsh) with /app holding the release's source ConfigMap and
+          /job/hostfile smoke_train.py ...`, pdsh) with /app holding the release's source ConfigMap and
           /job/hostfile written as the chart's template writes it. A run with checkpoints is preempted,
           relaunched (every rank on every host reports) and resumes from the step saved on SIGTERM;
           then the same checkpoint resumes with one worker fewer through DeepSpeed's universal checkpoint.
@@ -647,7 +647,7 @@ def pre_stop_problems(stop: nshosts.Termination) -> list[str]:
     return problems
 
 
-EXIT_PREEMPTED = 143  # finetune.py's and smoke_test.py's status after the save on SIGTERM
+EXIT_PREEMPTED = 143  # finetune.py's and smoke_train.py's status after the save on SIGTERM
 # DeepSpeed's per-node launcher (launch.py sigkill_handler) logs this when it gets SIGTERM itself: what pdsh's pkill
 # from the runner's handler does, and it then SIGKILLs its ranks 30 s later.
 PER_NODE_LAUNCHER_SIGNALLED = "Main process received SIGTERM"
