@@ -176,11 +176,19 @@ class AdapterFolder(msgspec.Struct, frozen=True):
     base: str | None = None  # adapter_config.json's base_model_name_or_path; None: not checked
 
 
+class CanaryConfig(msgspec.Struct, frozen=True):
+    """`serving.gateway.canary`: a share of the gateway's requests for another server (a new model version)."""
+
+    workload: str
+    percent: int
+
+
 class GatewayConfig(msgspec.Struct, frozen=True):
     """`serving.gateway`: GKE Inference Gateway in front of the replicas (workloads/serving_gateway.py)."""
 
     enabled: bool
     access: str  # internal | external (model/serving_gateway.py gatewayClasses)
+    canary: CanaryConfig | None = None
 
 
 class EvaluationConfig(msgspec.Struct, frozen=True):

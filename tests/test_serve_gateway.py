@@ -185,3 +185,66 @@ def test_serving_section_says_replicas_entry_and_fleet_costs(gated: RunResult) -
     cells = [c.strip() for c in next(x for x in body.splitlines() if x.startswith("| chat |")).strip("|").split("|")]
     assert cells[7:] == [f"${node:,.2f}-${3 * node:,.2f}", f"${node * 730:,.2f}-${3 * node * 730:,.2f}"]
     assert cells[5] == "Service `http://chat.serving.svc.cluster.local:8000/v1` (in the cluster)"
+
+
+def canary_config(**more: Any) -> dict[str, Any]:
+    """A second server (its own namespace), a new model version, sharing the gateway's requests."""
+    chat = changed("serve", {})["deepspeed-stack:workloads"]["chat"]
+    v2 = {**chat, "namespace": "serving-v2", "serving": {**chat["serving"], "gateway": {"enabled": True}}}
+    return {**GATEWAY, "nodePools[0].maxNodes": 4, "workloads.chat-v2": v2,
+            f"{W}.serving.gateway.canary": {"workload": "chat-v2", "percent": 10}, **more}
+
+
+def test_a_canary_share_is_a_weight_of_the_route() -> None:
+    result = run(canary_config(**{"workloads.chat-v2.serving.model": "Qwen/Qwen2.5-7B",
+                                  "workloads.chat-v2.model.name": "Qwen2.5-7B"}))
+    (route,) = [manifests.manifest(r) for r in result.by_type("kubernetes:gateway.networking.k8s.io/v1:HTTPRoute")
+                if r.inputs["metadata"]["name"] == "chat"]
+    assert route["spec"]["rules"][0]["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "chat", "weight": 90},
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "chat-v2",
+         "namespace": "serving-v2", "weight": 10}]
+    # The canary's namespace lets chat's route reach its pool (Gateway API's ReferenceGrant).
+    (grant,) = result.by_type("kubernetes:gateway.networking.k8s.io/v1beta1:ReferenceGrant")
+    assert grant.inputs["metadata"]["namespace"] == "serving-v2" and grant.inputs["spec"] == {
+        "from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "serving"}],
+        "to": [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "chat-v2"}]}
+    # The canary answers the server's model name too (vLLM's --served-model-name takes several; the first names
+    # its answers).
+    v2 = result.one("kubernetes:apps/v1:Deployment", "chat-v2-deployment")
+    args = v2.inputs["spec"]["template"]["spec"]["containers"][0]["args"]
+    i = args.index("--served-model-name")
+    assert args[i + 1:i + 3] == ["Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct"]
+    assert result.outputs["workloads"]["chat"]["gateway"]["canary"] == {"workload": "chat-v2", "percent": 10}
+    from preview.sections import serving
+
+    ((_, body),) = serving.section(result)
+    assert "; 10% of requests to chat-v2 (canary) |" in body
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({f"{W}.serving.gateway.canary.workload": "chat-v3"},
+     "workloads.chat.serving.gateway.canary.workload: chat-v3 names no workload of this stack; valid: the stack's "
+     "other serve workloads: chat-v2"),
+    ({f"{W}.serving.gateway.canary.workload": "chat"},
+     "workloads.chat.serving.gateway.canary.workload: chat is this server itself"),
+    ({"workloads.chat-v2.serving.gateway.enabled": False},
+     "workloads.chat.serving.gateway.canary.workload: chat-v2 has no InferencePool of its own"),
+    ({f"{W}.serving.gateway.enabled": False}, "workloads.chat.serving.gateway.canary: a canary share is a weight"),
+    ({f"{W}.serving.gateway.canary.percent": 100}, "workloads.chat.serving.gateway.canary.percent: must be at most 99"),
+])
+def test_canary_refused(change: dict[str, Any], expected: str) -> None:
+    found = problems("serve", canary_config(**change))
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_a_canary_must_serve_the_servers_adapters() -> None:
+    """finetune's chat serves the adapter tune; a canary of the base alone would fail tune's requests on its share."""
+    chat = changed("finetune", {})["deepspeed-stack:workloads"]["chat"]
+    v2 = {**chat, "namespace": "serving-v2",
+          "serving": {"model": "Qwen/Qwen2.5-7B-Instruct", "gateway": {"enabled": True}}}
+    found = problems("finetune", {"cluster.minMasterVersion": "1.34.1-gke.1000000", "nodePools[0].maxNodes": 4,
+                                  f"{W}.serving.gateway.enabled": True, "workloads.chat-v2": v2,
+                                  f"{W}.serving.gateway.canary": {"workload": "chat-v2", "percent": 5}})
+    assert any(p.startswith("workloads.chat.serving.gateway.canary.workload: chat-v2 does not serve tune, which this "
+                            "server serves") for p in found), found

@@ -18,7 +18,8 @@ class InferenceGatewayArgs(msgspec.Struct, frozen=True):
     workload: ServeWorkloadConfig
     namespace: pulumi.Output[str]
     proxy_cidr: str  # the region's proxy-only subnet, where the load balancer's proxies run
-    backends: list[tuple[str, int]] | None = None  # the HTTPRoute's pools and weights (a canary); None: its own
+    backends: list[tuple[str, str, int]] | None = None  # the route's pools, namespaces, weights; None: its own
+    grants_from: list[str] = msgspec.field(default_factory=list)  # namespaces whose routes send it a canary share
 
 
 def _meta(name: str, w: ServeWorkloadConfig, ns: pulumi.Output[str], **extra: Any) -> k8s.meta.v1.ObjectMetaArgs:
@@ -59,6 +60,8 @@ class InferenceGateway(pulumi.ComponentResource):
                    serving_gateway.backend_policy(w)]
         self.pool, self.gateway, self.route, self.health_check, self.backend_policy = (
             self._custom(name, obj, ns) for obj in objects)
+        self.grant = self._custom(name, serving_gateway.reference_grant(w, args.grants_from), ns) \
+            if args.grants_from else None
         self.register_outputs({"gateway": w.name, "pool": w.name, "endpointPicker": self.deployment.metadata.name})
 
     def _custom(self, name: str, obj: dict[str, Any], ns: pulumi.Output[str]) -> k8s.apiextensions.CustomResource:

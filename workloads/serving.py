@@ -82,7 +82,8 @@ class ModelServerArgs(msgspec.Struct, frozen=True):
     bucket: gcs_fuse.BucketAccess | None = None  # the stack's bucket, mounted when gcsFuse.enabled
     protect: bool = False  # the cluster's deletion protection: a production endpoint is not deleted by accident
     proxy_cidr: str | None = None  # the region's proxy-only subnet: with serving.gateway, where requests come from
-    gateway_backends: list[tuple[str, int]] | None = None  # the gateway's pools and weights (a canary)
+    gateway_backends: list[tuple[str, str, int]] | None = None  # the gateway's pools, namespaces, weights (a canary)
+    gateway_grants_from: list[str] = msgspec.field(default_factory=list)  # namespaces it is a canary for
     # One replica across nodes: the LeaderWorkerSet controller the stack installs (its CRD must exist first).
     group_controller: pulumi.Resource | None = None
 
@@ -131,7 +132,8 @@ class ModelServer(pulumi.ComponentResource):
         self.network_policy: k8s.networking.v1.NetworkPolicy = self._network_policy(
             name, w, ns, args.proxy_cidr if gateway_on else None)
         self.gateway = InferenceGateway(f"{name}-gateway", InferenceGatewayArgs(
-            w, ns, args.proxy_cidr or "", args.gateway_backends), child) if gateway_on else None
+            w, ns, args.proxy_cidr or "", args.gateway_backends, args.gateway_grants_from), child) \
+            if gateway_on else None
         self.pod_monitoring = self._pod_monitoring(name, w, ns) if serving_metrics.scraped(w) else None
         self.autoscaler = self._autoscaler(name, w, ns) if w.serving.autoscaling.enabled else None
         lb_ip = self.service.status.apply(_ingress_ip) if w.serving.service == "InternalLoadBalancer" else None
@@ -297,7 +299,9 @@ class ModelServer(pulumi.ComponentResource):
         CustomResource's status is not an output of pulumi-kubernetes)."""
         return {"gateway": {"name": w.name, "class": serving_gateway.gateway_class(w),
                             "access": w.serving.gateway.access, "addressCommand": serving_gateway.address_command(w),
-                            "endpoint": f"http://<gateway address>{'/v1'}"}}
+                            "endpoint": f"http://<gateway address>{'/v1'}",
+                            **({"canary": {"workload": canary.workload, "percent": canary.percent}}
+                               if (canary := w.serving.gateway.canary) else {})}}
 
     def _network_policy(self, name: str, w: ServeWorkloadConfig, ns: pulumi.Output[str],
                         proxy_cidr: str | None = None) -> k8s.networking.v1.NetworkPolicy:

@@ -85,7 +85,8 @@ def gpu_memory_utilization(w: ServeWorkloadConfig) -> float:
 def vllm_args(w: ServeWorkloadConfig, where: Placement, source: ModelSource) -> list[str]:
     """vLLM's OpenAI server: the model, its name in the API, the Service's port, tensor-parallel over every GPU of
     the node, the planner's sequence length, memory budget and precision; then the LoRA adapters."""
-    args = ["--model", source.ref, "--served-model-name", source.served_name, "--host", "0.0.0.0",
+    # More names after the first (nargs="+"): a canary answers for the model name of the server it shares with.
+    args = ["--model", source.ref, "--served-model-name", source.served_name, *source.aliases, "--host", "0.0.0.0",
             "--port", str(served_port(w)), "--tensor-parallel-size", str(where.per_worker),
             "--gpu-memory-utilization", f"{gpu_memory_utilization(w):.2f}"]
     if w.model is not None:

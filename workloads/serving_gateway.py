@@ -73,15 +73,27 @@ def gateway(w: ServeWorkloadConfig) -> dict[str, Any]:
                      "listeners": [{"name": "http", "port": f.listener_port, "protocol": "HTTP"}]}}
 
 
-def http_route(w: ServeWorkloadConfig, backends: list[tuple[str, int]] | None = None) -> dict[str, Any]:
-    """Every path to the pool; `backends` (pool name, weight) splits it (the canary), default: the server's own."""
+def http_route(w: ServeWorkloadConfig, backends: list[tuple[str, str, int]] | None = None) -> dict[str, Any]:
+    """Every path to the pool; `backends` (pool, its namespace, weight) splits it (the canary: a pool of another
+    namespace, which a ReferenceGrant there admits), default: the server's own."""
     refs = [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": name,
+             **({"namespace": namespace} if namespace != w.namespace else {}),
              **({"weight": weight} if backends and len(backends) > 1 else {})}
-            for name, weight in (backends or [(w.name, 1)])]
+            for name, namespace, weight in (backends or [(w.name, w.namespace, 1)])]
     return {"apiVersion": GATEWAY_API, "kind": "HTTPRoute",
             "metadata": {"name": w.name, "namespace": w.namespace, "labels": labels(w)},
             "spec": {"parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": w.name}],
                      "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": refs}]}}
+
+
+def reference_grant(w: ServeWorkloadConfig, from_namespaces: list[str]) -> dict[str, Any]:
+    """Gateway API's ReferenceGrant in the canary's namespace: HTTPRoutes of those namespaces may send requests to
+    its InferencePool (a backendRef to another namespace needs one there)."""
+    return {"apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+            "metadata": {"name": f"{w.name}-canary", "namespace": w.namespace, "labels": labels(w)},
+            "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": ns}
+                              for ns in from_namespaces],
+                     "to": [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": w.name}]}}
 
 
 def inference_pool(w: ServeWorkloadConfig) -> dict[str, Any]:

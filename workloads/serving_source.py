@@ -61,6 +61,7 @@ class ModelSource(msgspec.Struct, frozen=True):
     evaluated: bool = False  # the adapters are served only through the evaluator (serving.evaluation)
     chat_template: str | None = None  # the template the adapters were trained with, by name (vLLM --chat-template)
     chat: bool = False  # default_model was fine-tuned through a chat template: asked on /v1/chat/completions
+    aliases: tuple[str, ...] = ()  # more names it answers for: the model names of the servers it is a canary of
 
     @property
     def waits_for_training(self) -> bool:
@@ -154,6 +155,20 @@ def served_template(adapters: tuple[Adapter, ...]) -> str | None:
 
 
 def model_source(m: StackConfig, w: ServeWorkloadConfig) -> ModelSource:
+    """What the server loads (_model_source), answering also for the model names of the servers whose gateway sends
+    it a canary share (`serving.gateway.canary`): their clients ask by those names."""
+    source = _model_source(m, w)
+    aliases = []
+    for other in m.workloads.values():
+        canary = other.serving.gateway.canary if isinstance(other, ServeWorkloadConfig) else None
+        if canary is not None and canary.workload == w.name and other.name != w.name:
+            name = _model_source(m, other).served_name
+            if name != source.served_name and name not in aliases:
+                aliases.append(name)
+    return msgspec.structs.replace(source, aliases=tuple(aliases)) if aliases else source
+
+
+def _model_source(m: StackConfig, w: ServeWorkloadConfig) -> ModelSource:
     """A Hugging Face id (served under its id), a folder of the bucket (under `modelPath`), or what a training
     workload writes: a whole model under the trainer's name, or an adapter under the trainer's name on the base it
     was trained on (served under that base's id or path); with `serving.adapters`, more adapters on that base. The

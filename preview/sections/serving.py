@@ -53,8 +53,11 @@ def entry_text(s: dict[str, Any]) -> str:
     """Where requests enter: the Gateway (its class and how to read its address), or the Service."""
     gateway = s.get("gateway")
     if isinstance(gateway, dict):
+        canary = gateway.get("canary")
+        share = (f"; {canary['percent']}% of requests to {canary['workload']} (canary)" if isinstance(canary, dict)
+                 else "")
         return (f"Gateway {gateway['name']} ({gateway['class']}, {gateway['access']}): "
-                f"`{gateway['addressCommand']}`")
+                f"`{gateway['addressCommand']}`{share}")
     if s.get("service") == "InternalLoadBalancer":
         return f"internal load balancer (Service {s['deployment']}), in the cluster `{s['endpoint']}`"
     return f"Service `{s['endpoint']}` (in the cluster)"

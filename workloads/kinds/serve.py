@@ -52,7 +52,7 @@ from workloads.kinds.serve_engine import (
     warn_quantised_checkpoint,
     warn_unknown_heads,
 )
-from workloads.kinds.serve_gateway import check_serve_gateway, warn_serve_gateway_external
+from workloads.kinds.serve_gateway import check_serve_gateway, check_serve_gateway_canary, warn_serve_gateway_external
 from workloads.kinds.serve_model import (
     check_serve_context_length,
     check_serve_from_workload,
@@ -230,12 +230,31 @@ def warn_openai_port_unused(m: StackConfig, w: ServeWorkloadConfig) -> list[Prob
             "server; vLLM's own API is OpenAI-compatible on serving.port)")]
 
 
+def canary_backends(m: StackConfig, w: ServeWorkloadConfig) -> list[tuple[str, str, int]] | None:
+    """The HTTPRoute's pools, their namespaces and weights with a canary (`serving.gateway.canary`): its share, the
+    server the rest."""
+    canary = w.serving.gateway.canary
+    target = m.workloads.get(canary.workload) if canary else None
+    if canary is None or target is None:
+        return None
+    return [(w.name, w.namespace, 100 - canary.percent), (canary.workload, target.namespace, canary.percent)]
+
+
+def canary_of(m: StackConfig, w: ServeWorkloadConfig) -> list[str]:
+    """The namespaces of the servers whose gateways send this one a canary share (its ReferenceGrant admits them)."""
+    return [o.namespace for o in m.workloads.values() if isinstance(o, ServeWorkloadConfig)
+            and o.serving.gateway.canary is not None and o.serving.gateway.canary.workload == w.name]
+
+
 def build(name: str, w: ServeWorkloadConfig, platform: Platform, opts: pulumi.ResourceOptions) -> Built:
     server = ModelServer(name, ModelServerArgs(
         workload=w, placement=placement(platform.cfg, w), image_ref=platform.image,
         source=model_source(platform.cfg, w), hf_token=platform.hf_token, bucket=platform.bucket,
         protect=platform.protect, proxy_cidr=platform.cfg.network.proxy_only_cidr if platform.own_cluster else None,
-        group_controller=platform.leader_worker_set if w.multi_node else None), opts)
+        group_controller=platform.leader_worker_set if w.multi_node else None,
+        gateway_backends=canary_backends(platform.cfg, w),
+        gateway_grants_from=canary_of(platform.cfg, w)),
+        opts)
     endpoint = server.summary.apply(lambda s: {k: s[k] for k in ENDPOINT_KEYS if k in s})
     return Built(server, server.summary, endpoint=endpoint)
 
@@ -251,7 +270,7 @@ KIND: Kind[ServeWorkloadConfig] = Kind(
            check_serve_model_identity, check_serve_context_length, check_serve_tensor_parallel, check_serve_fits,
            check_serve_replicas, check_serve_nodes_per_replica,
            check_serve_autoscaling, check_serve_ports, check_serve_allow_from, check_serve_evaluation,
-           check_serve_gateway),
+           check_serve_gateway, check_serve_gateway_canary),
     build=build,
     warnings=(warn_quantised_checkpoint, warn_unlisted_model, warn_unknown_heads, warn_no_surge_node,
               warn_more_nodes_than_needed,

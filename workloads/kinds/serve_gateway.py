@@ -9,7 +9,8 @@ from model import capacity, serving_gateway
 from model.problems import Problem
 from model.serving_engines import VLLM
 from model.types import ServeWorkloadConfig, StackConfig
-from model.validators import at
+from model.validators import at, or_list
+from workloads.serving_source import adapter_names
 
 
 def _version_problem(m: StackConfig, w: ServeWorkloadConfig) -> Problem | None:
@@ -63,3 +64,34 @@ def warn_serve_gateway_external(m: StackConfig, w: ServeWorkloadConfig) -> list[
                     "external: a regional external Application "
             "Load Balancer answers anyone on the internet, and the pods see only its proxies (allowFrom cannot tell "
             "callers apart); put authentication in front (e.g. Identity-Aware Proxy or Cloud Armor) or use internal")]
+
+
+def check_serve_gateway_canary(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:
+    """A canary share goes to another serve workload's InferencePool (in its own namespace, which a ReferenceGrant
+    there opens to this server's route), one with its own gateway (its pool and endpoint picker), serving every
+    adapter this server serves (the requests for them would otherwise fail on the canary's share)."""
+    canary = w.serving.gateway.canary
+    if canary is None:
+        return []
+    key = at("workloads", w.name, "serving", "gateway", "canary")
+    if not w.serving.gateway.enabled:
+        return [Problem(key, "a canary share is a weight of the gateway's route; set "
+                        f"{at('workloads', w.name, 'serving', 'gateway', 'enabled')}: true, or remove the canary")]
+    others = [n for n, o in m.workloads.items() if isinstance(o, ServeWorkloadConfig) and n != w.name]
+    valid = f"the stack's other serve workloads: {or_list(others)}" if others else (
+        "another serve workload (the stack has none)")
+    target = m.workloads.get(canary.workload)
+    if canary.workload == w.name or not isinstance(target, ServeWorkloadConfig):
+        what = "is this server itself" if canary.workload == w.name else (
+            "names no workload of this stack" if target is None else f"is kind {target.kind}")
+        return [Problem(f"{key}.workload", f"{canary.workload} {what}; valid: {valid}")]
+    problems = []
+    if not target.serving.gateway.enabled:
+        problems.append(Problem(f"{key}.workload", f"{canary.workload} has no InferencePool of its own; set "
+                                f"{at('workloads', canary.workload, 'serving', 'gateway', 'enabled')}: true"))
+    missing = sorted(set(adapter_names(m, w)) - set(adapter_names(m, target)))
+    if missing:
+        problems.append(Problem(f"{key}.workload", f"{canary.workload} does not serve {', '.join(missing)}, which "
+                                "this server serves: their requests would fail on its share; add them to "
+                                f"{at('workloads', canary.workload, 'serving', 'adapters')}"))
+    return problems
