@@ -605,3 +605,18 @@ def test_the_stack_installs_only_the_pinned_operator() -> None:
     assert problems("gaudi", {"mpiOperator.install": True, "mpiOperator.version": "v0.4.0"}) == [
         "mpiOperator.version: the stack installs v0.8.0 only, got v0.4.0; set v0.8.0, or install: false when the "
         "cluster already runs v0.4.0"]
+
+
+def test_the_accelerator_picks_the_path_once() -> None:
+    # One place decides (mpijob.path_of): kind mpijob on Gaudi takes the Gaudi path, every other MPIJob (kind mpijob
+    # on NVIDIA, kind finetune) the NVIDIA one; the five functions below it only delegate.
+    gaudi_w = model("gaudi").workloads[GAUDI_JOB]
+    nvidia_w = model("dws").workloads["pretrain"]
+    tune = model("finetune").workloads["tune"]
+    assert type(mpijob.path_of(gaudi_w)).__name__ == "_Gaudi"
+    assert [type(mpijob.path_of(w)).__name__ for w in (nvidia_w, tune)] == ["_Nvidia", "_Nvidia"]
+    # The module's functions are the picked path's: the Gaudi image, not the stack's.
+    where = placement(model("gaudi"), gaudi_w)
+    assert mpijob.launcher_image(gaudi_w, "stack-image@sha256:x", GAUDI_IMAGE) == GAUDI_IMAGE
+    assert mpijob.config_map_data(gaudi_w, where, has_token=False) == \
+        mpijob.path_of(gaudi_w).config_map_data(where, False, None)

@@ -9,12 +9,13 @@ admission rules without running Pulumi. Three modules:
   `NvidiaLaunch` + `render_spec(inputs, launch)` is the entry point for a kind built on the NVIDIA MPIJob;
 - gaudi.py: the Omnia reference on Gaudi nodes (the stack's Gaudi image, or the install-at-start opt-in).
 
-Below: the workload's path by its accelerator, for the TrainingJob component and the tests.
+Below: the workload's path by its accelerator (`path_of`, the one place it is picked), for the TrainingJob
+component and the tests.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig
 from workloads.mpijob import gaudi, nvidia
@@ -40,43 +41,91 @@ from workloads.mpijob.shape import render as render_job
 from workloads.placement import Placement
 
 
-def _gaudi(w: MpiJobBaseConfig) -> MpiJobWorkloadConfig | None:
-    """The workload when it runs on Gaudi (only kind mpijob has the Gaudi keys); None on NVIDIA."""
-    return w if isinstance(w, MpiJobWorkloadConfig) and w.on_gaudi else None
+class Strategy(Protocol):
+    """A workload's MPIJob path on its accelerator: what differs between NVIDIA and Gaudi, for one workload."""
+
+    def image(self, stack_image: str | None, gaudi_built: str | None) -> str: ...
+    def plain_env(self, where: Placement) -> dict[str, str]: ...
+    def forwarded_env(self, where: Placement, has_token: bool) -> list[str]: ...
+    def config_map_data(self, where: Placement, has_token: bool, launch: NvidiaLaunch | None) -> dict[str, str]: ...
+    def render_spec(self, inputs: MpiJobInputs, launch: NvidiaLaunch | None) -> dict[str, Any]: ...
+
+
+class _Nvidia:
+    """The stack's image on a GKE pool, `deepspeed --hostfile` (nvidia.py); a kind may bring its own launch."""
+
+    def __init__(self, w: MpiJobBaseConfig) -> None:
+        self.w = w
+
+    def image(self, stack_image: str | None, gaudi_built: str | None) -> str:
+        return nvidia.image(self.w, stack_image)
+
+    def plain_env(self, where: Placement) -> dict[str, str]:
+        return nvidia.plain_env(self.w, where)
+
+    def forwarded_env(self, where: Placement, has_token: bool) -> list[str]:
+        return nvidia.forwarded_env(self.w, where, has_token)
+
+    def config_map_data(self, where: Placement, has_token: bool, launch: NvidiaLaunch | None) -> dict[str, str]:
+        return nvidia.config_map_data(self.w, where, has_token, launch)
+
+    def render_spec(self, inputs: MpiJobInputs, launch: NvidiaLaunch | None) -> dict[str, Any]:
+        return nvidia.render_spec(inputs, launch)
+
+
+class _Gaudi:
+    """The Omnia reference on Gaudi nodes (gaudi.py): the stack's Gaudi image; no kind brings its own launch."""
+
+    def __init__(self, w: MpiJobWorkloadConfig) -> None:
+        self.w = w
+
+    def image(self, stack_image: str | None, gaudi_built: str | None) -> str:
+        return gaudi.image(self.w, gaudi_built)
+
+    def plain_env(self, where: Placement) -> dict[str, str]:
+        return gaudi.plain_env(self.w, where)
+
+    def forwarded_env(self, where: Placement, has_token: bool) -> list[str]:
+        return gaudi.forwarded_env(self.w, where, has_token)
+
+    def config_map_data(self, where: Placement, has_token: bool, launch: NvidiaLaunch | None) -> dict[str, str]:
+        return gaudi.config_map_data(self.w, where, has_token)
+
+    def render_spec(self, inputs: MpiJobInputs, launch: NvidiaLaunch | None) -> dict[str, Any]:
+        return gaudi.render_spec(inputs)
+
+
+def path_of(w: MpiJobBaseConfig) -> Strategy:
+    """The one place the accelerator picks the path: Gaudi for a kind-mpijob workload on Gaudi (only kind mpijob
+    has the Gaudi keys), NVIDIA otherwise."""
+    return _Gaudi(w) if isinstance(w, MpiJobWorkloadConfig) and w.on_gaudi else _Nvidia(w)
 
 
 def launcher_image(w: MpiJobBaseConfig, stack_image: str | None, gaudi_built: str | None = None) -> str:
     """`image` overrides; else the stack's Gaudi image (or Habana's with the install-at-start opt-in) for
     gaudi, the stack's built image for nvidia."""
-    g = _gaudi(w)
-    return gaudi.image(g, gaudi_built) if g is not None else nvidia.image(w, stack_image)
+    return path_of(w).image(stack_image, gaudi_built)
 
 
 def plain_env(w: MpiJobBaseConfig, where: Placement) -> dict[str, str]:
     """Non-secret variables of the launcher and workers."""
-    g = _gaudi(w)
-    return gaudi.plain_env(g, where) if g is not None else nvidia.plain_env(w, where)
+    return path_of(w).plain_env(where)
 
 
 def forwarded_env(w: MpiJobBaseConfig, where: Placement, has_token: bool) -> list[str]:
     """Variables the launcher's ssh sends to the training processes on the workers."""
-    g = _gaudi(w)
-    return gaudi.forwarded_env(g, where, has_token) if g is not None else nvidia.forwarded_env(w, where, has_token)
+    return path_of(w).forwarded_env(where, has_token)
 
 
 def config_map_data(w: MpiJobBaseConfig, where: Placement, has_token: bool,
                     launch: NvidiaLaunch | None = None) -> dict[str, str]:
     """The job's ConfigMap (mounted at CONFIG_DIR on the launcher and every worker)."""
-    g = _gaudi(w)
-    return gaudi.config_map_data(g, where, has_token) if g is not None else \
-        nvidia.config_map_data(w, where, has_token, launch)
+    return path_of(w).config_map_data(where, has_token, launch)
 
 
 def render_spec(inputs: MpiJobInputs, launch: NvidiaLaunch | None = None) -> dict[str, Any]:
     """The job's spec on its accelerator's path; `launch`: a kind's own launch on the NVIDIA path."""
-    if _gaudi(inputs.workload) is not None:
-        return gaudi.render_spec(inputs)
-    return nvidia.render_spec(inputs, launch)
+    return path_of(inputs.workload).render_spec(inputs, launch)
 
 
 def render(inputs: MpiJobInputs, namespace: str, labels: dict[str, str] | None = None,
@@ -87,7 +136,8 @@ def render(inputs: MpiJobInputs, namespace: str, labels: dict[str, str] | None =
 
 __all__ = [
     "API_VERSION", "CONFIG_DIR", "DNS1035_LABEL", "DNS_LABEL_MAX", "DS_CONFIG_KEY", "HF_TOKEN_KEY", "KIND",
-    "NVIDIA_SSH_PORT", "SSH_CLIENT_KEY", "MpiJobInputs", "NvidiaLaunch", "config_map_data", "config_map_name",
-    "forwarded_env", "launcher_image", "nvidia_launcher_script", "nvidia_worker_script", "operator_problems",
-    "plain_env", "pod_labels", "render", "render_spec", "reserved_flag", "token_secret_name", "worker_pod_name",
+    "NVIDIA_SSH_PORT", "SSH_CLIENT_KEY", "MpiJobInputs", "NvidiaLaunch", "Strategy", "config_map_data",
+    "config_map_name", "forwarded_env", "launcher_image", "nvidia_launcher_script", "nvidia_worker_script",
+    "operator_problems", "path_of", "plain_env", "pod_labels", "render", "render_spec", "reserved_flag",
+    "token_secret_name", "worker_pod_name",
 ]
