@@ -43,17 +43,23 @@ for warning in checks.warnings(cfg):
 cluster, identity, pools = None, None, {}
 if cfg.cluster is not None:
     identity = NodeIdentity("nodes", NodeIdentityArgs(project=cfg.project, cluster_name=cfg.cluster.name))
+    # The stack's own VPC, or an existing one (`network.existing`: yours or a Shared VPC's, its owner's to run).
+    existing = cfg.network.existing
     network = Network("network", NetworkArgs(
         name=cfg.cluster.name, region=cfg.region, config=cfg.network, nat=cfg.cluster.private_nodes,
         mtu=fabric.primary_mtu(cfg), master_cidr=cfg.cluster.master_cidr if cfg.cluster.private_nodes else None,
-        proxy_only_cidr=cfg.network.proxy_only_cidr if serving_gateway.servers(cfg) else None))
+        proxy_only_cidr=cfg.network.proxy_only_cidr if serving_gateway.servers(cfg) else None)) \
+        if existing is None else None
     # GPU fabrics (A3/A4): the extra VPCs their NICs attach to, one set per fabric (data/gpu_fabric.yaml).
     fabric_networks = {s.key: FabricNetwork(f"fabric-{s.key}", FabricNetworkArgs(
         project=cfg.project, region=cfg.region, fabric_set=s, fabric_cidr=cfg.network.fabric_cidr))
         for s in fabric.fabric_sets(cfg)}
     cluster = GkeCluster("cluster", GkeClusterArgs(
         project=cfg.project, location=cfg.cluster_location, config=cfg.cluster,
-        network=network.vpc.id, subnetwork=network.subnet.id, node_service_account=identity.email,
+        network=network.vpc.id if network else cfg.network.existing.network,
+        subnetwork=network.subnet.id if network else cfg.network.existing.subnetwork,
+        **({"pods_range": existing.pods_range, "services_range": existing.services_range} if existing else {}),
+        node_service_account=identity.email,
         multi_networking=fabric.multi_networking(cfg), gpu_metrics=bool(cfg.node_pools),
         gateway_api_channel=serving_gateway.load().gateway_api_channel if serving_gateway.servers(cfg) else None))
     fabric_of = {pool: fabric_networks[s.key] for s in fabric.fabric_sets(cfg) for pool in s.pools}

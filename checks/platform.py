@@ -222,9 +222,26 @@ def check_gpu_zones(m: StackConfig) -> list[Problem]:
     return problems
 
 
+def existing_network_warnings(m: StackConfig) -> list[Problem]:
+    """What the stack no longer creates on an existing VPC, where something it runs needs it."""
+    if m.network.existing is None or m.cluster is None:
+        return []
+    found = []
+    if m.cluster.private_nodes:
+        found.append(Problem("network.existing", "private nodes pull images and models through Cloud NAT, which the "
+                             "stack does not create on an existing VPC: the network's owner must provide it (a Cloud "
+                             "Router with NAT in the subnet's region)"))
+    if serving_gateway.servers(m):
+        found.append(Problem("network.existing", f"{', '.join(serving_gateway.servers(m))}'s Inference Gateway needs "
+                             "an ACTIVE REGIONAL_MANAGED_PROXY (proxy-only) subnet in the subnet's region of that VPC, "
+                             "which the stack does not create there; its range is what the servers' NetworkPolicy "
+                             "admits (set network.proxyOnlyCidr to it)"))
+    return found
+
+
 def warnings(m: StackConfig) -> list[Problem]:
     """A pool zone that only one view of the catalog's zone source lists: it may not offer the GPU."""
-    cat, found = gpu_catalog.load(), []
+    cat, found = gpu_catalog.load(), existing_network_warnings(m)
     for i, pool in enumerate(m.node_pools):
         for j, zone in enumerate(pool.zones):
             if zone in cat.unconfirmed_zones(pool.gpu.type, m.region):
@@ -258,8 +275,36 @@ def check_image(m: StackConfig) -> list[Problem]:
     return problems
 
 
+_PATH = re.compile(r"^projects/(?P<project>[^/]+)/(regions/(?P<region>[^/]+)/subnetworks|global/networks)/[^/]+$")
+
+
+def check_existing_network(m: StackConfig) -> list[Problem]:
+    """`network.existing`: for the stack's own cluster, its subnet in the stack's region and the network's project
+    (a Shared VPC's subnets are its host project's)."""
+    e = m.network.existing
+    if e is None:
+        return []
+    if m.cluster is None:
+        return [Problem("network.existing", "is the network of the cluster the stack creates, and this stack creates "
+                        "none (no `cluster`); remove it")]
+    net, sub = _PATH.match(e.network), _PATH.match(e.subnetwork)
+    if net is None or sub is None:
+        return []  # the schema says what form each takes
+    problems = []
+    if sub["project"] != net["project"]:
+        problems.append(Problem("network.existing.subnetwork", f"is in project {sub['project']}, its network in "
+                                f"{net['project']}; a subnet belongs to its VPC's (host) project: "
+                                f"projects/{net['project']}/regions/{m.region}/subnetworks/NAME"))
+    if sub["region"] != m.region:
+        problems.append(Problem("network.existing.subnetwork", f"is in region {sub['region']}, the stack in "
+                                f"{m.region} (gcp:region); a regional cluster's nodes need a subnet of its region: "
+                                f"projects/{sub['project']}/regions/{m.region}/subnetworks/NAME"))
+    return problems
+
+
 CHECKS: list[Check] = [
     check_region_in_catalog,
+    check_existing_network,
     check_cluster_name,
     check_cluster_location,
     check_cidrs,

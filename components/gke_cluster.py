@@ -29,6 +29,9 @@ class GkeClusterArgs(msgspec.Struct, frozen=True):
     multi_networking: bool = False
     # GKE's DCGM exporter into Managed Prometheus: GPU utilisation, memory and NVLink/PCIe metrics.
     gpu_metrics: bool = False
+    # The subnet's secondary ranges for pods and services (an existing VPC names its own).
+    pods_range: str = PODS_RANGE
+    services_range: str = SERVICES_RANGE
     # Gateway API's channel (GKE's Gateway controller) for a server's Inference Gateway; None: off.
     gateway_api_channel: str | None = None
 
@@ -145,8 +148,8 @@ class GkeCluster(pulumi.ComponentResource):
             subnetwork=args.subnetwork,
             networking_mode="VPC_NATIVE",
             ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(
-                cluster_secondary_range_name=PODS_RANGE,
-                services_secondary_range_name=SERVICES_RANGE,
+                cluster_secondary_range_name=args.pods_range,
+                services_secondary_range_name=args.services_range,
             ),
             # The default pool cannot be configured well (scopes, SA); replace it with our system pool.
             remove_default_node_pool=True,

@@ -102,6 +102,15 @@ class FlowLogsConfig(msgspec.Struct, frozen=True):
     aggregation_interval: str
 
 
+class ExistingNetwork(msgspec.Struct, frozen=True):
+    """`network.existing`: a VPC the stack does not create (your own, or a Shared VPC host project's)."""
+
+    network: str  # projects/P/global/networks/N
+    subnetwork: str  # projects/P/regions/R/subnetworks/S
+    pods_range: str
+    services_range: str
+
+
 class NetworkConfig(msgspec.Struct, frozen=True):
     subnet_cidr: str
     pods_cidr: str
@@ -109,6 +118,7 @@ class NetworkConfig(msgspec.Struct, frozen=True):
     fabric_cidr: str
     flow_logs: FlowLogsConfig
     proxy_only_cidr: str  # the gateway's proxy-only subnet (created only for serving.gateway)
+    existing: ExistingNetwork | None = None  # None: the stack creates the VPC
 
 
 class GpuConfig(msgspec.Struct, frozen=True):
