@@ -288,10 +288,12 @@ def packed_logits(base: Path, precision: str, device: str) -> dict[str, Any]:
                                                 "fp32": torch.float32}[precision]}
     max_diff: dict[str, float] = {}
     attention = ""
-    finetune = _finetune()
+    _finetune()  # the recipes package on the path, as finetune.py finds it
+    from recipes.finetune_train import training_model
+
     for name, dtype in dtypes.items():
         # The model as finetune.py loads it to train (its KV cache off: training_model says why).
-        model = finetune.training_model(str(base), None, transformers.__version__, dtype)[0].to(device).eval()
+        model = training_model(str(base), None, transformers.__version__, dtype)[0].to(device).eval()
         attention = str(model.config._attn_implementation)
         with torch.no_grad():
             flat = model(input_ids=batch["input_ids"].to(device),

@@ -30,6 +30,8 @@ STACK_KEYS_ENV = "FINETUNE_STACK_KEYS"  # JSON {flag: the stack's key}: errors n
 CHECKPOINT_DIR_ENV, MODEL_DIR_ENV = "CHECKPOINT_DIR", "MODEL_DIR"
 
 # --- files
+# The modules every training program imports beside its own (its options and exit codes; how it stops and ends).
+COMMON = ("contract.py", "shutdown.py")
 PACKAGE_FILE = "recipes.py"  # this package's __init__.py, shipped flat beside the programs (recipes/__init__.py)
 DS_CONFIG_NAME = "ds_config.json"
 TEMPLATE_NAME = "chat_template.jinja"  # a named chat template's file beside ds_config.json

@@ -7,6 +7,7 @@ would refuse at start-up, and the unit tests run it without torch (tests/test_fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +17,12 @@ from typing import Any
 # "workloads.tune.finetune.recordFormat", ...}): an error about a flag's value names the key a person changes, not
 # the flag the stack passed. Unset (the script run by hand): errors name the flags.
 from recipes.contract import HF_TOKEN_PATH_ENV, STACK_KEYS_ENV
+
+
+def say(text: str) -> None:
+    """Print, surviving a closed stdout: on preemption the ssh session that carries it may be gone first."""
+    with contextlib.suppress(OSError):
+        print(f"[finetune] {text}", flush=True)
 
 
 class UsageError(ValueError):

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from recipes.contract import EXIT_PREEMPTED, EXIT_USAGE
+from recipes.shutdown import StopRequest, exit_without_teardown
 
 DEFAULT_STEPS = 20
 DEFAULT_WARMUP_STEPS = 3
@@ -333,16 +334,6 @@ def say(text: str, *, err: bool = False) -> None:
         print(text, file=sys.stderr if err else sys.stdout, flush=True)
 
 
-class StopRequest:
-    """Set by SIGTERM (Kubernetes' preemption notice, the grace period starting) and SIGINT."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-
-    def __call__(self, signum: int, _frame: object) -> None:
-        self.signal = signum
-
-
 def fabric_network() -> Any:
     """nccl_network.py, shipped beside this script on a GPU fabric pool (workloads/fabric.py); None elsewhere."""
     try:
@@ -596,13 +587,6 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
 
 
 if __name__ == "__main__":
-    # As finetune.py's exit_without_teardown: DeepSpeed keeps the gloo groups referenced after
-    # destroy_process_group(), so their threads would race the interpreter's teardown; end without it.
-    status = main()
-    mpi = sys.modules.get("mpi4py.MPI")  # mpi4py's MPI_Finalize runs at exit, and mpirun fails a rank without it
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
-    with contextlib.suppress(OSError):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(status)
+    # As finetune.py: DeepSpeed keeps the gloo groups referenced after destroy_process_group(), so their threads
+    # would race the interpreter's teardown; end without it (recipes/shutdown.py).
+    exit_without_teardown(main)

@@ -120,8 +120,9 @@ def test_no_network_module_no_check() -> None:
 
 
 def test_the_refusal_is_final_at_the_launcher() -> None:
-    """finetune.py exits EXIT_USAGE on a refusal, the one status the NVIDIA launcher does not retry."""
-    source = (SCRIPTS / "finetune.py").read_text(encoding="utf-8")
+    """finetune.py exits EXIT_USAGE on a refusal, the one status the NVIDIA launcher does not retry (the check is
+    finetune_train.start_ranks', before the Trainer is made)."""
+    source = (SCRIPTS / "finetune_train.py").read_text(encoding="utf-8")
     gate = source.index("refused = fabric_refusal(")
     assert source.index("return EXIT_USAGE", gate) < source.index("trainer.train(", gate)  # before any step
     from recipes.contract import EXIT_USAGE

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from conftest import load_file
 
+from recipes import finetune_train as fr
+
 SCRIPT = Path(__file__).resolve().parent.parent / "recipes" / "finetune_progress.py"
 
 
@@ -247,18 +249,17 @@ def test_the_launch_carries_the_env_and_ships_the_callback_beside_the_script() -
     # finetune.py's modules beside it (every finetune_*.py), the progress callback among them, the contract, and the
     # package's __init__ as recipes.py.
     assert sorted(launch.files) == [
-        "contract.py", "finetune.py", "finetune_check.py", "finetune_checkpoints.py", "finetune_config.py",
-        "finetune_data.py", "finetune_fabric.py", "finetune_hpu.py", "finetune_progress.py", "finetune_read.py",
-        "finetune_render.py", "finetune_tiered.py", "finetune_tokenized.py", "recipes.py"]
+        "contract.py", "finetune.py", "finetune_args.py", "finetune_check.py", "finetune_checkpoints.py",
+        "finetune_config.py", "finetune_data.py", "finetune_export.py", "finetune_fabric.py", "finetune_hpu.py",
+        "finetune_prepare.py", "finetune_progress.py", "finetune_read.py", "finetune_render.py", "finetune_tiered.py",
+        "finetune_tokenized.py", "finetune_train.py", "recipes.py", "shutdown.py"]
     assert launch.files["finetune_progress.py"] == SCRIPT.read_text(encoding="utf-8")
 
 
 def _callbacks_with(monkeypatch: pytest.MonkeyPatch, tensorboard: Any, logs_dir: str | None) -> tuple[list, list]:
-    """finetune.py's _progress_callbacks under stand-in transformers modules; (callbacks, lines said)."""
-    ft = load_file(SCRIPT.with_name("finetune.py"), "finetune_for_progress_test")
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as on the cluster: the script's folder (undone after the test)
+    """finetune_train.progress_callbacks under stand-in transformers modules; (callbacks, lines said)."""
     said: list[str] = []
-    monkeypatch.setattr(ft, "say", said.append)
+    monkeypatch.setattr(fr, "say", said.append)
     transformers = ModuleType("transformers")
     transformers.TrainerCallback = type("TrainerCallback", (), {})  # type: ignore[attr-defined]
     integrations = ModuleType("transformers.integrations")
@@ -270,7 +271,7 @@ def _callbacks_with(monkeypatch: pytest.MonkeyPatch, tensorboard: Any, logs_dir:
     else:
         monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", logs_dir)
     args = SimpleNamespace(checkpoint_dir="/c", model_dir="/m")
-    return ft._progress_callbacks(args), said
+    return fr.progress_callbacks(args), said
 
 
 def test_the_progress_callback_comes_before_tensorboards_writer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,12 @@ from typing import Any
 import pytest
 import yaml
 
+from recipes import contract as rc
+from recipes import finetune_args as fa
+from recipes import finetune_export as fe
+from recipes import finetune_prepare as fp
+from recipes import finetune_train as fr
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "recipes" / "finetune.py"
 MARKER = ".complete"
@@ -454,7 +460,7 @@ def run_steps(ft: ModuleType, fakes: Fakes, steps: int, sigterm: dict[int, int])
 
     def rank_main(rank: int) -> tuple[int | None, list[int]]:
         stop = ft.StopRequest()
-        callback = ft._stop_callback(stop)
+        callback = fr.stop_callback(stop)
         state, told = SimpleNamespace(global_step=0), []
         for step in range(1, steps + 1):
             state.global_step = step
@@ -509,7 +515,7 @@ def export_on_every_rank(ft: ModuleType, fakes: Fakes, args: Any, model: Any, pr
     def rank_main(rank: int) -> bool:
         trainer = FakeTrainer(fakes, model=model, args=SimpleNamespace(world_size=fakes.world.size))
         trainer.state.global_step = 40
-        ft._export(trainer, args, FakeTokenizer(fakes), "hf_token", precision, 40)
+        fe.export(trainer, args, FakeTokenizer(fakes), "hf_token", precision, 40)
         return (Path(args.model_dir) / MARKER).is_file()
 
     return fakes.world.run(rank_main)
@@ -607,7 +613,7 @@ def test_a_merged_export_removes_an_older_adapter(ft: ModuleType, tmp_path: Path
 def test_the_base_model_is_loaded_in_the_trainings_precision(ft: ModuleType, tmp_path: Path, precision: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     fakes = install(monkeypatch, tmp_path)
-    ft._merge_adapter(export_args(ft, tmp_path, "--lora"), tmp_path / "adapter", None, precision)
+    fe.merge_adapter(export_args(ft, tmp_path, "--lora"), tmp_path / "adapter", None, precision)
     assert ("AutoModelForCausalLM.from_pretrained", "org/base", DTYPES[precision], None) in fakes.events
 
 
@@ -689,7 +695,7 @@ def test_the_recipes_transformers_counts_the_tokens_that_are_not_padding(ft: Mod
 def test_sigterm_saves_a_checkpoint_and_exits_143_without_export(ft: ModuleType, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     code, fakes = run_main(ft, tmp_path, monkeypatch, sigterm_at_step=2)
-    assert code == ft.EXIT_PREEMPTED == 143
+    assert code == rc.EXIT_PREEMPTED == 143
     assert fakes.disk.order() == ["checkpoints/checkpoint-2/trainer_state.json"]
     assert not (tmp_path / "model" / MARKER).exists()
 
@@ -736,8 +742,9 @@ def test_a_hub_dataset_is_read_with_the_token(ft: ModuleType, tmp_path: Path, mo
     fakes.hub["org/data"] = [{"body": "hello"}, {"body": " "}]
     args = export_args(ft, tmp_path, "--text-field", "body", "--seq-len", "8")
     tokenizer = FakeTokenizer(fakes)
-    head = ft._head(args, tokenizer, "hf_token", ft.StackKeys())
-    data, held_out = ft._datasets(args, tokenizer, "hf_token", ft.StackKeys(), head)
+    run = fa.resolve(args)  # the arguments resolved once: data preparation reads the run
+    head = fp.read_head(run, tokenizer, "hf_token", ft.StackKeys())
+    data, held_out = fp.tokenized_datasets(run, tokenizer, "hf_token", ft.StackKeys(), head)
     assert ("load_dataset", "org/data", "train", "hf_token") in fakes.events
     # "hello": BOS, 5 tokens, EOS; the blank record (a blank line of a text file) is left out.
     assert [record["input_ids"] for record in data] == [[1, 7, 4, 11, 11, 14, 2]] == [head.first.input_ids]
@@ -843,12 +850,14 @@ def test_rank_0_tokenizes_while_the_others_wait_then_all_read_its_folder(ft: Mod
     args = ft.parse_args(["--model", "org/base", "--dataset", str(data), "--checkpoint-dir", str(tmp_path / "c"),
                           "--model-dir", str(tmp_path / "m"), "--seq-len", "8"], {})
 
+    run = fa.resolve(args)
+
     def rank_main(rank: int) -> list[list[int]]:
         tokenizer = FakeTokenizer(fakes)
-        head = ft._head(args, tokenizer, None, ft.StackKeys())
+        head = fp.read_head(run, tokenizer, None, ft.StackKeys())
         training = fakes.modules()["transformers"].TrainingArguments()
         with training.main_process_first(local=False):
-            train, _ = ft._datasets(args, tokenizer, None, ft.StackKeys(), head)
+            train, _ = fp.tokenized_datasets(run, tokenizer, None, ft.StackKeys(), head)
         return [record["input_ids"] for record in train]
 
     blocks, same = fakes.world.run(rank_main)

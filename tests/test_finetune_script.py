@@ -13,6 +13,11 @@ from types import ModuleType
 
 import pytest
 
+from recipes import finetune_args as fa
+from recipes import finetune_config as fc
+from recipes import finetune_data as fd
+from recipes import finetune_export as fe
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "recipes" / "finetune.py"
 BASE = ["--model", "m", "--dataset", "d", "--checkpoint-dir", "/c", "--model-dir", "/m"]
@@ -74,9 +79,9 @@ def test_on_vertex_ai_the_outputs_go_where_the_customjob_says(ft: ModuleType) ->
 
 
 def test_tensorboards_folder_on_gke_and_on_vertex_ai(ft: ModuleType) -> None:
-    assert ft.tensorboard_dir({}) is None
-    assert ft.tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://bkt/vertex/logs/"}) == "/gcs/bkt/vertex/logs/"
-    assert ft.tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://bkt/vertex/logs/",
+    assert fa.tensorboard_dir({}) is None
+    assert fa.tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://bkt/vertex/logs/"}) == "/gcs/bkt/vertex/logs/"
+    assert fa.tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://bkt/vertex/logs/",
                                "TENSORBOARD_LOGGING_DIR": "/gcs/logs/tune"}) == "/gcs/logs/tune"
 
 
@@ -84,7 +89,7 @@ def test_defaults(ft: ModuleType) -> None:
     args = ft.parse_args(BASE, {})
     assert (args.save_steps, args.seq_len, args.learning_rate, args.lora, args.format, args.records) == (
         200, 2048, 2e-5, False, "auto", "auto")
-    # The field names: the record format's own unless given (finetune_data.layout).
+    # The field names: the record format's own unless given (fd.layout).
     assert args.text_field is None and args.prompt_field is None and args.messages_field is None
     assert (args.chat_template, args.eval_split, args.roles, args.check_data) == ("auto", None, [], False)
     assert args.epochs is None and args.max_steps is None and args.precision is None and args.deepspeed is None
@@ -144,64 +149,64 @@ STACK_DS = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradie
 
 
 def test_trainer_arguments_match_the_concrete_ds_config_values(ft: ModuleType) -> None:
-    assert ft.trainer_ds_args(STACK_DS, "bf16") == {"bf16": True, "fp16": False, "per_device_train_batch_size": 4,
+    assert fc.trainer_ds_args(STACK_DS, "bf16") == {"bf16": True, "fp16": False, "per_device_train_batch_size": 4,
                                                     "gradient_accumulation_steps": 2, "max_grad_norm": 1.0}
     auto = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
             "gradient_clipping": "auto", "fp16": {"enabled": "auto"}}
-    assert ft.trainer_ds_args(auto, "fp32") == {"bf16": False, "fp16": False}
-    assert ft.trainer_ds_args(None, "fp16") == {"bf16": False, "fp16": True}
+    assert fc.trainer_ds_args(auto, "fp32") == {"bf16": False, "fp16": False}
+    assert fc.trainer_ds_args(None, "fp16") == {"bf16": False, "fp16": True}
 
 
 def test_precision_comes_from_ds_config_and_must_agree(ft: ModuleType) -> None:
-    assert ft.resolve_precision(None, STACK_DS) == "bf16"
-    assert ft.resolve_precision(None, {"fp16": {"enabled": True}}) == "fp16"
-    assert ft.resolve_precision(None, {"zero_optimization": {"stage": 2}}) == "fp32"
-    assert ft.resolve_precision("bf16", {"bf16": {"enabled": "auto"}}) == "bf16"
-    assert ft.resolve_precision(None, None) == "fp32"
+    assert fc.resolve_precision(None, STACK_DS) == "bf16"
+    assert fc.resolve_precision(None, {"fp16": {"enabled": True}}) == "fp16"
+    assert fc.resolve_precision(None, {"zero_optimization": {"stage": 2}}) == "fp32"
+    assert fc.resolve_precision("bf16", {"bf16": {"enabled": "auto"}}) == "bf16"
+    assert fc.resolve_precision(None, None) == "fp32"
     with pytest.raises(ft.UsageError, match=re.escape("--precision fp16 but ds_config.json trains in bf16")):
-        ft.resolve_precision("fp16", STACK_DS)
+        fc.resolve_precision("fp16", STACK_DS)
     with pytest.raises(ft.UsageError, match=re.escape("--precision bf16 but ds_config.json trains in fp32")):
-        ft.resolve_precision("bf16", {"zero_optimization": {"stage": 0}})
+        fc.resolve_precision("bf16", {"zero_optimization": {"stage": 0}})
 
 
 def test_zero3_gathers_the_weights_when_saving(ft: ModuleType) -> None:
-    prepared = ft.prepared_ds_config({"zero_optimization": {"stage": 3,
+    prepared = fc.prepared_ds_config({"zero_optimization": {"stage": 3,
                                                             "stage3_gather_16bit_weights_on_model_save": False}})
     assert prepared["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
-    assert ft.prepared_ds_config({"zero_optimization": {"stage": 2}}) == {"zero_optimization": {"stage": 2}}
-    assert ft.prepared_ds_config(None) is None
+    assert fc.prepared_ds_config({"zero_optimization": {"stage": 2}}) == {"zero_optimization": {"stage": 2}}
+    assert fc.prepared_ds_config(None) is None
 
 
 def test_zero_stage_is_read_and_checked(ft: ModuleType) -> None:
-    assert ft.zero_stage(STACK_DS) == 3 and ft.zero_stage(None) == 0 and ft.zero_stage({}) == 0
+    assert fc.zero_stage(STACK_DS) == 3 and fc.zero_stage(None) == 0 and fc.zero_stage({}) == 0
     with pytest.raises(ft.UsageError, match=re.escape("zero_optimization.stage must be 0-3, got 4")):
-        ft.zero_stage({"zero_optimization": {"stage": 4}})
+        fc.zero_stage({"zero_optimization": {"stage": 4}})
 
 
 def test_the_combinations_the_script_cannot_run(ft: ModuleType) -> None:
-    assert ft.combination_problems(lora=True, stage=3, precision="bf16", cpu=False) == []
-    assert ft.combination_problems(lora=False, stage=3, precision="fp32", cpu=True) == []
-    assert ft.combination_problems(lora=False, stage=2, precision="fp16", cpu=True) == [
+    assert fc.combination_problems(lora=True, stage=3, precision="bf16", cpu=False) == []
+    assert fc.combination_problems(lora=False, stage=3, precision="fp32", cpu=True) == []
+    assert fc.combination_problems(lora=False, stage=2, precision="fp16", cpu=True) == [
         "fp16 does not run on CPUs (DeepSpeed's CPU accelerator has no fp16): use bf16 or fp32"]
-    assert ft.combination_problems(lora=True, stage=3, precision="bf16", cpu=False, offload_params=True) == [
+    assert fc.combination_problems(lora=True, stage=3, precision="bf16", cpu=False, offload_params=True) == [
         "LoRA with ZeRO-3 parameter offload (offload_param) is not supported: offload the optimizer only, or "
         "train without LoRA"]
-    assert ft.combination_problems(lora=False, stage=3, precision="bf16", cpu=False, offload_params=True) == []
-    assert ft.offloads_params({"zero_optimization": {"offload_param": {"device": "cpu"}}}) is True
-    assert ft.offloads_params({"zero_optimization": {"offload_param": {"device": "none"}}}) is False
-    assert ft.offloads_params(None) is False
+    assert fc.combination_problems(lora=False, stage=3, precision="bf16", cpu=False, offload_params=True) == []
+    assert fc.offloads_params({"zero_optimization": {"offload_param": {"device": "cpu"}}}) is True
+    assert fc.offloads_params({"zero_optimization": {"offload_param": {"device": "none"}}}) is False
+    assert fc.offloads_params(None) is False
 
 
 def test_ds_config_file_errors_are_usage_errors(ft: ModuleType, tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "list.json").write_text("[]")
     (tmp_path / "ok.json").write_text(json.dumps(STACK_DS))
-    assert ft.load_ds_config(str(tmp_path / "ok.json")) == STACK_DS
-    assert ft.load_ds_config(None) is None
+    assert fc.load_ds_config(str(tmp_path / "ok.json")) == STACK_DS
+    assert fc.load_ds_config(None) is None
     for name, message in (("bad.json", "not JSON"), ("list.json", "expected a JSON object"),
                           ("missing.json", "No such file")):
         with pytest.raises(ft.UsageError, match=message):
-            ft.load_ds_config(str(tmp_path / name))
+            fc.load_ds_config(str(tmp_path / name))
 
 
 # --- data ------------------------------------------------------------------------------------------------------
@@ -209,36 +214,36 @@ def test_ds_config_file_errors_are_usage_errors(ft: ModuleType, tmp_path: Path) 
 def test_a_files_format_is_read_from_its_suffix(ft: ModuleType, tmp_path: Path) -> None:
     for name, loader in (("a.jsonl", "json"), ("a.json", "json"), ("a.parquet", "parquet"), ("a.txt", "text")):
         (tmp_path / name).write_text("")
-        assert ft.data_source(str(tmp_path / name)) == ft.DataSource(loader, (str(tmp_path / name),))
+        assert fd.data_source(str(tmp_path / name)) == fd.DataSource(loader, (str(tmp_path / name),))
     (tmp_path / "a.csv").write_text("")
     with pytest.raises(ft.UsageError, match=r"unknown suffix '.csv': give --format \(jsonl, parquet, text\)"):
-        ft.data_source(str(tmp_path / "a.csv"))
-    assert ft.data_source(str(tmp_path / "a.csv"), "text").loader == "text"
+        fd.data_source(str(tmp_path / "a.csv"))
+    assert fd.data_source(str(tmp_path / "a.csv"), "text").loader == "text"
 
 
 def test_a_folders_files_decide_its_format(ft: ModuleType, tmp_path: Path) -> None:
     (tmp_path / "part").mkdir()
     for name in ("b.jsonl", "part/a.jsonl", "README.md", ".hidden.jsonl"):
         (tmp_path / name).write_text("")
-    source = ft.data_source(str(tmp_path))
-    assert source == ft.DataSource("json", (str(tmp_path / "b.jsonl"), str(tmp_path / "part" / "a.jsonl")))
+    source = fd.data_source(str(tmp_path))
+    assert source == fd.DataSource("json", (str(tmp_path / "b.jsonl"), str(tmp_path / "part" / "a.jsonl")))
     (tmp_path / "c.parquet").write_text("")
     with pytest.raises(ft.UsageError, match=r"mixes formats \(jsonl, parquet\)"):
-        ft.data_source(str(tmp_path))
-    assert ft.data_source(str(tmp_path), "parquet") == ft.DataSource("parquet", (str(tmp_path / "c.parquet"),))
+        fd.data_source(str(tmp_path))
+    assert fd.data_source(str(tmp_path), "parquet") == fd.DataSource("parquet", (str(tmp_path / "c.parquet"),))
     with pytest.raises(ft.UsageError, match=r"no text files in the folder \(found jsonl, parquet\)"):
-        ft.data_source(str(tmp_path), "text")
+        fd.data_source(str(tmp_path), "text")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ft.UsageError, match=re.escape("no .jsonl, .json, .parquet, .txt, .text files")):
-        ft.data_source(str(tmp_path / "empty"))
+        fd.data_source(str(tmp_path / "empty"))
 
 
 def test_a_dataset_id_goes_to_the_hub_and_a_missing_path_is_refused(ft: ModuleType, tmp_path: Path) -> None:
-    assert ft.data_source("tatsu-lab/alpaca") == ft.DataSource("hub", hub_id="tatsu-lab/alpaca")
-    assert ft.data_source("imdb") == ft.DataSource("hub", hub_id="imdb")
+    assert fd.data_source("tatsu-lab/alpaca") == fd.DataSource("hub", hub_id="tatsu-lab/alpaca")
+    assert fd.data_source("imdb") == fd.DataSource("hub", hub_id="imdb")
     for missing in (str(tmp_path / "nothing.jsonl"), "./no-such-folder", "a/b/c"):
         with pytest.raises(ft.UsageError, match="no such file or folder"):
-            ft.data_source(missing)
+            fd.data_source(missing)
 
 
 def test_prompt_and_response_make_one_sample_learning_the_response(rd: ModuleType) -> None:
@@ -286,18 +291,18 @@ def test_the_newest_complete_checkpoint_is_chosen(ck: ModuleType, tmp_path: Path
 
 def test_the_marker_says_the_step_and_the_model(ft: ModuleType) -> None:
     when = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
-    text = ft.marker_text(40, "meta-llama/Llama-3.1-8B", lora=True, dataset="/gcs/b/data", precision="bf16",
+    text = fe.marker_text(40, "meta-llama/Llama-3.1-8B", lora=True, dataset="/gcs/b/data", precision="bf16",
                           world_size=16, finished=when, export="merged")
     assert text.endswith("\n")
     assert json.loads(text) == {"step": 40, "model": "meta-llama/Llama-3.1-8B", "lora": True, "dataset": "/gcs/b/data",
                                 "precision": "bf16", "world_size": 16, "finished": "2026-11-23T12:00:00+00:00",
                                 "export": "merged"}
     # An adapter's marker says so, with its rank and (as `model`) its base: what the server's wait checks.
-    adapter = json.loads(ft.marker_text(40, "org/base", lora=True, dataset="d", precision="bf16", world_size=1,
+    adapter = json.loads(fe.marker_text(40, "org/base", lora=True, dataset="d", precision="bf16", world_size=1,
                                         finished=when, export="adapter", lora_rank=16))
     assert (adapter["export"], adapter["lora_rank"], adapter["model"]) == ("adapter", 16, "org/base")
     # The text the server's init container greps for (json.dumps' default separators).
-    assert '"export": "adapter"' in ft.marker_text(1, "m", lora=True, dataset="d", precision="bf16", world_size=1,
+    assert '"export": "adapter"' in fe.marker_text(1, "m", lora=True, dataset="d", precision="bf16", world_size=1,
                                                      finished=when, export="adapter")
 
 
@@ -309,20 +314,20 @@ def test_the_marker_says_how_the_records_were_rendered(ft: ModuleType) -> None:
     chat = plan({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, FieldSpec(),
                 "auto", "{{ messages }}", None)
     raw = plan({"prompt": "q", "completion": "a"}, FieldSpec(), "raw", "{{ messages }}", None)
-    assert ft.marker_rendering(chat, "auto") == {"rendering": "chat", "chatTemplate": "auto",
+    assert fe.marker_rendering(chat, "auto") == {"rendering": "chat", "chatTemplate": "auto",
                                                  "recordFormat": "messages"}
-    assert ft.marker_rendering(raw, "raw") == {"rendering": "raw", "chatTemplate": "raw",
+    assert fe.marker_rendering(raw, "raw") == {"rendering": "raw", "chatTemplate": "raw",
                                                "recordFormat": "prompt-completion"}
     when = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
-    marker = json.loads(ft.marker_text(1, "m", lora=True, dataset="d", precision="bf16", world_size=1, finished=when,
-                                       export="adapter", rendering=ft.marker_rendering(chat, "auto")))
+    marker = json.loads(fe.marker_text(1, "m", lora=True, dataset="d", precision="bf16", world_size=1, finished=when,
+                                       export="adapter", rendering=fe.marker_rendering(chat, "auto")))
     assert (marker["rendering"], marker["recordFormat"]) == ("chat", "messages")
 
 
 def test_what_the_export_holds(ft: ModuleType) -> None:
-    assert [ft.export_kind(False, "adapter"), ft.export_kind(True, "adapter"), ft.export_kind(True, "merged")] == [
+    assert [fe.export_kind(False, "adapter"), fe.export_kind(True, "adapter"), fe.export_kind(True, "merged")] == [
         "full", "adapter", "merged"]
-    assert ft.build_parser().parse_args([]).lora_export == "adapter"
+    assert fa.build_parser().parse_args([]).lora_export == "adapter"
 
 
 def test_output_survives_a_closed_pipe(ft: ModuleType) -> None:
@@ -349,8 +354,8 @@ def test_sigterm_is_recorded_not_acted_on(ft: ModuleType) -> None:
 
 
 def test_cpu_runs_are_recognised(ft: ModuleType) -> None:
-    assert ft.cpu_run({"DS_ACCELERATOR": "cpu"}) and ft.cpu_run({"DS_ACCELERATOR": " CPU "})
-    assert not ft.cpu_run({}) and not ft.cpu_run({"DS_ACCELERATOR": "cuda"})
+    assert fc.cpu_run({"DS_ACCELERATOR": "cpu"}) and fc.cpu_run({"DS_ACCELERATOR": " CPU "})
+    assert not fc.cpu_run({}) and not fc.cpu_run({"DS_ACCELERATOR": "cuda"})
 
 
 def test_main_refuses_bad_input_before_importing_anything(ft: ModuleType, tmp_path: Path,

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from conftest import load_file
 
+from recipes import finetune_args as fa
+
 ROOT = Path(__file__).resolve().parent.parent
 WANTED = {"deepspeed": "0.19.8", "datasets": "5.2.0", "pydantic-core": "2.50.5"}
 GOOD = ["deepspeed-0.19.8.tar.gz", "datasets-5.2.0-py3-none-any.whl",
@@ -61,7 +63,7 @@ def test_finetune_py_takes_the_check_arguments_as_zero3_bf16_lora(gc: ModuleType
         "/w/ds.json", "/w/base", "/w/data.jsonl", 20, 20)
     assert (args.prompt_field, args.response_field, args.checkpoint_dir, args.model_dir) == (
         "prompt", "response", "/w/ck", "/w/out")
-    assert ft.argument_problems(args) == []
+    assert fa.argument_problems(args) == []
 
 
 def test_the_launcher_runs_finetune_py_on_one_gpu(gc: ModuleType) -> None:

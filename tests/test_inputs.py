@@ -18,6 +18,7 @@ import pytest
 from conftest import DELETE, load_file, problems
 
 from model.config import kind_branches, schema
+from recipes import contract
 
 TUNE = "workloads.tune"
 CHAT = "workloads.chat"
@@ -220,7 +221,7 @@ def test_the_flags_read_from_the_source_are_the_parsers(script: str, capsys: pyt
 
     module = _script_module(script)
     base = ["--deepspeed_config", "ds.json"]
-    parse = module.build_parser().parse_args if script == "finetune" else module.parse_args
+    parse = contract.FINETUNE.parser().parse_args if script == "finetune" else module.parse_args
     flags = script_flags.read(SCRIPTS / f"{script}.py")
     assert flags is not None
     values = {"--format": "auto", "--precision": "bf16", "--lora-target-modules": "q_proj", "--lora-export": "merged",

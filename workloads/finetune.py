@@ -140,7 +140,7 @@ def files(w: FinetuneWorkloadConfig) -> dict[str, str]:
     shipped = script_source.source(w).files
     if not shipped:  # a script of the bucket or the image, or `launch.command`: nothing of ours to ship
         return {}
-    library = contract.sources(*sorted(p.name for p in SCRIPTS.glob(LIBRARY_GLOB)), "contract.py")
+    library = contract.sources(*sorted(p.name for p in SCRIPTS.glob(LIBRARY_GLOB)), *contract.COMMON)
     text = chat_templates.template(w.finetune.chat_template)
     return {**shipped, **library, **({TEMPLATE_KEY: text} if text is not None else {})}
 

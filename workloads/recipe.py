@@ -129,7 +129,7 @@ def recipe_files(f: FinetuneConfig, ds_config_text: str) -> dict[str, str]:
     recipes.py: recipes/contract.py `sources`), ds_config.json and a named chat template (file name -> text)."""
     library = sorted(p.name for p in SCRIPTS.glob(LIBRARY_GLOB))
     template = chat_templates.template(f.chat_template)
-    return {**contract.sources(SCRIPT.name, *library, "contract.py"), DS_CONFIG_NAME: ds_config_text,
+    return {**contract.sources(SCRIPT.name, *library, *contract.COMMON), DS_CONFIG_NAME: ds_config_text,
             **({TEMPLATE_NAME: template} if template is not None else {})}
 
 

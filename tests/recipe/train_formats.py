@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recipes import finetune_prepare as fp
+from recipes import finetune_train as fr
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the recipes package (this file runs as a script in the e2e venv too)
 sys.path.insert(0, str(ROOT / "e2e"))
@@ -139,7 +142,7 @@ def packed(model: Path, work: Path) -> dict[str, Any]:
                                     "--learning-rate", "0.001", "--packing", "on"])
     (folder,) = (chat / "checkpoints" / "tokenized").iterdir()
     samples = list(datasets.load_from_disk(str(folder / "train")))
-    batch = finetune._collator(tokenizer.pad_token_id, "padding-free")(samples)
+    batch = fp.collator(tokenizer.pad_token_id, "padding-free")(samples)
     ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
     out["chat"] = {"exit": code, "log": log, "batch_keys": sorted(batch), "shape": list(batch["input_ids"].shape),
                    "positions": batch["position_ids"][0].tolist(),
@@ -157,7 +160,7 @@ def flattened_diff(finetune: Any, model: Path, samples: list[dict[str, Any]], ba
     import torch
     import transformers
 
-    trained, _ = finetune.training_model(str(model), None, transformers.__version__, torch.float32)
+    trained, _ = fr.training_model(str(model), None, transformers.__version__, torch.float32)
     trained.train()
     with torch.no_grad():
         flat = trained(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits[0]

@@ -1,7 +1,7 @@
 """Where an NVIDIA MPIJob's `launch.script` comes from, and the path every rank runs it at.
 
 - `NAME.py`: the project's program in recipes/, shipped in the job's ConfigMap (mounted at CONFIG_DIR) with the
-  package's __init__ as recipes.py and recipes/contract.py (the programs import `recipes.contract`).
+  package's __init__ as recipes.py and the modules every program imports (recipes/contract.py COMMON).
 - `user/NAME.py`: your own script in recipes/user/, shipped the same way under the key `user-NAME.py`.
   The folder is yours: ruff and the project's tests leave it alone (pyproject.toml `extend-exclude`), so a script
   of yours never breaks `make test` or `make lint`.
@@ -29,7 +29,6 @@ SCRIPTS_DIR = contract.HERE  # recipes/
 USER_FOLDER = "user"  # recipes/user/: the users' scripts
 USER_KEY_PREFIX = "user-"  # their ConfigMap key (a key has no "/")
 GS_PREFIX = "gs://"
-CONTRACT = "contract.py"  # recipes/contract.py: exit codes and options the programs import
 # What a ConfigMap key allows (Kubernetes: [-._a-zA-Z0-9]+), for the shipped file's name.
 CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
@@ -55,8 +54,9 @@ def source(w: MpiJobBaseConfig) -> ScriptSource:
         key = USER_KEY_PREFIX + script.split("/", 1)[1]
         text = "" if w.launch.command else (SCRIPTS_DIR / script).read_text(encoding="utf-8")
         return ScriptSource(f"{CONFIG_DIR}/{key}", {} if w.launch.command else {key: text})
-    # A program of the recipes package ships with the package's __init__ (recipes.py) and its contract.
-    return ScriptSource(f"{CONFIG_DIR}/{script}", {} if w.launch.command else contract.sources(script, CONTRACT))
+    # A program of the recipes package ships with the package's __init__ (recipes.py) and the modules it imports.
+    shipped = {} if w.launch.command else contract.sources(script, *contract.COMMON)
+    return ScriptSource(f"{CONFIG_DIR}/{script}", shipped)
 
 
 def local_file(script: str) -> Path | None:
