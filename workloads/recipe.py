@@ -27,7 +27,7 @@ import msgspec
 
 from model import chat_templates
 from model.problems import Problem
-from model.types import DeepSpeedConfig, FinetuneConfig
+from model.types import DeepSpeedConfig, FinetuneConfig, snake
 from model.validators import at
 from model.workload_types import eval_path, run_dirs
 from planner.model_ids import id_problem
@@ -95,7 +95,7 @@ def recipe_values(f: FinetuneConfig, learning_rate: float, roots: RecipeRoots) -
     environment variables reach a rank over ssh."""
     named = f.chat_template not in (chat_templates.AUTO, chat_templates.RAW)
     fraction, path = eval_fraction(f), eval_path(f)
-    return {
+    shaped = {
         "deepspeed": f"{roots.config}/{DS_CONFIG_NAME}", "model": model_arg(f, roots),
         "dataset": dataset_arg(f, roots), "format": f.format,
         "records": None if f.record_format == "auto" else f.record_format,
@@ -117,6 +117,11 @@ def recipe_values(f: FinetuneConfig, learning_rate: float, roots: RecipeRoots) -
             "lora_export": f.lora.export, "lora_target_modules": f.lora.target_modules} if f.lora.enabled else {}),
         "checkpoint_dir": roots.checkpoint_dir, "model_dir": roots.model_dir,
     }
+    # Every other option of a `finetune` key takes the key's value as it is: declaring it in the contract (and its
+    # key in the schema and the typed model) is all the stack needs (docs/layout.md, adding a recipe option).
+    plain = {o.name: getattr(f, snake(o.key[1])) for o in FINETUNE.options
+             if len(o.key) == 2 and o.key[0] == "finetune" and o.name not in shaped}
+    return {**shaped, **plain}
 
 
 def recipe_args(f: FinetuneConfig, learning_rate: float, roots: RecipeRoots) -> list[str]:
