@@ -273,6 +273,7 @@ class FinetuneConfig(msgspec.Struct, frozen=True):
     eval_split: float | str | None = None  # a fraction of the records, or a file or folder of the bucket
     epochs: float | None = None  # None with max_steps None: finetune.py's default, one pass
     max_steps: int | None = None
+    lr_scheduler: str | None = None  # None: the Trainer's own, linear
     dataset_tokens: int | None = None  # the data's token count, for the run's estimate (planner/run_estimate.py)
     # None: finetune.py's --packing auto (text records packed into blocks, chat and prompt/completion not); true:
     # chat and prompt/completion records in padding-free batches too; false: nothing packed.

@@ -227,6 +227,8 @@ FINETUNE = Program("finetune", description="Fine-tune a causal language model wi
            help="passes over the data (default 1; or --max-steps)"),
     Option(("--learning-rate",), float, default=2e-5, key=("deepspeed", "learningRate"), minimum=0,
            exclusive_minimum=True, help="peak learning rate (2e-05)"),
+    Option(("--lr-scheduler",), key=_ft("lrScheduler"), choices=("linear", "cosine", "constant"),
+           help="the learning rate over the run: linear (the default) or cosine decay to 0, or constant"),
     Option(("--save-steps",), int, default=200, key=_ft("saveSteps"), minimum=1, maximum=1_000_000_000,
            env="CHECKPOINT_EVERY_STEPS", help="checkpoint every N steps (CHECKPOINT_EVERY_STEPS, default 200)"),
     Option(("--gradient-checkpointing",), SWITCH, key=_ft("gradientCheckpointing"),

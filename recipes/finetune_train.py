@@ -203,6 +203,7 @@ def training_arguments(args: argparse.Namespace, run_setup: Setup, head: Head, v
         save_on_each_node=bool(args.local_checkpoint_dir),
         deepspeed=ds,
         learning_rate=args.learning_rate,
+        **({"lr_scheduler_type": args.lr_scheduler} if args.lr_scheduler else {}),  # else the Trainer's, linear
         num_train_epochs=args.epochs if args.epochs is not None else 1.0,
         max_steps=args.max_steps if args.max_steps is not None else -1,
         save_strategy="steps",

@@ -517,3 +517,17 @@ def test_chat_data_previews_on_a_model_with_a_template_or_one_named() -> None:
     assert _problems({**CHATS, "finetune.model": DELETE, "finetune.modelPath": "models/Qwen2.5-7B",
                       "model.name": "Qwen2.5-7B"}) == []
     assert _problems({"finetune.evalSplit": 0.05}) == [] and _problems({"finetune.evalSplit": "data/eval.jsonl"}) == []
+
+
+def test_lr_scheduler_reaches_the_script_and_only_when_set() -> None:
+    """finetune.lrScheduler (the option docs/layout.md adds as its example): --lr-scheduler in every rank's
+    arguments, after the learning rate; unset, no flag (the Trainer's own, linear); a name the Trainer lacks is
+    refused at the key."""
+    def args_of(run: RunResult) -> list[str]:
+        return shlex.split(_launcher_script(run).splitlines()[-1].split('"$MASTER_ADDR" ', 1)[1])
+
+    args = args_of(_run(changes=((f"{W}.finetune.lrScheduler", "cosine"),)))
+    assert args[args.index("--learning-rate") + 2:args.index("--learning-rate") + 4] == ["--lr-scheduler", "cosine"]
+    assert "--lr-scheduler" not in args_of(_run())
+    (found,) = problems("finetune", {f"{W}.finetune.lrScheduler": "exponential"})
+    assert found.startswith(f"{W}.finetune.lrScheduler: ") and "cosine" in found

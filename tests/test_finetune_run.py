@@ -885,3 +885,16 @@ def test_padding_free_batches_are_refused_on_transformers_without_packed_masks(
     assert code == ft.EXIT_USAGE
     assert "train" not in fakes.event_names()
     assert "--packing: padding-free batches need transformers 4.54 or later" in capsys.readouterr().out
+
+
+def test_the_lr_scheduler_is_the_trainers_when_given(ft: ModuleType, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--lr-scheduler cosine reaches TrainingArguments as lr_scheduler_type; without it the Trainer keeps its own."""
+    for name in ("cosine", "default"):
+        (tmp_path / name).mkdir()
+    _, fakes = run_main(ft, tmp_path / "cosine", monkeypatch, "--lr-scheduler", "cosine")
+    (arguments,) = [event[1] for event in fakes.events if event[0] == "TrainingArguments"]
+    assert arguments["lr_scheduler_type"] == "cosine"
+    _, fakes = run_main(ft, tmp_path / "default", monkeypatch)
+    (arguments,) = [event[1] for event in fakes.events if event[0] == "TrainingArguments"]
+    assert "lr_scheduler_type" not in arguments

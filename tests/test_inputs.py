@@ -225,7 +225,8 @@ def test_the_flags_read_from_the_source_are_the_parsers(script: str, capsys: pyt
     flags = script_flags.read(SCRIPTS / f"{script}.py")
     assert flags is not None
     values = {"--format": "auto", "--precision": "bf16", "--lora-target-modules": "q_proj", "--lora-export": "merged",
-              "--records": "auto", "--roles": "bot=assistant", "--eval-split": "0.1", "--packing": "on"}
+              "--records": "auto", "--roles": "bot=assistant", "--eval-split": "0.1", "--packing": "on",
+              "--lr-scheduler": "cosine"}
     for flag in flags.flags:
         if flag in ("-h", "--help"):
             continue
