@@ -11,8 +11,6 @@ package's __init__ as recipes.py (recipes/contract.py `sources`).
 
 from __future__ import annotations
 
-import json
-
 from model import chat_templates, training_speed
 from model.types import FinetuneWorkloadConfig, MpiJobWorkloadConfig, StackConfig
 from model.validators import at
@@ -111,7 +109,12 @@ def eval_fraction(w: FinetuneWorkloadConfig) -> float | None:
 def script_args(w: FinetuneWorkloadConfig) -> list[str]:
     """finetune.py's arguments: the recipe's (workloads/recipe.py, the same on every platform), then `launch.args`.
     CHECKPOINT_DIR and MODEL_DIR are in the environment too, with the same folders."""
-    return [*recipe.recipe_args(w.finetune, w.deepspeed.learning_rate, roots(w)), *w.launch.args]
+    return recipe_launch(w).args
+
+
+def recipe_launch(w: FinetuneWorkloadConfig) -> recipe.RecipeLaunch:
+    """The recipe's launch on GKE (workloads/recipe.py `launch`, as on Gaudi and Vertex AI)."""
+    return recipe.launch(w.finetune, w.deepspeed.learning_rate, roots(w), ("workloads", w.name), w.launch.args)
 
 
 def stack_keys(w: FinetuneWorkloadConfig) -> dict[str, str]:
@@ -123,7 +126,7 @@ def stack_keys(w: FinetuneWorkloadConfig) -> dict[str, str]:
 def env(w: FinetuneWorkloadConfig, has_token: bool) -> dict[str, str]:
     """The contract's environment: where checkpoints and the model go, the stack's keys for the script's errors;
     the token's file with a token."""
-    out = {**output_env(w), STACK_KEYS_ENV: json.dumps(stack_keys(w), sort_keys=True, separators=(",", ":"))}
+    out = {**output_env(w), **recipe_launch(w).env}
     pools = [p for p in (w.pool, w.fallback_pool) if p]
     if pools:  # the pools the run may land on, for finetune_fabric.py's refusal
         out[POOLS_ENV] = ",".join(pools)

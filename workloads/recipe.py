@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 from collections.abc import Callable
 from pathlib import PurePosixPath
 from types import ModuleType
@@ -152,6 +153,26 @@ def stack_keys(f: FinetuneConfig, prefix: tuple[str | int, ...]) -> dict[str, st
     keys["--model"] = at(*prefix, "finetune", "model" if f.model else "modelPath")
     keys["--dataset"] = at(*prefix, "finetune", "dataset" if f.dataset else "datasetPath")
     return keys
+
+
+class RecipeLaunch(msgspec.Struct, frozen=True):
+    """What one platform's ranks run, from the same keys on GKE, Gaudi and Vertex AI: the recipe's program, its
+    arguments (the keys', then the block's `launch.args`) and its environment (FINETUNE_STACK_KEYS); the platform adds
+    how it starts the ranks, its folders' variables and the files it ships (`recipe_files`)."""
+
+    script: str  # the program, in the config folder
+    args: list[str]
+    env: dict[str, str]
+
+
+def launch(f: FinetuneConfig, learning_rate: float, roots: RecipeRoots, prefix: tuple[str | int, ...],
+           extra_args: list[str]) -> RecipeLaunch:
+    """The recipe's launch on any platform: `prefix` is the block's place in the stack (the workload, or `vertex`),
+    `extra_args` its `launch.args`."""
+    keys = json.dumps(stack_keys(f, prefix), sort_keys=True, separators=(",", ":"))
+    return RecipeLaunch(script=f"{roots.config}/{SCRIPT.name}",
+                        args=[*recipe_args(f, learning_rate, roots), *extra_args],
+                        env={contract.STACK_KEYS_ENV: keys})
 
 
 # --- the rules on the keys, wherever they run ----------------------------------------------------------------

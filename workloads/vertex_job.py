@@ -18,7 +18,6 @@ from typing import Any
 
 from model.types import VertexConfig
 from model.yamlio import load_yaml
-from recipes.contract import STACK_KEYS_ENV
 from workloads import finetune_progress, recipe, recovery
 from workloads.ds_config import build_ds_config
 
@@ -69,9 +68,14 @@ def recipe_argv(cfg: VertexConfig, bucket: str) -> list[str]:
     """What every replica's vertex_start.sh runs under `deepspeed --hostfile`: finetune.py from the bucket with the
     recipe's arguments, then `vertex.launch.args`."""
     assert cfg.finetune is not None
-    where = roots(cfg, bucket)
-    return [f"{where.config}/{recipe.SCRIPT.name}",
-            *recipe.recipe_args(cfg.finetune, cfg.deepspeed.learning_rate, where), *cfg.launch.args]
+    run = recipe_launch(cfg, bucket)
+    return [run.script, *run.args]
+
+
+def recipe_launch(cfg: VertexConfig, bucket: str) -> recipe.RecipeLaunch:
+    """The recipe's launch on Vertex AI (workloads/recipe.py `launch`, as on GKE and Gaudi)."""
+    assert cfg.finetune is not None
+    return recipe.launch(cfg.finetune, cfg.deepspeed.learning_rate, roots(cfg, bucket), STACK_PREFIX, cfg.launch.args)
 
 
 def ds_config_text(cfg: VertexConfig) -> str:
@@ -101,11 +105,9 @@ def vertex_files(cfg: VertexConfig) -> dict[str, str]:
     return {**files, **(recipe_files(cfg) if cfg.finetune is not None else {})}
 
 
-def recipe_env(cfg: VertexConfig) -> list[dict[str, str]]:
+def recipe_env(cfg: VertexConfig, bucket: str) -> list[dict[str, str]]:
     """The container's environment: the stack's key for each flag (the script's errors name `vertex.finetune.*`)."""
-    assert cfg.finetune is not None
-    keys = recipe.stack_keys(cfg.finetune, STACK_PREFIX)
-    return [{"name": STACK_KEYS_ENV, "value": json.dumps(keys, sort_keys=True, separators=(",", ":"))}]
+    return [{"name": name, "value": value} for name, value in recipe_launch(cfg, bucket).env.items()]
 
 
 def vertex_accelerator(gpu_type: str) -> str:
@@ -120,7 +122,7 @@ def _container(cfg: VertexConfig, image: str, bucket: str) -> dict[str, Any]:
                 "env": stop}
     progress = [{"name": k, "value": v} for k, v in sorted(finetune_progress.vertex_env(cfg).items())]
     return {"imageUri": image, "command": [VERTEX_ENTRYPOINT], "args": recipe_argv(cfg, bucket),
-            "env": [*recipe_env(cfg), *progress, *stop]}
+            "env": [*recipe_env(cfg, bucket), *progress, *stop]}
 
 
 def _pool(cfg: VertexConfig, image: str, replicas: int, bucket: str = "") -> dict[str, Any]:

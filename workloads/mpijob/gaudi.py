@@ -11,7 +11,6 @@ Two variants:
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any
 
@@ -144,8 +143,14 @@ def recipe_env(w: MpiJobWorkloadConfig) -> dict[str, str]:
     if w.finetune is None:
         return {}
     where = recipe_roots(w)
-    keys = json.dumps(recipe.stack_keys(w.finetune, ("workloads", w.name)), sort_keys=True, separators=(",", ":"))
-    return {"CHECKPOINT_DIR": where.checkpoint_dir, "MODEL_DIR": where.model_dir, RECIPE_KEYS_ENV: keys}
+    return {"CHECKPOINT_DIR": where.checkpoint_dir, "MODEL_DIR": where.model_dir, **recipe_launch(w).env}
+
+
+def recipe_launch(w: MpiJobWorkloadConfig) -> recipe.RecipeLaunch:
+    """The recipe's launch on Gaudi (workloads/recipe.py `launch`, as on GKE and Vertex AI)."""
+    assert w.finetune is not None
+    return recipe.launch(w.finetune, w.deepspeed.learning_rate, recipe_roots(w), ("workloads", w.name),
+                         w.launch.args)
 
 
 def plain_env(w: MpiJobWorkloadConfig, where: Placement) -> dict[str, str]:
@@ -233,7 +238,7 @@ def recipe_args(w: MpiJobWorkloadConfig) -> list[str]:
     """finetune.py's arguments on Gaudi: the recipe's (workloads/recipe.py, as on GKE and Vertex AI), then
     `launch.args`."""
     assert w.finetune is not None
-    return [*recipe.recipe_args(w.finetune, w.deepspeed.learning_rate, recipe_roots(w)), *w.launch.args]
+    return recipe_launch(w).args
 
 
 def recipe_train_command(w: MpiJobWorkloadConfig, where: Placement) -> str:
