@@ -106,6 +106,11 @@ class Decision:
     reason: str
 
 
+# The gate's bounds: the stack's serving.evaluation.minImprovement takes 0..1 (model/schema.yaml; tests/test_evaluate.py
+# holds them equal): a negative gate would serve an export worse than the one served now.
+MIN_IMPROVEMENT_RANGE = (0.0, 1.0)
+
+
 def passes(improvement: float, min_improvement: float | None) -> bool:
     """The gate's rule, the one place it is written (the preview's summary says it from here too): no gate, or an
     improvement (in the metric's direction) of at least `min_improvement`."""
@@ -244,8 +249,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH, help="the server's max model length")
     args = parser.parse_args(argv)
     problems = []
-    if args.min_improvement is not None and not -1.0 <= args.min_improvement <= 1.0:
-        problems.append(f"--min-improvement must be between -1 and 1, got {args.min_improvement}")
+    low, high = MIN_IMPROVEMENT_RANGE
+    if args.min_improvement is not None and not low <= args.min_improvement <= high:
+        problems.append(f"--min-improvement must be between {low:g} and {high:g}, got {args.min_improvement}")
     if args.max_tokens < 1:
         problems.append(f"--max-tokens must be 1 or more, got {args.max_tokens}")
     if args.max_length <= args.max_tokens:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import load_file
+from conftest import PROJECT_DIR, load_file
 
 SCRIPT = Path(__file__).resolve().parent.parent / "recipes" / "evaluate.py"
 
@@ -332,3 +332,31 @@ def test_a_bad_task_or_a_merged_model_exits_2(ev: ModuleType, tmp_path: Path,
     assert ev.main([*base, "--task", str(good_task)]) == ev.EXIT_USAGE
     assert "its marker says export 'merged', not an adapter" in capsys.readouterr().out
     assert ev.main([*base, "--task", str(task), "--min-improvement", "2"]) == ev.EXIT_USAGE
+
+
+def _schema_key(node: Any, key: str) -> dict[str, Any] | None:
+    """The first property named `key` anywhere in the schema."""
+    if isinstance(node, dict):
+        if isinstance(node.get("properties"), dict) and key in node["properties"]:
+            return node["properties"][key]
+        for value in node.values():
+            if (found := _schema_key(value, key)) is not None:
+                return found
+    if isinstance(node, list):
+        for value in node:
+            if (found := _schema_key(value, key)) is not None:
+                return found
+    return None
+
+
+def test_the_gates_bounds_are_the_schemas(ev: ModuleType, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # serving.evaluation.minImprovement takes 0..1; evaluate.py took -1..1 (issue 41 item 4): one range, two sides.
+    prop = _schema_key(yaml.safe_load((PROJECT_DIR / "model" / "schema.yaml").read_text(encoding="utf-8")),
+                       "minImprovement")
+    assert prop is not None and (prop["minimum"], prop["maximum"]) == ev.MIN_IMPROVEMENT_RANGE == (0, 1)
+    task, candidate = _inputs(tmp_path)
+    base = ["--url", "http://127.0.0.1:9", "--base", "base", "--adapter", "b", "--candidate", str(candidate),
+            "--results", str(tmp_path / "r.json"), "--task", str(task)]
+    assert ev.main([*base, "--min-improvement", "-0.5"]) == ev.EXIT_USAGE  # served worse than now: refused
+    assert "--min-improvement must be between 0 and 1, got -0.5" in capsys.readouterr().out
