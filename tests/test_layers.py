@@ -52,10 +52,13 @@ def test_a_back_import_a_sibling_import_and_a_cycle_break_the_contracts(tmp_path
     (tmp_path / "workloads" / "ring_a.py").write_text("from workloads import ring_b\n")
     (tmp_path / "workloads" / "ring_b.py").write_text("from workloads import ring_a\n")
     (tmp_path / "recipes" / "back.py").write_text("from model import types\n")  # a program importing the stack
+    floor = tmp_path / "workloads" / "pull_secret.py"  # the bottom floor of workloads/ importing its top one
+    floor.write_text(floor.read_text(encoding="utf-8") + "\nimport workloads.serving  # noqa\n", encoding="utf-8")
     result = _lint_imports(tmp_path)
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
-    assert "Contracts: 0 kept, 3 broken." in out
+    assert "Contracts: 0 kept, 4 broken." in out
+    assert "workloads.pull_secret -> workloads.serving" in out
     assert "model.back -> preview.engine" in out
     assert "planner.sibling -> workloads.placement" in out
     assert "recipes.back -> model.types" in out
