@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MARKER = ".complete"  # finetune.py's, copied last into each versioned copy (evaluate_copies.py)
-SERVED = "served.json"  # EVALS/NAME/served.json: {"adapter", "path", "marker"} (evaluate_copies.write_served)
+from recipes.evaluate_copies import MARKER, SERVED, read_json
+
 POLL_SECONDS = 15
 HTTP_TIMEOUT_SECONDS = 10
 LOAD_TIMEOUT_SECONDS = 300  # a load reads the adapter from the bucket's FUSE mount
@@ -61,13 +61,6 @@ class Result:
     def ready(self) -> bool:
         return not self.waiting
 
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def decided(evals: Path, names: Sequence[str]) -> dict[str, str | None]:

@@ -35,7 +35,8 @@ COMMON = ("contract.py", "shutdown.py")
 PACKAGE_FILE = "recipes.py"  # this package's __init__.py, shipped flat beside the programs (recipes/__init__.py)
 DS_CONFIG_NAME = "ds_config.json"
 TEMPLATE_NAME = "chat_template.jinja"  # a named chat template's file beside ds_config.json
-MARKER = ".complete"  # MODEL_DIR's completion marker, written last
+MARKER = ".complete"  # MODEL_DIR's completion marker, written last (and copied last into each evaluated copy)
+SERVED = "served.json"  # EVALS/NAME/served.json: the evaluated copy served under NAME (evaluate_copies.write_served)
 HERE = Path(__file__).resolve().parent
 
 # --- choices shared by the options and the programs' modules

@@ -52,6 +52,7 @@ from typing import Any
 
 from recipes.contract import EXIT_USAGE
 from recipes.evaluate_copies import (
+    SERVED,
     copy_adapter,
     read_json,
     read_marker,
@@ -77,7 +78,6 @@ from recipes.evaluate_task import (
 )
 
 EXIT_SERVER = 1
-SERVED = "served.json"  # EVALS_DIR/served.json: the versioned copy served under NAME (evaluator.py loads it)
 VERSIONS = "versions"  # EVALS_DIR/versions/NAME-STEP-TIME: each candidate's own copy
 CANDIDATE_SUFFIX = "-candidate"
 DEFAULT_MAX_TOKENS = 32

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-MARKER = ".complete"  # finetune.py's, written last into MODEL_DIR
+from recipes.contract import MARKER, SERVED  # noqa: F401 (SERVED: this module's name for its readers too)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

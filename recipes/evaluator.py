@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MARKER = ".complete"  # finetune.py's, written last into MODEL_DIR (and copied last into the served copy)
+from recipes.evaluate_copies import MARKER, SERVED, read_json
+
 RESULTS = "results.json"
-SERVED = "served.json"  # EVALS/NAME/served.json: {"path": the versioned copy served, "marker": its export's}
 LEGACY_COPY = "adapter"  # EVALS/NAME/adapter: where an older evaluate.py copied the served export
 EVALUATE = Path(__file__).resolve().parent / "evaluate.py"
 POLL_SECONDS = 30
@@ -57,13 +57,6 @@ class State:
     failed: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
     said: dict[str, str] = field(default_factory=dict)
 
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def adapter_marker(model_dir: Path) -> dict[str, Any] | None:

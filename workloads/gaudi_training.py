@@ -13,6 +13,7 @@ from typing import Any
 from model.types import MpiJobWorkloadConfig
 from planner import run_hours
 from planner.gaudi_run import gaudi_run
+from recipes import contract
 from workloads import pod_security, recipe
 from workloads.finetune import data_step
 from workloads.mpijob import gaudi
@@ -48,7 +49,7 @@ def fetch_commands(w: MpiJobWorkloadConfig) -> list[str]:
         f"kubectl run -n {ns} {pod} --image={FETCH_IMAGE} --restart=Never "
         f"--overrides={shlex.quote(json.dumps(overrides, separators=(',', ':')))}",
         f"kubectl wait -n {ns} --for=condition=Ready pod/{pod} --timeout=5m",
-        f"kubectl exec -n {ns} {pod} -- test -f {shlex.quote(model_dir + '/.complete')}   # finished",
+        f"kubectl exec -n {ns} {pod} -- test -f {shlex.quote(f'{model_dir}/{contract.MARKER}')}   # finished",
         f"kubectl cp {ns}/{pod}:{model_dir} ./{w.name}",
         f"kubectl delete pod -n {ns} {pod}",
     ]

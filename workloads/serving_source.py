@@ -21,8 +21,9 @@ import msgspec
 from model import chat_templates
 from model.serving_engines import VLLM, vllm_facts
 from model.types import FinetuneWorkloadConfig, ServeWorkloadConfig, StackConfig
+from recipes import contract
 
-COMPLETION_MARKER = ".complete"  # written last into MODEL_DIR by training (the fine-tuning contract)
+COMPLETION_MARKER = contract.MARKER  # written last into MODEL_DIR by training (the fine-tuning contract)
 
 
 # What finetune.py's marker says of an adapter export (json.dumps of {"export": "adapter"}, sort_keys).
