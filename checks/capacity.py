@@ -9,6 +9,7 @@ from __future__ import annotations
 from checks.common import Check, at, or_list
 from model import capacity, reservation
 from model import catalog as gpu_catalog
+from model.pair_rules import PairRule, pair_problems
 from model.problems import Problem
 from model.types import MpiJobBaseConfig, NodePoolConfig, StackConfig
 from planner import cost, run_estimate
@@ -22,26 +23,26 @@ def _pools(m: StackConfig) -> list[tuple[int, NodePoolConfig]]:
     return list(enumerate(m.node_pools))
 
 
+def _spot_not_with(key: str) -> PairRule:
+    return PairRule("spot", f"spot VMs cannot be combined with {key} (GKE refuses it); use a separate spot pool, or "
+                    "set spot: false", excludes=(key,))
+
+
+# Spot VMs consume no reservation and are not DWS capacity: GKE refuses them together. Flex-start and queued
+# provisioning take capacity from DWS, never from a reservation (NO_RESERVATION; model/capacity.py is_dws).
+SPOT_ALONE = tuple(_spot_not_with(key) for key in ("reservation", "flexStart", "queuedProvisioning"))
+DWS_WITHOUT_RESERVATION = (
+    PairRule("reservation", "a flex-start or queued-provisioning pool cannot consume a reservation (GKE requires "
+             "reservation affinity NO_RESERVATION); remove reservation or make a separate reservation pool",
+             excludes=("flexStart", "queuedProvisioning")),)
+
+
 def check_spot_alone(m: StackConfig) -> list[Problem]:
-    """Spot VMs consume no reservation and are not DWS capacity: GKE refuses them together."""
-    problems = []
-    for i, p in _pools(m):
-        if not p.spot:
-            continue
-        for key, on in (("reservation", bool(p.reservation)), ("flexStart", p.flex_start),
-                        ("queuedProvisioning", p.queued_provisioning)):
-            if on:
-                problems.append(Problem(at('nodePools', i, 'spot'),
-                                        f"spot VMs cannot be combined with {key} (GKE refuses "
-                                        f"it); use a separate spot pool, or set spot: false"))
-    return problems
+    return pair_problems(m, "nodePools", SPOT_ALONE)
 
 
 def check_dws_without_reservation(m: StackConfig) -> list[Problem]:
-    """Flex-start and queued provisioning take capacity from DWS, never from a reservation (NO_RESERVATION)."""
-    return [Problem(at('nodePools', i, 'reservation'), "a flex-start or queued-provisioning pool cannot consume a "
-            "reservation (GKE requires reservation affinity NO_RESERVATION); remove reservation or make a "
-            "separate reservation pool") for i, p in _pools(m) if p.reservation and capacity.is_dws(p)]
+    return pair_problems(m, "nodePools", DWS_WITHOUT_RESERVATION)
 
 
 def check_reservation_zone(m: StackConfig) -> list[Problem]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from checks.common import PROJECT_DIR, Check, at, is_file, or_list
 from model import catalog as gpu_catalog
 from model import serving_gateway
+from model.pair_rules import PairRule, pair_problems
 from model.problems import Problem
 from model.suggest import did_you_mean
 from model.types import StackConfig
@@ -102,10 +103,12 @@ def check_cidrs(m: StackConfig) -> list[Problem]:
     return problems
 
 
+PRIVATE_ENDPOINT = (PairRule("cluster.privateEndpoint", "a private endpoint needs cluster.privateNodes: true",
+                             needs="cluster.privateNodes"),)
+
+
 def check_private_endpoint(m: StackConfig) -> list[Problem]:
-    if m.cluster is not None and m.cluster.private_endpoint and not m.cluster.private_nodes:
-        return [Problem("cluster.privateEndpoint", "a private endpoint needs cluster.privateNodes: true")]
-    return []
+    return pair_problems(m, "", PRIVATE_ENDPOINT)
 
 
 def check_system_pool(m: StackConfig) -> list[Problem]:

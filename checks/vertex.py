@@ -11,6 +11,7 @@ from components.storage import CHECKPOINT_PREFIX
 from model import catalog as gpu_catalog
 from model import network_pricing
 from model.config import schema
+from model.pair_rules import PairRule, pair_problems
 from model.problems import Problem
 from model.suggest import did_you_mean
 from model.types import StackConfig, snake
@@ -117,19 +118,16 @@ def check_vertex_deepspeed_unused(m: StackConfig) -> list[Problem]:
                     "vertex.finetune to run the stack's recipe") for key in changed]
 
 
+# The GCS FUSE mount is of the stack's bucket, through GKE's CSI driver and Workload Identity.
+GCS_FUSE_NEEDS = (
+    PairRule("gcsFuse.enabled", "needs the stack's bucket; set storage.enabled: true", needs="/storage.enabled"),
+    PairRule("gcsFuse.enabled", "the GCS FUSE CSI driver and Workload Identity are GKE features; this stack has no "
+             "`cluster`", needs="/cluster"),
+)
+
+
 def check_gcs_fuse_needs_storage_and_gke(m: StackConfig) -> list[Problem]:
-    problems = []
-    for name, w in m.workloads.items():
-        if not w.gcs_fuse.enabled:
-            continue
-        if not m.storage.enabled:
-            problems.append(Problem(f"workloads.{name}.gcsFuse.enabled",
-                                    "needs the stack's bucket; set storage.enabled: true"))
-        if m.cluster is None:
-            problems.append(Problem(f"workloads.{name}.gcsFuse.enabled",
-                                    "the GCS FUSE CSI driver and Workload Identity "
-                                    "are GKE features; this stack has no `cluster`"))
-    return problems
+    return pair_problems(m, "workloads", GCS_FUSE_NEEDS)
 
 
 # Paths every workload's pods may use: the chart's source at /app, scratch, shared memory (and each workload's own:

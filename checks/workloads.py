@@ -7,6 +7,7 @@ from __future__ import annotations
 from checks.common import Check, at
 from model import catalog as gpu_catalog
 from model.config import workload_default
+from model.pair_rules import PairRule, pair_problems
 from model.problems import Problem
 from model.types import DeepSpeedWorkloadConfig, NodePoolConfig, StackConfig, WorkloadConfig, snake
 from model.validators import (
@@ -226,6 +227,15 @@ def warnings(m: StackConfig) -> list[Problem]:
 # --- the cluster target, the MPI operator and the NFS provisioner ----------------------------------------
 
 
+def _unused_with_cluster(key: str) -> PairRule:
+    return PairRule(key, "unused, the stack deploys to its own GKE cluster (`cluster` is set); "
+                    f"remove {key}, or remove `cluster` to deploy to an existing cluster", excludes=("/cluster",))
+
+
+# With `cluster`, kubeconfig and kubernetes.context would be silently ignored, so they are errors.
+OWN_CLUSTER = (_unused_with_cluster("kubeconfig"), _unused_with_cluster("kubernetes.context"))
+
+
 def check_kubernetes_target(m: StackConfig) -> list[Problem]:
     """Without `cluster`, MPIJobs (and the operator/provisioner) go to an existing cluster: it must be named.
     With `cluster`, kubeconfig and kubernetes.context would be silently ignored, so they are errors."""
@@ -236,15 +246,7 @@ def check_kubernetes_target(m: StackConfig) -> list[Problem]:
                             "credentials with `pulumi config set --secret kubeconfig \"$(cat ~/.kube/config)\"` and/or "
                             "kubernetes.context")]
         return []
-    problems = []
-    if m.kubeconfig is not None:
-        problems.append(Problem("kubeconfig", "unused, the stack deploys to its own GKE cluster (`cluster` is set); "
-                        "remove kubeconfig, or remove `cluster` to deploy to an existing cluster"))
-    if m.kubernetes.context:
-        problems.append(Problem("kubernetes.context",
-                                "unused, the stack deploys to its own GKE cluster (`cluster` is set); "
-                                "remove kubernetes.context, or remove `cluster` to deploy to an existing cluster"))
-    return problems
+    return pair_problems(m, "", OWN_CLUSTER)
 
 
 def check_mpi_operator_install(m: StackConfig) -> list[Problem]:
