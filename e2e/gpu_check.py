@@ -49,7 +49,7 @@ MIB = 1024 * 1024
 DS_CONFIGS = {"bf16": "ds_config_bf16.json", "fp32": "ds_config_fp32.json"}
 STEPS = 20
 SEQ_LEN = 64
-LEARNING_RATE = 0.01  # a LoRA adapter learns a random model slowly (e2e/run.py's finetune scenario uses the same)
+LEARNING_RATE = 0.01  # a LoRA adapter learns a random model slowly (e2e/finetune_common.py's FINETUNE_DS uses the same)
 NEW_TOKENS = 12
 # Each finetune.py run; the two runs and the comparison fit the issue's 8 minutes on a GPU.
 FINETUNE_TIMEOUT = 200.0
@@ -164,7 +164,7 @@ def result_line(problems: Sequence[str], **facts: Any) -> str:
 
 
 def records() -> list[dict[str, str]]:
-    """e2e/run.py's finetune data: 64 prompt/response pairs a tiny model learns within a few dozen steps."""
+    """e2e/finetune_common.py's finetune data: 64 prompt/response pairs a tiny model learns within a few dozen steps."""
     return [{"prompt": f"What is {a} plus {b}?", "response": f"{a} plus {b} is {i + j}."}
             for i, a in enumerate(NUMBERS) for j, b in enumerate(NUMBERS)]
 
