@@ -226,6 +226,38 @@ def rank_line(rank: int, s: Snapshot, world_size: int) -> str:
 
 # --- the Trainer's callback (transformers) ---------------------------------------------------------------------
 
+def measured_mfu(tokens_per_second: float | None, facts: RunFacts, gpus: int) -> float | None:
+    """MFU at this rate, or None without the rate or the facts it needs."""
+    if tokens_per_second is None or not facts.flops_per_token or not facts.peak_tflops:
+        return None
+    return mfu(tokens_per_second, facts.flops_per_token, gpus, facts.peak_tflops)
+
+
+def add_rates(logs: dict[str, Any], s: Snapshot, world_size: int) -> None:
+    """The Trainer's logs get the step's rates beside the loss (its TensorBoard writer records them with it)."""
+    if s.tokens_per_second is not None:
+        logs["tokens_per_second"] = s.tokens_per_second
+        logs["tokens_per_second_per_gpu"] = s.tokens_per_second / world_size
+    if s.mfu is not None:
+        logs["mfu"] = s.mfu
+
+
+def write_status(path: Path, s: Snapshot, facts: RunFacts) -> None:
+    """progress.json as of now."""
+    write_atomic(path, trainer_status(s, datetime.datetime.now(datetime.timezone.utc), facts.estimate,
+                                      facts.price_per_hour))
+
+
+def write_run(path: Path, facts: RunFacts, elapsed: float, step: int, world_size: int, average: float | None,
+              say: Any) -> None:
+    """run.json at the end of a finished run (`average`: the session's tokens/s), and the estimate against it."""
+    record = run_record(elapsed, facts.price_per_hour, step, world_size, average,
+                        measured_mfu(average, facts, world_size), facts.estimate)
+    write_atomic(path, record)
+    if line := estimate_line(record):
+        say(line)
+
+
 def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say: Any,
                       clock: Any = time.monotonic) -> Any:
     """The TrainerCallback: its on_log comes before the TensorBoard writer's (finetune.py puts it first), so the
@@ -252,51 +284,35 @@ def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say:
         def snapshot(self, state: Any, world: int) -> Snapshot:
             now = clock()
             tokens = per_second(state.num_input_tokens_seen - self.last_tokens, now - self.last_time)
-            use = None
-            if tokens is not None and facts.flops_per_token and facts.peak_tflops:
-                use = mfu(tokens, facts.flops_per_token, world, facts.peak_tflops)
             eta = eta_seconds(state.global_step, state.max_steps, self.start_step, now - self.began)
             self.last_time, self.last_tokens, self.last_step = now, state.num_input_tokens_seen, state.global_step
             return Snapshot(state.global_step, state.max_steps, self.before + now - self.began, eta, self.loss,
-                            tokens, use)
+                            tokens, measured_mfu(tokens, facts, world))
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                    **_: Any) -> None:
             if logs is None or "loss" not in logs or state.global_step == self.last_step:
                 return  # an eval's or the run's summary log: no training window to measure
             self.loss = float(logs["loss"])
-            s = self.snapshot(state, args.world_size)
-            if s.tokens_per_second is not None:
-                logs["tokens_per_second"] = s.tokens_per_second
-                logs["tokens_per_second_per_gpu"] = s.tokens_per_second / args.world_size
-            if s.mfu is not None:
-                logs["mfu"] = s.mfu
-            self.last = s
+            self.last = s = self.snapshot(state, args.world_size)
+            add_rates(logs, s, args.world_size)
             say(rank_line(args.process_index, s, args.world_size))
             if state.is_world_process_zero:
-                write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.timezone.utc),
-                                                           facts.estimate, facts.price_per_hour))
+                write_status(progress_path, s, facts)
 
         def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if not state.is_world_process_zero:
                 return
             elapsed = self.before + clock() - self.began
-            eta = 0.0 if state.global_step >= state.max_steps else None
+            finished = state.global_step >= state.max_steps
             last = self.last
-            s = Snapshot(state.global_step, state.max_steps, elapsed, eta, self.loss,
-                         last.tokens_per_second if last else None, last.mfu if last else None)
-            write_atomic(progress_path, trainer_status(s, datetime.datetime.now(datetime.timezone.utc),
-                                                       facts.estimate, facts.price_per_hour))
-            if state.global_step >= state.max_steps:
+            write_status(progress_path, Snapshot(state.global_step, state.max_steps, elapsed, 0.0 if finished else None,
+                                                 self.loss, last.tokens_per_second if last else None,
+                                                 last.mfu if last else None), facts)
+            if finished:
                 # the session's average: every token it trained over its seconds (the last window's rate is noise)
                 average = per_second(state.num_input_tokens_seen - self.first_tokens, clock() - self.began)
-                use = (mfu(average, facts.flops_per_token, args.world_size, facts.peak_tflops)
-                       if average is not None and facts.flops_per_token and facts.peak_tflops else None)
-                record = run_record(elapsed, facts.price_per_hour, state.global_step, args.world_size, average,
-                                    use, facts.estimate)
-                write_atomic(run_path, record)
-                if line := estimate_line(record):
-                    say(line)
+                write_run(run_path, facts, elapsed, state.global_step, args.world_size, average, say)
 
     return Progress()
 

@@ -31,8 +31,8 @@ format (``ds_to_universal``) and loaded with ``checkpoint.load_universal``.
 ``DS_ACCELERATOR=cpu`` runs the same path on CPUs with gloo (no GPU check):
 that is how ``make e2e`` runs it across network-namespace hosts.
 
-The helpers above ``main`` do not need torch or deepspeed (they are imported in
-``main``), so they can be unit-tested anywhere.
+The helpers above ``Place`` do not need torch or deepspeed (the functions below
+it import them where they run), so they can be unit-tested anywhere.
 """
 
 from __future__ import annotations
@@ -343,119 +343,129 @@ def fabric_network() -> Any:
     return nccl_network
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by the e2e (make e2e) and on GPUs
-    args = parse_args(argv)
-    net = fabric_network()
-    want = net.expected(os.environ) if net else ()
-    nccl_log = net.divert(os.environ) if net else None  # before NCCL starts: its init lines into a file we read
-    config = load_config(args.deepspeed_config)
-    if os.environ.get("OMPI_COMM_WORLD_RANK") and not os.environ.get("MASTER_ADDR"):
-        # DeepSpeed's openmpi launcher exports no MASTER_ADDR: rank 0 shares its address over MPI (mpi4py).
+@dataclass(frozen=True)
+class Place:
+    """Where this rank runs: its ranks, its host, and whether it runs on CPUs (DS_ACCELERATOR=cpu)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    host: str
+    cpu: bool
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The checkpoint a run starts from: its directory, the saved state, and the tag to load (a universal one at a
+    different world size)."""
+
+    directory: str
+    state: dict[str, Any]
+    tag: str
+
+
+def discover_master(env: Mapping[str, str]) -> None:  # pragma: no cover - run by the e2e (make e2e) and on GPUs
+    """DeepSpeed's openmpi launcher exports no MASTER_ADDR: rank 0 shares its address over MPI (mpi4py)."""
+    if env.get("OMPI_COMM_WORLD_RANK") and not env.get("MASTER_ADDR"):
         from deepspeed.comm.comm import mpi_discovery
 
-        mpi_discovery(distributed_port=int(os.environ.get("MASTER_PORT") or 29500), verbose=False)
-    try:
-        ranks = rank_env(os.environ)
-    except ValueError as error:
-        say(f"[smoke] FAILED: {error}", err=True)
-        return EXIT_USAGE
-    os.environ.update(ranks)
-    rank, world_size = int(ranks["RANK"]), int(ranks["WORLD_SIZE"])
+        mpi_discovery(distributed_port=int(env.get("MASTER_PORT") or 29500), verbose=False)
 
-    import datetime
-    import signal
-    import time
 
+def gpu_check(args: argparse.Namespace, place: Place) -> tuple[bool, str]:  # pragma: no cover - e2e and GPUs
+    """This rank's GPU check (none on CPUs): whether it sees the GPUs the launcher assigned, and the line saying so."""
+    if place.cpu:
+        return True, f"rank {place.rank} on {place.host}: CPU run (DS_ACCELERATOR=cpu), no GPU check"
     import torch
+
+    return check_gpu_visibility(
+        torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        local_world_size(os.environ),
+        args.expected_gpus_per_node,
+        rank=place.rank,
+        host=place.host,
+        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+
+
+def gpu_check_failed(store: Any, place: Place, ok: bool, message: str) -> bool:  # pragma: no cover - e2e and GPUs
+    """Agree on the GPU check over gloo BEFORE anything touches NCCL: NCCL refuses to start on a rank without a GPU
+    (a traceback, exit 1), and every rank must stop together with rank 0 naming the failing ones."""
     import torch.distributed as dist
 
-    stop = StopRequest()
-    signal.signal(signal.SIGTERM, stop)
-    host = socket.gethostname()
-    local_rank = args.local_rank if args.local_rank is not None else int(ranks["LOCAL_RANK"])
-    cpu = cpu_run_requested(os.environ)
-    if cpu:
-        ok, message = True, f"rank {rank} on {host}: CPU run (DS_ACCELERATOR=cpu), no GPU check"
-    else:
-        ok, message = check_gpu_visibility(
-            torch.cuda.device_count() if torch.cuda.is_available() else 0,
-            local_world_size(os.environ),
-            args.expected_gpus_per_node,
-            rank=rank,
-            host=host,
-            visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        )
-    say(f"[smoke] {message}")
-
-    # Agree on the GPU check over gloo BEFORE anything touches NCCL: NCCL refuses to start on a rank
-    # without a GPU (a traceback, exit 1), and every rank must stop together with rank 0 naming the
-    # failing ones. One rendezvous store serves the check's gloo group and then the training group.
-    store = dist.TCPStore(ranks["MASTER_ADDR"], int(ranks["MASTER_PORT"]), world_size, is_master=rank == 0,
-                          timeout=datetime.timedelta(minutes=10))
-    dist.init_process_group("gloo", store=dist.PrefixStore("smoke/gpu-check", store), rank=rank,
-                            world_size=world_size)
-    checks: list[dict[str, Any] | None] = [None] * world_size
+    dist.init_process_group("gloo", store=dist.PrefixStore("smoke/gpu-check", store), rank=place.rank,
+                            world_size=place.world_size)
+    checks: list[dict[str, Any] | None] = [None] * place.world_size
     dist.all_gather_object(checks, {"ok": ok, "message": message})
     dist.destroy_process_group()
     failures = [item["message"] for item in checks if item is not None and not item["ok"]]
-    if failures:
-        if rank == 0:
-            for failure in failures:
-                say(f"[smoke] FAILED: {failure}", err=True)
-        return EXIT_GPU_CHECK_FAILED
+    if failures and place.rank == 0:
+        for failure in failures:
+            say(f"[smoke] FAILED: {failure}", err=True)
+    return bool(failures)
 
+
+def start_training_group(store: Any, place: Place) -> tuple[Any, str]:  # pragma: no cover - e2e and GPUs
+    """The training group on the accelerator's backend (gloo on CPUs), which DeepSpeed adopts: (accelerator,
+    backend)."""
     import deepspeed
+    import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
     backend = accelerator.communication_backend_name()
     if backend == "ccl":  # DeepSpeed's CPU accelerator without oneCCL installed talks gloo
         backend = "gloo"
-    dist.init_process_group(backend, store=dist.PrefixStore("smoke/train", store), rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(backend, store=dist.PrefixStore("smoke/train", store), rank=place.rank,
+                            world_size=place.world_size)
     deepspeed.init_distributed(dist_backend=backend)  # adopts the group above
+    return accelerator, backend
 
-    def finish(code: int) -> int:
-        # PyTorch's shutdown rule (torch.distributed docs, "Shutdown"): destroy the groups before the process exits.
-        # DeepSpeed still references them, so their threads live on: the process ends without teardown (below).
-        dist.destroy_process_group()
-        if net and nccl_log:  # NCCL's warnings went to the file with its init lines: into the pod's log too
-            for line in net.warnings(net.read(nccl_log)):
-                say(line, err=True)
-        return code
 
-    if not cpu:
-        accelerator.set_device(local_rank)
-    if net and nccl_log and want and backend == "nccl":
-        # The first collective proves the fabric: a plugin that did not load leaves NCCL on TCP over eth0.
-        fabric = os.environ.get(net.FABRIC_ENV) or "the fabric"
-        failed, on_fabric, line = net.check(torch, dist, nccl_log, want, fabric)
-        if not on_fabric or rank == 0:
-            say(f"[smoke] rank {rank}: {line}", err=not on_fabric)
-        if failed:
-            if rank == 0:
-                say(f"[smoke] FAILED: {failed} of {world_size} rank(s) did not use {fabric}'s network", err=True)
-            return finish(EXIT_NOT_ON_FABRIC)
+def off_fabric(net: Any, nccl_log: str, want: Any, place: Place) -> bool:  # pragma: no cover - e2e and GPUs
+    """The first collective proves the fabric: a plugin that did not load leaves NCCL on TCP over eth0."""
+    import torch
+    import torch.distributed as dist
 
-    directory = checkpoint_dir(args.checkpoint_dir, os.environ)
+    fabric = os.environ.get(net.FABRIC_ENV) or "the fabric"
+    failed, on_fabric, line = net.check(torch, dist, nccl_log, want, fabric)
+    if not on_fabric or place.rank == 0:
+        say(f"[smoke] rank {place.rank}: {line}", err=not on_fabric)
+    if failed and place.rank == 0:
+        say(f"[smoke] FAILED: {failed} of {place.world_size} rank(s) did not use {fabric}'s network", err=True)
+    return bool(failed)
+
+
+def resume_point(directory: str | None, place: Place,
+                 config: dict[str, Any]) -> tuple[Resume | None, dict[str, Any]]:  # pragma: no cover - e2e
+    """The checkpoint to resume from (None: a fresh start), and the DeepSpeed config to load it with. At a different
+    world size ZeRO's partitioned optimizer states are re-sliced through DeepSpeed's universal checkpoint
+    (converted once, by rank 0, beside the original)."""
     state = read_resume_state(directory)
-    load_tag = None
-    if state is not None and directory is not None:
-        load_tag = state["tag"]
-        if int(state["world_size"]) != world_size:
-            # A different world size: ZeRO's partitioned optimizer states are re-sliced through
-            # DeepSpeed's universal checkpoint (converted once, by rank 0, beside the original).
-            load_tag = universal_tag(state["tag"])
-            if rank == 0 and not os.path.isdir(os.path.join(directory, load_tag)):
-                say(f"[smoke] converting {state['tag']} (world size {state['world_size']}) to a universal checkpoint")
-                import subprocess
+    if state is None or directory is None:
+        return None, config
+    if int(state["world_size"]) == place.world_size:
+        return Resume(directory, state, state["tag"]), config
+    import torch.distributed as dist
 
-                subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                                "--input_folder", os.path.join(directory, state["tag"]),
-                                "--output_folder", os.path.join(directory, load_tag),
-                                "--inject_missing_state"], check=True)
-            dist.barrier()
-            config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+    tag = universal_tag(state["tag"])
+    if place.rank == 0 and not os.path.isdir(os.path.join(directory, tag)):
+        say(f"[smoke] converting {state['tag']} (world size {state['world_size']}) to a universal checkpoint")
+        import subprocess
+
+        subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                        "--input_folder", os.path.join(directory, state["tag"]),
+                        "--output_folder", os.path.join(directory, tag),
+                        "--inject_missing_state"], check=True)
+    dist.barrier()
+    return Resume(directory, state, tag), {**config, "checkpoint": {**config.get("checkpoint", {}),
+                                                                  "load_universal": True}}
+
+
+def build_engine(args: argparse.Namespace, config: dict[str, Any]) -> Any:  # pragma: no cover - e2e and GPUs
+    """The small MLP (the same initial weights on every rank) under deepspeed.initialize."""
+    import deepspeed
+    import torch
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     blocks: list[torch.nn.Module] = []
@@ -475,115 +485,226 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by
         optimizer=optimizer,
         config=config,
     )
+    return engine
 
-    start_step = 0
-    if load_tag is not None and directory is not None:
-        loaded, client_state = engine.load_checkpoint(directory, tag=load_tag)
-        if loaded is None:
-            say(f"[smoke] FAILED: cannot load checkpoint {load_tag} from {directory}", err=True)
-            return finish(EXIT_USAGE)
-        start_step = int((client_state or {}).get("smoke_step", state["step"]))
-        say(f"[smoke] rank {rank}: resumed from {directory}/{load_tag} at step {start_step} "
-            f"(saved at world size {state['world_size']}, now {world_size}, last loss {state.get('loss')})")
 
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision(config), torch.float32)
-    batch = micro_batch_size(config, world_size)
-    device = engine.device
-    # A fixed regression task (a random linear teacher) and the same batch every step on a rank: the loss
-    # falls steadily, so a resumed run visibly continues where the saved one was (a fresh start would not).
+def load_resume(engine: Any, resume: Resume, place: Place) -> int | None:  # pragma: no cover - e2e
+    """The step the run resumes at; None when the checkpoint does not load."""
+    loaded, client_state = engine.load_checkpoint(resume.directory, tag=resume.tag)
+    if loaded is None:
+        say(f"[smoke] FAILED: cannot load checkpoint {resume.tag} from {resume.directory}", err=True)
+        return None
+    state = resume.state
+    start_step = int((client_state or {}).get("smoke_step", state["step"]))
+    say(f"[smoke] rank {place.rank}: resumed from {resume.directory}/{resume.tag} at step {start_step} "
+        f"(saved at world size {state['world_size']}, now {place.world_size}, last loss {state.get('loss')})")
+    return start_step
+
+
+def regression_batch(args: argparse.Namespace, rank: int, batch: int, dtype: Any,
+                     device: Any) -> tuple[Any, Any]:  # pragma: no cover - e2e and GPUs
+    """A fixed regression task (a random linear teacher) and the same batch every step on a rank: the loss falls
+    steadily, so a resumed run visibly continues where the saved one was (a fresh start would not)."""
+    import torch
+
     teacher = torch.randn(args.hidden_size, args.hidden_size,
                           generator=torch.Generator().manual_seed(args.seed)) / math.sqrt(args.hidden_size)
     generator = torch.Generator().manual_seed(args.seed * 1_000_003 + rank)
     inputs_cpu = torch.randn(batch, args.hidden_size, generator=generator)
-    inputs = inputs_cpu.to(device=device, dtype=dtype)
-    targets = (inputs_cpu @ teacher).to(device)
+    return inputs_cpu.to(device=device, dtype=dtype), (inputs_cpu @ teacher).to(device)
 
-    def step(number: int) -> float:
-        del number  # the same batch every step
-        prediction = engine(inputs)
-        loss = torch.nn.functional.mse_loss(prediction.float(), targets)
-        engine.backward(loss)
-        engine.step()
+
+@dataclass
+class Training:  # pragma: no cover - run by the e2e (make e2e) and on GPUs
+    """The engine's steps over the fixed batch, its checkpoints and the measured window."""
+
+    engine: Any
+    accelerator: Any
+    place: Place
+    directory: str | None
+    inputs: Any
+    targets: Any
+    start_step: int = 0
+    number: int = 0  # steps done, with a resumed run's
+    loss: float = float("nan")  # the mean loss over the ranks at the last step
+    elapsed: float = 0.0  # seconds of the measured steps
+    measured_from: int = 0
+
+    def step(self) -> float:
+        import torch
+
+        prediction = self.engine(self.inputs)
+        loss = torch.nn.functional.mse_loss(prediction.float(), self.targets)
+        self.engine.backward(loss)
+        self.engine.step()
         return loss.item()
 
-    def save(number: int, loss: float, why: str) -> None:
-        if directory is None:
+    def save(self, why: str) -> None:
+        if self.directory is None:
             return
-        tag = f"global_step{number}"
-        engine.save_checkpoint(directory, tag=tag, client_state={"smoke_step": number, "loss": loss})
-        if rank == 0:
-            write_resume_state(directory, {"step": number, "world_size": world_size, "tag": tag, "loss": loss})
-            say(f"[smoke] checkpoint {directory}/{tag} saved ({why})")
+        tag = f"global_step{self.number}"
+        self.engine.save_checkpoint(self.directory, tag=tag, client_state={"smoke_step": self.number,
+                                                                           "loss": self.loss})
+        if self.place.rank == 0:
+            write_resume_state(self.directory, {"step": self.number, "world_size": self.place.world_size, "tag": tag,
+                                                "loss": self.loss})
+            say(f"[smoke] checkpoint {self.directory}/{tag} saved ({why})")
 
-    total_steps = args.warmup_steps + args.steps
-    measured_from = max(start_step, args.warmup_steps)
-    loss_value = float("nan")
-    number = start_step
-    start = time.perf_counter()
-    while number < total_steps:
-        if number == measured_from:
-            accelerator.synchronize()
-            if not cpu:
-                torch.cuda.reset_peak_memory_stats()
-            start = time.perf_counter()
-        local_loss = step(number)
-        number += 1
-        # One small all-reduce per step: the mean loss, and whether any rank got SIGTERM (all must save).
-        flags = torch.tensor([local_loss, 1.0 if stop.signal is not None else 0.0], device=device)
-        dist.all_reduce(flags)
-        loss_value = flags[0].item() / world_size
-        if rank == 0:
-            say(f"[smoke] step {number} loss {loss_value:.6f}")
-        if flags[1].item() > 0:
-            save(number, loss_value, "SIGTERM: preempted")
-            say(f"[smoke] rank {rank} on {host}: stopped at step {number} on SIGTERM")
-            return finish(EXIT_PREEMPTED)
-        if due_for_checkpoint(number, args.checkpoint_every) and number < total_steps:
-            save(number, loss_value, f"every {args.checkpoint_every} steps")
-    accelerator.synchronize()
-    elapsed = time.perf_counter() - start
-    if directory is not None and number > start_step:
-        save(number, loss_value, "end of run")
+    def run(self, args: argparse.Namespace, stop: Any) -> bool:
+        """Train to warmup + steps, timing the steps after the warmup; False when stopped by SIGTERM (saved)."""
+        import time
 
-    measured = max(0, total_steps - measured_from)
+        import torch
+        import torch.distributed as dist
+
+        total_steps = args.warmup_steps + args.steps
+        self.measured_from = max(self.start_step, args.warmup_steps)
+        self.number = self.start_step
+        start = time.perf_counter()
+        while self.number < total_steps:
+            if self.number == self.measured_from:
+                self.accelerator.synchronize()
+                if not self.place.cpu:
+                    torch.cuda.reset_peak_memory_stats()
+                start = time.perf_counter()
+            local_loss = self.step()
+            self.number += 1
+            # One small all-reduce per step: the mean loss, and whether any rank got SIGTERM (all must save).
+            flags = torch.tensor([local_loss, 1.0 if stop.signal is not None else 0.0], device=self.engine.device)
+            dist.all_reduce(flags)
+            self.loss = flags[0].item() / self.place.world_size
+            if self.place.rank == 0:
+                say(f"[smoke] step {self.number} loss {self.loss:.6f}")
+            if flags[1].item() > 0:
+                self.save("SIGTERM: preempted")
+                say(f"[smoke] rank {self.place.rank} on {self.place.host}: stopped at step {self.number} on SIGTERM")
+                return False
+            if due_for_checkpoint(self.number, args.checkpoint_every) and self.number < total_steps:
+                self.save(f"every {args.checkpoint_every} steps")
+        self.accelerator.synchronize()
+        self.elapsed = time.perf_counter() - start
+        if self.directory is not None and self.number > self.start_step:
+            self.save("end of run")
+        return True
+
+
+def rank_result(t: Training, total_steps: int, batch: int) -> RankResult:  # pragma: no cover - e2e and GPUs
+    """This rank's throughput over the measured steps, its peak memory and the final loss (and says them)."""
+    import torch
+
+    place, measured = t.place, max(0, total_steps - t.measured_from)
     result = RankResult(
-        rank=rank,
-        host=host,
-        local_rank=local_rank,
-        gpus_visible=0 if cpu else torch.cuda.device_count(),
-        samples_per_second=throughput(batch * measured, elapsed) if measured and elapsed > 0 else 0.0,
-        peak_memory_mib=0.0 if cpu else torch.cuda.max_memory_allocated() / 2**20,
-        final_loss=loss_value,
+        rank=place.rank,
+        host=place.host,
+        local_rank=place.local_rank,
+        gpus_visible=0 if place.cpu else torch.cuda.device_count(),
+        samples_per_second=throughput(batch * measured, t.elapsed) if measured and t.elapsed > 0 else 0.0,
+        peak_memory_mib=0.0 if place.cpu else torch.cuda.max_memory_allocated() / 2**20,
+        final_loss=t.loss,
     )
     say(
-        f"[smoke] rank {rank} on {host}: {result.samples_per_second:.1f} samples/s, "
-        f"peak memory {result.peak_memory_mib:.1f} MiB, loss {loss_value:.4f}"
+        f"[smoke] rank {place.rank} on {place.host}: {result.samples_per_second:.1f} samples/s, "
+        f"peak memory {result.peak_memory_mib:.1f} MiB, loss {t.loss:.4f}"
     )
+    return result
 
-    gathered: list[dict[str, Any] | None] = [None] * world_size
+
+def report(args: argparse.Namespace, config: Mapping[str, Any], t: Training, batch: int,
+           results: Sequence[RankResult], failed: list[int]) -> None:  # pragma: no cover - e2e and GPUs
+    """Rank 0's summary of every rank and the SMOKE_TEST_RESULT line."""
+    say("[smoke] summary\n" + summarize(results))
+    result = {
+        "ok": not failed,
+        "world_size": t.place.world_size,
+        "hosts": sorted({item.host for item in results}),
+        "accelerator": "cpu" if t.place.cpu else "gpu",
+        "micro_batch_per_gpu": batch,
+        "precision": precision(config),
+        "steps": args.steps,
+        "start_step": t.start_step,
+        "final_step": t.number,
+        "final_loss": t.loss,
+        "total_samples_per_second": round(sum(item.samples_per_second for item in results), 2),
+        "max_peak_memory_mib": round(max(item.peak_memory_mib for item in results), 1),
+        "non_finite_loss_ranks": failed,
+    }
+    say("SMOKE_TEST_RESULT " + json.dumps(result, sort_keys=True))
+
+
+def train_and_report(args: argparse.Namespace, config: dict[str, Any], place: Place, accelerator: Any,
+                     stop: Any) -> int:  # pragma: no cover - run by the e2e (make e2e) and on GPUs
+    """Resume if a checkpoint is there, train, gather every rank's result: the exit status."""
+    import torch
+    import torch.distributed as dist
+
+    directory = checkpoint_dir(args.checkpoint_dir, os.environ)
+    resume, config = resume_point(directory, place, config)
+    engine = build_engine(args, config)
+    start_step: int | None = 0 if resume is None else load_resume(engine, resume, place)
+    if start_step is None:
+        return EXIT_USAGE
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision(config), torch.float32)
+    batch = micro_batch_size(config, place.world_size)
+    inputs, targets = regression_batch(args, place.rank, batch, dtype, engine.device)
+    t = Training(engine, accelerator, place, directory, inputs, targets, start_step)
+    if not t.run(args, stop):
+        return EXIT_PREEMPTED
+    result = rank_result(t, args.warmup_steps + args.steps, batch)
+    gathered: list[dict[str, Any] | None] = [None] * place.world_size
     dist.all_gather_object(gathered, asdict(result))
     results = [RankResult(**item) for item in gathered if item is not None]
     failed = [item.rank for item in results if not math.isfinite(item.final_loss)]
-    if rank == 0:
-        say("[smoke] summary\n" + summarize(results))
-        report = {
-            "ok": not failed,
-            "world_size": world_size,
-            "hosts": sorted({item.host for item in results}),
-            "accelerator": "cpu" if cpu else "gpu",
-            "micro_batch_per_gpu": batch,
-            "precision": precision(config),
-            "steps": args.steps,
-            "start_step": start_step,
-            "final_step": number,
-            "final_loss": loss_value,
-            "total_samples_per_second": round(sum(item.samples_per_second for item in results), 2),
-            "max_peak_memory_mib": round(max(item.peak_memory_mib for item in results), 1),
-            "non_finite_loss_ranks": failed,
-        }
-        say("SMOKE_TEST_RESULT " + json.dumps(report, sort_keys=True))
+    if place.rank == 0:
+        report(args, config, t, batch, results, failed)
     dist.barrier()
-    return finish(EXIT_LOSS_NOT_FINITE if failed else 0)
+    return EXIT_LOSS_NOT_FINITE if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - run by the e2e (make e2e) and on GPUs
+    args = parse_args(argv)
+    net = fabric_network()
+    want = net.expected(os.environ) if net else ()
+    nccl_log = net.divert(os.environ) if net else None  # before NCCL starts: its init lines into a file we read
+    config = load_config(args.deepspeed_config)
+    discover_master(os.environ)
+    try:
+        ranks = rank_env(os.environ)
+    except ValueError as error:
+        say(f"[smoke] FAILED: {error}", err=True)
+        return EXIT_USAGE
+    os.environ.update(ranks)
+    rank = int(ranks["RANK"])
+    place = Place(rank, int(ranks["WORLD_SIZE"]), args.local_rank if args.local_rank is not None
+                  else int(ranks["LOCAL_RANK"]), socket.gethostname(), cpu_run_requested(os.environ))
+
+    import datetime
+    import signal
+
+    import torch.distributed as dist
+
+    stop = StopRequest()
+    signal.signal(signal.SIGTERM, stop)
+    ok, message = gpu_check(args, place)
+    say(f"[smoke] {message}")
+    # One rendezvous store serves the GPU check's gloo group and then the training group.
+    store = dist.TCPStore(ranks["MASTER_ADDR"], int(ranks["MASTER_PORT"]), place.world_size, is_master=rank == 0,
+                          timeout=datetime.timedelta(minutes=10))
+    if gpu_check_failed(store, place, ok, message):
+        return EXIT_GPU_CHECK_FAILED
+    accelerator, backend = start_training_group(store, place)
+    if not place.cpu:
+        accelerator.set_device(place.local_rank)
+    if net and nccl_log and want and backend == "nccl" and off_fabric(net, nccl_log, want, place):
+        code = EXIT_NOT_ON_FABRIC
+    else:
+        code = train_and_report(args, config, place, accelerator, stop)
+    # PyTorch's shutdown rule (torch.distributed docs, "Shutdown"): destroy the groups before the process exits.
+    # DeepSpeed still references them, so their threads live on: the process ends without teardown (below).
+    dist.destroy_process_group()
+    if net and nccl_log:  # NCCL's warnings went to the file with its init lines: into the pod's log too
+        for line in net.warnings(net.read(nccl_log)):
+            say(line, err=True)
+    return code
 
 
 if __name__ == "__main__":
