@@ -270,17 +270,14 @@ def check_compute_class_pools(m: StackConfig) -> list[Problem]:
 
 
 def reservation_end(pool: NodePoolConfig) -> str | None:
-    """What is wrong with the pool's `reservationEndTime`, or None: RFC 3339, on a reservation pool, in the future."""
+    """What is wrong with the pool's `reservationEndTime`, or None: on a reservation pool, in the future (the model
+    parsed it, and refused a text that is no time: model/reservation.py typed_end_times)."""
     if pool.reservation_end_time is None:
         return None
     if not pool.reservation:
         return ("only a pool that consumes a reservation (`reservation`) ends with it; set reservation or remove "
                 "this key")
-    try:
-        end = reservation.parse_time(pool.reservation_end_time)
-    except ValueError as err:
-        return str(err)
-    now = reservation.now()
+    end, now = pool.reservation_end_time, reservation.now()
     if end <= now:
         return (f"{reservation.show(end)} is past (now {reservation.show(now)}): reservation {pool.reservation}'s "
                 "nodes are gone; give the reservation's new end, or move its workloads to their fallbackPool")
@@ -288,7 +285,7 @@ def reservation_end(pool: NodePoolConfig) -> str | None:
 
 
 def check_reservation_end_time(m: StackConfig) -> list[Problem]:
-    """A reservation's end: a time (RFC 3339, with its zone) still to come, on a pool that consumes a reservation."""
+    """A reservation's end: a time still to come, on a pool that consumes a reservation."""
     return [Problem(at('nodePools', i, 'reservationEndTime'), f"{problem}")
             for i, p in _pools(m) if (problem := reservation_end(p)) is not None]
 
@@ -306,7 +303,7 @@ def check_reservation_fallback(m: StackConfig) -> list[Problem]:
         instead = f" (e.g. {or_list(others)})" if others else (
             f" (add one: {pool.machine_type} with flexStart and queuedProvisioning, or spot)")
         problems.append(Problem(at('workloads', name, 'fallbackPool'), f"pool {pool.name}'s reservation ends at "
-                        f"{pool.reservation_end_time}; name a pool of the same shape{instead} that the job continues "
+                        f"{pool.reservation_end_text}; name a pool of the same shape{instead} that the job continues "
                         "on from its newest checkpoint when the reservation's nodes go away"))
     return problems
 

@@ -22,7 +22,7 @@ import msgspec
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from model import cache, defaults, repair
+from model import cache, defaults, repair, reservation
 from model.problems import Problem, lines
 from model.suggest import did_you_mean
 from model.types import StackConfig, build, camel, key_path, snake
@@ -461,8 +461,12 @@ def parse_all(cfg: dict[str, Any] | None = None, secret_keys: set[str] | None = 
     unknown = defaults.objects_with_unknown_keys(errors)
     variant = defaults.other_defaults(schema(), raw, valid, unknown)
     written_training(raw, valid)
+    for parts, problem in reservation.typed_end_times(valid):
+        problems.append(problem)
+        reported.append(parts)
     if variant is not None:
         written_training(raw, variant)
+        reservation.typed_end_times(variant)  # the same problems, reported once
     secrets = {snake(k): pulumi.Output.secret(valid.pop(k)) for k, p in schema()["properties"].items()
                if p.get("x-secret") and k in valid}
     model = build(StackConfig, valid, project=project, region=region, **secrets)

@@ -6,6 +6,7 @@ into raw dicts and a renamed key fails here, not at `pulumi up`.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import re
 import types
@@ -127,6 +128,10 @@ class GpuConfig(msgspec.Struct, frozen=True):
     driver_version: str
 
 
+END_KEY = "reservationEndTime"
+END_TEXT_KEY = "x-reservationEndTime-text"  # not a schema key: the model's own, set beside the parsed end
+
+
 class PoolFabricConfig(msgspec.Struct, frozen=True):
     enabled: bool
     installer: bool
@@ -151,7 +156,12 @@ class NodePoolConfig(msgspec.Struct, frozen=True):
     flex_start: bool
     queued_provisioning: bool
     reservation: str | None = None
-    reservation_end_time: str | None = None  # RFC 3339 (model/reservation.py); checked in checks/capacity.py
+    # Parsed once, where the model is built (model/reservation.py typed_end_times): aware, in UTC. The rules
+    # (checks/capacity.py) say whether it is still to come.
+    reservation_end_time: datetime.datetime | None = None
+    # The end as the stack file wrote it, which the stack writes back out unchanged (the reservation-end CronJob's
+    # --end, the capacity plan): a reformatted time would change what a reviewer diffs.
+    reservation_end_text: str | None = msgspec.field(default=None, name=END_TEXT_KEY)
     max_run_duration: str | None = None
 
 

@@ -28,8 +28,8 @@ def _pool_row(cfg: StackConfig, p: NodePoolConfig, cat: gpu_catalog.Catalog) -> 
     }
     if p.reservation:
         row["reservation"] = p.reservation
-        if p.reservation_end_time:
-            row["reservationEndTime"] = p.reservation_end_time  # at its end Kueue moves jobs on (docs/capacity.md)
+        if p.reservation_end_text:
+            row["reservationEndTime"] = p.reservation_end_text  # at its end Kueue moves jobs on (docs/capacity.md)
     if p.queued_provisioning:
         row["queuedProvisioning"] = True
     if per_node is not None:

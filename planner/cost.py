@@ -253,14 +253,12 @@ def reservation_run(cfg: StackConfig, run: run_estimate.WorkloadRun, pools: list
                     floor_extra: float, hours: tuple[float, float] | None = None) -> dict[str, Any] | None:
     """Where the run's pool consumes a reservation that ends (nodePools[].reservationEndTime): the hours of the run
     past the end if it starts now (planner/spill.py), and what they cost on the workload's fallbackPool, where
-    Kueue admits it next (workloads/kueue.py). None without an end (or one the checks refuse)."""
+    Kueue admits it next (workloads/kueue.py). None without an end (a text that is no time is refused, and dropped,
+    where the model is built)."""
     pool, w = cfg.pool(run.pool), cfg.workloads.get(run.name)
-    if pool is None or w is None or run.estimate is None or not pool.reservation_end_time:
+    if pool is None or w is None or run.estimate is None or pool.reservation_end_time is None:
         return None
-    try:
-        end = reservation.parse_time(pool.reservation_end_time)
-    except ValueError:
-        return None
+    end = pool.reservation_end_time
     fast, slow = hours or (run.estimate.hours_fast, run.estimate.hours_slow)  # the run's in all: saves, data
     s = spill.spill(fast, slow, reservation.now(), end)
     out: dict[str, Any] = {"name": pool.reservation, "endTime": reservation.show(end),

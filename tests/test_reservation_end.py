@@ -43,7 +43,35 @@ def test_end_time_malformed(text: str) -> None:
 
 def test_the_dws_example_loads_with_its_reservation_end() -> None:
     pool = model("dws").pool("h100-reserved")
-    assert pool is not None and pool.reservation_end_time == "2030-01-01T00:00:00Z"
+    assert pool is not None and pool.reservation_end_time == datetime.datetime(2030, 1, 1, tzinfo=UTC)
+    assert pool.reservation_end_time.utcoffset() == datetime.timedelta(0)  # aware, in UTC
+    assert pool.reservation_end_text == "2030-01-01T00:00:00Z"  # as written: what the stack writes back out
+
+
+def test_end_time_parsed_once_where_the_model_is_built() -> None:
+    # An offset and no seconds: the model holds the instant in UTC, and the text as the user wrote it.
+    pool = model("dws", {"nodePools[0].reservationEndTime": "2030-06-15T09:30+02:00"}).pool("h100-reserved")
+    assert pool is not None and pool.reservation_end_time == datetime.datetime(2030, 6, 15, 7, 30, tzinfo=UTC)
+    assert pool.reservation_end_text == "2030-06-15T09:30+02:00"
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("2030-13-01T00:00:00Z", "month must be in 1..12"),
+    ("2030-02-30T00:00:00Z", "day is out of range for month"),
+    ("2030-01-32T00:00:00Z", "day is out of range for month"),
+    ("2030-01-01T24:00:00Z", "hour must be in 0..23"),
+])
+def test_a_time_that_is_not_real_is_refused_at_its_key_with_every_other_problem(text: str, why: str) -> None:
+    # Of the form, but no time: refused where the model is built, beside the schema's problem on another key and
+    # a rule's on a third, all in one run (before, the planner swallowed it and the check alone said so).
+    found = problems("dws", {"nodePools[0].reservationEndTime": text, "nodePools[1].maxNodes": 0,
+                             "nodePools[2].reservationEndTime": "2030-01-01T00:00:00Z"})
+    assert found == [
+        "nodePools[1].maxNodes: must be at least 1, got 0",
+        f"nodePools[0].reservationEndTime: {text!r} is not an RFC 3339 time with its zone, such as "
+        f"2026-12-04T00:00:00Z ({why})",
+        "nodePools[2].reservationEndTime: only a pool that consumes a reservation (`reservation`) ends with it; set "
+        "reservation or remove this key"]
 
 
 def test_end_time_in_the_past_is_refused() -> None:
@@ -164,9 +192,12 @@ def test_the_wait_follows_the_longest_grace_period(monkeypatch: pytest.MonkeyPat
 def test_a_schedule_with_seconds_fires_at_the_next_minute() -> None:
     # Cron has no seconds: firing at 00:00 for an end at 00:00:30 would be 30 s early, and the program waits for
     # the end itself (test_reservation_requeue.py), so it would do nothing.
-    assert reservation_end.cron_schedule("2030-01-01T00:00:30Z") == "1 0 1 1 *"
-    assert reservation_end.cron_schedule("2030-12-31T23:59:01Z") == "0 0 1 1 *"
-    assert reservation_end.cron_schedule("2030-06-15T09:30:00+02:00") == "30 7 15 6 *"
+    def at(*when: int, hours: int = 0) -> datetime.datetime:
+        return datetime.datetime(*when, tzinfo=datetime.timezone(datetime.timedelta(hours=hours)))
+
+    assert reservation_end.cron_schedule(at(2030, 1, 1, 0, 0, 30)) == "1 0 1 1 *"
+    assert reservation_end.cron_schedule(at(2030, 12, 31, 23, 59, 1)) == "0 0 1 1 *"
+    assert reservation_end.cron_schedule(at(2030, 6, 15, 9, 30, hours=2)) == "30 7 15 6 *"
 
 
 def pod_uid(cron: dict) -> int:

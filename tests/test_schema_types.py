@@ -13,12 +13,13 @@ import msgspec
 import pytest
 
 from model.config import kind_branches, schema
-from model.types import WORKLOAD_TYPES, StackConfig, WorkloadConfig, build, camel
+from model.types import WORKLOAD_TYPES, NodePoolConfig, StackConfig, WorkloadConfig, build, camel
 from model.workload_types import TrainingConfig  # written: the reader's record of the keys a file wrote
 
 # Fields filled from outside the `deepspeed-stack:` keys: gcp:project and gcp:region; and the keys every workload has
 # that a kind fixes in its class instead (a TensorBoard server's GPU keys: it takes none).
 NOT_FROM_THE_SCHEMA = {(StackConfig, "project"), (StackConfig, "region"), (TrainingConfig, "written"),
+                       (NodePoolConfig, "reservation_end_text"),  # the model keeps the end as written beside its time
                        *((cls, name) for cls in WORKLOAD_TYPES.values() for name in getattr(cls, "FIXED_FIELDS", ()))}
 
 

@@ -105,7 +105,7 @@ def cluster_queue(name: str, pools: list[NodePoolConfig]) -> dict[str, Any]:
                  {"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": f"{memory}G"}]}]},
         ],
     }
-    if any(p.reservation_end_time for p in ordered):
+    if any(p.reservation_end_time is not None for p in ordered):
         # A job requeued after its reservation's nodes went away goes on to the next flavor rather than wait or
         # preempt for this one (data/capacity.yaml kueue.reservationEnd).
         spec["flavorFungibility"] = dict(capacity.load().reservation_end.flavor_fungibility)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from model import capacity, reservation
+from model import capacity
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 from recipes import contract
 from workloads import recovery
@@ -50,7 +50,7 @@ def job_name(pool: NodePoolConfig) -> str:
 
 
 def ending(pools: list[NodePoolConfig]) -> list[NodePoolConfig]:
-    return [p for p in pools if p.reservation_end_time]
+    return [p for p in pools if p.reservation_end_time is not None]
 
 
 def _jobs(cfg: StackConfig, pool: NodePoolConfig) -> list[WorkloadConfig]:
@@ -70,11 +70,11 @@ def wait_seconds(cfg: StackConfig, pool: NodePoolConfig) -> int:
         + WAIT_MARGIN_SECONDS
 
 
-def cron_schedule(end: str) -> str:
+def cron_schedule(end: datetime.datetime) -> str:
     """The end's minute in UTC as a cron line, rounded up (a cron line has no seconds): `0 0 4 12 *` for
     2026-12-04T00:00:00Z. Cron has no year either: it fires on that date every year, and the program acts only at
     the end's own (reservation_end.py `due`), never a year early on the first `pulumi up`, never a year later."""
-    when = reservation.parse_time(end)
+    when = end.astimezone(datetime.UTC)
     if when.second or when.microsecond:
         when = when.replace(second=0, microsecond=0) + datetime.timedelta(minutes=1)
     return f"{when.minute} {when.hour} {when.day} {when.month} *"
@@ -88,9 +88,9 @@ def config_map() -> dict[str, Any]:
 
 def program_args(queue: str, pools: list[NodePoolConfig], pool: NodePoolConfig, where: list[str],
                  wait: int) -> list[str]:
-    assert pool.reservation_end_time is not None
+    assert pool.reservation_end_text is not None
     return [f"{MOUNT}/{PROGRAM}", "--queue", queue, "--flavor", pool.name,
-            "--index", str([p.name for p in pools].index(pool.name)), "--end", pool.reservation_end_time,
+            "--index", str([p.name for p in pools].index(pool.name)), "--end", pool.reservation_end_text,
             "--namespaces", ",".join(where), "--kueue-api", capacity.load().kueue_api_version,
             "--wait-seconds", str(wait)]
 
