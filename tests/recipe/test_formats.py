@@ -30,7 +30,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("recipe")
     result = subprocess.run([str(VENV_PYTHON), str(ROOT / "tests" / "recipe" / "train_formats.py"), str(work)],
                             capture_output=True, text=True, timeout=900, check=False,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+                                     # the recipes package, imported before the script's own path inserts run
+                                     "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
