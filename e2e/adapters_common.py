@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from finetune_common import FINETUNE_DS, FINETUNE_KEYS, FINETUNE_LAUNCH_ARGS, NUMBERS, TINY_LLM, _venv_python
+from finetune_common import FINETUNE_DS, FINETUNE_KEYS, FINETUNE_LAUNCH_ARGS, NUMBERS, tiny_base
 from harness import ROOT, _chown_dirs, fail_unless, write
 
 # --- adapters: two LoRA runs served by one vLLM, the evaluation and its gate -----------------------------------
@@ -40,6 +40,11 @@ LIKELIHOOD_TOLERANCE = 1e-3  # vLLM's prompt logprobs against transformers', bot
 # The bucket's mount (gcsFuse.mountPath) of this scenario's pods: a folder no other scenario mounts, so that a run of
 # older harness code beside this one (which removed /gcs at its end, unmounting it in every run) cannot take it away.
 ADAPTER_BUCKET_MOUNT = "/gcs-adapters"
+# An adapter trained outside the stack's workloads, served from a bucket folder beside the stack's own (serving.adapters
+# {name, path, rank, base}): the vertex scenario's export (its CustomJob, on the run's one tiny Llama), uploaded here
+# as a user uploads an adapter trained elsewhere. Rank 16: the recipe's default, in its adapter_config.json.
+FOLDER_ADAPTER = {"name": "e2e-vertex", "path": f"{ADAPTER_INPUTS}/vertex-adapter", "rank": 16,
+                  "base": f"{ADAPTER_INPUTS}/base"}
 
 
 def adapter_pairs() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -58,20 +63,22 @@ def chat_record(pair: tuple[str, str], answer: str) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": adapter_prompt(pair)}, {"role": "assistant", "content": answer}]}
 
 
-def adapter_assets(bucket: Path) -> None:
+def adapter_records() -> list[dict[str, Any]]:
+    """Both workloads' training records (the same prompts, each its own answer)."""
+    train, _held = adapter_pairs()
+    return [chat_record(p, answer) for answer in ADAPTER_ANSWERS.values() for p in train]
+
+
+def adapter_assets(bucket: Path, cache: Path) -> None:
     """Each workload's data (the same prompts, its own answer), the task (held-out prompts, GATED's answer) and the
-    base model, its tokenizer trained on every record (e2e/tiny_llm.py), uploaded to the bucket."""
+    run's tiny Llama (finetune_common.tiny_base: its tokenizer trained on these records too), in the bucket."""
     base = bucket / ADAPTER_INPUTS
     base.mkdir(parents=True, exist_ok=True)
     train, held = adapter_pairs()
-    everything = []
     for name, answer in ADAPTER_ANSWERS.items():
-        records = [chat_record(p, answer) for p in train]
-        everything += records
-        write(base / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        write(base / f"{name}.jsonl", "".join(json.dumps(chat_record(p, answer)) + "\n" for p in train))
     write(base / "task.jsonl", "".join(json.dumps(chat_record(p, ADAPTER_ANSWERS[GATED])) + "\n" for p in held))
-    write(base / "all.jsonl", "".join(json.dumps(r) + "\n" for r in everything))
-    _venv_python(str(TINY_LLM), "make", str(base / "all.jsonl"), str(base / "base"))
+    tiny_base(base / "base", cache)
     _chown_dirs(bucket)
 
 
@@ -103,7 +110,7 @@ def adapters_stack() -> Any:
     names = list(ADAPTER_ANSWERS)
     workloads["serve"] = {
         "kind": "serve", "pool": "t4", "namespace": "e2e-serve", "gcsFuse": gcs,
-        "serving": {"fromWorkload": names[0], "adapters": names[1:]},
+        "serving": {"fromWorkload": names[0], "adapters": [*names[1:], dict(FOLDER_ADAPTER)]},
         "model": {"parameters": 0.00015, "vocabulary": 512, "hidden": 64, "precision": "fp16", "mode": "inference",
                   "sequenceLength": 256}}
     config["deepspeed-stack:workloads"] = workloads

@@ -1,12 +1,13 @@
 """The `adapters` scenario of `make e2e` (e2e/run.py): two LoRA runs of the `finetune` kind at once (two workloads of
 the dev stack on one base, each its own answer in chat records, one worker each) export adapter-only folders (each
 under 5 % of the model's bytes, markers saying chat rendering); one vLLM CPU server, with the stack's base and LoRA
-flags and the evaluation's client middleware, lists the base and both adapters, each adapter's greedy tokens are
-transformers + peft's, and another host's load and unload get 403; serving.evaluation's evaluator (one pass of
-recipes/evaluator.py, which runs evaluate.py: lm-eval on 20 held-out conversations, chat rendering) scores base vs
-tuned by log-likelihood per reference token and exact match, equal to transformers + peft's, and serves the export
-from its versioned copy through the gate; a second pass scores nothing; a next export trained on the wrong answers
-gets its own scores, is kept out, and the first stays served.
+flags and the evaluation's client middleware, lists the base, both adapters and a bucket folder's adapter trained
+outside the stack's workloads (the vertex scenario's export, which runs before this one on the same cluster); each
+adapter's greedy tokens are transformers + peft's, and another host's load and unload get 403. serving.evaluation's
+evaluator (one pass of recipes/evaluator.py, which runs evaluate.py: lm-eval on 20 held-out conversations, chat
+rendering) scores base vs tuned by log-likelihood per reference token and exact match, equal to transformers +
+peft's, and serves the export from its versioned copy through the gate; a second pass scores nothing; a next export
+trained on the wrong answers gets its own scores, is kept out, and the first stays served.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import harness
 import hosts as nshosts
 from adapters_common import (
     ADAPTER_ANSWERS,
@@ -26,6 +28,7 @@ from adapters_common import (
     EVAL_MAX_TOKENS,
     EVALUATE,
     EVALUATOR,
+    FOLDER_ADAPTER,
     GATE,
     GATED,
     LIKELIHOOD_TOLERANCE,
@@ -55,6 +58,7 @@ from harness import (
     RANK_ENV,
     VENV,
     WORKERS,
+    _chown_dirs,
     fail_unless,
     launch,
     mpijob_hostfile,
@@ -62,6 +66,7 @@ from harness import (
     write,
 )
 from recovery_scenario import wait_process
+from vertex_scenario import vertex_export
 
 
 def _models(cluster: nshosts.Cluster, host: nshosts.Host) -> list[str]:
@@ -158,7 +163,14 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     trainers = [m.workloads[n] for n in ADAPTER_ANSWERS]
     mount = server_w.gcs_fuse.mount_path
     bucket = cluster.work / "bucket-adapters"
-    adapter_assets(bucket)
+    adapter_assets(bucket, harness.RUN_CACHE / "tiny-llm")
+    # The adapter trained outside the stack's workloads: the vertex scenario's export, uploaded to a bucket folder.
+    trained_elsewhere = vertex_export(cluster)
+    fail_unless((trained_elsewhere / "adapter_config.json").is_file(), f"no adapter at {trained_elsewhere}: the "
+                "bucket folder's adapter is the vertex scenario's export, which runs first on this cluster")
+    folder = bucket / FOLDER_ADAPTER["path"]
+    shutil.copytree(trained_elsewhere, folder, ignore=shutil.ignore_patterns(".complete"))
+    _chown_dirs(folder)
     for host in cluster.hosts:
         cluster.bind(host, bucket, mount)
     base = bucket / ADAPTER_INPUTS / "base"
@@ -208,6 +220,7 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     reference = json.loads(_venv_python(
         str(LORA_LLM), "all", str(base), adapter_prompt(("two", "three")), str(FINETUNE_MAX_TOKENS), str(task),
         str(EVAL_MAX_TOKENS), *(f"{w.name}={outside(w.model_dir, mount, bucket)}" for w in trainers),
+        f"{FOLDER_ADAPTER['name']}={folder}",
         timeout=300).strip().splitlines()[-1])
     refs = reference["generate"]
     gated = m.workloads[GATED]
@@ -218,9 +231,10 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
 
     # 3. The base and both adapters listed; each adapter's greedy tokens are transformers + peft's.
     listed = _models(cluster, launcher)
-    wanted = [source.served_name, *(w.name for w in trainers)]
+    named = [*(w.name for w in trainers), FOLDER_ADAPTER["name"]]
+    wanted = [source.served_name, *named]
     fail_unless(sorted(listed) == sorted(wanted), f"/v1/models lists {listed}, expected {wanted}")
-    replies = {w.name: _ask(cluster, launcher, w.name, refs[w.name], server_log) for w in trainers}
+    replies = {name: _ask(cluster, launcher, name, refs[name], server_log) for name in named}
     # A client (another host) is served, but may not unload or load an adapter: 403, and both stay listed.
     client = cluster.hosts[1]
     refused = {path: _status(cluster, client, f"http://{launcher.ip}:{VLLM_PORT}{path}", body)
@@ -312,12 +326,14 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     fail_unless(set(roots.values()) == {served["path"]}, f"after the kept-out export the replicas serve {roots}")
     phases.end("evaluation and the gate")
     return (f"two LoRA runs exported adapters ({', '.join(sizes)} of the model's bytes); one vLLM served "
-            f"{', '.join(wanted)}; {', '.join(f'{k} answered {v!r}' for k, v in replies.items())}, transformers + "
-            f"peft's tokens; lm-eval on {TASK_RECORDS} held-out conversations (chat rendering), log-likelihood per "
-            f"reference token: base {scores['base']:.3f} vs tuned {scores['candidate']:.3f} (transformers' "
-            f"figures), served from {Path(served['path']).name}; a next export trained on the wrong answers scored "
-            f"{second['scores']['candidate']:.3f} against the served {second['scores']['served']:.3f} and was kept "
-            f"out: {second['reason']}; a second replica's loader serves the same version. Phases: {phases.summary()}")
+            f"{', '.join(wanted)} ({FOLDER_ADAPTER['name']}: vertex's export, from the bucket folder "
+            f"{FOLDER_ADAPTER['path']}); {', '.join(f'{k} answered {v!r}' for k, v in replies.items())}, "
+            f"transformers + peft's tokens; lm-eval on {TASK_RECORDS} held-out conversations (chat rendering), "
+            f"log-likelihood per reference token: base {scores['base']:.3f} vs tuned {scores['candidate']:.3f} "
+            f"(transformers' figures), served from {Path(served['path']).name}; a next export trained on the wrong "
+            f"answers scored {second['scores']['candidate']:.3f} against the served {second['scores']['served']:.3f} "
+            f"and was kept out: {second['reason']}; a second replica's loader serves the same version. Phases: "
+            f"{phases.summary()}")
 
 
 def score_problems(results: dict[str, Any], expected: dict[str, Any], who: str) -> list[str]:

@@ -55,8 +55,10 @@ FINETUNE_MAX_TOKENS = 12
 VLLM_PORT = 8000
 VLLM_START_TIMEOUT = float(os.environ.get("E2E_VLLM_TIMEOUT", "300"))
 # vLLM's CPU build as FACTS.md measured it fastest to start (a 1 GiB KV cache, eager mode, the `uni` executor),
-# with the model run inside the engine-core process (no third process importing everything again), no hub.
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+# with the model run inside the engine-core process (no third process importing everything again), no hub; one
+# OpenMP thread from the start (vLLM serves with one here anyway: "Reducing Torch threads from 2 to 1").
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1"}
 
 
 def vllm_env() -> dict[str, str]:
@@ -342,27 +344,38 @@ def copying(ft: Any, checkpoints: Path, after: int) -> int | None:
 
 
 def _venv_python(*args: str, timeout: float = 120) -> str:
-    """The e2e venv's python on this machine (torch, transformers), outside the hosts; its stdout."""
+    """The e2e venv's python on this machine (torch, transformers), outside the hosts; its stdout. One OpenMP
+    thread, as the ranks (RANK_ENV): beside the other cluster's work a second thread only spins (lora_llm.py took
+    21.8 CPU s with two, 8.6 with one; docs/measurements.md)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1"}
     result = subprocess.run([str(VENV / "bin" / "python"), *args], capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"},
-                            check=False)
+                            env=env, check=False)
     fail_unless(result.returncode == 0, f"{' '.join(args[:2])}: {result.stderr.strip()[-800:]}")
     return result.stdout
 
 
-def finetune_assets(bucket: Path, cache: Path | None = None) -> None:
-    """The data set and the base model (random weights, a tokenizer trained on the data) uploaded to the bucket; the
-    model made once a run of make e2e and copied from `cache` after (the vertex and finetune scenarios share it)."""
+def tiny_base(base: Path, cache: Path) -> None:
+    """The run's one tiny Llama (random weights, a tokenizer trained on every scenario's records: finetune's
+    conversations, whose words vertex's documents use, and the adapters' questions and answers) copied to `base`:
+    made by the first scenario that needs it (e2e/tiny_llm.py, 10 CPU s), kept in `cache` for the others. One base
+    for all: an adapter trained by one scenario (vertex's) is served on another's (adapters') server."""
+    from adapters_common import adapter_records  # builds on this module: imported when a base is made
+
+    with CACHE_LOCK:  # the clusters' scenarios side by side: one makes it, the other waits and copies
+        if not (cache / "base").is_dir():
+            cache.mkdir(parents=True, exist_ok=True)
+            corpus = cache / "corpus.jsonl"
+            write(corpus, "".join(json.dumps(r) + "\n" for r in [*finetune_records(), *adapter_records()]))
+            _venv_python(str(TINY_LLM), "make", str(corpus), str(cache / "base"))
+        shutil.copytree(cache / "base", base, dirs_exist_ok=True)
+
+
+def finetune_assets(bucket: Path, cache: Path) -> None:
+    """The data set and the run's tiny Llama (tiny_base) uploaded to the bucket."""
     base = bucket / BUCKET_INPUTS
     base.mkdir(parents=True, exist_ok=True)
     write(base / "data.jsonl", "".join(json.dumps(r) + "\n" for r in finetune_records()))
-    with CACHE_LOCK:  # the clusters' scenarios side by side: one makes it, the other waits and copies
-        if cache is not None and (cache / "base").is_dir():
-            shutil.copytree(cache / "base", base / "base", dirs_exist_ok=True)
-        else:
-            _venv_python(str(TINY_LLM), "make", str(base / "data.jsonl"), str(base / "base"))
-            if cache is not None:
-                shutil.copytree(base / "base", cache / "base")
+    tiny_base(base / "base", cache)
     _chown_dirs(bucket)
 
 

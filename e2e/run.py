@@ -3,7 +3,7 @@
 Two clusters of three hosts each (e2e/hosts.py), side by side (STREAMS), run the stack's own files, rendered by
 the stack's own code. Each scenario is a module beside this file, its docstring saying what it runs:
 
-- mpijob (mpijob_scenario.py): the Kubeflow MPIJob for NVIDIA, pdsh and OpenMPI's mpirun;
+- mpijob (mpijob_scenario.py): the Kubeflow MPIJob for NVIDIA with OpenMPI's mpirun (its pdsh launch is finetune's);
 - vertex (vertex_scenario.py): the vertex stack's CustomJob, vertex_start.sh on 2 hosts, finetune.py;
 - recovery (recovery_scenario.py): the Bitnami chart's path, a worker pod preempted, relaunched and resumed,
           then resumed with one worker fewer (universal checkpoint);
@@ -122,6 +122,22 @@ DEFAULT_SCENARIOS = ("mpijob", "vertex", "recovery", "finetune", "adapters")
 STREAMS = (("recovery", "finetune"), ("mpijob", "vertex", "adapters"))
 
 
+# A scenario that serves another's output, run after it on the same cluster: adapters serves vertex's export from a
+# bucket folder (the adapter trained outside the stack's workloads).
+NEEDS = {"adapters": "vertex"}
+
+
+def with_needs(scenarios: Sequence[str]) -> list[str]:
+    """The requested scenarios, each one NEEDS placed before the first that needs it when not asked for."""
+    names: list[str] = []
+    for name in scenarios:
+        need = NEEDS.get(name)
+        if need and need not in names and need not in scenarios:
+            names.append(need)
+        names.append(name)
+    return names
+
+
 def streams_of(scenarios: Sequence[str]) -> list[list[str]]:
     """The requested scenarios split over the two clusters, each side in the order asked."""
     side = {name: i for i, stream in enumerate(STREAMS) for name in stream}
@@ -172,6 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; known: {list(SCENARIOS)}")
+    if with_needs(args.scenarios) != list(args.scenarios):
+        print(f"[e2e] running {' '.join(with_needs(args.scenarios))}: {NEEDS} (what a scenario serves)", flush=True)
+    args.scenarios = with_needs(args.scenarios)
     reason = nshosts.preflight()
     if reason is None and not (VENV / "bin" / "deepspeed").exists():
         reason = f"{VENV} has no DeepSpeed: run e2e/install.sh first (make e2e does)"

@@ -81,6 +81,11 @@ def vertex_keys() -> dict[str, Any]:
                          "recordFormat": "text", "sequenceLength": VERTEX_SEQ_LEN, "epochs": 1, "saveSteps": 1000}}
 
 
+def vertex_export(cluster: nshosts.Cluster) -> Path:
+    """Where the CustomJob's export (models/<run> in the bucket) lies on this machine after the scenario."""
+    return cluster.work / "gcs" / BUCKET / "models" / VERTEX_RUN
+
+
 def packed_steps(tokenized: dict[str, Any]) -> int:
     """One epoch's steps from the tokenized folder's marker, after checking that the documents were packed: as many
     samples as full blocks of their tokens hold (unpacked, each of the 64 documents would be a sample)."""

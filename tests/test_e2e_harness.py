@@ -206,7 +206,8 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
 
 def test_the_adapters_scenario_renders_the_stacks_server(e2e: ModuleType) -> None:
     """Two finetune workloads of the dev stack and their server, as the stack's own checks load them: each run
-    exports an adapter, the server loads both on the base with vLLM's LoRA flags (issue 27 item 3)."""
+    exports an adapter, the server loads both on the base with vLLM's LoRA flags (issue 27 item 3), and a bucket
+    folder's adapter trained elsewhere (issue 42 item 4)."""
     from workloads import finetune
     from workloads.serving_command import lora_args
     from workloads.serving_source import model_source
@@ -215,13 +216,23 @@ def test_the_adapters_scenario_renders_the_stacks_server(e2e: ModuleType) -> Non
     server = m.workloads["serve"]
     source = model_source(m, server)
     assert (source.ref, source.served_name) == ("/gcs-adapters/e2e-adapters/base", "e2e-adapters/base")
-    assert lora_args(source) == ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--lora-modules",
-                                 "no=/gcs-adapters/models/no", "yes=/gcs-adapters/models/yes"]
+    # The vertex scenario's adapter from a bucket folder beside the stack's own two: rank 16, so room for 16.
+    assert lora_args(source) == ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "3", "--lora-modules",
+                                 "no=/gcs-adapters/models/no", "yes=/gcs-adapters/models/yes",
+                                 "e2e-vertex=/gcs-adapters/e2e-adapters/vertex-adapter"]
     args = finetune.script_args(m.workloads["no"])
     assert args[args.index("--lora-rank"):args.index("--lora-target-modules")] == [
         "--lora-rank", "2", "--lora-alpha", "32", "--lora-dropout", "0.05", "--lora-export", "adapter"]
     assert m.workloads["no"].checkpoint_dir == "/gcs-adapters/checkpoints/no"
     assert e2e.ADAPTER_SAVE_STEPS < e2e.ADAPTER_STEPS  # a checkpoint to stand in for the gated candidate
+
+
+def test_the_adapters_scenario_runs_after_the_vertex_export_it_serves(e2e: ModuleType) -> None:
+    assert e2e.with_needs(["adapters"]) == ["vertex", "adapters"]
+    assert e2e.with_needs(["vertex", "adapters"]) == ["vertex", "adapters"]
+    assert e2e.with_needs(["mpijob", "finetune"]) == ["mpijob", "finetune"]
+    # On one side of the two clusters, vertex before adapters: the export is in that cluster's bucket.
+    assert e2e.streams_of(e2e.with_needs(["adapters", "recovery"])) == [["recovery"], ["vertex", "adapters"]]
 
 
 def test_the_held_out_task_is_not_trained_on(e2e: ModuleType) -> None:

@@ -145,17 +145,21 @@ def test_the_launcher_keeps_its_state_in_an_empty_dir(recipe_run: RunResult) -> 
     assert spec["mpiReplicaSpecs"]["Launcher"]["restartPolicy"] == "OnFailure"
 
 
-def test_a_stop_asks_the_workers_ranks_to_save_and_waits_for_them(recipe_run: RunResult, tmp_path: Path) -> None:
+@pytest.mark.parametrize("runner_status", [143, 255])
+def test_a_stop_asks_the_workers_ranks_to_save_and_waits_for_them(recipe_run: RunResult, tmp_path: Path,
+                                                                   runner_status: int) -> None:
     """The kubelet's SIGTERM goes to the launcher's shell. It does not signal gaudi_spawn.py or DeepSpeed's runner
     under it (the runner's PDSH handler would have the per-node launchers SIGKILL the ranks 30 s later): it runs
     every worker's preStop hook over ssh (stop_ranks.py: the ranks save, then stop), and waits until the runner
     (a stand-in that ends once the ranks were asked, as it does when they exit) and gaudi_spawn.py end with the
-    ranks' status."""
+    ranks' status, 143. pdsh's 255 (a worker's sshd closed the connection as its pod stopped, before the rank's
+    status came back: make e2e saw it) is the stop's 143 too."""
     ready, runner_log, asked = tmp_path / "ready", tmp_path / "runner", tmp_path / "asked"
     # The stand-in ends by itself within 30 s whatever happens: it may sit in a process group of its own, out of the
     # finally's killpg, and a loop on `read` spun at full CPU once stdin closed (one ran for 100 minutes here).
     runner = (f"trap 'echo signalled >> {runner_log}' TERM; touch {ready}; "
-              f"until [ -e {asked} ] || ((SECONDS >= 30)); do sleep 0.05; done; echo saved >> {runner_log}; exit 143")
+              f"until [ -e {asked} ] || ((SECONDS >= 30)); do sleep 0.05; done; echo saved >> {runner_log}; "
+              f"exit {runner_status}")
     spawn = f'case "$*" in *gaudi_spawn*) bash -c "{runner}"; exit $?;; esac'
     script, env, _ = runnable(recipe_run, tmp_path, spawn)
     ssh = tmp_path / "bin" / "ssh"  # the workers answer; a stop_ranks.py request is recorded and "delivered"
@@ -178,7 +182,19 @@ def test_a_stop_asks_the_workers_ranks_to_save_and_waits_for_them(recipe_run: Ru
     (request,) = (tmp_path / "ssh").read_text().splitlines()
     assert request.startswith("-o ConnectTimeout=5 -o BatchMode=yes w0 python3 /etc/deepspeed/stop_ranks.py --timeout ")
     assert "asking every worker's ranks to save and stop" in err
+    assert ("a worker's connection closed as its pod stopped (ssh 255); exit status 143" in err) == (
+        runner_status == 255)
     assert not (tmp_path / "state" / "final-status").exists()  # preempted: retried, resumed from the checkpoint
+
+
+def test_a_cut_connection_without_a_stop_stays_255(recipe_run: RunResult, tmp_path: Path) -> None:
+    """With no stop asked, pdsh's 255 (a worker unreachable, its connection cut) is the launcher's status: a
+    failure the launcher's restarts retry, not a stop."""
+    spawn = 'case "$*" in *gaudi_spawn*) exit 255;; esac'
+    script, env, _ = runnable(recipe_run, tmp_path, spawn)
+    result = bash(script, env)
+    assert result.returncode == 255, result.stderr
+    assert "exit status 143" not in result.stderr
 
 
 def test_the_whole_launcher_script_is_shellcheck_clean(recipe_run: RunResult, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from model.types import MpiJobBaseConfig
-from recipes.contract import FINAL_EXIT_STATUSES
+from recipes.contract import EXIT_PREEMPTED, FINAL_EXIT_STATUSES
 from workloads import fabric, maintenance, pod_security, recovery
 from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob import script_source
@@ -193,18 +193,28 @@ def run_ranks_function(group: bool = False, stop: str | None = None) -> list[str
     the runner is a grandchild (Gaudi: gaudi_spawn.py starts DeepSpeed's runner through `bash -c`, and dies of TERM
     itself), so the child leads a process group of its own (setsid: the background child of a shell without job
     control is no group leader, so setsid makes its own pid the group's), TERM goes to the whole group, and the
-    function waits until the group is gone (the runner's handler still stopping the ranks over pdsh)."""
+    function waits until the group is gone (the runner's handler still stopping the ranks over pdsh).
+
+    After a stop, a runner status of 255 (ssh's: a connection closed) is the stop's EXIT_PREEMPTED: on a whole-job
+    stop each worker's pod ends once its preStop hook saw the ranks exit, and its sshd may close the launcher's
+    connection before the rank's status reaches it (make e2e's finetune scenario saw one of two workers do so). The
+    ranks saved either way; the launcher reports the stop, not the cut connection."""
     final = " -o ".join(f'"$status" -eq {code}' for code in FINAL_EXIT_STATUSES)
     target = '-- "-$ranks"' if group else '"$ranks"'
     return [
         f"{RUN_RANKS}() {{",
         '  setsid "$@" &' if group else '  "$@" &',
         "  ranks=$!",
-        f"  trap {stop} TERM INT" if stop else f"  trap 'kill -TERM {target} 2>/dev/null' TERM INT",
+        "  stopping=0",
+        f"  trap 'stopping=1; {stop}' TERM INT" if stop
+        else f"  trap 'stopping=1; kill -TERM {target} 2>/dev/null' TERM INT",
         '  status=0; wait "$ranks" || status=$?',
         # A trapped signal ends `wait` early: wait again, until the runner is gone, for its own status.
         '  while kill -0 "$ranks" 2>/dev/null; do status=0; wait "$ranks" || status=$?; done',
         *(['  while kill -0 -- "-$ranks" 2>/dev/null; do sleep 1; done'] if group else []),
+        f'  if [ "$stopping" -eq 1 ] && [ "$status" -eq 255 ]; then echo "deepspeed-stack: stopped: a worker\'s '
+        f'connection closed as its pod stopped (ssh 255); exit status {EXIT_PREEMPTED}" >&2; '
+        f"status={EXIT_PREEMPTED}; fi",
         f'  if [ {final} ]; then {{ echo "$status" > {FINAL_STATUS_FILE}; }} 2>/dev/null || true; '
         'echo "deepspeed-stack: the ranks stopped with exit status $status (bad arguments or data): final, the '
         "launcher's restarts will not run them again\" >&2; fi",
