@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
-from finetune_common import FINETUNE_DS, FINETUNE_KEYS, FINETUNE_LAUNCH_ARGS, NUMBERS, tiny_base
+from finetune_common import FINETUNE_DS, FINETUNE_KEYS, FINETUNE_LAUNCH_ARGS, NUMBERS
 from harness import ROOT, _chown_dirs, fail_unless, write
 
 # --- adapters: two LoRA runs served by one vLLM, the evaluation and its gate -----------------------------------
@@ -41,10 +42,11 @@ LIKELIHOOD_TOLERANCE = 1e-3  # vLLM's prompt logprobs against transformers', bot
 # older harness code beside this one (which removed /gcs at its end, unmounting it in every run) cannot take it away.
 ADAPTER_BUCKET_MOUNT = "/gcs-adapters"
 # An adapter trained outside the stack's workloads, served from a bucket folder beside the stack's own (serving.adapters
-# {name, path, rank, base}): the vertex scenario's export (its CustomJob, on the run's one tiny Llama), uploaded here
-# as a user uploads an adapter trained elsewhere. Rank 16: the recipe's default, in its adapter_config.json.
-FOLDER_ADAPTER = {"name": "e2e-vertex", "path": f"{ADAPTER_INPUTS}/vertex-adapter", "rank": 16,
+# {name, path, rank, base}): trained on the base with PEFT alone (no Trainer, no DeepSpeed: lora_llm.py plan), as a
+# user's notebook makes one, and saved into the folder; FOLDER_STEPS steps on GATED's records, rank 4 on q and v.
+FOLDER_ADAPTER = {"name": "e2e-peft", "path": f"{ADAPTER_INPUTS}/peft-adapter", "rank": 4,
                   "base": f"{ADAPTER_INPUTS}/base"}
+FOLDER_STEPS = 8
 
 
 def adapter_pairs() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -69,16 +71,18 @@ def adapter_records() -> list[dict[str, Any]]:
     return [chat_record(p, answer) for answer in ADAPTER_ANSWERS.values() for p in train]
 
 
-def adapter_assets(bucket: Path, cache: Path) -> None:
+def adapter_assets(bucket: Path, base_model: Path) -> None:
     """Each workload's data (the same prompts, its own answer), the task (held-out prompts, GATED's answer) and the
-    run's tiny Llama (finetune_common.tiny_base: its tokenizer trained on these records too), in the bucket."""
+    base (`base_model`: the vertex scenario's merged export; the run's tiny Llama, finetune_common.tiny_base, has a
+    tokenizer trained on these records too), in the bucket."""
     base = bucket / ADAPTER_INPUTS
     base.mkdir(parents=True, exist_ok=True)
     train, held = adapter_pairs()
     for name, answer in ADAPTER_ANSWERS.items():
         write(base / f"{name}.jsonl", "".join(json.dumps(chat_record(p, answer)) + "\n" for p in train))
     write(base / "task.jsonl", "".join(json.dumps(chat_record(p, ADAPTER_ANSWERS[GATED])) + "\n" for p in held))
-    tiny_base(base / "base", cache)
+    shutil.copytree(base_model, base / "base", ignore=shutil.ignore_patterns(".complete", "run.json"),
+                    dirs_exist_ok=True)
     _chown_dirs(bucket)
 
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
-import harness
 import hosts as nshosts
 from adapters_common import (
     ADAPTER_ANSWERS,
@@ -29,6 +30,7 @@ from adapters_common import (
     EVALUATE,
     EVALUATOR,
     FOLDER_ADAPTER,
+    FOLDER_STEPS,
     GATE,
     GATED,
     LIKELIHOOD_TOLERANCE,
@@ -41,12 +43,15 @@ from adapters_common import (
     adapters_stack,
 )
 from finetune_common import (
+    FINETUNE_HELD_OUT,
     FINETUNE_MAX_TOKENS,
     SEND_PROMPT,
     VLLM_PORT,
     Phases,
-    _venv_python,
+    _venv_popen,
+    chat_problems,
     completion_problems,
+    metrics_problems,
     outside,
     vllm_env,
     wait_for_vllm,
@@ -163,18 +168,15 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     trainers = [m.workloads[n] for n in ADAPTER_ANSWERS]
     mount = server_w.gcs_fuse.mount_path
     bucket = cluster.work / "bucket-adapters"
-    adapter_assets(bucket, harness.RUN_CACHE / "tiny-llm")
-    # The adapter trained outside the stack's workloads: the vertex scenario's export, uploaded to a bucket folder.
-    trained_elsewhere = vertex_export(cluster)
-    fail_unless((trained_elsewhere / "adapter_config.json").is_file(), f"no adapter at {trained_elsewhere}: the "
-                "bucket folder's adapter is the vertex scenario's export, which runs first on this cluster")
-    folder = bucket / FOLDER_ADAPTER["path"]
-    shutil.copytree(trained_elsewhere, folder, ignore=shutil.ignore_patterns(".complete"))
-    _chown_dirs(folder)
+    # The base: the vertex scenario's export (LoRA merged into the tiny Llama: a whole model), uploaded.
+    merged = vertex_export(cluster)
+    fail_unless((merged / "model.safetensors").is_file(), f"no model at {merged}: the adapters' base is the vertex "
+                "scenario's merged export, which runs first on this cluster")
+    adapter_assets(bucket, merged)
     for host in cluster.hosts:
         cluster.bind(host, bucket, mount)
     base = bucket / ADAPTER_INPUTS / "base"
-    phases.end("tiny Llama, two data sets and the task")
+    phases.end("vertex's merged export, two data sets and the task")
 
     # 1. Two LoRA runs at once, the stack's finetune MPIJobs of one worker each (ZeRO-3 on its host: the two cores
     #    train both in the time of one), each exporting its adapter alone. The jobs' ConfigMaps are the same files
@@ -186,6 +188,8 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
              for w, where, job in zip(trainers, wheres, jobs, strict=True)]
     fail_unless(all(f == files[0] for f in files), "the two jobs' ConfigMaps differ: they cannot share the hosts")
     start_mpijob(cluster, logs, (trainers[0], wheres[0]), rank_env, jobs[0])
+    # Meanwhile one process (lora_llm.py plan): the folder's adapter trained with PEFT alone, then the references.
+    references = _start_references(bucket, base, [outside(w.model_dir, mount, bucket) for w in trainers], logs)
     runs = []
     for i, (w, where, job) in enumerate(zip(trainers, wheres, jobs, strict=True)):
         script = nvidia.launcher_script(None, job)
@@ -201,7 +205,10 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
         fail_unless(status == 0, f"{w.name}: exit {status} (log {log})")
     cluster.stop_services()
     sizes = [_exported_adapter(outside(w.model_dir, mount, bucket), base, w.name) for w in trainers]
-    phases.end("two LoRA runs at once, adapters exported")
+    trained = _plan_line(references, "trained")
+    fail_unless(trained["losses"][-1] < trained["losses"][0], f"the folder's adapter did not learn: {trained}")
+    _chown_dirs(bucket / FOLDER_ADAPTER["path"])  # PEFT wrote it as root, 0600: the pods' user reads it
+    phases.end("two LoRA runs at once, adapters exported; the folder's adapter trained with PEFT meanwhile")
 
     # 2. One vLLM server: the stack's base and LoRA flags (serving.fromWorkload yes, serving.adapters [no]), with
     #    runtime adapter loading for the evaluation; CPU flags as the finetune scenario's. References meanwhile.
@@ -216,12 +223,7 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
                                       *args], log=server_log,
                            env={**IMAGE_ENV, **vllm_env(), "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
                                 "PYTHONPATH": str(EVALUATE.parent)})
-    task = bucket / ADAPTER_INPUTS / "task.jsonl"
-    reference = json.loads(_venv_python(
-        str(LORA_LLM), "all", str(base), adapter_prompt(("two", "three")), str(FINETUNE_MAX_TOKENS), str(task),
-        str(EVAL_MAX_TOKENS), *(f"{w.name}={outside(w.model_dir, mount, bucket)}" for w in trainers),
-        f"{FOLDER_ADAPTER['name']}={folder}",
-        timeout=300).strip().splitlines()[-1])
+    reference = _plan_line(references, "score")
     refs = reference["generate"]
     gated = m.workloads[GATED]
     expected = {"base": reference["score"]["base"], "candidate": reference["score"][gated.name],
@@ -244,7 +246,9 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     fail_unless(refused == {"/v1/unload_lora_adapter": 403, "/v1/load_lora_adapter": 403, "/v1/models": 200},
                 f"a client's requests answered {refused}, expected 403 for the adapter endpoints")
     fail_unless(sorted(_models(cluster, launcher)) == sorted(wanted), "a client changed what is served")
-    phases.end("/v1/models and both adapters' tokens; a client's load and unload refused")
+    chat = _served_chat_and_metrics(cluster, launcher, source.served_name, reference["chat"], server_log)
+    phases.end("/v1/models, each adapter's tokens, the base's chat reply and /metrics; a client's load and unload "
+               "refused")
 
     # 4. The evaluation of `yes`'s export by serving.evaluation's evaluator (one pass, --once, a gate), which runs
     #    evaluate.py: the marker says chat, so the 20 held-out conversations are rendered through the template and
@@ -325,15 +329,67 @@ def scenario_adapters(cluster: nshosts.Cluster, logs: Path) -> str:
     roots = {host.name: _roots(cluster, host).get(gated.name) for host in (launcher, replica)}
     fail_unless(set(roots.values()) == {served["path"]}, f"after the kept-out export the replicas serve {roots}")
     phases.end("evaluation and the gate")
-    return (f"two LoRA runs exported adapters ({', '.join(sizes)} of the model's bytes); one vLLM served "
-            f"{', '.join(wanted)} ({FOLDER_ADAPTER['name']}: vertex's export, from the bucket folder "
-            f"{FOLDER_ADAPTER['path']}); {', '.join(f'{k} answered {v!r}' for k, v in replies.items())}, "
+    return (f"two LoRA runs exported adapters ({', '.join(sizes)} of the model's bytes) on vertex's merged export; "
+            f"one vLLM served {', '.join(wanted)} ({FOLDER_ADAPTER['name']}: trained with PEFT alone, from the "
+            f"bucket folder {FOLDER_ADAPTER['path']}); the base's chat reply to a held-out conversation {chat!r}, "
+            "transformers' tokens after the same template; /metrics has the autoscaler's gauges; "
+            f"{', '.join(f'{k} answered {v!r}' for k, v in replies.items())}, "
             f"transformers + peft's tokens; lm-eval on {TASK_RECORDS} held-out conversations (chat rendering), "
             f"log-likelihood per reference token: base {scores['base']:.3f} vs tuned {scores['candidate']:.3f} "
             f"(transformers' figures), served from {Path(served['path']).name}; a next export trained on the wrong "
             f"answers scored {second['scores']['candidate']:.3f} against the served {second['scores']['served']:.3f} "
             f"and was kept out: {second['reason']}; a second replica's loader serves the same version. Phases: "
             f"{phases.summary()}")
+
+
+def _start_references(bucket: Path, base: Path, exports: list[Path], logs: Path) -> subprocess.Popen[bytes]:
+    """lora_llm.py plan in the background (its lines in a log): the bucket folder's adapter, then every reference."""
+    spec = {"base": str(base), "chat": {"messages": FINETUNE_HELD_OUT, "tokens": FINETUNE_MAX_TOKENS},
+            "folder": {"name": FOLDER_ADAPTER["name"], "out": str(bucket / FOLDER_ADAPTER["path"]),
+                       "data": str(bucket / ADAPTER_INPUTS / f"{GATED}.jsonl"), "steps": FOLDER_STEPS,
+                       "rank": FOLDER_ADAPTER["rank"]},
+            "prompt": adapter_prompt(("two", "three")), "tokens": FINETUNE_MAX_TOKENS,
+            "task": str(bucket / ADAPTER_INPUTS / "task.jsonl"), "task_tokens": EVAL_MAX_TOKENS,
+            "adapters": {path.name: str(path) for path in exports}}
+    write(logs / "adapters-references.json", json.dumps(spec))
+    return _venv_popen([str(LORA_LLM), "plan", str(logs / "adapters-references.json")],
+                       logs / "adapters-references.log")
+
+
+def _plan_line(process: subprocess.Popen[bytes], key: str) -> dict[str, Any]:
+    """The first JSON line of lora_llm.py plan's log holding `key`, waiting for it while the process runs."""
+    log = Path(str(process.args[-1])).with_suffix(".log")
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while True:
+        for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+            if line.startswith("{") and f'"{key}"' in line:
+                return dict(json.loads(line))
+        fail_unless(process.poll() is None, f"lora_llm.py plan exited {process.returncode} (log {log})")
+        fail_unless(time.monotonic() < deadline, f"lora_llm.py plan: no {key} within {LAUNCH_TIMEOUT:.0f} s")
+        time.sleep(0.2)
+
+
+def _served_chat_and_metrics(cluster: nshosts.Cluster, host: nshosts.Host, served: str, reference: dict[str, Any],
+                             log: Path) -> str:
+    """The served base (a merged export) asked a held-out conversation through /v1/chat/completions, greedy, all
+    max_tokens generated: vLLM renders it through the served template into the same ids as transformers and answers
+    with the same tokens; then /metrics on the API port, what Managed Prometheus scrapes: the queue and batch the
+    autoscaler reads. Returns the reply's text."""
+    asked = cluster.run(host, ["/usr/bin/python3", str(SEND_PROMPT), "--openai", "--chat", "--url",
+                               f"http://127.0.0.1:{VLLM_PORT}", "--model", served, "--temperature", "0",
+                               "--ignore-eos", "--token-ids", "--json", "--max-new-tokens",
+                               str(FINETUNE_MAX_TOKENS), "--messages", json.dumps(FINETUNE_HELD_OUT)],
+                        env=IMAGE_ENV, timeout=60)
+    fail_unless(asked.returncode == 0, f"send_prompt.py --chat: {asked.stderr.strip()[-800:]}; vLLM log {log}")
+    answer = json.loads(asked.stdout)
+    problems = chat_problems(answer, reference, FINETUNE_MAX_TOKENS)
+    scrape = ("import urllib.request as u; "
+              f"print(u.urlopen('http://127.0.0.1:{VLLM_PORT}/metrics', timeout=5).read().decode())")
+    scraped = cluster.run(host, ["/usr/bin/python3", "-c", scrape], env=IMAGE_ENV, timeout=30)
+    fail_unless(scraped.returncode == 0, f"GET /metrics: {scraped.stderr.strip()[-800:]}; vLLM log {log}")
+    problems += [f"vLLM's /metrics: {p}" for p in metrics_problems(scraped.stdout)]
+    fail_unless(not problems, "; ".join(problems))
+    return str((answer["choices"][0].get("message") or {}).get("content") or "")
 
 
 def score_problems(results: dict[str, Any], expected: dict[str, Any], who: str) -> list[str]:

@@ -343,6 +343,14 @@ def copying(ft: Any, checkpoints: Path, after: int) -> int | None:
     return min(steps, default=None)
 
 
+def _venv_popen(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """_venv_python's process in the background, its output in `log` (its own caller stops it)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as out:
+        return subprocess.Popen([str(VENV / "bin" / "python"), *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
 def _venv_python(*args: str, timeout: float = 120) -> str:
     """The e2e venv's python on this machine (torch, transformers), outside the hosts; its stdout. One OpenMP
     thread, as the ranks (RANK_ENV): beside the other cluster's work a second thread only spins (lora_llm.py took
@@ -366,8 +374,15 @@ def tiny_base(base: Path, cache: Path) -> None:
             cache.mkdir(parents=True, exist_ok=True)
             corpus = cache / "corpus.jsonl"
             write(corpus, "".join(json.dumps(r) + "\n" for r in [*finetune_records(), *adapter_records()]))
-            _venv_python(str(TINY_LLM), "make", str(corpus), str(cache / "base"))
+            # With it, transformers' rendering of finetune's first record (what finetune.py must train on):
+            # computed where transformers is imported anyway (tiny_llm.py references cost 9 CPU s of its own).
+            made = _venv_python(str(TINY_LLM), "make", str(corpus), str(cache / "base"),
+                                json.dumps(finetune_records()[0]["messages"]))
+            write(cache / RENDERED, json.dumps(json.loads(made.strip().splitlines()[-1])["render"]))
         shutil.copytree(cache / "base", base, dirs_exist_ok=True)
+
+
+RENDERED = "render.json"  # tiny_base's: transformers' rendering of finetune_records()[0], beside the cached base
 
 
 def finetune_assets(bucket: Path, cache: Path) -> None:

@@ -3,6 +3,13 @@
     python e2e/lora_llm.py generate BASE_DIR ADAPTER_DIR PROMPT N   # transformers + peft greedy tokens, as JSON
     python e2e/lora_llm.py score BASE_DIR ADAPTER_DIR|- TASK.jsonl N  # both metrics on a chat task, as JSON
     python e2e/lora_llm.py all BASE_DIR PROMPT N TASK.jsonl M NAME=ADAPTER_DIR...  # both, every adapter: one process
+    python e2e/lora_llm.py plan SPEC.json  # the adapters scenario's one process, started with its training runs
+
+`plan` (SPEC: base, folder {out, data, steps, rank}, chat {messages, tokens}, prompt, tokens, task, task_tokens,
+adapters {name: folder}): first trains the bucket folder's adapter with PEFT alone (an adapter trained outside the
+stack's workloads, as a user's notebook makes one) and prints "trained" (the server can start with it); then the
+base's greedy chat reply (what /v1/chat/completions must answer); then waits for every adapter's .complete (the
+stack's runs export them meanwhile) and prints `all`'s figures for each, the folder's adapter included.
 
 `generate`: what vLLM's greedy completion with that adapter must equal (N new tokens, EOS ignored, as vLLM's
 ignore_eos). `score`: the held-out conversations scored as recipes/evaluate.py's lm-eval tasks score a
@@ -97,7 +104,8 @@ def score(base: Path, adapter: str, task: Path, tokens: int) -> None:
     print(json.dumps(_score(*_model(base, adapter), task, tokens)))
 
 
-def everything(base: Path, prompt: str, tokens: int, task: Path, task_tokens: int, adapters: list[str]) -> None:
+def everything(base: Path, prompt: str, tokens: int, task: Path, task_tokens: int,
+               adapters: list[str]) -> dict[str, Any]:
     """The base's task scores, and each adapter's greedy tokens and task scores, in one process (one import of
     torch, transformers and peft: the scenario computes them while vLLM starts)."""
     out: dict[str, Any] = {"score": {"base": _score(*_model(base, "-"), task, task_tokens)}, "generate": {}}
@@ -106,7 +114,54 @@ def everything(base: Path, prompt: str, tokens: int, task: Path, task_tokens: in
         tokenizer, model = _model(base, folder)
         out["generate"][name] = _generate(tokenizer, model, prompt, tokens)
         out["score"][name] = _score(tokenizer, model, task, task_tokens)
-    print(json.dumps(out))
+    return out
+
+
+def train_folder(base: Path, out: Path, data: Path, steps: int, rank: int) -> list[float]:
+    """A LoRA adapter trained with PEFT alone (no Trainer, no DeepSpeed) on chat records, saved as PEFT saves one
+    (adapter_config.json with `r` and the base's path, adapter_model.safetensors); its losses, first to last."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    tokenizer, model = _model(base, "-")
+    torch.manual_seed(0)
+    model = get_peft_model(model.train(), LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                                     target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    records = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
+    losses = []
+    for step in range(steps):
+        ids = tokenizer.apply_chat_template(records[step % len(records)]["messages"], tokenize=True,
+                                            return_dict=True)["input_ids"]
+        batch = torch.tensor([list(ids)])
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    model.save_pretrained(str(out))
+    return losses
+
+
+def plan(spec_file: Path) -> None:
+    import time
+
+    from tiny_llm import chat  # beside this file: the script's folder is on sys.path
+
+    spec = json.loads(spec_file.read_text(encoding="utf-8"))
+    base, folder = Path(spec["base"]), spec["folder"]
+    losses = train_folder(base, Path(folder["out"]), Path(folder["data"]), folder["steps"], folder["rank"])
+    print(json.dumps({"trained": folder["out"], "losses": [losses[0], losses[-1]]}), flush=True)
+    replied = chat(base, spec["chat"]["messages"], spec["chat"]["tokens"])
+    deadline = time.monotonic() + spec.get("wait_seconds", 600)
+    markers = [Path(d) / ".complete" for d in spec["adapters"].values()]
+    while not all(m.is_file() for m in markers):
+        if time.monotonic() > deadline:
+            sys.exit(f"no .complete in {[str(m.parent) for m in markers if not m.is_file()]}")
+        time.sleep(0.5)
+    adapters = [f"{name}={d}" for name, d in {**spec["adapters"], folder["name"]: folder["out"]}.items()]
+    figures = everything(base, spec["prompt"], spec["tokens"], Path(spec["task"]), spec["task_tokens"], adapters)
+    print(json.dumps({**figures, "chat": replied}), flush=True)
 
 
 if __name__ == "__main__":
@@ -116,7 +171,9 @@ if __name__ == "__main__":
     elif command == "score" and len(sys.argv) == 6:
         score(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]))
     elif command == "all" and len(sys.argv) >= 8:
-        everything(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), Path(sys.argv[5]), int(sys.argv[6]),
-                   sys.argv[7:])
+        print(json.dumps(everything(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), Path(sys.argv[5]),
+                                    int(sys.argv[6]), sys.argv[7:])))
+    elif command == "plan" and len(sys.argv) == 3:
+        plan(Path(sys.argv[2]))
     else:
         sys.exit(__doc__)

@@ -4,12 +4,13 @@ Two clusters of three hosts each (e2e/hosts.py), side by side (STREAMS), run the
 the stack's own code. Each scenario is a module beside this file, its docstring saying what it runs:
 
 - mpijob (mpijob_scenario.py): the Kubeflow MPIJob for NVIDIA with OpenMPI's mpirun (its pdsh launch is finetune's);
-- vertex (vertex_scenario.py): the vertex stack's CustomJob, vertex_start.sh on 2 hosts, finetune.py;
+- vertex (vertex_scenario.py): the vertex stack's CustomJob, vertex_start.sh on 2 hosts, finetune.py, LoRA merged;
 - recovery (recovery_scenario.py): the Bitnami chart's path, a worker pod preempted, relaunched and resumed,
           then resumed with one worker fewer (universal checkpoint);
 - finetune (finetune_scenario.py): the `finetune` kind's MPIJob stopped whole and resumed from tiered saves,
-          exported and served by vLLM's CPU build;
-- adapters (adapters_scenario.py): two LoRA runs served by one vLLM, the evaluation and its gate.
+          exported, its estimate against the measured run;
+- adapters (adapters_scenario.py): two LoRA runs on vertex's merged export, served with it and a bucket folder's
+          adapter by one vLLM (chat, /metrics), the evaluation and its gate.
 
 What they share is in harness.py (and finetune_common.py, adapters_common.py). Run as root after e2e/install.sh (the
 Makefile's `e2e` target does both); skips with a reason where network namespaces are not permitted. Every launch
@@ -118,8 +119,8 @@ DEFAULT_SCENARIOS = ("mpijob", "vertex", "recovery", "finetune", "adapters")
 # Two clusters of hosts run side by side, each its scenarios in this order: a scenario keeps a core busy for about
 # 70 % of its time (process start-ups, one rank a host), so two at once fill the machine's cores. Split so that
 # each side's CPU seconds are about equal (docs/measurements.md); the tiny Llama is made by whichever side needs
-# it first (finetune_assets).
-STREAMS = (("recovery", "finetune"), ("mpijob", "vertex", "adapters"))
+# it first (finetune_common.tiny_base); adapters serves vertex's export, on the same side after it (NEEDS).
+STREAMS = (("recovery", "mpijob", "finetune"), ("vertex", "adapters"))
 
 
 # A scenario that serves another's output, run after it on the same cluster: adapters serves vertex's export from a

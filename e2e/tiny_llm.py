@@ -1,6 +1,7 @@
 """The `finetune` scenario's model side, run with the e2e venv's python (torch, transformers, tokenizers):
 
-    python e2e/tiny_llm.py make DATA.jsonl OUT_DIR     # a tiny Llama (random weights) and its tokenizer
+    python e2e/tiny_llm.py make DATA.jsonl OUT_DIR [MESSAGES]  # a tiny Llama (random weights) and its tokenizer;
+        # with MESSAGES (JSON), `render`'s figures for that conversation too (one import of transformers)
     python e2e/tiny_llm.py generate MODEL_DIR PROMPT N  # transformers' greedy tokens, as JSON
     python e2e/tiny_llm.py references MODEL_DIR TRAINED HELD_OUT N
         # apply_chat_template's ids and assistant mask of the conversation TRAINED (JSON messages), and the greedy
@@ -62,7 +63,7 @@ def corpus(record: dict[str, Any]) -> str:
     return " ".join(parts) + " system user assistant"
 
 
-def make(data: Path, out: Path) -> None:
+def make(data: Path, out: Path, messages: list[dict[str, str]] | None = None) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -91,7 +92,8 @@ def make(data: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
-    print(json.dumps({"vocab": len(tokenizer), "parameters": sum(p.numel() for p in model.parameters())}))
+    made = {"vocab": len(tokenizer), "parameters": sum(p.numel() for p in model.parameters())}
+    print(json.dumps({**made, **({"render": render(out, messages)} if messages else {})}))
 
 
 def _greedy(model_dir: Path, ids: list[int], tokens: int) -> list[int]:
@@ -146,8 +148,8 @@ def render(model_dir: Path, messages: list[dict[str, str]]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else ""
-    if command == "make" and len(sys.argv) == 4:
-        make(Path(sys.argv[2]), Path(sys.argv[3]))
+    if command == "make" and len(sys.argv) in (4, 5):
+        make(Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4]) if len(sys.argv) == 5 else None)
     elif command == "generate" and len(sys.argv) == 5:
         generate(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
     elif command == "references" and len(sys.argv) == 6:

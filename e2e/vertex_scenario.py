@@ -1,6 +1,7 @@
 """The `vertex` scenario of `make e2e` (e2e/run.py): the vertex stack's CustomJob: the files `pulumi up` uploads in a
 local folder standing in for the bucket at /gcs, vertex_start.sh with each replica's containerSpec and CLUSTER_SPEC
-on 2 hosts, the recipe (finetune.py) on the tiny Llama for one epoch.
+on 2 hosts, the recipe (finetune.py) on the tiny Llama for one epoch, LoRA merged into the exported model (which the
+adapters scenario serves as its base).
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ def vertex_cluster_spec(task: str, index: int, workers: int) -> str:
 
 
 # The vertex stack's recipe on the tiny Llama: its `finetune` keys but for the data, the model and the run's
-# saves; one epoch, LoRA (its adapter exported). Its data are text records (pre-training style: the conversations'
-# words as plain documents), so make e2e shows them packed into full blocks (issue 31 item 2; the chat path is the
-# finetune scenario's): 64 documents of ~16 tokens in VERTEX_SEQ_LEN-token blocks, 2 ranks x 4 blocks a step.
+# saves; one epoch, LoRA (merged into the exported model). Its data are text records (pre-training style: the
+# conversations' words as plain documents), so make e2e shows them packed into full blocks (issue 31 item 2; the
+# chat path is the finetune scenario's): 64 documents of ~16 tokens in VERTEX_SEQ_LEN-token blocks, 2 ranks x 4
+# blocks a step.
 VERTEX_RUN = "e2e-vertex"  # vertex.displayName: the run's folders, checkpoints/<run> and models/<run>
 VERTEX_SEQ_LEN = 32
 VERTEX_BATCH = 8  # microBatchPerGpu 4 (FINETUNE_DS) x 2 ranks
@@ -77,8 +79,11 @@ def vertex_keys() -> dict[str, Any]:
     return {"displayName": VERTEX_RUN, "tensorboard": True, "launch": {"args": ["--logging-steps", "2"]},
             "deepspeed": FINETUNE_DS,  # the tiny Llama's shape (a bucket folder names none): the progress inputs
             "model": {k: FINETUNE_KEYS["model"][k] for k in ("parameters", "vocabulary", "hidden")},
+            # A whole model out, as the vertex stack's (it trains every weight): LoRA here (two CPU ranks), merged.
+            # The adapters scenario then serves this export as its base (a merged export through vLLM).
             "finetune": {"modelPath": f"{BUCKET_INPUTS}/base", "datasetPath": f"{BUCKET_INPUTS}/{VERTEX_TEXT}",
-                         "recordFormat": "text", "sequenceLength": VERTEX_SEQ_LEN, "epochs": 1, "saveSteps": 1000}}
+                         "recordFormat": "text", "sequenceLength": VERTEX_SEQ_LEN, "epochs": 1, "saveSteps": 1000,
+                         "lora": {"export": "merged"}}}
 
 
 def vertex_export(cluster: nshosts.Cluster) -> Path:
@@ -104,7 +109,7 @@ def vertex_aip_env(base_output: str) -> dict[str, str]:
 def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
     """The vertex stack's CustomJob as Vertex AI runs it, on 2 hosts: its uploaded files in the bucket, each
     replica's containerSpec (command, args, env) under its own CLUSTER_SPEC and the AIP_* variables. The recipe
-    trains the tiny Llama for one epoch; the adapter and .complete land in models/<run>, the event files in
+    trains the tiny Llama for one epoch; the merged model and .complete land in models/<run>, the event files in
     AIP_TENSORBOARD_LOG_DIR. (SIGTERM to vertex_start.sh, passed on to the ranks, is tested with stand-ins in
     tests/test_vertex_entrypoint.py, and finetune.py's save on SIGTERM and resume by the finetune scenario: a second
     run here would cost make e2e's time budget 20 s.)"""
@@ -158,10 +163,9 @@ def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
     fail_unless("packed: the documents end to end" in output, "the log does not say the documents were packed")
     marker = json.loads((model_dir / ".complete").read_text())
     fail_unless(marker.get("step") == steps and marker.get("world_size") == len(hosts)
-                and marker.get("export") == "adapter", f"marker {marker}: expected one epoch ({steps} steps) "
-                f"on {len(hosts)} ranks, the adapter")
-    missing = [n for n in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json")
-               if not (model_dir / n).is_file()]
+                and marker.get("export") == "merged", f"marker {marker}: expected one epoch ({steps} steps) "
+                f"on {len(hosts)} ranks, LoRA merged")
+    missing = [n for n in ("model.safetensors", "config.json", "tokenizer.json") if not (model_dir / n).is_file()]
     fail_unless(not missing, f"models/{VERTEX_RUN} lacks {missing}")
     events_dir = outside(f"{run_dir}/vertex/logs", "/gcs", gcs)
     events = sorted(events_dir.rglob("events.out.tfevents.*"))
@@ -174,7 +178,7 @@ def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
     return (f"the vertex stack's CustomJob on {len(hosts)} hosts (vertex_start.sh, CLUSTER_SPEC, /gcs): the recipe "
             f"(finetune.py from the bucket) on the tiny Llama for one epoch of {len(vertex_text_records())} text "
             f"documents packed into {packed['samples']} blocks of {VERTEX_SEQ_LEN} tokens ({steps} steps, loss "
-            f"{' -> '.join(f'{v:.2f}' for v in losses[:1] + losses[-1:])}): adapter and .complete in "
+            f"{' -> '.join(f'{v:.2f}' for v in losses[:1] + losses[-1:])}): LoRA merged, model and .complete in "
             f"models/{VERTEX_RUN}, event files in AIP_TENSORBOARD_LOG_DIR with {', '.join(EVENT_TAGS)}. Phases: "
             f"{phases.summary()}")
 

@@ -216,10 +216,10 @@ def test_the_adapters_scenario_renders_the_stacks_server(e2e: ModuleType) -> Non
     server = m.workloads["serve"]
     source = model_source(m, server)
     assert (source.ref, source.served_name) == ("/gcs-adapters/e2e-adapters/base", "e2e-adapters/base")
-    # The vertex scenario's adapter from a bucket folder beside the stack's own two: rank 16, so room for 16.
-    assert lora_args(source) == ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "3", "--lora-modules",
+    # A bucket folder's adapter (trained with PEFT alone, rank 4) beside the stack's own two (rank 2): room for 8.
+    assert lora_args(source) == ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "3", "--lora-modules",
                                  "no=/gcs-adapters/models/no", "yes=/gcs-adapters/models/yes",
-                                 "e2e-vertex=/gcs-adapters/e2e-adapters/vertex-adapter"]
+                                 "e2e-peft=/gcs-adapters/e2e-adapters/peft-adapter"]
     args = finetune.script_args(m.workloads["no"])
     assert args[args.index("--lora-rank"):args.index("--lora-target-modules")] == [
         "--lora-rank", "2", "--lora-alpha", "32", "--lora-dropout", "0.05", "--lora-export", "adapter"]
@@ -314,9 +314,9 @@ def test_the_e2e_estimate_rests_on_the_cpu_rows_and_counts_its_saves(e2e: Module
 
 def test_the_scenarios_split_over_two_clusters_in_the_order_asked(e2e: ModuleType) -> None:
     assert e2e.streams_of(["mpijob", "vertex", "recovery", "finetune", "adapters"]) == [
-        ["recovery", "finetune"], ["mpijob", "vertex", "adapters"]]
-    assert e2e.streams_of(["adapters", "mpijob"]) == [["adapters", "mpijob"]]  # one side only: one cluster
-    assert e2e.streams_of(["finetune"]) == [["finetune"]]
+        ["mpijob", "recovery", "finetune"], ["vertex", "adapters"]]
+    assert e2e.streams_of(["finetune", "mpijob"]) == [["finetune", "mpijob"]]  # one side only: one cluster
+    assert e2e.streams_of(["adapters"]) == [["adapters"]]
     every = [name for stream in e2e.STREAMS for name in stream]
     assert sorted(every) == sorted(e2e.DEFAULT_SCENARIOS) == sorted(e2e.SCENARIOS)
 
