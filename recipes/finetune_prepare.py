@@ -50,15 +50,18 @@ from recipes.finetune_tokenized import (
     code_identity,
     describe,
     fingerprint,
+    launcher_stamp,
     made_line,
     pack_blocks,
     packing_for,
     read_marker,
     reused_line,
     source_identity,
+    stamped_folder,
     this_host_procs,
     tokenized_marker_text,
     tokenizer_identity,
+    write_stamp,
 )
 
 SAMPLE_FILE = "rendered-sample.json"  # in CHECKPOINT_DIR: the first record as trained
@@ -184,7 +187,7 @@ def fingerprint_parts(args: argparse.Namespace, source: DataSource, tokenizer: A
 
 
 def tokenized_datasets(run: Run, tokenizer: Any, token: str | None, keys: StackKeys, head: Head,
-                       talk: bool = True, load: bool = True) -> tuple[Any, Any]:
+                       talk: bool = True, load: bool = True, stamp: str | None = None) -> tuple[Any, Any]:
     """(train, eval or None): the tokenized folder of these settings memory-mapped where it is complete; else the
     records read, rendered, split and packed, saved there (the marker last) and memory-mapped. `datasets` is
     imported only to make or read the folder: the launcher's step on a restart finds it complete and stops there."""
@@ -203,6 +206,7 @@ def tokenized_datasets(run: Run, tokenizer: Any, token: str | None, keys: StackK
         say(made_line(folder, marker["records"], marker["samples"], marker["tokens"], time.monotonic() - started))
     elif talk:
         say(reused_line(folder, marker))
+    write_stamp(tokenized_root(args), stamp, folder)  # the launcher's (finetune_tokenized.launcher_stamp)
     if not load:
         return None, None
     import datasets
@@ -317,14 +321,21 @@ def check_tokenizer(args: argparse.Namespace, token: str | None, keys: StackKeys
 
 
 def prepare_data(run: Run, token: str | None, keys: StackKeys) -> int:
-    """--prepare-data: the check, then the tokenized folder made (or found): the ranks then only memory-map it."""
+    """--prepare-data: the check, then the tokenized folder made (or found): the ranks then only memory-map it. A
+    restart with the same inputs finds the folder by the launcher's stamp, without loading the tokenizer."""
+    root = tokenized_root(run.args)
+    stamp = launcher_stamp(run.args, [s for s in (run.source, run.held_out_source) if s is not None])
+    found = stamped_folder(root, stamp)
+    if found is not None:
+        say(f"{reused_line(*found)}; the same files and flags as when it was checked and made (its stamp)")
+        return 0
     tokenizer = check_data(run, token, keys)
     if tokenizer is None:
         say("the ranks tokenize the data (rank 0 first, the others wait)")
         return 0
     head = read_head(run, tokenizer, token, keys)
     say(f"records: {head.plan.layout.format}; {describe(head.packing, run.args.seq_len)}")
-    tokenized_datasets(run, tokenizer, token, keys, head, load=False)
+    tokenized_datasets(run, tokenizer, token, keys, head, load=False, stamp=stamp)
     return 0
 
 

@@ -173,6 +173,56 @@ def tokenized_marker_text(held: Mapping[str, Any], *, seconds: float, parts: Map
                        "from": parts}, sort_keys=True, default=str) + "\n"
 
 
+# --- the launcher's stamp: a restart's data step without transformers ---------------------------------------------
+# The launcher's data step (--prepare-data) names the folder by the tokenizer's content, so it loads transformers and
+# the tokenizer (about 10 CPU seconds) only to find, on every restart after a preemption, the folder it made before.
+# Once the folder is complete it leaves a stamp named by what it can see without loading anything: the data files',
+# the model folder's tokenizer files' and a chat template file's size and modification time, every argument, and the
+# rendering code. A restart with the same stamp reuses that folder at once; any change (a file rewritten, another
+# flag) misses the stamp and runs the whole step (the check, the tokenizer, the fingerprint) as before.
+STAMPS_FOLDER = "launcher-stamps"
+TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "added_tokens", "chat_template", "vocab", "merges")
+
+
+def _file_facts(path: Path) -> list[Any]:
+    stat = path.stat()
+    return [str(path), stat.st_size, stat.st_mtime_ns]
+
+
+def launcher_stamp(args: Any, sources: Sequence[DataSource]) -> str | None:
+    """The stamp of this data step's inputs, or None where they are not all files here (a hub model or dataset)."""
+    model = Path(args.model) if getattr(args, "model", None) else None
+    if model is None or not model.is_dir() or any(source.loader == "hub" for source in sources):
+        return None
+    tokenizer = [_file_facts(f) for f in sorted(model.iterdir()) if f.name.startswith(TOKENIZER_FILES)]
+    arguments = {k: str(v) for k, v in sorted(vars(args).items())}
+    # A template file's text decides the tokens; ds_config.json and the like do not (and a new pod's ConfigMap
+    # files are new files: their times would miss the stamp at every restart).
+    template = getattr(args, "chat_template", None)
+    files = [_file_facts(Path(template))] if template and os.path.isfile(template) else []
+    return fingerprint({"stamp": 1, "data": [source_identity(s) for s in sources], "tokenizer": tokenizer,
+                        "arguments": arguments, "files": files, "code": code_identity(Path(__file__).parent)})
+
+
+def stamped_folder(root: Path, stamp: str | None) -> tuple[Path, dict[str, Any]] | None:
+    """The complete folder a stamp names, with its marker; None without a stamp or where the folder is gone."""
+    if stamp is None:
+        return None
+    try:
+        folder = root / (root / STAMPS_FOLDER / stamp).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    marker = read_marker(folder)
+    return None if marker is None else (folder, marker)
+
+
+def write_stamp(root: Path, stamp: str | None, folder: Path) -> None:
+    """The stamp of a complete folder (written after its marker; a lost stamp only costs the whole step again)."""
+    if stamp is not None:
+        (root / STAMPS_FOLDER).mkdir(parents=True, exist_ok=True)
+        (root / STAMPS_FOLDER / stamp).write_text(folder.name + "\n", encoding="utf-8")
+
+
 def reused_line(folder: Path, marker: Mapping[str, Any]) -> str:
     return (f"tokenized data reused from {folder} ({marker.get('samples')} samples, {marker.get('tokens')} tokens, "
             f"{marker.get('packing')}; made {marker.get('made')} in {marker.get('seconds')} s)")

@@ -439,6 +439,94 @@ def test_a_folder_without_its_marker_is_not_complete(tk: ModuleType, tmp_path: P
                                         "made": "2026-11-27T13:00:00+00:00", "from": {"seqLen": 16}}
 
 
+def _stamp_inputs(tmp_path: Path) -> tuple[object, list[object], Path]:
+    """A launcher's data step inputs: a model folder with tokenizer files, a data file, the step's arguments."""
+    import argparse
+
+    from workloads.finetune import script_module
+
+    model, data = tmp_path / "model", tmp_path / "train.jsonl"
+    model.mkdir()
+    (model / "tokenizer.json").write_text("{}")
+    (model / "model.safetensors").write_text("weights")
+    data.write_text('{"text": "a"}\n')
+    args = argparse.Namespace(model=str(model), dataset=str(data), seq_len=2048, tokenized_dir=str(tmp_path / "tok"),
+                              checkpoint_dir=str(tmp_path / "ckpt"), prepare_data=True)
+    return args, [script_module("finetune_data").data_source(str(data))], model
+
+
+def test_the_launchers_stamp_changes_with_any_file_or_flag_it_can_see(tk: ModuleType, tmp_path: Path) -> None:
+    import os
+
+    args, sources, model = _stamp_inputs(tmp_path)
+    stamp = tk.launcher_stamp(args, sources)
+    assert stamp is not None and stamp == tk.launcher_stamp(args, sources) and len(stamp) == 16
+    (model / "model.safetensors").write_text("other weights")  # not the tokenizer's: the same tokens
+    assert tk.launcher_stamp(args, sources) == stamp
+    (model / "tokenizer.json").write_text('{"v": 2}')
+    assert tk.launcher_stamp(args, sources) != stamp
+    stamp = tk.launcher_stamp(args, sources)
+    assert tk.launcher_stamp(type(args)(**{**vars(args), "seq_len": 4096}), sources) != stamp
+    config = tmp_path / "ds_config.json"  # a new pod's ConfigMap: a new file, the same flag, the same stamp
+    config.write_text("{}")
+    with_config = type(args)(**{**vars(args), "deepspeed": str(config)})
+    stamp = tk.launcher_stamp(with_config, sources)
+    config.write_text("{ }")
+    assert tk.launcher_stamp(with_config, sources) == stamp
+    template = tmp_path / "zephyr.jinja"  # a template file's text decides the tokens
+    template.write_text("{{ messages }}")
+    with_template = type(args)(**{**vars(args), "chat_template": str(template)})
+    stamp = tk.launcher_stamp(with_template, sources)
+    template.write_text("{{ messages }}\n")
+    assert tk.launcher_stamp(with_template, sources) != stamp
+    stamp = tk.launcher_stamp(args, sources)
+    data = Path(args.dataset)
+    os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 1))  # rewritten, the same size
+    assert tk.launcher_stamp(args, sources) != stamp
+    # A hub model's tokenizer is not on disk to look at: no stamp, the whole step each time.
+    assert tk.launcher_stamp(type(args)(**{**vars(args), "model": "Qwen/Qwen2.5-7B-Instruct"}), sources) is None
+
+
+def test_a_stamp_names_a_complete_folder_only(tk: ModuleType, tmp_path: Path) -> None:
+    root, folder = tmp_path / "tok", tmp_path / "tok" / "abc"
+    folder.mkdir(parents=True)
+    assert tk.stamped_folder(root, "s1") is None and tk.stamped_folder(root, None) is None
+    tk.write_stamp(root, "s1", folder)
+    assert tk.stamped_folder(root, "s1") is None  # the folder lost its marker (cut off): not reused
+    made = datetime.datetime(2026, 11, 29, 13, 0, tzinfo=datetime.UTC)
+    (folder / tk.MARKER_FILE).write_text(tk.tokenized_marker_text({"samples": 3}, seconds=1.0, parts={}, made=made))
+    assert tk.stamped_folder(root, "s1") == (folder, tk.read_marker(folder))
+    tk.write_stamp(root, None, folder)  # no stamp (a hub model): nothing written
+    assert sorted(p.name for p in (root / tk.STAMPS_FOLDER).iterdir()) == ["s1"]
+
+
+def test_a_restarts_data_step_reuses_the_stamped_folder_without_the_tokenizer(tk: ModuleType, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The launcher's --prepare-data after a preemption: the stamp of the same inputs names the complete folder,
+    so neither the data check nor the tokenizer (transformers) runs."""
+    from recipes import finetune_prepare as fp
+
+    args, sources, _ = _stamp_inputs(tmp_path)
+    run = type("Run", (), {"args": args, "source": sources[0], "held_out_source": None})()
+    root = Path(args.tokenized_dir)
+    folder = root / "f00d"
+    folder.mkdir(parents=True)
+    made = datetime.datetime(2026, 11, 29, 13, 0, tzinfo=datetime.UTC)
+    (folder / tk.MARKER_FILE).write_text(tk.tokenized_marker_text({"samples": 3, "tokens": 48, "packing": "blocks"},
+                                                                  seconds=1.0, parts={}, made=made))
+
+    def checked(*_a: object) -> None:
+        raise AssertionError("the data check ran")
+
+    monkeypatch.setattr(fp, "check_data", checked)
+    with pytest.raises(AssertionError, match="the data check ran"):  # no stamp yet: the whole step
+        fp.prepare_data(run, None, fc.StackKeys({}))
+    fp.write_stamp(root, fp.launcher_stamp(args, sources), folder)
+    assert fp.prepare_data(run, None, fc.StackKeys({})) == 0
+    assert f"tokenized data reused from {folder} (3 samples, 48 tokens, blocks;" in capsys.readouterr().out
+
+
 # --- the data step's processes (finetune_tokenized.py data_procs, issue 37 item 4) ---------------------------------
 
 @pytest.mark.parametrize(("affinity", "cpu_max", "cpus", "procs"), [
