@@ -168,7 +168,7 @@ def _span(pair: Any, fmt: str) -> str:
 
 
 def estimate_line(record: Mapping[str, Any]) -> str | None:
-    """`estimate vs measured: tokens/s per GPU 399–686 estimated, 451 measured; ...` from run.json; None without
+    """`estimate vs measured: tokens/s per GPU 227–273 estimated, 246 measured; ...` from run.json; None without
     an estimate."""
     e = record.get("estimate")
     if not isinstance(e, Mapping):

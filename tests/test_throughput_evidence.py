@@ -125,5 +125,5 @@ def test_toy_cpu_rows_never_reach_a_gpu_estimate_and_only_they_reach_a_cpu_one()
             assert not set(throughput.evidence(n, lora, "nvidia-l4").rows) & toy
     cpu = throughput.evidence(1.5e5, True, "cpu")
     assert set(cpu.rows) == toy and not cpu.notes
-    # the CPU rows' MFU against the stand-in peak: 399 x 4 x 1.5e5 / 0.05e12 = 0.004788
-    assert cpu.mfu_low == pytest.approx(399 * 4 * 1.5e5 / (SPEED["cpuPeakTflops"] * 1e12))
+    # the CPU rows' MFU against the stand-in peak: 227 x 4 x 1.5e5 / 0.05e12 = 0.002724
+    assert cpu.mfu_low == pytest.approx(227 * 4 * 1.5e5 / (SPEED["cpuPeakTflops"] * 1e12))
