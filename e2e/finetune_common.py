@@ -24,7 +24,9 @@ SEND_PROMPT = ROOT / "recipes" / "send_prompt.py"
 # random model slowly: a high learning rate.
 FINETUNE_DS = {"zeroStage": 3, "precision": "fp32", "microBatchPerGpu": 4, "gradientAccumulation": 1,
                "stepsPerPrint": 1000, "learningRate": 0.01}
-FINETUNE_STEPS = 40
+# 30 steps: the loss is about 0.90 of the first by then (two runs at 40 steps: 5.55 at step 5, 4.99 at step 30, 4.94
+# at 40); ten more cost make e2e 10 s of its 4 minutes.
+FINETUNE_STEPS = 30
 FINETUNE_SAVE_STEPS = 5
 BUCKET_INPUTS = "e2e-finetune"  # the data and the base model, in the bucket
 # The kind's `finetune` keys: its defaults (LoRA on every linear layer; gradient checkpointing) but for the data,
@@ -56,24 +58,26 @@ VLLM_PORT = 8000
 VLLM_START_TIMEOUT = float(os.environ.get("E2E_VLLM_TIMEOUT", "300"))
 # vLLM's CPU build as FACTS.md measured it fastest to start (a 1 GiB KV cache, eager mode, the `uni` executor),
 # with the model run inside the engine-core process (no third process importing everything again), no hub; one
-# OpenMP thread from the start (vLLM serves with one here anyway: "Reducing Torch threads from 2 to 1").
+# OpenMP thread from the start (vLLM serves with one here anyway: "Reducing Torch threads from 2 to 1"); and no
+# torch.compile (TORCH_COMPILE_DISABLE, torch._dynamo.config.disable): the sampler's one compiled helper,
+# batched_count_greater_than (vllm/v1/sample/ops/logprobs.py, a logprob's rank: an integer count, compiled only to
+# spare a GPU's memory a copy), cost the evaluation's first log-likelihood request 13-14 s of dynamo and inductor
+# even from inductor's cache; run eagerly it gives the same counts.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
-            "OMP_NUM_THREADS": "1"}
+            "OMP_NUM_THREADS": "1", "TORCH_COMPILE_DISABLE": "1"}
 
 
 def vllm_env() -> dict[str, str]:
-    """VLLM_ENV, and caches the run's servers keep in the e2e venv beside DeepSpeed's prebuilt op (install.sh): what
-    a pod pays at its first start, make e2e pays at its first run only. vLLM inspects a model's class in a
-    subprocess (a third import of torch and vLLM) unless its modelinfos cache has it; its sampler's logprobs helper
-    is a torch.compile'd function that inductor builds with the C++ compiler at the first prompt-logprobs request
-    (the evaluation's first log-likelihood request: 17 s here)."""
-    root = VENV / "e2e_cache"
-    caches = {"VLLM_CACHE_ROOT": root / "vllm", "TORCHINDUCTOR_CACHE_DIR": root / "inductor"}
+    """VLLM_ENV, and the cache the run's servers keep in the e2e venv beside DeepSpeed's prebuilt op (install.sh):
+    what a pod pays at its first start, make e2e pays at its first run only. vLLM inspects a model's class in a
+    subprocess (a third import of torch and vLLM) unless its modelinfos cache has it."""
+    folder = VENV / "e2e_cache" / "vllm"
     with CACHE_LOCK:
-        for folder in caches.values():
-            folder.mkdir(parents=True, exist_ok=True)
-            _chown_dirs(folder.parent)
-    return {**VLLM_ENV, **{name: str(folder) for name, folder in caches.items()}}
+        folder.mkdir(parents=True, exist_ok=True)
+        _chown_dirs(folder.parent)
+    return {**VLLM_ENV, "VLLM_CACHE_ROOT": str(folder)}
+
+
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven")
 LOSS_LINE = re.compile(r"\{'loss': '?([\d.]+)'?")
 EVAL_LOSS_LINE = re.compile(r"'eval_loss': '?([\d.]+)'?")

@@ -175,7 +175,7 @@ def test_the_finetune_kind_renders_the_trainers_launch(e2e: ModuleType) -> None:
     script = nvidia.launcher_script(None, launch)
     assert ("/etc/deepspeed/finetune.py --deepspeed /etc/deepspeed/ds_config.json --model /gcs/e2e-finetune/base "
             "--dataset /gcs/e2e-finetune/data.jsonl --format auto --records messages --eval-split 0.125") in script
-    assert "--lora" in script and "--max-steps 40" in script
+    assert "--lora" in script and "--max-steps 30" in script
     assert script.endswith("--logging-steps 5 --copy-rate-mb 0.25")
     # The data check and the tokenized data first.
     # (on the first worker, over ssh: tests/test_finetune_kind.py runs the line)
@@ -299,16 +299,16 @@ def test_the_run_record_check_allows_the_two_roundings_only(e2e: ModuleType) -> 
 
 
 def test_the_e2e_estimate_rests_on_the_cpu_rows_and_counts_its_saves(e2e: ModuleType) -> None:
-    """The finetune scenario's estimate: maxSteps 40 x (2 ranks x micro batch 4) x 96 tokens = 30,720 tokens at the
-    CPU rows' 227..273 tokens/s per GPU: 30,720 / (2 x 273) / 3600 = 0.01563 h .. 0.01880 h, plus 8 saves."""
+    """The finetune scenario's estimate: maxSteps 30 x (2 ranks x micro batch 4) x 96 tokens = 23,040 tokens at the
+    CPU rows' 227..273 tokens/s per GPU: 23,040 / (2 x 273) / 3600 = 0.01172 h .. 0.01410 h, plus 6 saves."""
     w, _where, _launch = e2e.finetune_workload()
     est = e2e.e2e_estimate(w)
     assert est["evidence"] == ["ours-e2e-tiny-llama-lora-cpu-q1", "ours-e2e-tiny-llama-lora-cpu-q3"]
     assert est["tokensPerSecondPerGpu"] == {"low": 227.0, "high": 273.0}
-    assert est["trainingHours"] == pytest.approx({"fast": 30720 / (2 * 273) / 3600,
-                                                  "slow": 30720 / (2 * 227) / 3600}, abs=1e-6)
+    assert est["trainingHours"] == pytest.approx({"fast": 23040 / (2 * 273) / 3600,
+                                                  "slow": 23040 / (2 * 227) / 3600}, abs=1e-6)
     saves = est["hours"]["fast"] - est["trainingHours"]["fast"]
-    assert saves > 0  # 40 // saveSteps 5 = 8 saves, each the adapter's checkpoint over the bucket's write rate
+    assert saves > 0  # 30 // saveSteps 5 = 6 saves, each the adapter's checkpoint over the bucket's write rate
     assert est["cost"]["slow"] == pytest.approx(est["hours"]["slow"] * 1.0, abs=1e-4)
 
 

@@ -135,6 +135,26 @@ def test_callback_adds_rates_to_the_logs_writes_progress_and_the_runs_cost(fp: A
     assert len(said) == 1  # no estimate given: no comparison line
 
 
+def test_the_eta_paces_the_session_from_its_first_steps_end(fp: Any, tmp_path: Path) -> None:
+    """A resumed session's first step carries its start (here 20 s); the ETA paces the steps after it."""
+    clock, said = Clock(), []
+    cb = _callback(fp, tmp_path, clock, said)
+    args = SimpleNamespace(world_size=2, process_index=0)
+    state = SimpleNamespace(global_step=5, max_steps=40, num_input_tokens_seen=1000, is_world_process_zero=True)
+    clock.now = 100.0
+    cb.on_train_begin(args, state, None)
+    clock.now, state.global_step = 120.0, 6
+    cb.on_step_end(args, state, None)
+    clock.now, state.global_step = 121.0, 7
+    cb.on_step_end(args, state, None)  # only the first step's end counts
+    clock.now, state.global_step, state.num_input_tokens_seen = 128.0, 10, 3000
+    cb.on_log(args, state, None, logs={"loss": 2.5})
+    # Steps 6-10 in 8 s: 2 s a step, 30 steps left -> 60 s (from the session's start: 28 s / 5 steps -> 168 s).
+    progress = json.loads((tmp_path / "ckpt" / "progress.json").read_text())
+    assert progress["estimatedRemainingSeconds"] == 60
+    assert said[-1].endswith("ETA 60 s, loss 2.5")
+
+
 def test_the_estimate_rides_in_progress_and_run_json_and_the_end_prints_it_against_the_measured(
         fp: Any, tmp_path: Path) -> None:
     estimate = {"tokensPerSecondPerGpu": {"low": 10.0, "high": 20.0}, "mfu": {"low": 0.006, "high": 0.012},
