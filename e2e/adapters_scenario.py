@@ -42,20 +42,7 @@ from adapters_common import (
     adapter_prompt,
     adapters_stack,
 )
-from finetune_common import (
-    FINETUNE_HELD_OUT,
-    FINETUNE_MAX_TOKENS,
-    SEND_PROMPT,
-    VLLM_PORT,
-    Phases,
-    _venv_popen,
-    chat_problems,
-    completion_problems,
-    metrics_problems,
-    outside,
-    vllm_env,
-    wait_for_vllm,
-)
+from finetune_common import FINETUNE_HELD_OUT, FINETUNE_MAX_TOKENS, SEND_PROMPT, Phases, _venv_popen, outside
 from harness import (
     IMAGE_ENV,
     LAUNCH_TIMEOUT,
@@ -71,6 +58,7 @@ from harness import (
     write,
 )
 from recovery_scenario import wait_process
+from serving_common import VLLM_PORT, chat_problems, completion_problems, metrics_problems, vllm_env, wait_for_vllm
 from vertex_scenario import vertex_export
 
 

@@ -30,6 +30,9 @@ DOCKERFILE = IMAGE_DIR / "Dockerfile"
 VENV = Path(os.environ.get("E2E_VENV", "/opt/ds-e2e-venv"))
 RUN_CACHE = Path(tempfile.gettempdir()) / "ds-e2e-cache"  # main() sets the run's own: what scenarios share
 CACHE_LOCK = threading.Lock()
+# Processes a scenario started on this machine outside the hosts (finetune_common._venv_popen): main() kills any left
+# at the end, as the clusters' teardown does the hosts' (a scenario that failed leaves its own running).
+BACKGROUND: list[subprocess.Popen[bytes]] = []
 LAUNCH_TIMEOUT = float(os.environ.get("E2E_LAUNCH_TIMEOUT", "150"))
 RELEASE = "e2e"
 CHART_WORKER = f"{RELEASE}-deepspeed-worker"  # the chart's "deepspeed.v0.worker.fullname"

@@ -12,9 +12,10 @@ the stack's own code. Each scenario is a module beside this file, its docstring 
 - adapters (adapters_scenario.py): two LoRA runs on vertex's merged export, served with it and a bucket folder's
           adapter by one vLLM (chat, /metrics), the evaluation and its gate.
 
-What they share is in harness.py (and finetune_common.py, adapters_common.py). Run as root after e2e/install.sh (the
-Makefile's `e2e` target does both); skips with a reason where network namespaces are not permitted. Every launch
-runs under a timeout; every process and namespace is torn down at the end, also on failure or Ctrl-C.
+What they share is in harness.py (and finetune_common.py, serving_common.py, adapters_common.py). Run as root after
+e2e/install.sh (the Makefile's `e2e` target does both); skips with a reason where network namespaces are not
+permitted. Every launch runs under a timeout; every process and namespace is torn down at the end, also on failure or
+Ctrl-C.
 """
 
 from __future__ import annotations
@@ -49,14 +50,11 @@ from finetune_common import (
     FINETUNE_SAVE_STEPS,
     FINETUNE_STEPS,
     _finetune_script,
-    chat_problems,
-    completion_problems,
     e2e_estimate,
     eval_losses,
     event_problems,
     finetune_records,
     finetune_workload,
-    metrics_problems,
     outside,
     progress_problems,
     resumed_from,
@@ -83,6 +81,7 @@ from harness import (
 )
 from mpijob_scenario import scenario_mpijob
 from recovery_scenario import scenario_recovery, tiered_problems
+from serving_common import chat_problems, completion_problems, metrics_problems
 from vertex_scenario import packed_steps, scenario_vertex, vertex_cluster_spec
 
 # What tests/test_e2e_harness.py (and test_serving_metrics.py) read through this entry point.
@@ -212,6 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_streams(work, logs, [list(args.scenarios)] if args.one_cluster else streams_of(args.scenarios),
                     outcomes)
     finally:
+        for process in harness.BACKGROUND:  # a failed scenario's: the clusters' teardown took the hosts' processes
+            if process.poll() is None:
+                process.kill()
         total = time.monotonic() - started
         print("\n[e2e] summary (two clusters side by side: a scenario's seconds overlap the other side's)")
         print(f"{'scenario':<10} {'result':<7} {'seconds':>8}  detail")
