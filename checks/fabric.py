@@ -10,7 +10,7 @@ from checks.common import Check, at, or_list
 from model import fabric
 from model.problems import Problem
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
-from model.workload_types import FinetuneWorkloadConfig, MpiJobBaseConfig
+from model.workload_training import FinetuneWorkloadConfig, MpiJobBaseConfig
 from workloads import first_up
 
 NATIVE_SIDECAR_MINOR = (1, 29)  # the RxDM daemon runs as a native sidecar (CEA gpudirect-tcpxo/best-practice.md)

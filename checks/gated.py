@@ -9,11 +9,11 @@ model ids its pods download (`hub_models`: the kind's model keys, and the ids it
 from __future__ import annotations
 
 from checks.common import Check, at
-from model.config import secret_ways
+from model.config_read import secret_ways
 from model.gated_models import gated_family
 from model.problems import Problem
+from model.training_blocks import hub_ids
 from model.types import StackConfig
-from model.workload_types import hub_ids
 
 OPEN_EXAMPLE = "Qwen/Qwen2.5-7B-Instruct"  # Apache-2.0, not gated; its shape is in data/models.yaml
 

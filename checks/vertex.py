@@ -10,7 +10,7 @@ from checks.platform import machine_problems
 from components.storage import CHECKPOINT_PREFIX
 from model import catalog as gpu_catalog
 from model import network_pricing
-from model.config import schema
+from model.config_schema import schema
 from model.pair_rules import PairRule, pair_problems
 from model.problems import Problem
 from model.suggest import did_you_mean

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from checks.common import Check, at
 from model import catalog as gpu_catalog
-from model.config import workload_default
+from model.config_schema import workload_default
 from model.pair_rules import PairRule, pair_problems
 from model.problems import Problem
 from model.types import DeepSpeedWorkloadConfig, NodePoolConfig, StackConfig, WorkloadConfig, snake

@@ -53,7 +53,7 @@ def download(folder: Path, requirement: str, binary: bool) -> None:
 def stack_ds_config(precision: str, zero_stage: int = 3) -> dict[str, Any]:
     """The ds_config.json the stack writes for a finetune.py workload (hf_trainer) on one GPU, ZeRO-3 (or 2: make
     gpu-bench's other stage)."""
-    from model.workload_types import DeepSpeedConfig
+    from model.training_blocks import DeepSpeedConfig
     from workloads.ds_config import build_ds_config
 
     ds = DeepSpeedConfig(zero_stage=zero_stage, offload_optimizer="none", offload_params="none", nvme_path="/nvme",

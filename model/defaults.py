@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import jsonschema
 
 Path = tuple[str | int, ...]
-SUGGEST_CUTOFF = 0.6  # difflib's default, as the schema's "did you mean" uses it (model/config.py)
+SUGGEST_CUTOFF = 0.6  # difflib's default, as the schema's "did you mean" uses it (model/config_problems.py)
 
 
 def _errors(error: jsonschema.ValidationError) -> Iterator[jsonschema.ValidationError]:
@@ -119,7 +119,7 @@ def other_defaults(schema: dict[str, Any], raw: dict[str, Any], valid: dict[str,
     to other valid values, one at a time, keeping each change the schema accepts; None when nothing changed."""
     if not objects:
         return None
-    import jsonschema  # here: a valid config never needs it (model/config.py)
+    import jsonschema  # here: a valid config never needs it (model/config_validate.py)
 
     validator = jsonschema.Draft202012Validator(schema)
     variant, changed = copy.deepcopy(valid), False

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from model.config import kind_branches, schema
+from model.config_schema import kind_branches, schema
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 

@@ -16,42 +16,49 @@ from typing import Any
 import msgspec
 import pulumi
 
-from model.workload_types import (
+from model.training_blocks import (
     ADAPTER_EXPORT,
-    WORKLOAD_TYPES,
-    AcceleratorConfig,
-    AdapterFolder,
-    AllowedSource,
-    AutoscalingConfig,
     ChartConfig,
     DeepSpeedConfig,
-    DeepSpeedWorkloadConfig,
     FinetuneConfig,
     FinetuneLoraConfig,
-    FinetuneWorkloadConfig,
-    GatewayConfig,
     GaudiConfig,
-    GcsFuseConfig,
-    HelmWorkloadConfig,
     LaunchConfig,
+    ProxyConfig,
+    TrainingConfig,
+)
+from model.workload_base import (
+    AcceleratorConfig,
+    GcsFuseConfig,
     LoraConfig,
     ModelConfig,
-    MpiJobBaseConfig,
-    MpiJobWorkloadConfig,
-    OpenAiConfig,
-    ProxyConfig,
     ResourcesConfig,
-    ServeWorkloadConfig,
-    ServingConfig,
     StorageClaimConfig,
-    TensorboardConfig,
-    TensorboardWorkloadConfig,
-    TrainingConfig,
     TrainingRun,
     WorkloadConfig,
 )
+from model.workload_serving import (
+    AdapterFolder,
+    AllowedSource,
+    AutoscalingConfig,
+    GatewayConfig,
+    OpenAiConfig,
+    ServeWorkloadConfig,
+    ServingConfig,
+    TensorboardConfig,
+    TensorboardWorkloadConfig,
+)
+from model.workload_training import (
+    DeepSpeedWorkloadConfig,
+    FinetuneWorkloadConfig,
+    HelmWorkloadConfig,
+    MpiJobBaseConfig,
+    MpiJobWorkloadConfig,
+)
+from model.workload_types import WORKLOAD_TYPES
 
-# The workload classes live in model/workload_types.py (one per kind); re-exported for `from model.types import`.
+# The workload classes live in model/workload_*.py and model/training_blocks.py (by kind family; the kind -> class
+# table in model/workload_types.py); re-exported for `from model.types import`.
 __all__ = [
     "ADAPTER_EXPORT", "WORKLOAD_TYPES", "AcceleratorConfig", "AdapterFolder", "AllowedSource", "AutoscalingConfig",
     "ChartConfig",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.config import schema
+from model.config_schema import schema
 from model.validators import or_list
 from planner.sizing import Request
 

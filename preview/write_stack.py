@@ -31,11 +31,12 @@ from checks import load
 from checks.platform import cluster_name_problem
 from model import catalog as gpu_catalog
 from model import chat_templates, reservation
-from model.config import ConfigError, secret_ways
+from model.config import ConfigError
+from model.config_read import secret_ways
 from model.gated_models import gated_family
 from model.suggest import did_you_mean
+from model.training_blocks import hub_ids
 from model.types import StackConfig
-from model.workload_types import hub_ids
 from planner import cli, run_estimate, spill, stack_writer
 from planner.cost import SERVING, TRAINING, stack_costs
 from planner.held import Held, Reservation, held_capacity

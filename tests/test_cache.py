@@ -1,5 +1,5 @@
 """The start-up caches (model/cache.py): parsed YAML (model/yamlio.py) and the schema's verdict on a valid config
-(model/config.py) answer only for the inputs they were made from, and are never needed."""
+(model/config_validate.py) answer only for the inputs they were made from, and are never needed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 from conftest import stack_yaml
 
 from model import cache as model_cache
-from model import config, yamlio
+from model import config_problems, config_read, config_schema, config_validate, yamlio
 from preview import engine
 
 
@@ -63,30 +63,30 @@ def test_errors_still_name_the_file_and_are_not_cached(tmp_path: Path, cache: Pa
 
 def _raw(stack: str, **changes: object) -> dict:
     cfg, secret_keys = engine.engine_config_from_yaml({**stack_yaml(stack), **changes})
-    return config.with_defaults(config.schema(), config.read_raw(cfg, set(secret_keys), []))
+    return config_schema.with_defaults(config_schema.schema(), config_read.read_raw(cfg, set(secret_keys), []))
 
 
 def test_a_valid_config_passes_once_through_jsonschema(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     raw = _raw("dev")
-    assert config.schema_problems(raw) == []
+    assert config_problems.schema_problems(raw) == []
     assert len(list((cache.parent / "schema-valid").iterdir())) == 1
     monkeypatch.setitem(sys.modules, "jsonschema", None)  # importing it now fails: the verdict must be cached
-    assert config.schema_problems(raw) == []
+    assert config_problems.schema_problems(raw) == []
 
 
 def test_an_invalid_or_changed_config_is_validated_again(cache: Path) -> None:
-    assert config.schema_problems(_raw("dev")) == []
+    assert config_problems.schema_problems(_raw("dev")) == []
     bad = _raw("dev", **{"deepspeed-stack:registry": {"name": "deepspeed", "keepVersions": "ten"}})
     for _ in range(2):  # problems are never cached
-        assert config.schema_problems(bad) == ['registry.keepVersions: expected integer, got "ten"']
+        assert config_problems.schema_problems(bad) == ['registry.keepVersions: expected integer, got "ten"']
     assert len(list((cache.parent / "schema-valid").iterdir())) == 1
 
 
 def test_a_secret_enters_the_key_only_as_some_string(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     one = {**_raw("gaudi"), "kubeconfig": "apiVersion: v1\nkind: Config\n"}
     other = {**one, "kubeconfig": "apiVersion: v1\nkind: Config\n# another cluster\n"}
-    assert config._verdict_key(one) == config._verdict_key(other) is not None
-    strict = {**config.schema(), "properties": {**config.schema()["properties"], "kubeconfig": {
+    assert config_validate._verdict_key(one) == config_validate._verdict_key(other) is not None
+    strict = {**config_schema.schema(), "properties": {**config_schema.schema()["properties"], "kubeconfig": {
         "type": "string", "x-secret": True, "minLength": 10}}}
-    monkeypatch.setattr(config, "schema", lambda: strict)
-    assert config._verdict_key(one) is None  # the verdict would hang on the secret's value: never cached
+    monkeypatch.setattr(config_validate, "schema", lambda: strict)
+    assert config_validate._verdict_key(one) is None  # the verdict would hang on the secret's value: never cached

@@ -110,7 +110,7 @@ def test_the_launcher_reads_the_first_200_and_names_five(tmp_path: Path) -> None
 
 
 def test_the_default_sequence_length_is_the_stacks() -> None:
-    from model.config import schema
+    from model.config_schema import schema
 
     assert schema()["$defs"]["finetuneRun"]["properties"]["sequenceLength"]["default"] == 2048
     assert "\nSEQ_DEFAULT := 2048\n" in (PROJECT_DIR / "Makefile").read_text(encoding="utf-8")

@@ -131,7 +131,7 @@ def test_a_written_stack_says_its_batch_its_learning_rate_and_its_steps(tmp_path
 def test_every_parameter_trains_at_the_rate_the_schema_advises(tmp_path: Path) -> None:
     """MODE=training (lora.enabled: false) wrote the adapters' 3e-4; finetune.lora.enabled's description says to
     lower it (e.g. 0.00002). Both numbers read from the schema."""
-    from model.config import schema
+    from model.config_schema import schema
 
     run = schema()["$defs"]["finetuneRun"]["properties"]
     lowered = re.search(r"lower `deepspeed\.learningRate` then, e\.g\. ([0-9.]+)",

@@ -130,7 +130,7 @@ def test_the_planners_training_stack_is_checked_with_the_token_it_asks_for() -> 
     (["--dataset", "/data/x/train.jsonl", "--out", "./a/b", "gs://bucket/x", "--lr", "1e-5"], []),
 ])
 def test_what_counts_as_a_hugging_face_id_in_arguments(args: list[str], ids: list[tuple[int, str]]) -> None:
-    from model.workload_types import hub_ids
+    from model.training_blocks import hub_ids
 
     assert hub_ids(args) == ids
 

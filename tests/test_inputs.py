@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import DELETE, load_file, problems
 
-from model.config import kind_branches, schema
+from model.config_schema import kind_branches, schema
 from recipes import contract
 
 TUNE = "workloads.tune"

@@ -10,7 +10,7 @@ import pytest
 from conftest import DELETE, PROJECT_DIR, config_problems, model, problems, stack_run, yaml_load
 
 from checks import planner as checks_planner
-from model.config import schema as load_schema
+from model.config_schema import schema as load_schema
 from model.problems import lines
 from planner import recovery, requests
 from planner.__main__ import main as planner_main

@@ -10,7 +10,7 @@ import pytest
 from conftest import changed, config_problems, examples, model, reference, stack_run, stacks
 
 from model import catalog, node_memory
-from model.config import schema as load_schema
+from model.config_schema import schema as load_schema
 from preview.engine import Registration
 from workloads.placement import GKE_ACCELERATOR_LABEL, POOL_LABEL, placement, quantity_bytes
 

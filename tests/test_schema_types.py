@@ -1,6 +1,7 @@
 """The config is written once: model/schema.yaml says every key (type, default, description) and the typed classes
-(model/types.py, model/workload_types.py) hold them. Walked together here: every schema key has a field, every
-field a schema key, and no default is written twice (the schema's fills every value before `build`)."""
+(model/types.py; the workloads' in model/workload_*.py and model/training_blocks.py) hold them. Walked together
+here: every schema key has a field, every field a schema key, and no default is written twice (the schema's fills
+every value before `build`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from model.config import kind_branches, schema
+from model.config_schema import kind_branches, schema
+from model.training_blocks import TrainingConfig  # written: the reader's record of the keys a file wrote
 from model.types import WORKLOAD_TYPES, NodePoolConfig, StackConfig, WorkloadConfig, build, camel
-from model.workload_types import TrainingConfig  # written: the reader's record of the keys a file wrote
 
 # Fields filled from outside the `deepspeed-stack:` keys: gcp:project and gcp:region; and the keys every workload has
 # that a kind fixes in its class instead (a TensorBoard server's GPU keys: it takes none).

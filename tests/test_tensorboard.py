@@ -206,7 +206,7 @@ def test_a_run_on_its_claim_is_left_out_with_a_warning() -> None:
 def test_the_facts_are_tensorboards_own() -> None:
     """data/tensorboard.yaml's port (the schema's default) and flags are TensorBoard 2.21.0's, read in its source
     where make e2e's venv has it; the version is the image's (data/versions.yaml)."""
-    from model.config import kind_branches, schema
+    from model.config_schema import kind_branches, schema
     from workloads.tensorboard import facts
 
     server = facts()["server"]

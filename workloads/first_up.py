@@ -24,7 +24,7 @@ Workloads among themselves: checks/cluster_wide.py refuses those that together n
 from __future__ import annotations
 
 from model.types import StackConfig, WorkloadConfig
-from model.workload_types import DeepSpeedWorkloadConfig
+from model.workload_training import DeepSpeedWorkloadConfig
 
 
 def capacity(cfg: StackConfig, pools: set[str]) -> int:

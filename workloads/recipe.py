@@ -28,9 +28,9 @@ import msgspec
 
 from model import chat_templates
 from model.problems import Problem
+from model.training_blocks import eval_path, run_dirs
 from model.types import DeepSpeedConfig, FinetuneConfig, snake
 from model.validators import at
-from model.workload_types import eval_path, run_dirs
 from planner.model_ids import id_problem
 from recipes import contract, finetune_config, finetune_data
 from recipes.contract import DS_CONFIG_NAME, FINETUNE, TEMPLATE_NAME, number

@@ -24,7 +24,7 @@ import msgspec
 
 from model import node_memory
 from model.types import ServeWorkloadConfig
-from model.workload_types import EVALS_MOUNT
+from model.workload_serving import EVALS_MOUNT
 from recipes import evaluate as recipes_evaluate
 from workloads import gcs_fuse
 from workloads.serving_command import HOME, SCRIPT_DIR, ServerInputs, hardened, served_port

@@ -22,7 +22,7 @@ from typing import Any
 
 from model.serving_engines import VLLM
 from model.types import ServeWorkloadConfig
-from model.workload_types import EVALS_MOUNT
+from model.workload_serving import EVALS_MOUNT
 from workloads.serving_command import SCRIPT_DIR, ServerInputs, hardened, served_port
 from workloads.serving_endpoint import COMPONENT_LABEL, selector
 

@@ -10,7 +10,7 @@ from typing import Any
 from model import chat_templates
 from model.serving_engines import MII, VLLM, vllm_facts
 from model.types import ServeWorkloadConfig
-from model.workload_types import EVALS_MOUNT
+from model.workload_serving import EVALS_MOUNT
 from recipes import contract
 from workloads import gcs_fuse, serving_fleet, serving_group
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest

@@ -1,8 +1,9 @@
 """The workload kinds: one module each, listed here by hand (no discovery, no registration on import).
 
 `__main__.py` builds each workload with its kind's builder and checks/ runs each kind's rules; nothing else names
-kinds. Adding a kind: its typed class in model/workload_types.py (with WORKLOAD_TYPES) and its branch in
-model/schema.yaml, a module here that builds its `Kind` (config, rules, builder; see kind.py), and a line below.
+kinds. Adding a kind: its typed class in the model/workload_*.py module of its family (and in WORKLOAD_TYPES,
+model/workload_types.py) and its branch in model/schema.yaml, a module here that builds its `Kind` (config, rules,
+builder; see kind.py), and a line below.
 """
 
 from __future__ import annotations

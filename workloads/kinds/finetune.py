@@ -1,6 +1,6 @@
 """kind finetune: fine-tune a Hugging Face model on your data with recipes/finetune.py, as an NVIDIA MPIJob.
 
-Config: FinetuneWorkloadConfig (model/workload_types.py; its keys: the common ones, `finetune`, `launch`,
+Config: FinetuneWorkloadConfig (model/workload_training.py; its keys: the common ones, `finetune`, `launch`,
 `deepspeed`, `storage`, `hfHome`, `proxy`). Builder: the TrainingJob component (workloads/training_job.py) with the
 kind's own launch (workloads/finetune.py): the NVIDIA MPIJob's shape, image, hardening, placement, fabric and token
 as an `mpijob` has them, plus:
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pulumi
 
-from model.config import workload_default
+from model.config_schema import workload_default
 from model.fabric import pool_local_ssds
 from model.problems import Problem
 from model.types import FinetuneWorkloadConfig, StackConfig

@@ -1,6 +1,6 @@
 """kind helm: the Bitnami DeepSpeed chart (a client and SSH workers) on one GKE GPU pool.
 
-Config: HelmWorkloadConfig (model/workload_types.py; its keys: the common ones, `chart`, `launch`, `deepspeed`).
+Config: HelmWorkloadConfig (model/workload_training.py; its keys: the common ones, `chart`, `launch`, `deepspeed`).
 Builder: the DeepSpeedRelease component (workloads/deepspeed_release.py). Summary: the release, its status, chart,
 pool, workers and GPUs per worker (`workloads.<name>`).
 """

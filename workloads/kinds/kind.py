@@ -69,7 +69,7 @@ Builder = Callable[[str, W, Platform, pulumi.ResourceOptions], Built]
 
 class Kind(msgspec.Struct, Generic[W], frozen=True):
     name: str  # the `kind` value in the config
-    config: type[W]  # its typed class (model/workload_types.py), built from its schema branch
+    config: type[W]  # its typed class (model/workload_types.py WORKLOAD_TYPES), built from its schema branch
     rules: tuple[Rule[W], ...]  # its own rules (rules across kinds stay in checks/)
     build: Builder[W]
     warnings: tuple[Rule[W], ...] = ()  # what deploys but deserves a reviewer's eye

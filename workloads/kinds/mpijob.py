@@ -1,6 +1,6 @@
 """kind mpijob: a Kubeflow v2beta1 MPIJob, on NVIDIA GPUs of a GKE pool or on Gaudi nodes of an existing cluster.
 
-Config: MpiJobWorkloadConfig (model/workload_types.py; its keys: the common ones, `launch`, `deepspeed`, `gaudi`,
+Config: MpiJobWorkloadConfig (model/workload_training.py; its keys: the common ones, `launch`, `deepspeed`, `gaudi`,
 `hostIPC`, `training`, `storage`, `hfHome`, `proxy`). Builder: the TrainingJob component (workloads/training_job.py)
 around the MPIJob that workloads/mpijob renders. Summary: the job, its namespace, claim, accelerators and workers
 (`workloads.<name>`). Kueue queues it on a stack GPU pool when `kueue.install` is on.
@@ -14,7 +14,7 @@ import pulumi
 
 from model import catalog as gpu_catalog
 from model import gaudi_software, storage_classes
-from model.config import kind_branches, schema, with_defaults, workload_default
+from model.config_schema import kind_branches, schema, with_defaults, workload_default
 from model.problems import Problem
 from model.suggest import closest
 from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig, StackConfig, TrainingConfig, camel

@@ -1,6 +1,6 @@
 """kind serve: a model server Deployment (vLLM, or DeepSpeed-MII) on one GKE GPU pool.
 
-Config: ServeWorkloadConfig (model/workload_types.py; its keys: the common ones and `serving`). Builder: the
+Config: ServeWorkloadConfig (model/workload_serving.py; its keys: the common ones and `serving`). Builder: the
 ModelServer component (workloads/serving.py). Summary: the model, GPUs per replica, replicas, the in-cluster
 endpoint, the port-forward and prompt commands (`workloads.<name>`, and `servingEndpoints.<name>`).
 
@@ -24,7 +24,7 @@ import ipaddress
 
 import pulumi
 
-from model.config import workload_default
+from model.config_schema import workload_default
 from model.problems import Problem
 from model.serving_engines import MII, VLLM
 from model.types import ServeWorkloadConfig, StackConfig

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from model.config import workload_default
+from model.config_schema import workload_default
 from model.problems import Problem
 from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig, camel
 from model.validators import at, is_file

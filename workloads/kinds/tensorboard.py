@@ -1,6 +1,6 @@
 """kind tensorboard: a TensorBoard server of the event files the stack's finetune workloads write to the bucket.
 
-Config: TensorboardWorkloadConfig (model/workload_types.py; its keys: kind, namespace, image, gcsFuse and
+Config: TensorboardWorkloadConfig (model/workload_serving.py; its keys: kind, namespace, image, gcsFuse and
 `tensorboard`: which finetune workloads, the port, the server's CPU and memory, how often it reads again). Builder:
 the TensorBoardServer component (workloads/tensorboard.py): one pod on the system pool over a read-only GCS FUSE
 mount of the bucket, a ClusterIP Service, a NetworkPolicy. Summary (`workloads.<name>`): the runs it shows, where

@@ -14,7 +14,7 @@ this path's:
     spec = render_spec(MpiJobInputs(workload=w, placement=where, image=..., config_map=...), launch)
     files = config_map_data(w, where, has_token, launch)     # the ConfigMap the pods mount (same `launch`)
 
-`w` is any MpiJobBaseConfig (model/workload_types.py: launch, deepspeed, storage, hfHome, proxy); the TrainingJob
+`w` is any MpiJobBaseConfig (model/workload_training.py: launch, deepspeed, storage, hfHome, proxy); the TrainingJob
 component (workloads/training_job.py) creates the job, its ConfigMap, claim, token Secret and NetworkPolicies
 from the same pair when given `launch` (TrainingJobArgs.launch).
 """
