@@ -32,6 +32,10 @@ CHECKPOINT_DIR_ENV, MODEL_DIR_ENV = "CHECKPOINT_DIR", "MODEL_DIR"
 # --- files
 # The modules every training program imports beside its own (its options and exit codes; how it stops and ends).
 COMMON = ("contract.py", "shutdown.py")
+# A program's own modules, by the glob of their names: shipped with it wherever the stack ships it (`program_sources`),
+# since it imports them as `recipes.NAME` beside it. finetune.py's finetune_*.py ship with the finetune kind instead
+# (workloads/recipe.py LIBRARY_GLOB), beside its named chat template.
+OWN_MODULES = {"smoke_train.py": "smoke_train_*.py"}
 PACKAGE_FILE = "recipes.py"  # this package's __init__.py, shipped flat beside the programs (recipes/__init__.py)
 DS_CONFIG_NAME = "ds_config.json"
 TEMPLATE_NAME = "chat_template.jinja"  # a named chat template's file beside ds_config.json
@@ -174,6 +178,18 @@ def sources(*names: str) -> dict[str, str]:
     PACKAGE_FILE, through which `recipes.NAME` is the file NAME.py beside it."""
     return {PACKAGE_FILE: (HERE / "__init__.py").read_text(encoding="utf-8"),
             **{name: (HERE / name).read_text(encoding="utf-8") for name in names}}
+
+
+def own_modules(script: str) -> tuple[str, ...]:
+    """The file names of `script`'s own modules (OWN_MODULES), sorted; none for a program without."""
+    pattern = OWN_MODULES.get(script)
+    return tuple(sorted(p.name for p in HERE.glob(pattern))) if pattern else ()
+
+
+def program_sources(script: str) -> dict[str, str]:
+    """What ships with a program of this package (`sources`): it, its own modules and the modules every program
+    imports (COMMON), so that each of its imports is found beside it."""
+    return sources(script, *own_modules(script), *COMMON)
 
 
 def positive_int(text: str) -> int:

@@ -154,6 +154,10 @@ def test_source_configmap_and_launch_command(dev: RunResult) -> None:
                                        "--deepspeed_config ds_config.json --expected-gpus-per-node 1")
     data = cm.inputs["data"]
     assert data["smoke_train.py"] == (PROJECT_DIR / "recipes" / "smoke_train.py").read_text()
+    # Its modules beside it (it imports them as recipes.smoke_train_*), with the package's __init__ as recipes.py.
+    modules = sorted(p.name for p in (PROJECT_DIR / "recipes").glob("smoke_train_*.py"))
+    assert modules and all(data[name] == (PROJECT_DIR / "recipes" / name).read_text() for name in modules)
+    assert {"recipes.py", "contract.py", "shutdown.py"} <= set(data)
     ds = json.loads(data["ds_config.json"])
     assert ds["train_batch_size"] == 32  # 2 workers x 1 T4 x micro batch 8 x 2 accumulation steps
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 2)

@@ -6,6 +6,7 @@ scripts run under bash in subprocesses, and smoke_train.py's helpers are importe
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shlex
@@ -344,17 +345,33 @@ def test_scripts_are_executable(parsed: list[tuple[str, str]]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# smoke_train.py pure helpers (torch and deepspeed are imported only inside main)
+# smoke_train.py's pure helpers, and its modules' (torch and deepspeed are imported inside functions)
 # --------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def smoke() -> ModuleType:
     already = {name for name in ("torch", "deepspeed") if name in sys.modules}
-    module = load_file(SMOKE_TEST, "deepspeed_smoke_test")
+    module = load_file(SMOKE_TEST, "deepspeed_smoke_test")  # with its modules (smoke_train_*.py)
     for name in ("torch", "deepspeed"):
-        assert name in already or name not in sys.modules, f"smoke_train.py imports {name} at module level"
+        assert name in already or name not in sys.modules, f"smoke_train.py or a module of it imports {name} at the top"
     return module
+
+
+# smoke_train.py's modules, as the script imported them; after `smoke`, whose check covers their top-level imports.
+@pytest.fixture(scope="module")
+def ranks(smoke: ModuleType) -> ModuleType:
+    return importlib.import_module("recipes.smoke_train_ranks")
+
+
+@pytest.fixture(scope="module")
+def loop(smoke: ModuleType) -> ModuleType:
+    return importlib.import_module("recipes.smoke_train_loop")
+
+
+@pytest.fixture(scope="module")
+def report(smoke: ModuleType) -> ModuleType:
+    return importlib.import_module("recipes.smoke_train_report")
 
 
 def test_parse_args_launcher_style(smoke: ModuleType) -> None:
@@ -381,89 +398,93 @@ def test_parse_args_rejects_bad_input(smoke: ModuleType, argv: list[str]) -> Non
     assert exc.value.code == 2
 
 
-def test_throughput(smoke: ModuleType) -> None:
-    assert smoke.throughput(160, 2.0) == 80.0
-    assert smoke.throughput(0, 1.0) == 0.0
+def test_throughput(report: ModuleType) -> None:
+    assert report.throughput(160, 2.0) == 80.0
+    assert report.throughput(0, 1.0) == 0.0
     with pytest.raises(ValueError, match="positive"):
-        smoke.throughput(10, 0.0)
+        report.throughput(10, 0.0)
     with pytest.raises(ValueError, match="negative"):
-        smoke.throughput(-1, 1.0)
+        report.throughput(-1, 1.0)
 
 
-def test_local_world_size(smoke: ModuleType) -> None:
-    assert smoke.local_world_size({"LOCAL_WORLD_SIZE": "4"}) == 4
-    assert smoke.local_world_size({"LOCAL_SIZE": "2"}) == 2  # the DeepSpeed launcher's name
-    assert smoke.local_world_size({}) is None
-    assert smoke.local_world_size({"LOCAL_SIZE": "x"}) is None
+def test_local_world_size(ranks: ModuleType) -> None:
+    assert ranks.local_world_size({"LOCAL_WORLD_SIZE": "4"}) == 4
+    assert ranks.local_world_size({"LOCAL_SIZE": "2"}) == 2  # the DeepSpeed launcher's name
+    assert ranks.local_world_size({}) is None
+    assert ranks.local_world_size({"LOCAL_SIZE": "x"}) is None
 
 
-def test_gpu_visibility_ok(smoke: ModuleType) -> None:
-    ok, message = smoke.check_gpu_visibility(4, 4, rank=2, host="w-1")
+def test_gpu_visibility_ok(ranks: ModuleType) -> None:
+    ok, message = ranks.check_gpu_visibility(4, 4, rank=2, host="w-1")
     assert ok
     assert message == "rank 2 on w-1: 4 GPU(s) visible, 4 rank(s) on this node"
-    assert smoke.check_gpu_visibility(8, None, 8)[0]
+    assert ranks.check_gpu_visibility(8, None, 8)[0]
 
 
-def test_gpu_visibility_no_gpu(smoke: ModuleType) -> None:
-    ok, message = smoke.check_gpu_visibility(0, 1, rank=0, host="w-0", visible_devices="0")
+def test_gpu_visibility_no_gpu(ranks: ModuleType) -> None:
+    ok, message = ranks.check_gpu_visibility(0, 1, rank=0, host="w-0", visible_devices="0")
     assert not ok
     assert "no GPU visible" in message and "/usr/local/nvidia" in message and "'0'" in message
 
 
-def test_gpu_visibility_too_few_for_the_ranks(smoke: ModuleType) -> None:
-    ok, message = smoke.check_gpu_visibility(2, 4, rank=5, host="w-1")
+def test_gpu_visibility_too_few_for_the_ranks(ranks: ModuleType) -> None:
+    ok, message = ranks.check_gpu_visibility(2, 4, rank=5, host="w-1")
     assert not ok
     assert message.startswith("rank 5 on w-1: 2 GPU(s) visible but 4 ranks on this node")
 
 
-def test_gpu_visibility_expected_count(smoke: ModuleType) -> None:
-    ok, message = smoke.check_gpu_visibility(4, 4, 8, rank=0, host="w-0")
+def test_gpu_visibility_expected_count(ranks: ModuleType) -> None:
+    ok, message = ranks.check_gpu_visibility(4, 4, 8, rank=0, host="w-0")
     assert not ok
     assert "expected 8 per node" in message
 
 
-def test_micro_batch_size(smoke: ModuleType) -> None:
-    assert smoke.micro_batch_size({"train_micro_batch_size_per_gpu": 4}, 8) == 4
-    assert smoke.micro_batch_size({"train_batch_size": 64, "gradient_accumulation_steps": 2}, 4) == 8
-    assert smoke.micro_batch_size({"train_batch_size": 2}, 8) == 1
-    assert smoke.micro_batch_size({}, 2) == smoke.DEFAULT_MICRO_BATCH
+def test_micro_batch_size(loop: ModuleType) -> None:
+    assert loop.micro_batch_size({"train_micro_batch_size_per_gpu": 4}, 8) == 4
+    assert loop.micro_batch_size({"train_batch_size": 64, "gradient_accumulation_steps": 2}, 4) == 8
+    assert loop.micro_batch_size({"train_batch_size": 2}, 8) == 1
+    assert loop.micro_batch_size({}, 2) == loop.DEFAULT_MICRO_BATCH
 
 
-def test_precision_and_optimizer(smoke: ModuleType) -> None:
-    assert smoke.precision({"fp16": {"enabled": True}}) == "fp16"
-    assert smoke.precision({"bf16": {"enabled": True}}) == "bf16"
-    assert smoke.precision({"fp16": {"enabled": False}}) == "fp32"
-    assert smoke.needs_client_optimizer({})
-    assert not smoke.needs_client_optimizer({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})
+def test_precision_and_optimizer(loop: ModuleType) -> None:
+    assert loop.precision({"fp16": {"enabled": True}}) == "fp16"
+    assert loop.precision({"bf16": {"enabled": True}}) == "bf16"
+    assert loop.precision({"fp16": {"enabled": False}}) == "fp32"
+    assert loop.needs_client_optimizer({})
+    assert not loop.needs_client_optimizer({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})
 
 
-def test_summarize(smoke: ModuleType) -> None:
+def test_summarize(report: ModuleType) -> None:
     results = [
-        smoke.RankResult(1, "w-0", 1, 2, 100.0, 512.0, 0.5),
-        smoke.RankResult(0, "w-0", 0, 2, 110.0, 500.0, 0.5),
-        smoke.RankResult(2, "w-1", 0, 2, 90.5, 640.25, 0.5),
+        report.RankResult(1, "w-0", 1, 2, 100.0, 512.0, 0.5),
+        report.RankResult(0, "w-0", 0, 2, 110.0, 500.0, 0.5),
+        report.RankResult(2, "w-1", 0, 2, 90.5, 640.25, 0.5),
     ]
-    text = smoke.summarize(results)
+    text = report.summarize(results)
     lines = text.splitlines()
     assert lines[1].split()[0] == "0", "ranks are listed in order"
     assert lines[-1] == "total: 3 rank(s) on 2 host(s), 300.5 samples/s, max peak memory 640.2 MiB"
 
 
-def test_load_config(smoke: ModuleType, tmp_path: Path) -> None:
+def test_load_config(loop: ModuleType, tmp_path: Path) -> None:
     path = tmp_path / "ds.json"
     path.write_text('{"train_micro_batch_size_per_gpu": 2}', encoding="utf-8")
-    assert smoke.load_config(str(path)) == {"train_micro_batch_size_per_gpu": 2}
+    assert loop.load_config(str(path)) == {"train_micro_batch_size_per_gpu": 2}
     path.write_text("[1]", encoding="utf-8")
     with pytest.raises(ValueError, match="JSON object"):
-        smoke.load_config(str(path))
+        loop.load_config(str(path))
 
 
 def test_smoke_test_survives_the_charts_tpl() -> None:
-    # source.configMap is rendered with Helm's tpl: a "{{" in the file would be taken for a template.
-    assert "{{" not in SMOKE_TEST.read_text(encoding="utf-8")
+    # source.configMap is rendered with Helm's tpl: a "{{" in a file it ships would be taken for a template.
+    from recipes.contract import program_sources
+
+    shipped = program_sources(SMOKE_TEST.name)
+    assert {"smoke_train.py", "smoke_train_ranks.py", "smoke_train_report.py"} <= set(shipped)
+    assert [name for name, text in shipped.items() if "{{" in text] == []
 
 
-def test_smoke_test_passes_no_optimizer_when_the_generated_config_names_one(smoke: ModuleType) -> None:
+def test_smoke_test_passes_no_optimizer_when_the_generated_config_names_one(loop: ModuleType) -> None:
     # With optimizer offload the generated ds_config names DeepSpeed's optimizer; the script must not pass its own.
     from model.types import DeepSpeedConfig
     from workloads.ds_config import build_ds_config
@@ -472,9 +493,9 @@ def test_smoke_test_passes_no_optimizer_when_the_generated_config_names_one(smok
                            precision="bf16", micro_batch_per_gpu=1, gradient_accumulation=1,
                            reduce_bucket_size=1, allgather_bucket_size=1, steps_per_print=1, learning_rate=0.0003,
                            gradient_clipping=1.0)
-    assert smoke.needs_client_optimizer(build_ds_config(base, 2, 1)) is False
+    assert loop.needs_client_optimizer(build_ds_config(base, 2, 1)) is False
     no_offload = msgspec.structs.replace(base, offload_optimizer="none")
-    assert smoke.needs_client_optimizer(build_ds_config(no_offload, 2, 1)) is True
+    assert loop.needs_client_optimizer(build_ds_config(no_offload, 2, 1)) is True
 
 
 @pytest.mark.parametrize(("flag", "value", "word"), [("--steps", "0", "positive"), ("--steps", "x", "positive"),

@@ -360,6 +360,8 @@ def test_nvidia_launcher_runs_deepspeed_with_the_shipped_script(nvidia_model: St
     w = nvidia_model.workloads["ds-t4"]
     data = mpijob.config_map_data(w, placement(nvidia_model, w), has_token=False)
     assert data["smoke_train.py"] == (PROJECT_DIR / "recipes" / "smoke_train.py").read_text()
+    modules = sorted(p.name for p in (PROJECT_DIR / "recipes").glob("smoke_train_*.py"))  # imported beside it
+    assert modules and all(data[name] == (PROJECT_DIR / "recipes" / name).read_text() for name in modules)
     assert json.loads(data["ds_config.json"])["fp16"]["enabled"] is True
     assert "Port 2222" in data["ssh_client.conf"].splitlines()
     mounts = {m["name"]: m["mountPath"] for m in container(job, "Launcher")["volumeMounts"]}

@@ -152,6 +152,19 @@ def test_the_package_imports_nothing_of_the_stack() -> None:
     assert found == []
 
 
+def test_a_program_ships_with_its_own_modules() -> None:
+    """smoke_train.py imports its smoke_train_*.py beside it: wherever it ships, they do; a program without own
+    modules ships as before, and finetune.py's ship with its kind (workloads/recipe.py LIBRARY_GLOB)."""
+    assert contract.own_modules("smoke_train.py") == ("smoke_train_checkpoint.py", "smoke_train_loop.py",
+                                                      "smoke_train_ranks.py", "smoke_train_report.py")
+    files = contract.program_sources("smoke_train.py")
+    assert list(files) == [contract.PACKAGE_FILE, "smoke_train.py", *contract.own_modules("smoke_train.py"),
+                           *contract.COMMON]
+    assert contract.own_modules("finetune.py") == contract.own_modules("nccl_bench.py") == ()
+    assert list(contract.program_sources("nccl_bench.py")) == [contract.PACKAGE_FILE, "nccl_bench.py",
+                                                               *contract.COMMON]
+
+
 def test_the_shipped_package_module_is_the_packages_init() -> None:
     files = contract.sources("kube_api.py")
     assert files[contract.PACKAGE_FILE] == (ROOT / "recipes" / "__init__.py").read_text(encoding="utf-8")

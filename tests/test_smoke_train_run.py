@@ -3,6 +3,7 @@ stubbed in a subprocess), and the launcher-variable and checkpoint helpers the e
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -108,61 +109,72 @@ def smoke() -> ModuleType:
     return load_file(SMOKE_TEST, "deepspeed_smoke_test_run")
 
 
-def test_rank_env_from_the_deepspeed_launcher(smoke: ModuleType) -> None:
+# smoke_train.py's modules, as the script imported them: the ranks' variables, and the checkpoints.
+@pytest.fixture(scope="module")
+def ranks(smoke: ModuleType) -> ModuleType:
+    return importlib.import_module("recipes.smoke_train_ranks")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(smoke: ModuleType) -> ModuleType:
+    return importlib.import_module("recipes.smoke_train_checkpoint")
+
+
+def test_rank_env_from_the_deepspeed_launcher(ranks: ModuleType) -> None:
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "MASTER_ADDR": "w-0",
            "MASTER_PORT": "29500"}
-    assert smoke.rank_env(env) == env
+    assert ranks.rank_env(env) == env
 
 
-def test_rank_env_from_open_mpi(smoke: ModuleType) -> None:
+def test_rank_env_from_open_mpi(ranks: ModuleType) -> None:
     # DeepSpeed's openmpi launcher exports MASTER_ADDR/MASTER_PORT (-x); the ranks are Open MPI's.
     env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
            "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29600"}
-    assert smoke.rank_env(env) == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_SIZE": "1",
+    assert ranks.rank_env(env) == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_SIZE": "1",
                                    "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29600"}
 
 
-def test_rank_env_alone_and_refusals(smoke: ModuleType) -> None:
-    assert smoke.rank_env({}) == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_SIZE": "1",
+def test_rank_env_alone_and_refusals(ranks: ModuleType) -> None:
+    assert ranks.rank_env({}) == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_SIZE": "1",
                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     with pytest.raises(ValueError, match="RANK=2 is not below WORLD_SIZE=2"):
-        smoke.rank_env({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
+        ranks.rank_env({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
     with pytest.raises(ValueError, match="MASTER_PORT='x'"):
-        smoke.rank_env({"MASTER_PORT": "x"})
+        ranks.rank_env({"MASTER_PORT": "x"})
     with pytest.raises(ValueError, match="RANK='-1'"):
-        smoke.rank_env({"RANK": "-1"})
+        ranks.rank_env({"RANK": "-1"})
 
 
-def test_cpu_run_needs_the_explicit_request(smoke: ModuleType) -> None:
-    assert smoke.cpu_run_requested({"DS_ACCELERATOR": "cpu"})
-    assert not smoke.cpu_run_requested({})
-    assert not smoke.cpu_run_requested({"DS_ACCELERATOR": "cuda"})
+def test_cpu_run_needs_the_explicit_request(ranks: ModuleType) -> None:
+    assert ranks.cpu_run_requested({"DS_ACCELERATOR": "cpu"})
+    assert not ranks.cpu_run_requested({})
+    assert not ranks.cpu_run_requested({"DS_ACCELERATOR": "cuda"})
 
 
-def test_checkpoint_dir_precedence(smoke: ModuleType) -> None:
+def test_checkpoint_dir_precedence(checkpoint: ModuleType) -> None:
     env = {"AIP_CHECKPOINT_DIR": "/gcs/b/ckpt", "CHECKPOINT_DIR": "/mnt/ckpt"}
-    assert smoke.checkpoint_dir("/x", env) == "/x"
-    assert smoke.checkpoint_dir(None, env) == "/gcs/b/ckpt"
-    assert smoke.checkpoint_dir(None, {"CHECKPOINT_DIR": "/mnt/ckpt"}) == "/mnt/ckpt"
-    assert smoke.checkpoint_dir(None, {}) is None
+    assert checkpoint.checkpoint_dir("/x", env) == "/x"
+    assert checkpoint.checkpoint_dir(None, env) == "/gcs/b/ckpt"
+    assert checkpoint.checkpoint_dir(None, {"CHECKPOINT_DIR": "/mnt/ckpt"}) == "/mnt/ckpt"
+    assert checkpoint.checkpoint_dir(None, {}) is None
 
 
-def test_checkpoint_schedule(smoke: ModuleType) -> None:
-    assert [n for n in range(1, 13) if smoke.due_for_checkpoint(n, 5)] == [5, 10]
-    assert not any(smoke.due_for_checkpoint(n, 0) for n in range(10))
+def test_checkpoint_schedule(checkpoint: ModuleType) -> None:
+    assert [n for n in range(1, 13) if checkpoint.due_for_checkpoint(n, 5)] == [5, 10]
+    assert not any(checkpoint.due_for_checkpoint(n, 0) for n in range(10))
 
 
-def test_resume_state_round_trip(smoke: ModuleType, tmp_path: Path) -> None:
-    assert smoke.read_resume_state(str(tmp_path)) is None
-    assert smoke.read_resume_state(None) is None
-    smoke.write_resume_state(str(tmp_path), {"step": 6, "world_size": 2, "tag": "global_step6", "loss": 0.5})
-    assert smoke.read_resume_state(str(tmp_path)) == {"step": 6, "world_size": 2, "tag": "global_step6",
-                                                      "loss": 0.5}
+def test_resume_state_round_trip(checkpoint: ModuleType, tmp_path: Path) -> None:
+    assert checkpoint.read_resume_state(str(tmp_path)) is None
+    assert checkpoint.read_resume_state(None) is None
+    checkpoint.write_resume_state(str(tmp_path), {"step": 6, "world_size": 2, "tag": "global_step6", "loss": 0.5})
+    assert checkpoint.read_resume_state(str(tmp_path)) == {"step": 6, "world_size": 2, "tag": "global_step6",
+                                                           "loss": 0.5}
     assert [p.name for p in tmp_path.iterdir()] == ["smoke_state.json"]
     (tmp_path / "smoke_state.json").write_text('{"step": 1}', encoding="utf-8")
     with pytest.raises(ValueError, match="not a smoke-test checkpoint state"):
-        smoke.read_resume_state(str(tmp_path))
-    assert smoke.universal_tag("global_step6") == "global_step6_universal"
+        checkpoint.read_resume_state(str(tmp_path))
+    assert checkpoint.universal_tag("global_step6") == "global_step6_universal"
 
 
 def test_stop_request_records_the_signal(smoke: ModuleType) -> None:

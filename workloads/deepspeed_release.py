@@ -19,9 +19,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from model.types import HelmWorkloadConfig
-from recipes.contract import COMMON, HF_TOKEN_PATH_ENV
 from recipes.contract import HERE as RECIPES_DIR
-from recipes.contract import sources as recipe_sources
+from recipes.contract import HF_TOKEN_PATH_ENV, program_sources
 from workloads import fabric, gcs_fuse, pod_security, recovery
 from workloads.ds_config import build_ds_config, nvme_volume, runs_hf_trainer
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, SYSTEM_POOL_SELECTOR, Placement, config_digest
@@ -102,7 +101,7 @@ def source_files(w: HelmWorkloadConfig, per_worker: int, with_token: bool = Fals
         files.update(contract.files())
     script = SCRIPTS_DIR / w.launch.script
     if script.is_file():  # a config check requires it unless launch.command is set
-        files.update(recipe_sources(w.launch.script, *COMMON))  # with recipes.py: the package's __init__
+        files.update(program_sources(w.launch.script))  # its modules, and recipes.py: the package's __init__
     return files
 
 

@@ -1,7 +1,8 @@
 """Where an NVIDIA MPIJob's `launch.script` comes from, and the path every rank runs it at.
 
 - `NAME.py`: the project's program in recipes/, shipped in the job's ConfigMap (mounted at CONFIG_DIR) with the
-  package's __init__ as recipes.py and the modules every program imports (recipes/contract.py COMMON).
+  package's __init__ as recipes.py, its own modules and the modules every program imports (recipes/contract.py
+  `program_sources`: OWN_MODULES, COMMON).
 - `user/NAME.py`: your own script in recipes/user/, shipped the same way under the key `user-NAME.py`.
   The folder is yours: ruff and the project's tests leave it alone (pyproject.toml `extend-exclude`), so a script
   of yours never breaks `make test` or `make lint`.
@@ -55,7 +56,7 @@ def source(w: MpiJobBaseConfig) -> ScriptSource:
         text = "" if w.launch.command else (SCRIPTS_DIR / script).read_text(encoding="utf-8")
         return ScriptSource(f"{CONFIG_DIR}/{key}", {} if w.launch.command else {key: text})
     # A program of the recipes package ships with the package's __init__ (recipes.py) and the modules it imports.
-    shipped = {} if w.launch.command else contract.sources(script, *contract.COMMON)
+    shipped = {} if w.launch.command else contract.program_sources(script)
     return ScriptSource(f"{CONFIG_DIR}/{script}", shipped)
 
 
