@@ -3,7 +3,7 @@
 Two clusters of three hosts each (e2e/hosts.py), side by side (STREAMS), run the stack's own files, rendered by
 the stack's own code. Each scenario is a module beside this file, its docstring saying what it runs:
 
-- mpijob (mpijob_scenario.py): the Kubeflow MPIJob for NVIDIA with OpenMPI's mpirun (its pdsh launch is finetune's);
+- mpijob (mpijob_scenario.py): the MPIJob's workers reached by the one mpirun line the stack renders (Gaudi's setup);
 - vertex (vertex_scenario.py): the vertex stack's CustomJob, vertex_start.sh on 2 hosts, finetune.py, LoRA merged;
 - recovery (recovery_scenario.py): the Bitnami chart's path, a worker pod preempted, relaunched and resumed,
           then resumed with one worker fewer (universal checkpoint);
