@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipes.contract_programs import ADAPTER_LOADER
 from recipes.evaluate_copies import MARKER, SERVED, read_json
 
-POLL_SECONDS = 15
 HTTP_TIMEOUT_SECONDS = 10
 LOAD_TIMEOUT_SECONDS = 300  # a load reads the adapter from the bucket's FUSE mount
 
@@ -135,14 +135,7 @@ def log(text: str) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()), allow_abbrev=False)
-    parser.add_argument("--url", required=True, help="vLLM's root on the pod's loopback, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--evals", required=True, type=Path, help="the bucket's evals/ folder (read-only)")
-    parser.add_argument("--adapter", action="append", required=True, help="an adapter NAME the server serves")
-    parser.add_argument("--ready", type=Path, default=Path("/tmp/adapter-loader/ready"),
-                        help="the file the readiness probe reads")
-    parser.add_argument("--poll", type=float, default=POLL_SECONDS, help="seconds between passes")
-    parser.add_argument("--once", action="store_true", help="one pass, then exit: 0 when every decision is served")
+    parser = ADAPTER_LOADER.parser(description=" ".join(__doc__.split("\n\n")[0].split()))
     return parser.parse_args(argv)
 
 

@@ -6,7 +6,9 @@ Both sides read it: a program builds its argparse parser and its bound checks fr
 `FINETUNE.parser()`, `FINETUNE.problems(args)`); the stack renders the program's argv from the same declaration
 (`FINETUNE.argv(values)`, workloads/recipe.py), maps each flag to its key (`FINETUNE.stack_flags()`:
 FINETUNE_STACK_KEYS, and the args lists that may not repeat a flag), and tests/test_recipe_contract.py holds
-model/schema.yaml's `$defs.finetuneRun` to the same defaults and bounds. Adding an option: docs/layout.md.
+model/schema.yaml's `$defs.finetuneRun` to the same defaults and bounds. Adding an option: docs/layout.md. The other
+programs the stack passes flags to are declared in contract_programs.py (PROGRAMS, OWN_PARSERS), maintenance_watch.py
+here (it ships beside this module alone).
 
 Standard library only, and nothing of the stack (pyproject.toml's import contract): it is shipped with the programs.
 """
@@ -14,7 +16,7 @@ Standard library only, and nothing of the stack (pyproject.toml's import contrac
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +64,8 @@ class Option:
     (relative to the run's block: the workload, or `vertex`), its type, default and bounds, and its help."""
 
     flags: tuple[str, ...]
-    type: type | str = str  # str, int, float, list (nargs="+") or SWITCH
+    # str, int, float, list (nargs="+"), SWITCH, or another argparse type (Path, positive_int): its value renders as str
+    type: type | str | Callable[[str], Any] = str
     default: Any = None
     help: str = ""
     key: tuple[str, ...] = ()  # () when no stack key sets it
@@ -75,6 +78,8 @@ class Option:
     metavar: str | None = None
     dest: str = ""
     only_with: str = ""  # the switch without which the option is not read (nor checked): "lora"
+    required: bool = False
+    repeat: bool = False  # given once per value (argparse's append): the stack renders FLAG VALUE for each
 
     @property
     def name(self) -> str:
@@ -107,14 +112,18 @@ class Program:
     options: tuple[Option, ...]
     description: str = ""
     hidden: tuple[Option, ...] = field(default_factory=tuple)  # the launcher's own (--local_rank): no help
+    abbrev: bool = False  # argparse's allow_abbrev: True for the programs whose parsers always took prefixes
 
     def option(self, name: str) -> Option:
         return next(o for o in self.options if o.name == name)
 
-    def parser(self, description: str | None = None) -> argparse.ArgumentParser:
-        parser = argparse.ArgumentParser(description=description or self.description, allow_abbrev=False)
+    def parser(self, description: str | None = None,
+               types: Mapping[str, Callable[[str], Any]] | None = None) -> argparse.ArgumentParser:
+        """The program's parser; `types`: option name -> the argparse type the program reads a str option's text
+        with into a value of its own (evaluator.py's NAME=MODEL_DIR adapters), which the contract cannot import."""
+        parser = argparse.ArgumentParser(description=description or self.description, allow_abbrev=self.abbrev)
         for o in self.options:
-            _add(parser, o)
+            _add(parser, o, convert=(types or {}).get(o.name))
         for o in self.hidden:
             _add(parser, o, hidden=True)
         return parser
@@ -140,6 +149,8 @@ class Program:
                 continue
             if o.type == SWITCH:
                 args.append(o.flags[0])
+            elif o.repeat:
+                args += [part for v in value for part in (o.flags[0], str(v))]
             elif o.type is list:
                 args += [o.flags[0], *(str(v) for v in value)]
             elif o.type is float:
@@ -153,8 +164,11 @@ class Program:
         return {flag: o.key for o in self.options if o.key for flag in o.flags}
 
 
-def _add(parser: argparse.ArgumentParser, o: Option, hidden: bool = False) -> None:
+def _add(parser: argparse.ArgumentParser, o: Option, hidden: bool = False,
+         convert: Callable[[str], Any] | None = None) -> None:
     kwargs: dict[str, Any] = {"dest": o.name, "help": argparse.SUPPRESS if hidden else o.help or None}
+    if o.required:
+        kwargs["required"] = True
     if o.type == SWITCH:
         kwargs["action"] = "store_true"
     else:
@@ -164,8 +178,10 @@ def _add(parser: argparse.ArgumentParser, o: Option, hidden: bool = False) -> No
         kwargs["default"] = list(default) if isinstance(default, tuple) else default
         if o.type is list:
             kwargs["nargs"] = "+"
-        elif o.type in (int, float):
-            kwargs["type"] = o.type
+        elif convert is not None or o.type is not str:
+            kwargs["type"] = convert or o.type
+        if o.repeat:
+            kwargs["action"] = "append"
         if o.choices:
             kwargs["choices"] = o.choices
         if o.metavar:
@@ -292,5 +308,15 @@ FINETUNE = Program("finetune", description="Fine-tune a causal language model wi
     Option(("--local_rank", "--local-rank"), int, default=-1, dest="local_rank"),
 ))
 
-# The programs whose parser is declared here, by file name (workloads/script_flags.py reads their flags from it).
-PROGRAMS = {"finetune.py": FINETUNE}
+
+# --- maintenance_watch.py: here rather than in contract_programs.py (the other programs'), since it ships beside
+# contract.py alone (workloads/maintenance.py files).
+
+MAINTENANCE_WATCH = Program("maintenance_watch", abbrev=True, options=(
+    Option(("--namespace",), required=True),
+    Option(("--pods",), required=True, help="comma-separated: the job's worker pods"),
+    Option(("--lead-seconds",), float, required=True, help="act this long before the maintenance"),
+    Option(("--poll-seconds",), float, default=60.0),
+    Option(("--state",), default="", help="a file of the nodes already acted on (survives restarts)"),
+    Option(("--once",), SWITCH, help="one round, then exit (tests)"),
+))

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.contract import EXIT_USAGE
+from recipes.contract_programs import EVALUATE
 from recipes.evaluate_copies import (
     SERVED,
     copy_adapter,
@@ -80,8 +81,6 @@ from recipes.evaluate_task import (
 EXIT_SERVER = 1
 VERSIONS = "versions"  # EVALS_DIR/versions/NAME-STEP-TIME: each candidate's own copy
 CANDIDATE_SUFFIX = "-candidate"
-DEFAULT_MAX_TOKENS = 32
-DEFAULT_MAX_LENGTH = 2048  # lm-eval's own default: prompts longer than this less the reply are cut on the left
 HTTP_TIMEOUT_SECONDS = 300
 # Every metric's direction: +1 when higher is better (both are: a log-likelihood closer to 0, more exact matches).
 DIRECTION = {LOGLIKELIHOOD: 1, EXACT_MATCH: 1}
@@ -106,9 +105,8 @@ class Decision:
     reason: str
 
 
-# The gate's bounds: the stack's serving.evaluation.minImprovement takes 0..1 (model/schema.yaml; tests/test_evaluate.py
-# holds them equal): a negative gate would serve an export worse than the one served now.
-MIN_IMPROVEMENT_RANGE = (0.0, 1.0)
+# The gate's bounds, as its option declares them (recipes/contract_programs.py EVALUATE: serving.evaluation's 0..1).
+MIN_IMPROVEMENT_RANGE = (EVALUATE.option("min_improvement").minimum, EVALUATE.option("min_improvement").maximum)
 
 
 def passes(improvement: float, min_improvement: float | None) -> bool:
@@ -235,25 +233,14 @@ def lm_eval_version() -> str:
 # --- main ---------------------------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()), allow_abbrev=False)
-    parser.add_argument("--url", required=True, help="the server's root, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--base", required=True, help="the base model's name in the server's API")
-    parser.add_argument("--adapter", required=True, help="the name the tuned adapter is served under")
-    parser.add_argument("--candidate", required=True, help="the adapter's folder (MODEL_DIR of the finetune workload)")
-    parser.add_argument("--task", required=True, help="the held-out task: JSON lines in a format training takes")
-    parser.add_argument("--results", required=True, help="where results.json goes (served.json, versions/ beside)")
-    parser.add_argument("--metric", choices=METRICS, help="what the gate reads (default: loglikelihood for "
-                        "chat-trained exports, exact_match for raw ones)")
-    parser.add_argument("--min-improvement", type=float, help="the gate: at least this much better, or not served")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens generated per prompt")
-    parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH, help="the server's max model length")
+    parser = EVALUATE.parser(description=" ".join(__doc__.split("\n\n")[0].split()))
     args = parser.parse_args(argv)
     problems = []
     low, high = MIN_IMPROVEMENT_RANGE
-    if args.min_improvement is not None and not low <= args.min_improvement <= high:
+    if args.min_improvement is not None and not low <= args.min_improvement <= high:  # one range, in one sentence
         problems.append(f"--min-improvement must be between {low:g} and {high:g}, got {args.min_improvement}")
-    if args.max_tokens < 1:
-        problems.append(f"--max-tokens must be 1 or more, got {args.max_tokens}")
+    if (problem := EVALUATE.option("max_tokens").bound_problem(args.max_tokens)) is not None:
+        problems.append(problem)
     if args.max_length <= args.max_tokens:
         problems.append(f"--max-length must be more than --max-tokens, got {args.max_length}")
     if problems:

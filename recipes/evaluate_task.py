@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recipes.contract_programs import EVAL_METRICS, EXACT_MATCH, LOGLIKELIHOOD
 from recipes.finetune_data import FieldSpec, RecordError, layout, sample
 
 CHAT, RAW = "chat", "raw"
 RENDERINGS = (CHAT, RAW)
-EXACT_MATCH, LOGLIKELIHOOD = "exact_match", "loglikelihood"
-METRICS = (LOGLIKELIHOOD, EXACT_MATCH)
+METRICS = EVAL_METRICS  # the choices of evaluate.py's and evaluator.py's --metric, declared once
 GENERATE_TASK, LIKELIHOOD_TASK = "deepspeed_stack_heldout", "deepspeed_stack_heldout_ll"
 FILTER = "strip"  # the generation task's filter: lm-eval reports its metric as "exact_match,strip"
 METRICS_MODULE = "evaluate_metrics"  # process_results and the aggregation, copied beside the task files

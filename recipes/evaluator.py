@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipes.contract_programs import EVALUATE as EVALUATE_OPTIONS
+from recipes.contract_programs import EVALUATOR
 from recipes.evaluate_copies import MARKER, SERVED, read_json
 
 RESULTS = "results.json"
 LEGACY_COPY = "adapter"  # EVALS/NAME/adapter: where an older evaluate.py copied the served export
 EVALUATE = Path(__file__).resolve().parent / "evaluate.py"
-POLL_SECONDS = 30
-RETRY_SECONDS = 600
 HTTP_TIMEOUT_SECONDS = 10
 
 
@@ -97,14 +97,10 @@ def needs_loading(name: str, served: Sequence[str], copy: Path | None) -> bool:
 
 def evaluate_command(args: argparse.Namespace, adapter: Adapter) -> list[str]:
     folder = Path(args.evals) / adapter.name
-    command = [sys.executable, str(EVALUATE), "--url", args.url, "--base", args.base, "--adapter", adapter.name,
-               "--candidate", str(adapter.model_dir), "--task", args.task, "--results", str(folder / RESULTS),
-               "--max-tokens", str(args.max_tokens), "--max-length", str(args.max_length)]
-    if args.min_improvement is not None:
-        command += ["--min-improvement", str(args.min_improvement)]
-    if args.metric is not None:
-        command += ["--metric", args.metric]
-    return command
+    return [sys.executable, str(EVALUATE), *EVALUATE_OPTIONS.argv({
+        "url": args.url, "base": args.base, "adapter": adapter.name, "candidate": str(adapter.model_dir),
+        "task": args.task, "results": str(folder / RESULTS), "max_tokens": args.max_tokens,
+        "max_length": args.max_length, "min_improvement": args.min_improvement, "metric": args.metric})]
 
 
 def _get(url: str) -> str:
@@ -195,21 +191,8 @@ def parse_adapter(text: str) -> Adapter:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()), allow_abbrev=False)
-    parser.add_argument("--url", required=True, help="the server's root, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--base", required=True, help="the base model's name in the server's API")
-    parser.add_argument("--task", required=True, help="the held-out task (JSON lines in a format training takes)")
-    parser.add_argument("--evals", required=True, help="the bucket's evals/ folder (EVALS/NAME/results.json)")
-    parser.add_argument("--adapter", action="append", type=parse_adapter, required=True,
-                        help="NAME=MODEL_DIR of each adapter the server serves")
-    parser.add_argument("--min-improvement", type=float, help="the gate (evaluate.py --min-improvement)")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
-    parser.add_argument("--max-length", type=int, default=2048, help="the server's max model length")
-    parser.add_argument("--metric", choices=("loglikelihood", "exact_match"),
-                        help="what the gate reads (evaluate.py --metric; default by the export's rendering)")
-    parser.add_argument("--poll", type=float, default=POLL_SECONDS, help="seconds between passes")
-    parser.add_argument("--retry", type=float, default=RETRY_SECONDS, help="seconds before a failed one again")
-    parser.add_argument("--once", action="store_true", help="one pass, then exit (1 if the server is down)")
+    parser = EVALUATOR.parser(description=" ".join(__doc__.split("\n\n")[0].split()),
+                              types={"adapter": parse_adapter})
     return parser.parse_args(argv)
 
 

@@ -31,20 +31,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from recipes.contract import MAINTENANCE_WATCH
 from recipes.kube_api import Api, ApiError, in_cluster_send
 
 LABEL = "cloud.google.com/scheduled-maintenance-time"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--namespace", required=True)
-    p.add_argument("--pods", required=True, help="comma-separated: the job's worker pods")
-    p.add_argument("--lead-seconds", type=float, required=True, help="act this long before the maintenance")
-    p.add_argument("--poll-seconds", type=float, default=60.0)
-    p.add_argument("--state", default="", help="a file of the nodes already acted on (survives restarts)")
-    p.add_argument("--once", action="store_true", help="one round, then exit (tests)")
-    return p.parse_args(argv)
+    return MAINTENANCE_WATCH.parser(description=__doc__.split("\n")[0]).parse_args(argv)
 
 
 def maintenance_at(node: dict[str, Any]) -> float | None:

@@ -37,28 +37,13 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from recipes.contract import positive_int
-
-DEFAULT_URL = "http://localhost:51080"
+from recipes.contract_programs import SEND_PROMPT
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Send one prompt to a DeepSpeed-MII or OpenAI-compatible server")
+    parser = SEND_PROMPT.parser(types={"messages": _messages})
+    # Positional, so not an option of the declaration (the stack quotes the prompt for a shell itself).
     parser.add_argument("prompt", nargs="?", help="the prompt text (with --chat: the user's turn)")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"the server, e.g. a port-forward (default {DEFAULT_URL})")
-    parser.add_argument("--deployment", help="the workload's name: MII's RESTful path is /mii/<deployment>")
-    parser.add_argument("--openai", action="store_true", help="use the OpenAI-compatible /v1/completions instead")
-    parser.add_argument("--model", help="with --openai: the served model (serving.model, or the path of modelPath)")
-    parser.add_argument("--chat", action="store_true", help="with --openai: /v1/chat/completions, a conversation")
-    parser.add_argument("--system", help="with --chat: a system turn before the prompt")
-    parser.add_argument("--messages", type=_messages, help="with --chat: the whole conversation, a JSON list of "
-                        "{\"role\": ..., \"content\": ...} (instead of the prompt)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="most tokens to generate (128)")
-    parser.add_argument("--timeout", type=positive_int, default=300, help="seconds to wait for the reply (300)")
-    parser.add_argument("--temperature", type=float, help="with --openai: sampling temperature (0: greedy)")
-    parser.add_argument("--ignore-eos", action="store_true", help="with --openai (vLLM): do not stop at EOS")
-    parser.add_argument("--token-ids", action="store_true", help="with --openai (vLLM): return the token ids")
-    parser.add_argument("--json", action="store_true", help="print the server's whole JSON answer")
     args = parser.parse_args(argv)
     if args.openai and not args.model:
         parser.error("--openai needs --model (the server answers only for the model it serves)")
@@ -77,8 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--messages is the whole conversation: give no prompt or --system beside it")
     if not args.messages and args.prompt is None:
         parser.error("the prompt is required (or, with --chat, --messages)")
-    if args.temperature is not None and args.temperature < 0:
-        parser.error(f"--temperature must be 0 or more, got {args.temperature}")
+    for problem in SEND_PROMPT.problems(args):  # --temperature: 0 or more
+        parser.error(problem)
     if not args.openai and not args.deployment:
         parser.error("--deployment is required (the workload's name, e.g. chat)")
     return args

@@ -33,11 +33,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from recipes.contract import positive_int
+from recipes.contract_programs import SERVE
 
 LOCALHOST = "127.0.0.1"
-MII_LOAD_BALANCER_PORT = 50050  # deepspeed-mii's default `port_number`
-GATEWAY_PORT = 28080  # MII's RESTful gateway, on 127.0.0.1 only (data/serving.yaml mii.ports.gatewayInternal)
 CHECK_SECONDS = 10.0
 # A generation of many tokens on a busy server takes minutes; the client's own timeout decides before this.
 FORWARD_TIMEOUT_SECONDS = 600
@@ -45,29 +43,8 @@ FORWARD_TIMEOUT_SECONDS = 600
 FASTGEN_MAX_CONTEXT = 8192
 
 
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a TCP port")
-    return value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="DeepSpeed-MII persistent server with its RESTful API")
-    parser.add_argument("--model", required=True, help="Hugging Face model id, or a folder with the checkpoint")
-    parser.add_argument("--deployment-name", required=True, help="MII deployment name (REST path /mii/NAME)")
-    parser.add_argument("--tensor-parallel", type=positive_int, default=1, help="GPUs the model is split over")
-    parser.add_argument("--max-length", type=positive_int, default=None,
-                        help="most tokens (prompt + generated) of one sequence")
-    parser.add_argument("--host", default="0.0.0.0", help="address the APIs listen on")
-    parser.add_argument("--port", type=_port, default=51080,
-                        help="the served port: POST /mii/<deployment> (forwarded to MII's gateway) and GET /health")
-    parser.add_argument("--gateway-port", type=_port, default=GATEWAY_PORT,
-                        help="MII's RESTful gateway, on 127.0.0.1 only")
-    parser.add_argument("--openai-port", type=_port, default=None, help="also start the OpenAI-compatible server")
-    parser.add_argument("--load-balancer-port", type=_port, default=MII_LOAD_BALANCER_PORT,
-                        help="MII's internal load balancer port")
-    return parser.parse_args(argv)
+    return SERVE.parser().parse_args(argv)
 
 
 def serve_kwargs(args: argparse.Namespace) -> dict[str, Any]:

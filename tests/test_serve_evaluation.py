@@ -94,7 +94,7 @@ def test_the_evaluator_runs_evaluate_py_beside_vllm(gated: RunResult) -> None:
     # evaluate.py and every module beside it that it imports (its task, finetune.py's record reading), as they are.
     assert set(files) == {"evaluator.py", "evaluate.py", "evaluate_task.py", "evaluate_metrics.py",
                           "evaluate_copies.py", "finetune_data.py", "finetune_config.py", "client_endpoints.py",
-                          "contract.py", "recipes.py"}  # recipes.py: the package's __init__, shipped flat
+                          "contract.py", "contract_programs.py", "recipes.py"}  # recipes.py: the package's __init__
     assert all(text == (SCRIPTS / name).read_text(encoding="utf-8") for name, text in files.items())
     import ast
 

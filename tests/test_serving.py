@@ -285,6 +285,11 @@ def test_mii_runs_its_entry_script_behind_its_own_port(mii: RunResult) -> None:
     assert volumes[mounts["/app"]]["configMap"]["name"] == "chat-server"
     cm = mii.one(CONFIG_MAP, "chat-server").inputs["data"]
     assert cm["serve.py"] == (PROJECT_DIR / "recipes" / "serve.py").read_text(encoding="utf-8")
+    # What it imports beside it: its options (contract_programs.py SERVE) and the package's __init__.
+    assert sorted(cm) == ["contract.py", "contract_programs.py", "recipes.py", "serve.py"]
+    serve_py = load_script(SERVE_PY)
+    args = serve_py.parse_args(c["args"][1:])  # the pod's arguments, read by the entry script's own parser
+    assert (args.tensor_parallel, args.port, args.max_length, args.openai_port) == (1, 51080, 4096, 8000)
     assert [p["port"] for p in mii.one(SERVICE).inputs["spec"]["ports"]] == [51080, 8000]
     # The NetworkPolicy admits allowFrom to the two API ports only (never 28080: nothing listens there but on
     # loopback anyway).
@@ -317,8 +322,8 @@ def test_engine_facts_and_their_copies_agree(serve_py: types.ModuleType) -> None
     assert facts.version == "0.3.3"
     dockerfile = (PROJECT_DIR / "workloads" / "images" / "deepspeed" / "Dockerfile").read_text(encoding="utf-8")
     assert re.search(r"^ARG DEEPSPEED_MII_VERSION=(\S+)$", dockerfile, re.M).group(1) == facts.version
-    assert serve_py.MII_LOAD_BALANCER_PORT == facts.load_balancer_port == 50050
-    assert serve_py.GATEWAY_PORT == facts.gateway_internal_port == 28080
+    assert serve_py.SERVE.option("load_balancer_port").default == facts.load_balancer_port == 50050
+    assert serve_py.SERVE.option("gateway_port").default == facts.gateway_internal_port == 28080
     assert serve_py.FASTGEN_MAX_CONTEXT == raw["mii"]["fastgenMaxContext"] == 8192
     # FastGen: kernels for 8.0, 8.6, 8.9, 9.0 (deepspeed-kernels' cubins); a 1 GB reserve (manager_configs.py).
     m = engine("mii")

@@ -67,10 +67,10 @@ def test_a_script_in_the_bucket_runs_from_the_mount() -> None:
     launcher, files = _launcher({**BUCKET, "workloads.smoke.launch.script": "gs://team-bucket/code/train.py"})
     assert _rank(launcher)[0] == "/gcs/code/train.py"
     assert _rank(launcher)[1:3] == ["--deepspeed_config", "/etc/deepspeed/ds_config.json"]
-    # Only the workers' preStop hook and the launcher's maintenance watch are shipped: the training script runs from
-    # the bucket.
-    assert sorted(k for k in files if k.endswith(".py")) == ["kube_api.py", "maintenance_watch.py", "recipes.py",
-                                                                 "stop_ranks.py"]
+    # Only the workers' preStop hook and the launcher's maintenance watch (with its options, contract.py) are
+    # shipped: the training script runs from the bucket.
+    assert sorted(k for k in files if k.endswith(".py")) == ["contract.py", "kube_api.py", "maintenance_watch.py",
+                                                                 "recipes.py", "stop_ranks.py"]
     assert _problems({**BUCKET, "workloads.smoke.launch.script": "gs://team-bucket/code/train.py"}) == []
     assert _problems({**BUCKET, "workloads.smoke.launch.script": "/gcs/code/train.py"}) == []
 

@@ -66,7 +66,8 @@ def worker_pods(w: MpiJobBaseConfig) -> list[str]:
 
 
 def files() -> dict[str, str]:
-    return contract.sources(PROGRAM, API)
+    # contract.py: the program's options (MAINTENANCE_WATCH), for a job that ships no training program beside it.
+    return contract.sources(PROGRAM, API, "contract.py")
 
 
 def token_volume() -> dict[str, Any]:
@@ -85,10 +86,9 @@ def sidecar(w: MpiJobBaseConfig, image: Any, config_mount: dict[str, Any],
     return {
         "name": SIDECAR, "image": image, "imagePullPolicy": "IfNotPresent", "restartPolicy": "Always",
         "command": ["python3"],
-        "args": [f"{config_mount['mountPath']}/{PROGRAM}", "--namespace", w.namespace,
-                 "--pods", ",".join(worker_pods(w)), "--lead-seconds", str(lead_seconds(w)),
-                 "--poll-seconds", str(POLL_SECONDS),
-                 "--state", f"{state_mount['mountPath']}/{STATE_FILE}"],
+        "args": [f"{config_mount['mountPath']}/{PROGRAM}", *contract.MAINTENANCE_WATCH.argv({
+            "namespace": w.namespace, "pods": ",".join(worker_pods(w)), "lead_seconds": lead_seconds(w),
+            "poll_seconds": POLL_SECONDS, "state": f"{state_mount['mountPath']}/{STATE_FILE}"})],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "runAsUser": USER, "capabilities": {"drop": ["ALL"]}},

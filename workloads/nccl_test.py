@@ -14,6 +14,7 @@ Rendered as plain dicts by pure functions, validated with kubernetes-validate in
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -24,6 +25,7 @@ from model import serving_engines
 from model.fabric import pass_line, pool_fabric
 from model.types import NcclTestConfig, NodePoolConfig
 from recipes import contract
+from recipes.contract_programs import NCCL_BENCH
 from workloads import fabric, pod_security
 from workloads.placement import GKE_ACCELERATOR_LABEL, NVIDIA_RESOURCE, fitted_cpu_memory
 
@@ -53,27 +55,28 @@ class NcclTestInputs(msgspec.Struct, frozen=True):
     awaited: bool = False
 
 
-def nccl_args(inputs: NcclTestInputs) -> list[str]:
+def nccl_values(inputs: NcclTestInputs) -> dict[str, str | None]:
     """What nccl_bench.py checks the NCCL torch ran against: the image's own, and the fabric's minimum and the
     version Google qualifies its plugin with; and the bus bandwidth the machine type must reach (its pass line),
     with where that line comes from (data/gpu_fabric.yaml). The pools share one fabric (checks/fabric.py) and,
-    mixed machine types aside, one line: the first pool's."""
+    mixed machine types aside, one line: the first pool's. By option name (NCCL_BENCH); None: not passed."""
     f = pool_fabric(inputs.pools[0])
     line = pass_line(inputs.pools[0])
-    pairs = [("--expect-nccl", inputs.nccl_version), ("--min-nccl", f.nccl_minimum if f else None),
-             ("--qualified-nccl", f.nccl_qualified if f else None),
-             ("--pass-line", line.flag() if line else None), ("--pass-line-note", line.note() if line else None)]
-    return [part for flag, value in pairs if value for part in (flag, value)]
+    values = {"expect_nccl": inputs.nccl_version, "min_nccl": f.nccl_minimum if f else None,
+              "qualified_nccl": f.nccl_qualified if f else None, "pass_line": line.flag() if line else None,
+              "pass_line_note": line.note() if line else None}
+    return {name: value or None for name, value in values.items()}  # an empty one is left out too
 
 
 def labels(test: NcclTestConfig) -> dict[str, str]:
     return {"app.kubernetes.io/managed-by": "pulumi", "deepspeed-stack/nccl-test": test.name}
 
 
-def run_script(test: NcclTestConfig, gpus: int, nccl: list[str] | None = None) -> str:
+def run_script(test: NcclTestConfig, gpus: int, nccl: Mapping[str, str | None] | None = None) -> str:
     """torchrun on every node: rank 0's pod is the rendezvous (static: node rank = the Job's completion index)."""
-    bench = [f"{CONFIG_DIR}/{BENCH_SCRIPT}", "--benchmarks", ",".join(test.benchmarks),
-             "--min-bytes", test.min_bytes, "--max-bytes", test.max_bytes, *(nccl or [])]
+    bench = [f"{CONFIG_DIR}/{BENCH_SCRIPT}", *NCCL_BENCH.argv({
+        "benchmarks": ",".join(test.benchmarks), "min_bytes": test.min_bytes, "max_bytes": test.max_bytes,
+        **(nccl or {})})]
     return "\n".join([
         "set -eo pipefail",
         f'exec python -u -m torch.distributed.run --nnodes="$NODES" --nproc-per-node={gpus} '
@@ -86,7 +89,7 @@ def run_script(test: NcclTestConfig, gpus: int, nccl: list[str] | None = None) -
 def config_map_data(inputs: NcclTestInputs) -> dict[str, str]:
     contract = fabric.pod_contract_for_pool(inputs.pools[0])
     data = {BENCH_SCRIPT: SCRIPT.read_text(encoding="utf-8"),
-            RUN_SCRIPT: run_script(inputs.test, inputs.pools[0].gpu.count, nccl_args(inputs))}
+            RUN_SCRIPT: run_script(inputs.test, inputs.pools[0].gpu.count, nccl_values(inputs))}
     if contract is not None:
         data.update(contract.files())
     return data

@@ -37,6 +37,7 @@ from typing import Any
 from model.types import NodePoolConfig, WorkloadConfig
 from planner import recovery as estimate
 from recipes import contract
+from recipes.contract_programs import STOP_RANKS
 
 # The least grace period of a training pod (Kubernetes' default is 30 s); a sized run gets what its save needs
 # (grace_seconds, from the preview's "Preemption recovery" estimate).
@@ -67,8 +68,12 @@ def stop_ranks_file() -> dict[str, str]:
     return {STOP_RANKS_KEY: STOP_RANKS_SCRIPT.read_text(encoding="utf-8")}
 
 
+def stop_ranks_command(scripts_dir: str, grace_seconds: int) -> list[str]:
+    """The hook's command line from `scripts_dir` (where the ConfigMap is mounted): it waits for the ranks at most
+    the grace period less the margin."""
+    return ["python3", f"{scripts_dir}/{STOP_RANKS_KEY}", *STOP_RANKS.argv({"timeout": stop_timeout(grace_seconds)})]
+
+
 def stop_ranks_hook(scripts_dir: str, grace_seconds: int = TERMINATION_GRACE_SECONDS) -> dict[str, Any]:
-    """A worker container's `lifecycle`: preStop runs the hook from `scripts_dir` (where the ConfigMap is mounted)
-    and waits for the ranks at most the grace period less the margin."""
-    return {"preStop": {"exec": {"command": ["python3", f"{scripts_dir}/{STOP_RANKS_KEY}", "--timeout",
-                                             str(stop_timeout(grace_seconds))]}}}
+    """A worker container's `lifecycle`: preStop runs the hook (stop_ranks_command)."""
+    return {"preStop": {"exec": {"command": stop_ranks_command(scripts_dir, grace_seconds)}}}

@@ -22,6 +22,7 @@ from typing import Any
 from model import capacity
 from model.types import NodePoolConfig, StackConfig, WorkloadConfig
 from recipes import contract
+from recipes.contract_programs import RESERVATION_END
 from workloads import recovery
 from workloads.pod_security import NVIDIA_IMAGE_UID_WAIVER, NVIDIA_USER, skip_annotations
 
@@ -89,10 +90,10 @@ def config_map() -> dict[str, Any]:
 def program_args(queue: str, pools: list[NodePoolConfig], pool: NodePoolConfig, where: list[str],
                  wait: int) -> list[str]:
     assert pool.reservation_end_text is not None
-    return [f"{MOUNT}/{PROGRAM}", "--queue", queue, "--flavor", pool.name,
-            "--index", str([p.name for p in pools].index(pool.name)), "--end", pool.reservation_end_text,
-            "--namespaces", ",".join(where), "--kueue-api", capacity.load().kueue_api_version,
-            "--wait-seconds", str(wait)]
+    return [f"{MOUNT}/{PROGRAM}", *RESERVATION_END.argv({
+        "queue": queue, "flavor": pool.name, "index": [p.name for p in pools].index(pool.name),
+        "end": pool.reservation_end_text, "namespaces": ",".join(where),
+        "kueue_api": capacity.load().kueue_api_version, "wait_seconds": wait})]
 
 
 def _pod(args: list[str], image: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from recipes import contract
+from recipes import contract, contract_programs
 
 # What argparse takes for a negative number rather than an option (its _negative_number_matcher).
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -162,13 +162,13 @@ def parse_source(text: str) -> ScriptFlags | None:
 def of_program(program: contract.Program) -> ScriptFlags:
     """The flags of a program whose parser recipes/contract.py declares: read from the declaration itself."""
     options = (*program.options, *program.hidden)
-    return ScriptFlags(actions=(HELP, *(o.flags for o in options)), abbrev=False)
+    return ScriptFlags(actions=(HELP, *(o.flags for o in options)), abbrev=program.abbrev)
 
 
 def read(path: Path) -> ScriptFlags | None:
     """The flags of the script at `path`, or None (no such file, or no parser that can be read). A program of the
-    recipes package with a declared contract (recipes/contract.py PROGRAMS) is read from the declaration."""
-    program = contract.PROGRAMS.get(path.name) if path.parent == contract.HERE else None
+    recipes package with a declared contract (recipes/contract_programs.py PROGRAMS) is read from the declaration."""
+    program = contract_programs.PROGRAMS.get(path.name) if path.parent == contract.HERE else None
     if program is not None:
         return of_program(program)
     try:

@@ -19,6 +19,7 @@ import msgspec
 from model import serving_engines
 from model.serving_engines import MII, VLLM, mii_facts, vllm_facts
 from model.types import ServeWorkloadConfig
+from recipes.contract_programs import SERVE
 from workloads import gcs_fuse, pod_security
 from workloads.placement import Placement
 from workloads.serving_source import ModelSource
@@ -121,14 +122,11 @@ def mii_args(w: ServeWorkloadConfig, where: Placement, source: ModelSource) -> l
     """The MII entry script's arguments: the model, tensor-parallel over every GPU of the pod, the planner's
     sequence length as the server's max length, the Service's port and MII's gateway on 127.0.0.1."""
     s = w.serving
-    args = [f"{SCRIPT_DIR}/{SERVER_SCRIPT}", "--model", source.ref, "--deployment-name", w.name,
-            "--tensor-parallel", str(where.per_worker), "--port", str(served_port(w)),
-            "--gateway-port", str(mii_facts().gateway_internal_port)]
-    if w.model is not None:
-        args += ["--max-length", str(w.model.sequence_length)]
-    if s.openai.enabled:
-        args += ["--openai-port", str(s.openai.port)]
-    return args
+    return [f"{SCRIPT_DIR}/{SERVER_SCRIPT}", *SERVE.argv({
+        "model": source.ref, "deployment_name": w.name, "tensor_parallel": where.per_worker,
+        "port": served_port(w), "gateway_port": mii_facts().gateway_internal_port,
+        "max_length": w.model.sequence_length if w.model is not None else None,
+        "openai_port": s.openai.port if s.openai.enabled else None})]
 
 
 def command(inp: ServerInputs) -> tuple[list[str], list[str]]:

@@ -9,6 +9,7 @@ from typing import Any
 from model import serving_engines
 from model.serving_engines import MII, VLLM
 from model.types import AllowedSource, ServeWorkloadConfig
+from recipes.contract_programs import SEND_PROMPT
 from workloads import serving_group
 from workloads.placement import labels
 from workloads.serving_command import rest_path, served_port
@@ -69,10 +70,11 @@ def prompt_command(w: ServeWorkloadConfig, source: ModelSource, prompt: str = "W
     url = f"http://localhost:{served_port(w)}"
     if w.serving.engine == VLLM:
         # The way it was trained: a model fine-tuned through a chat template on the chat endpoint.
-        chat = " --chat" if source.chat else ""
-        return (f'python -m recipes.send_prompt --openai{chat} --url {url} --model {source.default_model} '
-                f'"{prompt}"')
-    return f'python -m recipes.send_prompt --url {url} --deployment {w.name} "{prompt}"'
+        values = {"openai": True, "chat": source.chat, "url": url, "model": source.default_model}
+    else:
+        values = {"url": url, "deployment": w.name}
+    # Words joined as a person types them, the prompt in double quotes (a question mark needs no escape there).
+    return " ".join(["python -m recipes.send_prompt", *SEND_PROMPT.argv(values), f'"{prompt}"'])
 
 
 def skips_await(source: ModelSource) -> bool:

@@ -26,6 +26,7 @@ from model import node_memory
 from model.types import ServeWorkloadConfig
 from model.workload_serving import EVALS_MOUNT
 from recipes import evaluate as recipes_evaluate
+from recipes.contract_programs import CONTRACT_FILES, EVALUATOR
 from workloads import gcs_fuse
 from workloads.serving_command import HOME, SCRIPT_DIR, ServerInputs, hardened, served_port
 from workloads.serving_source import ModelSource, in_bucket
@@ -34,7 +35,7 @@ EVALUATOR_SCRIPT = "evaluator.py"  # the evaluator container's loop; it runs EVA
 EVALUATE_SCRIPT = "evaluate.py"
 # The evaluator's files: its loop, evaluate.py and its modules, and finetune.py's record reading (the same formats).
 EVALUATOR_FILES = (EVALUATOR_SCRIPT, EVALUATE_SCRIPT, "evaluate_task.py", "evaluate_metrics.py", "evaluate_copies.py",
-                   "finetune_data.py", "finetune_config.py", "contract.py")
+                   "finetune_data.py", "finetune_config.py", *CONTRACT_FILES)
 EVALS_VOLUME = "evals"  # the bucket's evals/ folder alone (gcs_fuse profile `evals`)
 EVALUATOR_SCRATCH_SIZE = "1Gi"  # its /tmp (the task's copy) and home (datasets' cache of the task)
 # The evaluator's liveness: its writable mount still answers (a dead FUSE mount fails `test -d`).
@@ -58,16 +59,16 @@ def evaluator_args(inp: ServerInputs) -> list[str]:
     w, src = inp.workload, inp.source
     ev = w.serving.evaluation
     assert ev is not None
-    args = [f"{SCRIPT_DIR}/{EVALUATOR_SCRIPT}", "--url", f"http://127.0.0.1:{served_port(w)}", "--base",
-            src.served_name, "--task", in_bucket(w, ev.task), "--evals", EVALS_MOUNT,
-            "--max-tokens", str(ev.max_tokens)]
-    if w.model is not None:  # lm-eval cuts prompts to the server's max length less the reply
-        args += ["--max-length", str(w.model.sequence_length)]
-    if ev.min_improvement is not None:
-        args += ["--min-improvement", f"{ev.min_improvement:g}"]
-    if ev.metric is not None:
-        args += ["--metric", ev.metric]
-    return [*args, *(a for adapter in src.adapters for a in ("--adapter", f"{adapter.name}={adapter.path}"))]
+    gate = ev.min_improvement
+    return [f"{SCRIPT_DIR}/{EVALUATOR_SCRIPT}", *EVALUATOR.argv({
+        "url": f"http://127.0.0.1:{served_port(w)}", "base": src.served_name, "task": in_bucket(w, ev.task),
+        "evals": EVALS_MOUNT, "max_tokens": ev.max_tokens,
+        # lm-eval cuts prompts to the server's max length less the reply
+        "max_length": w.model.sequence_length if w.model is not None else None,
+        # The gate as it was always written, to 6 significant digits (:g); the declaration renders that float
+        # back the same (0..1: no exponent form where repr and :g differ).
+        "min_improvement": float(f"{gate:g}") if gate is not None else None, "metric": ev.metric,
+        "adapter": [f"{adapter.name}={adapter.path}" for adapter in src.adapters]})]
 
 
 def evaluator_container(inp: ServerInputs, mounts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any
 from model.serving_engines import VLLM
 from model.types import ServeWorkloadConfig
 from model.workload_serving import EVALS_MOUNT
+from recipes.contract_programs import ADAPTER_LOADER
 from workloads.serving_command import SCRIPT_DIR, ServerInputs, hardened, served_port
 from workloads.serving_endpoint import COMPONENT_LABEL, selector
 
@@ -56,8 +57,9 @@ def evaluator_selector(w: ServeWorkloadConfig) -> dict[str, str]:
 
 def loader_args(inp: ServerInputs) -> list[str]:
     w = inp.workload
-    return [f"{SCRIPT_DIR}/{LOADER_SCRIPT}", "--url", f"http://127.0.0.1:{served_port(w)}", "--evals", EVALS_MOUNT,
-            "--ready", READY_FILE, *(a for adapter in inp.source.adapters for a in ("--adapter", adapter.name))]
+    return [f"{SCRIPT_DIR}/{LOADER_SCRIPT}", *ADAPTER_LOADER.argv({
+        "url": f"http://127.0.0.1:{served_port(w)}", "evals": EVALS_MOUNT, "ready": READY_FILE,
+        "adapter": [adapter.name for adapter in inp.source.adapters]})]
 
 
 def loader_container(inp: ServerInputs, evals_volume: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from model.serving_engines import MII, VLLM, vllm_facts
 from model.types import ServeWorkloadConfig
 from model.workload_serving import EVALS_MOUNT
 from recipes import contract
+from recipes.contract_programs import CONTRACT_FILES
 from workloads import gcs_fuse, serving_fleet, serving_group
 from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest
 from workloads.serving_command import (
@@ -33,7 +34,6 @@ from workloads.serving_endpoint import pod_labels
 from workloads.serving_evaluator import (
     EVALS_VOLUME,
     EVALUATOR_FILES,
-    EVALUATOR_SCRIPT,
     evals_volume,
     evaluator_container,
     evaluator_volumes,
@@ -113,11 +113,11 @@ def script_files(w: ServeWorkloadConfig, source: ModelSource, where: Placement |
     """The ConfigMap's files: MII's entry script, or the evaluator's (vLLM itself runs from the image alone), the
     adapters' named chat template (vLLM's --chat-template file), and a group's launch script (on a GPU fabric pool
     with the fabric's NCCL environment script; `where`: the pool)."""
-    names = ([SERVER_SCRIPT] if w.serving.engine == MII else [*EVALUATOR_FILES, CLIENT_ENDPOINTS_FILE] if evaluates(w)
-             else [])
-    # The evaluator's modules import each other as the recipes package: its __init__ goes with them (recipes.py).
-    files = contract.sources(*names) if EVALUATOR_SCRIPT in names else {
-        name: (SCRIPTS_DIR / name).read_text(encoding="utf-8") for name in names}
+    names = ([SERVER_SCRIPT, *CONTRACT_FILES] if w.serving.engine == MII
+             else [*EVALUATOR_FILES, CLIENT_ENDPOINTS_FILE] if evaluates(w) else [])
+    # MII's entry script and the evaluator's modules import the recipes package (serve.py its options: SERVE): its
+    # __init__ goes with them (recipes.py).
+    files = contract.sources(*names) if names else {}
     template = chat_templates.template(source.chat_template) if source.chat_template else None
     if template is not None and w.serving.engine == VLLM:
         files[CHAT_TEMPLATE_FILE] = template

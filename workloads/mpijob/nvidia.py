@@ -172,7 +172,7 @@ def stop_workers_function(grace: int) -> list[str]:
     background. Never DeepSpeed's runner: its PDSH handler (deepspeed 0.19.8 launcher/runner.py 621-632) would run
     `pkill -f deepspeed.launcher.launch` on every worker, whose handler SIGKILLs the ranks 30 s later (launch.py
     121-132, 251-270), and killing pdsh closes the ranks' stdout mid-save."""
-    hook = f"python3 {CONFIG_DIR}/{recovery.STOP_RANKS_KEY} --timeout {recovery.stop_timeout(grace)}"
+    hook = shlex.join(recovery.stop_ranks_command(CONFIG_DIR, grace))
     return [
         f"{STOP_WORKERS}() {{",
         '  echo "deepspeed-stack: SIGTERM: asking every worker\'s ranks to save and stop, then waiting for them" >&2',
