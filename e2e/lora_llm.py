@@ -119,7 +119,9 @@ def everything(base: Path, prompt: str, tokens: int, task: Path, task_tokens: in
 
 def train_folder(base: Path, out: Path, data: Path, steps: int, rank: int) -> list[float]:
     """A LoRA adapter trained with PEFT alone (no Trainer, no DeepSpeed) on chat records, saved as PEFT saves one
-    (adapter_config.json with `r` and the base's path, adapter_model.safetensors); its losses, first to last."""
+    (adapter_config.json with `r` and the base's path, adapter_model.safetensors); the mean loss on the records it
+    trained on, before and after (one record's loss against another's says nothing: they differ by more than a
+    few steps teach)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -128,19 +130,23 @@ def train_folder(base: Path, out: Path, data: Path, steps: int, rank: int) -> li
     model = get_peft_model(model.train(), LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
                                                      target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
     records = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
+    batches = [torch.tensor([list(tokenizer.apply_chat_template(records[step % len(records)]["messages"],
+                                                                tokenize=True, return_dict=True)["input_ids"])])
+               for step in range(steps)]
+
+    def mean_loss() -> float:
+        with torch.no_grad():
+            return sum(float(model(input_ids=b, labels=b).loss) for b in batches) / len(batches)
+
+    before = mean_loss()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
-    losses = []
-    for step in range(steps):
-        ids = tokenizer.apply_chat_template(records[step % len(records)]["messages"], tokenize=True,
-                                            return_dict=True)["input_ids"]
-        batch = torch.tensor([list(ids)])
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
+    for batch in batches:
+        model(input_ids=batch, labels=batch).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(float(loss.detach()))
+    after = mean_loss()
     model.save_pretrained(str(out))
-    return losses
+    return [before, after]
 
 
 def plan(spec_file: Path) -> None:
@@ -151,7 +157,7 @@ def plan(spec_file: Path) -> None:
     spec = json.loads(spec_file.read_text(encoding="utf-8"))
     base, folder = Path(spec["base"]), spec["folder"]
     losses = train_folder(base, Path(folder["out"]), Path(folder["data"]), folder["steps"], folder["rank"])
-    print(json.dumps({"trained": folder["out"], "losses": [losses[0], losses[-1]]}), flush=True)
+    print(json.dumps({"trained": folder["out"], "losses": losses}), flush=True)
     replied = chat(base, spec["chat"]["messages"], spec["chat"]["tokens"])
     deadline = time.monotonic() + spec.get("wait_seconds", 600)
     markers = [Path(d) / ".complete" for d in spec["adapters"].values()]

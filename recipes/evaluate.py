@@ -193,28 +193,44 @@ class Scoring:
 
 
 def score(url: str, model: str, how: Scoring) -> dict[str, float]:
-    """Both metrics of `model` (a name the server serves) on the two local tasks."""
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
+    """Both metrics of `model` (a name the server serves) on the two local tasks.
 
-    results = simple_evaluate(
-        model="local-completions",
+    lm-eval's `evaluate()` with its registry's `local-completions` model, as `simple_evaluate` builds them: that
+    wrapper also records the environment for every model scored (torch's collect_env: `pip list` and more
+    subprocesses, a second or two of a serving pod's CPU each) and a git hash, neither of which results.json keeps;
+    its other settings are the task files' own (`num_fewshot: 0`; greedy, nothing sampled: nothing to seed)."""
+    from lm_eval.api.registry import get_model
+    from lm_eval.evaluator import evaluate as run_tasks
+
+    lm = get_model("local-completions").create_from_arg_obj(
         # Token ids from the export's tokenizer: the rendered chat text without special tokens (vLLM's chat
-        # endpoint's tokens), a raw prompt with BOS (what /v1/completions makes of text).
-        model_args={"model": model, "base_url": f"{url}/v1/completions", "tokenizer_backend": "huggingface",
-                    "tokenizer": how.tokenizer, "tokenized_requests": True, "add_bos_token": how.rendering == RAW,
-                    "max_length": how.max_length, "num_concurrent": 1, "max_retries": 2,
-                    "timeout": HTTP_TIMEOUT_SECONDS},
-        # Only the local tasks: lm-eval's thousands of built-in task files are not even indexed.
-        tasks=[GENERATE_TASK, LIKELIHOOD_TASK],
-        task_manager=TaskManager(include_path=str(how.task_dir), include_defaults=False),
-        log_samples=False, bootstrap_iters=0,
-        random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+        # endpoint's tokens), a raw prompt with BOS (what /v1/completions makes of text). One prompt a request, one
+        # request at a time (lm-eval's defaults): vLLM 0.32's CPU LoRA kernels fail the engine when a prompt-logprobs
+        # request shares a batch with another (docs/serving.md).
+        {"model": model, "base_url": f"{url}/v1/completions", "tokenizer_backend": "huggingface",
+         "tokenizer": how.tokenizer, "tokenized_requests": True, "add_bos_token": how.rendering == RAW,
+         "max_length": how.max_length, "num_concurrent": 1, "batch_size": 1, "max_retries": 2,
+         "timeout": HTTP_TIMEOUT_SECONDS})
+    results = run_tasks(lm=lm, task_dict=_tasks(how.task_dir), bootstrap_iters=0, log_samples=False)
     if results is None:
         raise ServerError(f"lm-eval returned no results for {model}")
     found = results["results"]
     return {EXACT_MATCH: float(found[GENERATE_TASK][f"{EXACT_MATCH},{FILTER}"]),
             LOGLIKELIHOOD: float(found[LIKELIHOOD_TASK][f"{LOGLIKELIHOOD},none"])}
+
+
+def _tasks(task_dir: Path) -> Any:
+    """The two local tasks, loaded once a run and scored for every model (lm-eval builds a run's requests anew from
+    a task's documents); only they are indexed, not lm-eval's thousands of built-in task files."""
+    if task_dir not in _LOADED:
+        from lm_eval.tasks import TaskManager
+
+        _LOADED[task_dir] = TaskManager(include_path=str(task_dir), include_defaults=False).load(
+            [GENERATE_TASK, LIKELIHOOD_TASK])
+    return _LOADED[task_dir]
+
+
+_LOADED: dict[Path, Any] = {}
 
 
 def load_tokenizer(folder: Path) -> Any:

@@ -165,7 +165,8 @@ def generate_yaml(data_file: Path, rendering: str, max_tokens: int) -> str:
     until = ["\n"] if rendering == RAW else []
     return _yaml({
         "task": GENERATE_TASK, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data_file)}},
-        "test_split": "test", "output_type": "generate_until", "doc_to_text": "context", "doc_to_target": "reference",
+        "test_split": "test", "num_fewshot": 0, "output_type": "generate_until", "doc_to_text": "context",
+        "doc_to_target": "reference",
         "generation_kwargs": {"until": until, "do_sample": False, "temperature": 0.0, "max_gen_toks": max_tokens},
         "filter_list": [{"name": FILTER, "filter": [{"function": "remove_whitespace"}, {"function": "take_first"}]}],
         "metric_list": [{"metric": EXACT_MATCH, "aggregation": "mean", "higher_is_better": True,
@@ -177,7 +178,7 @@ def likelihood_yaml(data_file: Path) -> str:
     """The continuation's log-likelihood given the context (no delimiter between them: the rendering has it)."""
     return _yaml({
         "task": LIKELIHOOD_TASK, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data_file)}},
-        "test_split": "test", "output_type": "loglikelihood", "doc_to_text": "context",
+        "test_split": "test", "num_fewshot": 0, "output_type": "loglikelihood", "doc_to_text": "context",
         "doc_to_target": "continuation", "target_delimiter": "", "metadata": {"version": 1.0}},
         {"process_results": f"{METRICS_MODULE}.process_results"}) + (
         f"metric_list:\n  - metric: {LOGLIKELIHOOD}\n    aggregation: !function {METRICS_MODULE}.per_token\n"

@@ -108,6 +108,8 @@ def test_the_local_tasks_need_no_hub(et: ModuleType, tmp_path: Path) -> None:
     assert (task["dataset_path"], task["dataset_kwargs"], task["test_split"]) == (
         "json", {"data_files": {"test": str(tmp_path / "task.jsonl")}}, "test")
     assert task["output_type"] == "generate_until"
+    # Zero-shot in the file itself: evaluate.py calls lm-eval's evaluate(), not simple_evaluate, which set it.
+    assert task["num_fewshot"] == 0
     assert task["generation_kwargs"] == {"until": [], "do_sample": False, "temperature": 0.0, "max_gen_toks": 8}
     assert (task["doc_to_text"], task["doc_to_target"]) == ("context", "reference")
     assert [f["function"] for f in task["filter_list"][0]["filter"]] == ["remove_whitespace", "take_first"]
@@ -127,6 +129,7 @@ def test_the_local_tasks_need_no_hub(et: ModuleType, tmp_path: Path) -> None:
     ll = yaml.load((tmp_path / "deepspeed_stack_heldout_ll.yaml").read_text(), Loader=Loader)
     assert (ll["output_type"], ll["doc_to_text"], ll["doc_to_target"], ll["target_delimiter"]) == (
         "loglikelihood", "context", "continuation", "")
+    assert ll["num_fewshot"] == 0
     assert ll["process_results"]({"tokens": 4}, [(-2.0, False)]) == {"loglikelihood": (-2.0, 4)}
     aggregate = ll["metric_list"][0]["aggregation"]
     assert aggregate([(-2.0, 4), (-1.0, 1)]) == pytest.approx(-0.6)  # per token over all records: -3 / 5
