@@ -12,7 +12,7 @@ from model import catalog as gpu_catalog
 from model.pair_rules import PairRule, pair_problems
 from model.problems import Problem
 from model.types import MpiJobBaseConfig, NodePoolConfig, StackConfig
-from planner import cost, run_estimate
+from planner import pool_cost, run_estimate
 
 # COMPACT placement with flex-start: only these machine families (FACTS.md section 2, CT gke-node-pool).
 COMPACT_FLEX_FAMILIES = ("a3-ultragpu-", "a4-", "h4d-")
@@ -312,7 +312,7 @@ def idle_reserved(m: StackConfig, i: int, pool: NodePoolConfig) -> Problem | Non
     """A reservation pool whose workloads, all running at once, use fewer nodes than its maxNodes: the rest of the
     reservation is billed at the on-demand rate whether used or not (data/capacity.yaml priceBasis), so say what
     the idle nodes cost per hour and over each run the planner times (planner/run_estimate.py)."""
-    users = {name: cost.workload_nodes(w) for name, w in m.workloads.items() if w.pool == pool.name}
+    users = {name: pool_cost.workload_nodes(w) for name, w in m.workloads.items() if w.pool == pool.name}
     idle = pool.max_nodes - sum(users.values())
     if not pool.reservation or not users or idle <= 0:
         return None

@@ -14,26 +14,18 @@ from model import catalog as gpu_catalog
 from model.problems import Problem
 from model.types import DeepSpeedWorkloadConfig, StackConfig, WorkloadConfig
 from planner import cost
+from planner.model_catalog import UnknownModelError, resolve
 from planner.recommend import cheapest, recommend, short_name
 from planner.requests import FINETUNE, vertex_request, vertex_strategy, workload_request, workload_strategy
-from planner.sizing import (
-    GB,
-    HEADROOM,
-    TRAINING_PRECISIONS,
-    Estimate,
-    Request,
-    Strategy,
-    UnknownModelError,
-    estimate,
-    resolve,
-)
+from planner.sizing import TRAINING_PRECISIONS, estimate
+from planner.sizing_types import GB, HEADROOM, Estimate, Request, Strategy
 from workloads.kinds import kind_of
 from workloads.placement import Placement, offload_memory_bytes, placement
 
 # The suggestions search up to this many workers of the workload's own accelerator.
 MAX_WORKERS = 128
 SUGGESTIONS = 3
-COUNT_HINT = "(or give the parameter count in billions)"  # planner/sizing.py's unknown-model message
+COUNT_HINT = "(or give the parameter count in billions)"  # planner/model_catalog.py's unknown-model message
 
 
 class Sized(msgspec.Struct, frozen=True):

@@ -17,9 +17,11 @@ from model import catalog as gpu_catalog
 from model import reservation, training_speed
 from planner import cli, past_runs, run_estimate, run_hours, spill
 from planner.held import Held, Reservation, held_capacity
+from planner.model_catalog import given_shape, model_names, resolve
 from planner.recommend import MAX_NODES, RANKS, Option, Plan, rank_line, ranked, recommend, short_name
 from planner.requests import mode_request
-from planner.sizing import BYTES_PER_PARAM, HEADROOM, Request, given_shape, model_names, resolve
+from planner.sizing import BYTES_PER_PARAM
+from planner.sizing_types import HEADROOM, Request
 
 DEFAULT_REGION = "us-central1"
 MAX_OPTIONS = 1000  # more than the catalog's GPU types: every option of a plan

@@ -15,7 +15,7 @@ import difflib
 import functools
 
 from model.suggest import did_you_mean
-from planner.sizing import hub_id, known_models
+from planner.model_catalog import hub_id, known_models
 
 TYPO_CHARACTERS = 2  # at most this many letters inserted, removed or replaced
 

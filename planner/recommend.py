@@ -23,7 +23,8 @@ from model import versions
 from model.node_memory import planned_process_memory_gb
 from planner import run_estimate
 from planner.held import Held
-from planner.sizing import HEADROOM, Estimate, Request, Strategy, estimate
+from planner.sizing import estimate
+from planner.sizing_types import HEADROOM, Estimate, Request, Strategy
 
 MAX_NODES = 32
 

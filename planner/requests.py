@@ -9,17 +9,9 @@ kind whose own keys say how it trains (`training_run`: kind finetune) is sized f
 from __future__ import annotations
 
 from model.types import DeepSpeedWorkloadConfig, ServeWorkloadConfig, TrainingRun, VertexConfig, WorkloadConfig
-from planner.sizing import (
-    INFERENCE,
-    TRAINING_PRECISIONS,
-    Lora,
-    Model,
-    Request,
-    Strategy,
-    UnknownModelError,
-    given_shape,
-    resolve,
-)
+from planner.model_catalog import Lora, Model, UnknownModelError, given_shape, resolve
+from planner.sizing import TRAINING_PRECISIONS
+from planner.sizing_types import INFERENCE, Request, Strategy
 
 # `make gpus MODE=finetune`: the finetune kind's defaults (model/schema.yaml `finetune.lora` and
 # `finetune.gradientCheckpointing`; tests/test_lora_sizing.py keeps them equal).

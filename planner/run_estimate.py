@@ -14,7 +14,7 @@ The tokens of a run: `datasetTokens x epochs`, or `maxSteps x global batch x seq
 an upper bound). The saves, the data step and the nodes that wait are planner/run_hours.py's; padding to the longest
 sample of a micro batch, restarts after preemption and the model's download are not in it. `stack_runs(cfg)` is the
 `costs` output's `runs`: each finetune workload's estimate, or why there is none; the preview's headline and
-"Estimated cost" section render it (planner/cost.py).
+"Estimated cost" section render it (planner/cost.py, planner/cost_markdown.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from model.training_speed import TrainingSpeed
 from model.types import FinetuneWorkloadConfig, StackConfig
 from planner import throughput
 from planner.requests import workload_request, workload_strategy
-from planner.sizing import Request, Strategy
+from planner.sizing_types import Request, Strategy
 from recipes import finetune_data
 
 SECONDS_PER_HOUR = 3600

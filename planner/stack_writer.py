@@ -31,8 +31,10 @@ from model import machine_disks
 from model.suggest import closest
 from planner import recovery
 from planner.held import Held, Reservation
+from planner.model_catalog import known_models
 from planner.recommend import MAX_NODES, Option, recommend, short_name
-from planner.sizing import BYTES_PER_PARAM, GB, HEADROOM, Estimate, Request, Strategy, known_models
+from planner.sizing import BYTES_PER_PARAM
+from planner.sizing_types import GB, HEADROOM, Estimate, Request, Strategy
 from planner.training_notes import FULL_LEARNING_RATE, batch_reason
 
 TRAINING, INFERENCE = "training", "inference"

@@ -8,7 +8,7 @@ from typing import Any
 
 from model.config_schema import schema
 from model.validators import or_list
-from planner.sizing import Request
+from planner.sizing_types import Request
 
 # deepspeed.learningRate's default (model/schema.yaml) is an adapter's; every parameter trains at what
 # finetune.lora.enabled's description advises instead (tests/test_docs_drift.py reads both from the schema).

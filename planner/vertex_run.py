@@ -1,4 +1,4 @@
-"""The Vertex AI recipe's run in all, as a GKE finetune workload's (planner/cost.py run_costs): its tokens
+"""The Vertex AI recipe's run in all, as a GKE finetune workload's (planner/run_cost.py run_costs): its tokens
 (`vertex.finetune.datasetTokens` x epochs, or maxSteps x the global batch x sequence length), its training hours from
 the measured runs (planner/run_estimate.py) on every replica's GPUs, its saves (planner/run_hours.py's rule: steps
 over saveSteps, each the checkpoint over the bucket's write rate, every replica its share), at Vertex's $/h while it

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from planner.cost import headline as cost_headline
+from planner.cost_markdown import headline as cost_headline
 from preview import replacements
 from preview.diff import PlanDiff, render_markdown, render_text
 from preview.engine import Registration, RunResult

@@ -38,11 +38,14 @@ from model.suggest import did_you_mean
 from model.training_blocks import hub_ids
 from model.types import StackConfig
 from planner import cli, run_estimate, spill, stack_writer
-from planner.cost import SERVING, TRAINING, stack_costs
+from planner.cost import stack_costs
 from planner.held import Held, Reservation, held_capacity
+from planner.model_catalog import given_shape, hub_id, resolve
+from planner.pool_cost import SERVING, TRAINING
 from planner.recommend import RANKS, rank_line, speed_key
 from planner.requests import mode_request
-from planner.sizing import BYTES_PER_PARAM, Request, given_shape, hub_id, resolve
+from planner.sizing import BYTES_PER_PARAM
+from planner.sizing_types import Request
 from planner.training_notes import record_formats, steps_line
 from preview.engine import PROJECT_DIR, SECRET, engine_config_from_yaml
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import PROJECT_DIR, changed, config_model, stack_run, stack_yaml, yaml_load
 
-from planner import cost
+from planner import cost, cost_markdown, pool_cost
 from preview import engine, summary
 
 CATALOG_FILE = PROJECT_DIR / "data" / "gpu_catalog.yaml"
@@ -41,7 +41,7 @@ def test_prod_headline_is_training_running_not_the_floor(raw: dict[str, Any]) ->
     assert costs["running"]["training"]["nodes"] == {"system": 1, "l4": 2}
     assert costs["floorPerHour"] == pytest.approx(_floor_parts(raw) + 1 * l4)  # l4.minNodes 1
     assert set(costs["running"]) == {"training"}
-    line = cost.headline(costs)
+    line = cost_markdown.headline(costs)
     assert line.startswith(f"Estimated cost: **${_floor_parts(raw) + 2 * l4:,.2f}/h with training running**")
     assert f"floor **${_floor_parts(raw) + l4:,.2f}/h** at min nodes" in line
 
@@ -58,7 +58,7 @@ def test_training_and_serving_apart_and_together(raw: dict[str, Any]) -> None:
     assert running["serving"]["perHour"] == pytest.approx(base + 1 * l4)  # one replica: the pool's min node
     assert running["all"]["perHour"] == pytest.approx(base + 3 * l4)
     assert (running["training"]["workloads"], running["serving"]["workloads"]) == (["zero3-smoke"], ["chat"])
-    line = cost.headline(costs)
+    line = cost_markdown.headline(costs)
     assert f"**${base + 2 * l4:,.2f}/h with training running**" in line
     assert f"**${base + l4:,.2f}/h with serving running**" in line
     assert f"${base + 3 * l4:,.2f}/h with both" in line
@@ -77,7 +77,7 @@ def test_spot_running_cost_is_marked_an_estimate(raw: dict[str, Any]) -> None:
     t4 = raw["n1Machines"]["n1-standard-8"]["price"]["spot"] + raw["gpus"]["nvidia-tesla-t4"]["price"]["spot"]
     assert costs["running"]["training"]["perHour"] == pytest.approx(_floor_parts(raw) + 2 * t4)
     assert costs["running"]["training"]["estimatedAt"] == ["spot"]
-    assert "(spot prices: estimate)" in cost.headline(costs)
+    assert "(spot prices: estimate)" in cost_markdown.headline(costs)
     assert any(n.startswith("Spot: spot prices move daily") for n in costs["estimates"])
 
 
@@ -90,7 +90,7 @@ def test_dws_price_is_marked_an_estimate() -> None:
     assert costs["pools"]["h100-dws"]["capacity"] == "DWS"
     assert costs["pools"]["h100-dws"]["priceNote"].startswith("at most on-demand")
     assert costs["running"]["training"]["estimatedAt"] == ["DWS", "spot"]  # and finetune on l4-spot
-    assert "(DWS and spot prices: estimate)" in cost.headline(costs)
+    assert "(DWS and spot prices: estimate)" in cost_markdown.headline(costs)
     assert "DWS pool h100-dws: at most on-demand (DWS discount not in the catalog)." in costs["estimates"]
 
 
@@ -105,7 +105,7 @@ def test_filestore_claim_is_priced_at_its_billed_size(raw: dict[str, Any]) -> No
     assert (claim["claim"], claim["tier"], claim["billedGiB"]) == ("h100-shared", "basic-hdd", 1024)
     assert claim["perHour"] == pytest.approx(1024 * rate, abs=1e-4)  # rounded to 4 places
     assert costs["floorPerHour"] == pytest.approx(_floor_parts(raw) + 1024 * rate, abs=1e-4)  # h100 pool min 0
-    assert "Filestore claim `h100-shared`" in cost.costs_markdown(costs)
+    assert "Filestore claim `h100-shared`" in cost_markdown.costs_markdown(costs)
 
 
 def test_small_filestore_claim_bills_the_tier_minimum_and_unknown_tiers_are_unpriced(raw: dict[str, Any]) -> None:
@@ -116,7 +116,7 @@ def test_small_filestore_claim_bills_the_tier_minimum_and_unknown_tiers_are_unpr
     (claim,) = ssd["filestore"]["claims"]
     assert (claim["tier"], claim["billedGiB"], claim["perHour"]) == ("basic-ssd", 2560, None)
     assert ssd["filestore"]["unpriced"] == ["smoke"]
-    assert "unpriced (tier price not in the catalog)" in cost.costs_markdown(ssd)
+    assert "unpriced (tier price not in the catalog)" in cost_markdown.costs_markdown(ssd)
 
 
 def test_vertex_job_is_priced_machine_plus_gpus_times_replicas(raw: dict[str, Any]) -> None:
@@ -130,7 +130,7 @@ def test_vertex_job_is_priced_machine_plus_gpus_times_replicas(raw: dict[str, An
     assert costs["vertex"]["perHour"] == pytest.approx(2 * node * markup)
     assert costs["pools"] == {} and costs["running"] == {}
     assert f"Vertex AI job **${2 * node * markup:,.2f}/h** while it runs (Vertex markup: estimate)" in \
-        cost.headline(costs)
+        cost_markdown.headline(costs)
     spot = cost.stack_costs(config_model(changed("vertex", {"vertex.spot": True, "vertex.workers": 3})))
     spot_node = raw["n1Machines"]["n1-standard-4"]["price"]["spot"] + raw["gpus"]["nvidia-tesla-t4"]["price"]["spot"]
     assert spot["vertex"]["perHour"] == pytest.approx(4 * spot_node * markup)
@@ -142,13 +142,13 @@ def test_vertex_stack_exports_costs_and_the_summary_headline_shows_it() -> None:
     md = summary.markdown(run, [], 0)
     title, line = md.splitlines()[0], md.splitlines()[2]
     assert title.startswith("### Stack `vertex`")
-    assert line == cost.headline(run.outputs["costs"])
+    assert line == cost_markdown.headline(run.outputs["costs"])
 
 
 def test_summary_headline_comes_right_after_the_title(prod: engine.RunResult) -> None:
     md = summary.markdown(prod, [], 0).splitlines()
     assert md[0].startswith("### Stack `prod`")
-    assert md[2] == cost.headline(prod.outputs["costs"])
+    assert md[2] == cost_markdown.headline(prod.outputs["costs"])
     assert "with training running" in md[2]
     assert summary.text(prod, [], 0).splitlines()[0].startswith("Estimated cost: $")
 
@@ -162,5 +162,5 @@ def test_workload_nodes_agree_with_the_max_nodes_rule(stack: str, name: str, nod
     """The node count the cost uses and the maxNodes rule checks (WorkloadConfig.nodes_needed), from the stack
     files' workers."""
     w = config_model(stack_yaml(stack)).workloads[name]
-    assert cost.workload_nodes(w) == nodes
+    assert pool_cost.workload_nodes(w) == nodes
     assert w.nodes_needed()[0] == nodes

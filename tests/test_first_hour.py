@@ -12,7 +12,7 @@ import pytest
 from conftest import DELETE, PROJECT_DIR, changed, config_model, config_problems, problems, user_docs, yaml_load
 
 import checks
-from planner import sizing
+from planner import model_catalog
 from planner.__main__ import main as planner_main
 from preview import stackfile
 from preview.__main__ import main as preview_main
@@ -121,10 +121,10 @@ def test_did_you_mean_for_models_by_name_and_hugging_face_id() -> None:
     found = problems("prod", {f"{SMOKE}.model.name": "Lama-3.1-8B", f"{SMOKE}.model.parameters": DELETE})
     assert any(p.startswith(f"{SMOKE}.model.name: unknown model 'Lama-3.1-8B'; known: ")
                and p.endswith("; did you mean `Llama-3.1-8B`?") for p in found), found
-    with pytest.raises(sizing.UnknownModelError, match=r"did you mean `mistralai/Mistral-7B-Instruct-v0\.3`\?$"):
-        sizing.resolve("mistralai/Mistral-7B-Instruct-v0.4")
-    with pytest.raises(sizing.UnknownModelError) as err:
-        sizing.resolve("t5-base")  # nothing close: no guess
+    with pytest.raises(model_catalog.UnknownModelError, match=r"did you mean `mistralai/Mistral-7B-Instruct-v0\.3`\?$"):
+        model_catalog.resolve("mistralai/Mistral-7B-Instruct-v0.4")
+    with pytest.raises(model_catalog.UnknownModelError) as err:
+        model_catalog.resolve("t5-base")  # nothing close: no guess
     assert "did you mean" not in str(err.value)
 
 

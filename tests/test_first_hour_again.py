@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from conftest import PROJECT_DIR, changed, config_model, config_problems, problems, stack_path, stack_run, yaml_load
 
-from planner import cost, sizing
+from planner import cost, cost_markdown, model_catalog
 from planner.__main__ import main as planner_main
 from planner.requests import mode_request
 from preview import summary, write_stack
@@ -98,11 +98,11 @@ def test_a_stack_outside_the_priced_regions_says_whose_prices_it_shows() -> None
     """dev is in us-west1: its costs were us-central1's, called 'list prices of one region'."""
     west = cost.stack_costs(config_model(changed("dev")))
     assert (west["prices"], west["pricedAs"]) == ("us-west1 priced as us-central1", "us-central1")
-    assert "(list-price estimates, us-west1 priced as us-central1; see Estimated cost)." in cost.headline(west)
-    assert ": us-west1 priced as us-central1; disks, network egress" in cost.costs_markdown(west)
+    assert "(list-price estimates, us-west1 priced as us-central1; see Estimated cost)." in cost_markdown.headline(west)
+    assert ": us-west1 priced as us-central1; disks, network egress" in cost_markdown.costs_markdown(west)
     central = cost.stack_costs(config_model(changed("finetune")))
     assert (central["prices"], "pricedAs" in central) == ("us-central1 list prices", False)
-    assert "(list-price estimates; see Estimated cost)." in cost.headline(central)
+    assert "(list-price estimates; see Estimated cost)." in cost_markdown.headline(central)
 
 
 # --- item 2: secrets offline ---------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ TYPED = [
 @pytest.mark.parametrize(("typed", "entry", "hub"), TYPED)
 def test_the_names_people_type_resolve(typed: str, entry: str, hub: str) -> None:
     """`MODEL=Qwen2.5-7B-Instruct` was an unknown model while `Qwen/Qwen2.5-7B-Instruct` worked."""
-    assert (sizing.resolve(typed).name, sizing.hub_id(typed)) == (entry, hub)
+    assert (model_catalog.resolve(typed).name, model_catalog.hub_id(typed)) == (entry, hub)
 
 
 def test_a_typed_name_is_what_the_written_stack_downloads(tmp_path: Path) -> None:
@@ -317,8 +317,8 @@ def test_the_budget_counts_training_and_its_server_and_serve_0_leaves_it_out(tmp
     both = alone + prices["l4"]
     budget = f"{(alone + both) / 2:.2f}"
     with pytest.raises(write_stack.NoPlanError) as refused:
-        write_stack.choose(mode_request("finetune", sizing.resolve("Qwen2.5-7B")), "us-central1", "s", float(budget),
-                           serve=True)
+        write_stack.choose(mode_request("finetune", model_catalog.resolve("Qwen2.5-7B")), "us-central1", "s",
+                           float(budget), serve=True)
     assert (f"${both:,.2f}/h with training and its server running (--serve 0: training alone), over the budget "
             f"${float(budget):,.2f}/h") in str(refused.value)
     _, config = _written(tmp_path, "--model", "Qwen2.5-7B-Instruct", "--mode", "finetune", "--budget", budget,

@@ -7,7 +7,7 @@ import pytest
 from conftest import DELETE, problems, yaml_load
 
 from model.gated_models import DATA_PATH, gated_family
-from planner.sizing import MODELS_PATH
+from planner.model_catalog import MODELS_PATH
 
 MISTRAL = "mistralai/Mistral-7B-Instruct-v0.3"
 
@@ -110,8 +110,8 @@ def test_the_planners_training_stack_is_checked_with_the_token_it_asks_for() -> 
     from conftest import config_problems
 
     from planner import stack_writer
+    from planner.model_catalog import resolve
     from planner.requests import mode_request
-    from planner.sizing import resolve
     from preview import write_stack
 
     request = mode_request(stack_writer.TRAINING, resolve("Llama-3.1-70B"))

@@ -14,9 +14,9 @@ from model import catalog
 from planner import stack_writer
 from planner.__main__ import main as planner_main
 from planner.held import parse_held
+from planner.model_catalog import resolve
 from planner.recommend import recommend
 from planner.requests import mode_request
-from planner.sizing import resolve
 from preview import write_stack
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

@@ -14,7 +14,9 @@ from model.config_schema import schema as load_schema
 from model.problems import lines
 from planner import recovery, requests
 from planner.__main__ import main as planner_main
-from planner.sizing import GB, Lora, Request, Strategy, estimate, lora_parameters, resolve
+from planner.model_catalog import Lora, lora_parameters, resolve
+from planner.sizing import estimate
+from planner.sizing_types import GB, Request, Strategy
 from preview.sections.recovery import section as preemption_recovery
 from preview.write_stack import main as planner_write
 

@@ -25,9 +25,10 @@ from checks import planner as checks_planner
 from model import catalog, node_memory
 from model.config import ConfigError
 from model.problems import lines
-from planner import cost, recommend, sizing
+from planner import cost, cost_markdown, model_catalog, recommend, sizing
 from planner.__main__ import main as planner_main
-from planner.sizing import GB, INFERENCE, Model, ModelShape, Request, Strategy
+from planner.model_catalog import Model, ModelShape
+from planner.sizing_types import GB, INFERENCE, Request, Strategy
 from preview import engine
 from preview.engine import RunResult
 
@@ -56,16 +57,16 @@ def synthetic(parameters: float, largest_layer: int) -> Model:
 # --- the model catalog -------------------------------------------------------------------------------------------
 
 def test_models_resolve_by_name_alias_and_count() -> None:
-    llama = sizing.resolve("llama-2-70b")  # case-insensitive
+    llama = model_catalog.resolve("llama-2-70b")  # case-insensitive
     assert (llama.name, llama.parameters, llama.shape.layers, llama.shape.kv_heads) == ("Llama-2-70B", 68.98e9, 80, 8)
-    assert sizing.resolve("meta-llama/Llama-2-70b-hf").name == "Llama-2-70B"
+    assert model_catalog.resolve("meta-llama/Llama-2-70b-hf").name == "Llama-2-70B"
     # The schema's default MPIJob model is known, so a Gaudi workload can name it as it trains it.
-    assert sizing.resolve("meta-llama/Meta-Llama-3.1-8B-Instruct").name == "Llama-3.1-8B"
+    assert model_catalog.resolve("meta-llama/Meta-Llama-3.1-8B-Instruct").name == "Llama-3.1-8B"
     # `parameters` overrides the known count but keeps the known shape.
-    override = sizing.resolve("Llama-2-7B", 7.0)
+    override = model_catalog.resolve("Llama-2-7B", 7.0)
     assert (override.parameters, override.shape.hidden, override.shape_known) == (7e9, 4096, True)
-    with pytest.raises(sizing.UnknownModelError, match=r"unknown model 'gpt-5'; known: .*Llama-2-7B"):
-        sizing.resolve("gpt-5")
+    with pytest.raises(model_catalog.UnknownModelError, match=r"unknown model 'gpt-5'; known: .*Llama-2-7B"):
+        model_catalog.resolve("gpt-5")
 
 
 def test_every_model_entry_is_complete_and_consistent() -> None:
@@ -83,7 +84,7 @@ def test_every_model_entry_is_complete_and_consistent() -> None:
 
 
 def test_unknown_shape_falls_back_to_a_llama_like_shape() -> None:
-    model = sizing.resolve(None, 7.0)
+    model = model_catalog.resolve(None, 7.0)
     # 12 x L x (128 L)^2 = 7e9  ->  L = (7e9 / 196608)^(1/3) = 32.9 -> 33 layers, hidden 33 x 128 = 4224.
     assert (model.shape.layers, model.shape.hidden, model.shape.kv_heads, model.shape.head_dim) == (33, 4224, 33, 128)
     assert model.shape_known is False and model.name == "7B"
@@ -100,7 +101,7 @@ def test_guide_7b_in_half_precision_is_about_14_gb_of_weights() -> None:
 
 
 def test_guide_7b_fits_one_l4_or_two_t4() -> None:
-    request = Request(sizing.resolve("Llama-2-7B"), "fp16", "inference", 2048, 1)
+    request = Request(model_catalog.resolve("Llama-2-7B"), "fp16", "inference", 2048, 1)
     # weights 6.74e9 x 2 B; KV cache 2 x 32 layers x 32 KV heads x 128 x 2048 tokens x 2 B; +10 % and 0.5 GB context.
     weights, kv = 6.74e9 * 2, 2 * 32 * 32 * 128 * 2048 * 2
     one = sizing.estimate(request, INFERENCE, 1, 1)
@@ -115,7 +116,7 @@ def test_guide_70b_in_4_bit_needs_35_gb_and_two_l4() -> None:
     # "Llama 2 70b ... 140G memory with ... 16 bits ... 4 bits, which only need 35G memory and can fit into 2 L4"
     assert sizing.weights_bytes(70e9, "fp16") / GB == 140
     assert sizing.weights_bytes(70e9, "int4") / GB == 35
-    request = Request(sizing.resolve("Llama-2-70B"), "int4", "inference", 2048, 1)
+    request = Request(model_catalog.resolve("Llama-2-70B"), "int4", "inference", 2048, 1)
     weights, kv = 68.98e9 * 0.5, 2 * 80 * 8 * 128 * 2048 * 2  # GQA: 8 KV heads
     two = sizing.estimate(request, INFERENCE, 2, 1)
     assert two.per_gpu_gb == pytest.approx(((weights + kv) / 2 * 1.1 + 0.5e9) / 1e9)  # 19.8 GB of 24
@@ -126,7 +127,7 @@ def test_guide_70b_in_4_bit_needs_35_gb_and_two_l4() -> None:
 
 
 def test_kv_cache_grows_with_sequence_and_batch() -> None:
-    shape = sizing.resolve("Llama-3.1-8B").shape
+    shape = model_catalog.resolve("Llama-3.1-8B").shape
     # 2 x 32 layers x 8 KV heads x 128 head dim x 8192 tokens x 4 sequences x 2 bytes
     assert sizing.kv_cache_bytes(shape, 8192, 4, "bf16") == 2 * 32 * 8 * 128 * 8192 * 4 * 2
     assert sizing.kv_cache_bytes(shape, 8192, 4, "fp32") == 2 * 32 * 8 * 128 * 8192 * 4 * 4
@@ -169,7 +170,7 @@ def test_deepspeed_accounting_is_the_paper_plus_the_fp32_gradient_partition() ->
 
 
 def test_training_estimate_adds_activations_buckets_and_context() -> None:
-    request = Request(sizing.resolve("Llama-2-7B"), "bf16", "training", 2048, 1)
+    request = Request(model_catalog.resolve("Llama-2-7B"), "bf16", "training", 2048, 1)
     est = sizing.estimate(request, Strategy(2), gpus_per_node=8, nodes=1)
     p = 6.74e9
     states = 2 * p + 18 * p / 8
@@ -184,7 +185,7 @@ def test_training_estimate_adds_activations_buckets_and_context() -> None:
 
 
 def test_training_in_4_bit_is_refused() -> None:
-    request = Request(sizing.resolve("Llama-2-7B"), "int4", "training")
+    request = Request(model_catalog.resolve("Llama-2-7B"), "int4", "training")
     with pytest.raises(ValueError, match="int4 is a weight format for inference"):
         sizing.estimate(request, Strategy(2))
 
@@ -200,7 +201,7 @@ def vllm_serves(capability: tuple[int, int], precision: str) -> bool:
     return runs and (precision != "bf16" or capability >= (8, 0))
 
 
-def vllm_splits(shape: sizing.ModelShape, gpus: int) -> bool:
+def vllm_splits(shape: model_catalog.ModelShape, gpus: int) -> bool:
     """vLLM's tensor parallel: the heads divide by it, and it divides the KV heads or is a multiple of them
     (vllm/config/model.py verify_with_parallel_config; linear.py QKVParallelLinear)."""
     return shape.heads % gpus == 0 and (shape.kv_heads % gpus == 0 or gpus % shape.kv_heads == 0)
@@ -248,7 +249,7 @@ CASES = [
 @pytest.mark.parametrize(("name", "billions", "precision", "mode", "region"), CASES)
 def test_recommendation_equals_brute_force(name: str | None, billions: float | None, precision: str, mode: str,
                                            region: str) -> None:
-    request = Request(sizing.resolve(name, billions), precision, mode, 2048, 1)
+    request = Request(model_catalog.resolve(name, billions), precision, mode, 2048, 1)
     plans = recommend.recommend(request, region, max_nodes=6, top=100)
     assert [p.strategy for p in plans] == list(request.strategies())
     for plan in plans:
@@ -260,7 +261,7 @@ def test_recommendation_equals_brute_force(name: str | None, billions: float | N
 
 
 def test_recommendation_is_sorted_and_skips_gpus_without_bf16_for_bf16_training() -> None:
-    request = Request(sizing.resolve("Llama-3.1-8B"), "bf16", "training")
+    request = Request(model_catalog.resolve("Llama-3.1-8B"), "bf16", "training")
     for plan in recommend.recommend(request, "us-central1", top=20):
         prices = [o.on_demand for o in plan.options]
         assert prices == sorted(prices)
@@ -323,7 +324,7 @@ def test_model_fits_on_more_workers() -> None:
 
 def test_unknown_model_and_training_precision_are_config_errors() -> None:
     found = config_problems(changed("prod", {f"{WORKLOAD}.model": {"name": "my-llm"}}))
-    assert found == [f"{WORKLOAD}.model.name: unknown model 'my-llm'; known: " + ", ".join(sizing.model_names())
+    assert found == [f"{WORKLOAD}.model.name: unknown model 'my-llm'; known: " + ", ".join(model_catalog.model_names())
                      + f" (or give the parameter count in billions as {WORKLOAD}.model.parameters)"]
     assert config_problems(changed("prod", {f"{WORKLOAD}.model": {"mode": "inference"}})) == [
         f"{WORKLOAD}.model: give `name` (a model in data/models.yaml) or `parameters` (billions) for the planner's "
@@ -424,7 +425,7 @@ def test_prod_costs_pay_on_demand(prod: RunResult) -> None:
 
 def test_cost_section_is_a_markdown_table() -> None:
     m = config_model(stack_yaml("dev"))
-    text = cost.cost_section(m)
+    text = cost_markdown.cost_section(m)
     costs = cost.stack_costs(m)
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| pool | machine | accelerators | nodes |")
@@ -440,7 +441,7 @@ def test_preview_summary_gets_the_cost_section(dev: RunResult) -> None:
 
     ((title, body),) = cost_section.section(dev)
     assert title == "Estimated cost"
-    assert body == cost.cost_section(config_model(stack_yaml("dev")))  # the output and the config agree
+    assert body == cost_markdown.cost_section(config_model(stack_yaml("dev")))  # the output and the config agree
     gaudi_like = engine.RunResult(stack="gaudi", resources=[], outputs={})
     assert cost_section.section(gaudi_like) == []
 
@@ -450,7 +451,7 @@ def test_unpriced_machine_is_named_not_guessed() -> None:
     costs = cost.stack_costs(m)
     assert costs["unpriced"] == ["system"]
     assert costs["pools"]["system"]["price"].startswith("unknown")
-    assert "Not priced (machine type missing from the catalog): system." in cost.cost_section(m)
+    assert "Not priced (machine type missing from the catalog): system." in cost_markdown.cost_section(m)
 
 
 # --- the GPU catalog -----------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner import sizing
-from planner.sizing import Strategy
+from planner import model_catalog, sizing
+from planner.sizing_types import Strategy
 
 pytest.importorskip("deepspeed", reason="deepspeed (and torch) are not installed here; the comparison with "
                                         "DeepSpeed's estimators runs where they are (see the module docstring)")
@@ -29,14 +29,14 @@ SETUPS = [
 ]
 
 
-def ours(model: sizing.Model, strategy: Strategy, gpus: int) -> float:
+def ours(model: model_catalog.Model, strategy: Strategy, gpus: int) -> float:
     return sum(sizing.model_states(model.parameters, strategy, gpus, "bf16", model.shape.largest_layer).values())
 
 
 @pytest.mark.parametrize(("name", "per_node", "nodes"), SETUPS)
 @pytest.mark.parametrize("offload", [False, True])
 def test_zero2_matches_deepspeed(name: str, per_node: int, nodes: int, offload: bool) -> None:
-    model = sizing.resolve(name)
+    model = model_catalog.resolve(name)
     cpu, gpu = estimate_zero2_model_states_mem_needs(
         total_params=model.parameters, num_gpus_per_node=per_node, num_nodes=nodes, cpu_offload=offload)
     strategy = Strategy(2, offload_optimizer=offload)
@@ -50,7 +50,7 @@ def test_zero2_matches_deepspeed(name: str, per_node: int, nodes: int, offload: 
 @pytest.mark.parametrize(("offload_optimizer", "offload_params"), [(False, False), (True, False), (True, True)])
 def test_zero3_matches_deepspeed(name: str, per_node: int, nodes: int, offload_optimizer: bool,
                                  offload_params: bool) -> None:
-    model = sizing.resolve(name)
+    model = model_catalog.resolve(name)
     cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
         total_params=model.parameters, largest_layer_params=model.shape.largest_layer, num_gpus_per_node=per_node,
         num_nodes=nodes, cpu_offload=offload_optimizer, cpu_offload_params=offload_params, zero_init=True)

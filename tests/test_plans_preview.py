@@ -9,8 +9,9 @@ import pytest
 from conftest import changed, config_problems
 
 from model import machine_disks
+from planner.model_catalog import resolve
 from planner.recommend import Option, recommend
-from planner.sizing import Request, Strategy, resolve
+from planner.sizing_types import Request, Strategy
 
 # 7B, 8B, 13B, 34B, 70B from data/models.yaml.
 MODELS = ("Mistral-7B", "Llama-3.1-8B", "Llama-2-13B", "CodeLlama-34B", "Llama-3.1-70B")

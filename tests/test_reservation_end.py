@@ -12,7 +12,7 @@ from conftest import DELETE, changed, config_model, model, problems
 from test_kueue import crd_problems
 
 from model import reservation
-from planner import cost, spill
+from planner import cost, cost_markdown, spill
 from workloads import kueue, reservation_end
 
 NOW = "2026-11-27T12:00:00Z"
@@ -288,7 +288,7 @@ def test_preview_says_when_the_run_goes_past_the_end() -> None:
     assert res["pastEnd"]["slow"] > 0
     # The hours past the end at the spot pool's $/h while it trains (its own pool at min nodes, as it pays).
     assert res["fallback"]["pool"] == "l4x4-spot" and res["fallback"]["perHour"] == run["perHour"]["spot"]
-    text = cost.costs_markdown(costs)
+    text = cost_markdown.costs_markdown(costs)
     assert "Reservation `l4-reservation` of pool l4x4 ends 2026-11-27 13:00 UTC, 1.0 h after 2026-11-27 12:00 UTC " \
            "(now): **the run goes past it** by" in text
     assert "GKE's ComputeClass grows fallbackPool l4x4-spot instead (spot), where it continues from its newest " \
@@ -297,7 +297,7 @@ def test_preview_says_when_the_run_goes_past_the_end() -> None:
 
 def test_preview_says_when_the_run_ends_in_time() -> None:
     m = config_model(_finetune_on_a_reservation("2030-01-01T00:00:00Z"))
-    text = cost.costs_markdown(cost.stack_costs(m))
+    text = cost_markdown.costs_markdown(cost.stack_costs(m))
     assert "ends 2030-01-01 00:00 UTC" in text and "the run ends before it, even at its slow end" in text
 
 

@@ -15,9 +15,9 @@ from model import catalog, reservation
 from planner import run_estimate
 from planner.__main__ import main as planner_main
 from planner.held import held_capacity, parse_reservation
+from planner.model_catalog import resolve
 from planner.recommend import ranked, recommend, speed_key
 from planner.requests import mode_request
-from planner.sizing import resolve
 from preview import write_stack
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

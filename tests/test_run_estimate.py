@@ -3,7 +3,7 @@ dense TFLOPS x the MFU of measured runs (tests/test_throughput_evidence.py), plu
 of every node up while it trains (a waiting server too); hours and dollars per run at spot and on-demand prices.
 
 Every expected number is worked by hand in the comments, from the data files' values read here (never from
-planner/run_estimate.py or planner/cost.py)."""
+planner/run_estimate.py or planner/run_cost.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from conftest import DELETE, PROJECT_DIR, changed, config_model, seed, stack_run, yaml_load
 
-from planner import cost, run_estimate
+from planner import cost, cost_markdown, run_estimate
+from planner.model_catalog import resolve
 from planner.requests import mode_request
-from planner.sizing import Strategy, resolve
+from planner.sizing_types import Strategy
 from preview import summary
 from preview.__main__ import SECTIONS
 from preview.sections import render_sections
@@ -150,7 +151,7 @@ def test_no_token_count_says_which_key_to_set() -> None:
     costs = cost.stack_costs(config_model(changed("finetune", {"workloads.tune.finetune.datasetTokens": DELETE})))
     r = costs["runs"]["tune"]
     assert "hours" not in r and "workloads.tune.finetune.datasetTokens" in r["missing"]
-    assert "Run tune: time and cost unknown (set workloads.tune.finetune.datasetTokens" in cost.headline(costs)
+    assert "Run tune: time and cost unknown (set workloads.tune.finetune.datasetTokens" in cost_markdown.headline(costs)
 
 
 def test_full_fine_tuning_costs_more_than_lora_on_the_same_gpus() -> None:
@@ -165,7 +166,7 @@ def test_full_fine_tuning_costs_more_than_lora_on_the_same_gpus() -> None:
 def test_headline_and_summary_print_hours_and_dollars_per_run_beside_per_hour() -> None:
     """`make preview STACK=finetune`: "about H h, $X per run" with the measured runs named, after the $/h."""
     run = stack_run("finetune")
-    line = cost.headline(run.outputs["costs"])
+    line = cost_markdown.headline(run.outputs["costs"])
     assert "**$3.71/h with training running**" in line
     assert "Run tune: **about 0.97–1.2 h, $4.43–$5.27 per run** (spot; on-demand $9.08–$10.81), at the MFU of " \
            "measured runs, 23%–27% (data/training_speed.yaml)" in line
@@ -379,7 +380,7 @@ def test_a_70b_plan_with_save_steps_20_warns_and_proposes_an_interval(tmp_path: 
         (2 * saves["secondsEach"] * 168 * 3600) ** 0.5 / 60, abs=0.1)
     assert "workloads.train.finetune.saveSteps 20:" in saves["warning"]
     assert f"saveSteps {min(saves['proposedSaveSteps']):,}" in saves["warning"]
-    assert f"**Warning**: {saves['warning']}" in cost.costs_markdown(costs)
+    assert f"**Warning**: {saves['warning']}" in cost_markdown.costs_markdown(costs)
     import checks
     assert saves["warning"] in checks.warnings(config_model(config))  # labelled, in the PR summary's warnings
 

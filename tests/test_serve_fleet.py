@@ -13,7 +13,7 @@ import pytest
 from conftest import changed, config_model, load_file, problems
 from test_mpijob import K8S_VERSION
 
-from planner import cost
+from planner import pool_cost
 from preview import engine
 from preview.engine import RunResult
 
@@ -106,8 +106,8 @@ def test_the_evaluators_node_is_counted() -> None:
     assert (f"{S}.serving.replicas: 2 replica(s) and the evaluator's own pod need 3 nodes of pool l4, but "
             "nodePools[1].maxNodes is 2; raise maxNodes or lower replicas") in found
     m = config_model(changed("finetune", FLEET))
-    assert cost.workload_nodes(m.workloads["chat"]) == 3
-    assert cost.workload_nodes(config_model(changed("finetune", EVALUATION)).workloads["chat"]) == 1
+    assert pool_cost.workload_nodes(m.workloads["chat"]) == 3
+    assert pool_cost.workload_nodes(config_model(changed("finetune", EVALUATION)).workloads["chat"]) == 1
 
 
 def test_evaluation_with_replicas_or_an_autoscaler_is_accepted() -> None:

@@ -28,8 +28,10 @@ from model.problems import lines
 from model.serving_engines import vllm_facts
 from planner import __main__ as planner_cli
 from planner.held import parse_held
+from planner.model_catalog import resolve
 from planner.recommend import cheapest_for_gpu
-from planner.sizing import INFERENCE, Request, estimate, resolve
+from planner.sizing import estimate
+from planner.sizing_types import INFERENCE, Request
 from workloads import serving_group
 from workloads.kinds import serve, serve_nodes
 

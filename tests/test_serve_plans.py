@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from planner import sizing
+from planner.model_catalog import resolve
 from planner.recommend import recommend
-from planner.sizing import GB, INFERENCE, Request, resolve
+from planner.sizing_types import GB, INFERENCE, Request
 
 MODELS = ("Mistral-7B", "Llama-3.1-8B", "Llama-2-13B", "CodeLlama-34B", "Llama-3.1-70B", "Qwen2.5-7B", "Falcon-7B")
 # Compute capabilities vLLM in the stack's image runs (vLLM 7.0+; torch 2.13's cubins: no 7.0 V100, no 6.0 P100).

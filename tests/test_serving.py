@@ -126,7 +126,7 @@ def test_vllm_serves_the_model_with_the_planners_values(serve: RunResult) -> Non
 
 def test_the_budget_is_the_planners_headroom() -> None:
     from model import serving_engines
-    from planner.sizing import HEADROOM
+    from planner.sizing_types import HEADROOM
 
     # vLLM takes --gpu-memory-utilization of each GPU; the planner sizes within 1 - HEADROOM of it.
     assert serving_engines.engine("vllm").gpu_memory_utilization == pytest.approx(1 - HEADROOM) == 0.90
@@ -395,7 +395,8 @@ def test_a_model_that_cannot_fit_is_refused_with_numbers_and_what_fits() -> None
 
 def test_mii_sizes_by_its_reserve() -> None:
     from planner.requests import workload_request
-    from planner.sizing import INFERENCE, estimate
+    from planner.sizing import estimate
+    from planner.sizing_types import INFERENCE
 
     w = config_model(changed("serve", MII)).workloads["chat"]
     est = estimate(workload_request(w), INFERENCE, 1, 1)

@@ -15,8 +15,9 @@ from conftest import config_problems, yaml_load
 from checks import load
 from model import catalog
 from planner import stack_writer
+from planner.model_catalog import resolve
 from planner.requests import mode_request
-from planner.sizing import Request, resolve
+from planner.sizing_types import Request
 from preview import engine
 from preview import write_stack as ws
 from preview.__main__ import main as preview_main

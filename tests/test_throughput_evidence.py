@@ -11,8 +11,9 @@ import pytest
 from conftest import PROJECT_DIR, yaml_load
 
 from planner import run_estimate, throughput
+from planner.model_catalog import resolve
 from planner.requests import mode_request
-from planner.sizing import Strategy, resolve
+from planner.sizing_types import Strategy
 
 
 def _data(name: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from conftest import changed, config_model, problems, stack_path, stack_run, sta
 from test_planner import tight_inference
 
 import checks
-from planner import cost
+from planner import cost_markdown
 from preview import plan, stackfile, summary, tree
 from preview.__main__ import main
 from preview.engine import RunResult
@@ -48,9 +48,9 @@ def test_the_run_records_the_programs_warnings(tight: RunResult) -> None:
 def test_warnings_top_the_summary_and_are_listed_in_plan_json(tight: RunResult) -> None:
     md = summary.markdown(tight, [], 16)
     title, warnings_section, *_ = md.split("\n\n#### ")
-    # The title, then the cost headline (planner/cost.py), then the warnings before any table.
+    # The title, then the cost headline (planner/cost_markdown.py), then the warnings before any table.
     assert title == f"### Stack `prod`: {len(tight.resources)} resources, ok, 1 warning\n\n" \
-                    f"{cost.headline(tight.outputs['costs'])}"
+                    f"{cost_markdown.headline(tight.outputs['costs'])}"
     assert warnings_section == f"Warnings\n\n- :warning: {tight.warnings[0]}"
     doc = plan.build(tight)
     assert doc["warnings"] == tight.warnings
@@ -214,10 +214,11 @@ def test_a_secret_held_whole_is_written_as_a_valid_object() -> None:
 # --- 8. the planner: bare sizes and a fallback that never under-estimates ------------------------
 
 def test_a_bare_size_is_a_parameter_count() -> None:
-    from planner import sizing
+    from planner import model_catalog
 
-    assert sizing.bare_size("7B") == 7.0 and sizing.bare_size("350M") == 0.35 and sizing.bare_size("x7B") is None
-    model = sizing.resolve("7B")
+    assert model_catalog.bare_size("7B") == 7.0 and model_catalog.bare_size("350M") == 0.35
+    assert model_catalog.bare_size("x7B") is None
+    model = model_catalog.resolve("7B")
     assert (model.parameters, model.shape_known) == (7e9, False)
 
 
@@ -225,11 +226,11 @@ def test_the_fallback_largest_layer_is_an_upper_bound_for_every_known_model() ->
     # The real largest layer (data/models.yaml shapes: vocabulary x hidden or hidden x intermediate) never
     # exceeds the fallback's for the same parameter count: a Llama-2 vocabulary was 3-6x short for Llama-3,
     # Qwen and Gemma.
-    from planner import sizing
+    from planner import model_catalog
 
-    for name in sizing.model_names():
-        known = sizing.resolve(name)
-        fallback = sizing.fallback_shape(known.parameters)
+    for name in model_catalog.model_names():
+        known = model_catalog.resolve(name)
+        fallback = model_catalog.fallback_shape(known.parameters)
         assert fallback.largest_layer >= known.shape.largest_layer, name
         assert fallback.largest_layer <= known.parameters, name
 
@@ -237,16 +238,16 @@ def test_the_fallback_largest_layer_is_an_upper_bound_for_every_known_model() ->
 def test_the_user_gives_the_shape() -> None:
     # OPT-350M as a bare size with its real shape (vocabulary 50272 x hidden 1024 = 51.5M parameters, its
     # embedding, the largest layer) or that largest layer directly: both replace the fallback's upper bound.
-    from planner import sizing
+    from planner import model_catalog
 
-    bare = sizing.resolve("0.331B")
-    by_vocab = sizing.given_shape(bare, vocabulary=50272, hidden=1024)
-    by_layer = sizing.given_shape(bare, largest_layer_m=51.5)
+    bare = model_catalog.resolve("0.331B")
+    by_vocab = model_catalog.given_shape(bare, vocabulary=50272, hidden=1024)
+    by_layer = model_catalog.given_shape(bare, largest_layer_m=51.5)
     assert by_vocab.shape.largest_layer == 50272 * 1024
     assert by_layer.shape.largest_layer == 51_500_000
     assert bare.shape.largest_layer > by_vocab.shape.largest_layer  # the fallback is the upper bound
-    known = sizing.resolve("Llama-2-7B")
-    assert sizing.given_shape(known, 1, 1) is known  # a known model keeps its own shape
+    known = model_catalog.resolve("Llama-2-7B")
+    assert model_catalog.given_shape(known, 1, 1) is known  # a known model keeps its own shape
 
 
 def test_a_workloads_model_block_takes_the_shape() -> None:

@@ -10,7 +10,7 @@ import pytest
 from conftest import DELETE, changed, config_model, stack_run
 
 from model.config import ConfigError
-from planner import cost
+from planner import cost, cost_markdown
 from workloads import vertex_job
 
 V = "deepspeed-stack:vertex"
@@ -39,10 +39,10 @@ def test_the_vertex_example_prints_hours_and_dollars_per_run() -> None:
     assert r["trainingHours"]["fast"] == pytest.approx(20e6 / (2 * tps["high"]) / 3600, abs=2e-3)
     assert r["perRun"]["slow"] == pytest.approx(r["hours"]["slow"] * v["perHour"], abs=0.01)
     assert any("outside the rows' sizes" in n for n in r["notes"])
-    line = cost.headline(costs)
+    line = cost_markdown.headline(costs)
     assert f"about {r['hours']['fast']:.2f}–{r['hours']['slow']:.2f} h" in line and "per run** on Vertex AI" in line
     md = stack_run("vertex")
-    assert "Vertex AI run: 20,000,000 tokens" in cost.costs_markdown(md.outputs["costs"])
+    assert "Vertex AI run: 20,000,000 tokens" in cost_markdown.costs_markdown(md.outputs["costs"])
 
 
 def test_without_a_token_count_the_run_says_which_key_to_set() -> None:

@@ -2,7 +2,7 @@
 environment: the GPU's peak dense TFLOPS in the run's precision and the model's FLOPs per token (MFU as the run's
 estimate defines it, planner/run_estimate.py: 6N full, 4N LoRA, without the recomputation, over
 data/gpu_catalog.yaml peakTflops), the stack's $/h while the run trains (its pool's nodes at the price it pays and
-every node up meanwhile, planner/cost.py training_per_hour: the measured cost in MODEL_DIR/run.json), the run's
+every node up meanwhile, planner/run_cost.py training_per_hour: the measured cost in MODEL_DIR/run.json), the run's
 estimate (FINETUNE_ESTIMATE: the preview's, set against the measured values in progress.json and run.json), and
 TENSORBOARD_LOGGING_DIR, the folder of the run's TensorBoard event files: `logs/<workload>`
 under the output root (the bucket's mount with gcsFuse.enabled, else the claim). What the stack cannot say (a GPU
@@ -17,7 +17,7 @@ from typing import Any
 
 from model import catalog as gpu_catalog
 from model.types import FinetuneWorkloadConfig, StackConfig, VertexConfig
-from planner import cost, past_runs, run_estimate, vertex_run
+from planner import cost, extra_costs, past_runs, run_cost, run_estimate, vertex_run
 from planner.requests import vertex_request, workload_request
 
 PEAK_ENV = "FINETUNE_PEAK_TFLOPS"  # finetune_progress.PEAK_ENV, and the two below
@@ -98,7 +98,7 @@ def run_env(cfg: StackConfig, w: FinetuneWorkloadConfig, cat: gpu_catalog.Catalo
     flops = model_flops(w)
     if flops is not None:
         out[FLOPS_ENV] = _number(flops)
-    price = cost.training_per_hour(cfg, w.name, cat)  # every node up while it trains, as the estimate counts them
+    price = run_cost.training_per_hour(cfg, w.name, cat)  # every node up while it trains, as the estimate counts them
     if price is not None:
         out[PRICE_ENV] = _number(price)
     return {**out, **estimate_env(cfg, w, cat)}
@@ -118,7 +118,7 @@ def vertex_env(v: VertexConfig, cat: gpu_catalog.Catalog | None = None) -> dict[
         flops, _executed = run_estimate.flops_per_token(request.model.parameters, request.lora is not None,
                                                         request.gradient_checkpointing)
         out[FLOPS_ENV] = _number(flops)
-    price = cost.vertex_per_hour(v, cat)
+    price = extra_costs.vertex_per_hour(v, cat)
     if price is not None:
         out[PRICE_ENV] = _number(price)
     run = vertex_run.vertex_run(v, price, cat)

@@ -1,8 +1,9 @@
-"""The "Estimated cost" section, from the `costs` stack output (planner/cost.py computes it)."""
+"""The "Estimated cost" section, from the `costs` stack output (planner/cost.py computes it, planner/cost_markdown.py
+renders it)."""
 
 from __future__ import annotations
 
-from planner.cost import costs_markdown
+from planner.cost_markdown import costs_markdown
 from preview.engine import RunResult
 from preview.sections import Section
 

@@ -11,7 +11,7 @@ from typing import Any
 from preview.engine import RunResult
 from preview.sections import Section
 
-HOURS_PER_MONTH = 730  # Google's billing month (planner/cost.py)
+HOURS_PER_MONTH = 730  # Google's billing month (planner/cost_markdown.py)
 
 
 def _node_price(costs: Any, pool: str | None) -> float | None:

@@ -29,7 +29,7 @@ from model.problems import Problem
 from model.serving_engines import MII, VLLM
 from model.types import ServeWorkloadConfig, StackConfig
 from model.validators import DNS1123_LABEL, at
-from planner.cost import pool_costs
+from planner.pool_cost import pool_costs
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.serve_adapters import (
     check_serve_adapter_as_model,

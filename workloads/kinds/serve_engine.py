@@ -15,7 +15,8 @@ from model.types import ServeWorkloadConfig, StackConfig
 from model.validators import at, or_list
 from planner.recommend import Option, cheapest_for_gpu, serving_problem, short_name
 from planner.requests import workload_request
-from planner.sizing import INFERENCE, Request, estimate
+from planner.sizing import estimate
+from planner.sizing_types import INFERENCE, Request
 from workloads.kinds.serve_model import check_serve_context_length
 from workloads.kinds.serve_nodes import across_nodes_hint, nodes_that_hold
 from workloads.placement import placement

@@ -8,8 +8,8 @@ from model.problems import Problem
 from model.suggest import did_you_mean
 from model.types import ServeWorkloadConfig, StackConfig, WorkloadConfig
 from model.validators import at, or_list
+from planner.model_catalog import known_models
 from planner.model_ids import id_problem
-from planner.sizing import known_models
 
 
 def check_serve_model_source(m: StackConfig, w: ServeWorkloadConfig) -> list[Problem]:

@@ -17,7 +17,8 @@ from model.types import ServeWorkloadConfig, StackConfig
 from model.validators import at
 from planner.recommend import short_name
 from planner.requests import workload_request
-from planner.sizing import INFERENCE, Request, estimate
+from planner.sizing import estimate
+from planner.sizing_types import INFERENCE, Request
 from workloads.placement import Placement
 from workloads.serving_command import engine_of
 
