@@ -135,11 +135,52 @@ def _addons(cfg: ClusterConfig, gateway: bool = False) -> gcp.container.ClusterA
     )
 
 
+def _monitoring(gpu_metrics: bool) -> gcp.container.ClusterMonitoringConfigArgs:
+    # System metrics, and with gpu_metrics GKE's DCGM exporter (GkeClusterArgs), into Managed Prometheus.
+    return gcp.container.ClusterMonitoringConfigArgs(
+        enable_components=["SYSTEM_COMPONENTS", *(["DCGM"] if gpu_metrics else [])],
+        managed_prometheus=gcp.container.ClusterMonitoringConfigManagedPrometheusArgs(enabled=True),
+    )
+
+
+def _master_auth() -> gcp.container.ClusterMasterAuthArgs:
+    # No client certificate: it is a credential that cannot be revoked (policy gke-no-client-certificate).
+    return gcp.container.ClusterMasterAuthArgs(
+        client_certificate_config=gcp.container.ClusterMasterAuthClientCertificateConfigArgs(
+            issue_client_certificate=False
+        ),
+    )
+
+
 class GkeCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepspeed-stack:gcp:GkeCluster", name, None, opts)
         cfg = args.config
-        self.cluster = gcp.container.Cluster(
+        # Registered in this order: the cluster, its system pool, then the provider (which waits for the pool).
+        self.cluster = self._cluster(name, args)
+        self.system_pool = self._system_pool(name, args)
+        self.name: pulumi.Output[str] = self.cluster.name
+        self.endpoint: pulumi.Output[str] = self.cluster.endpoint
+        self.ca_certificate: pulumi.Output[str] = self.cluster.master_auth.cluster_ca_certificate
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
+            pulumi.Output.all(self.cluster.name, self.endpoint, self.ca_certificate).apply(
+                lambda v: kubeconfig(v[0], v[1], v[2])
+            )
+        )
+        self.connect_gateway_kubeconfig = self._connect_gateway(args) if cfg.fleet.enabled else None
+        self.provider = self._k8s_provider(name)
+        self.register_outputs({
+            "name": self.name,
+            "endpoint": self.endpoint,
+            "caCertificate": self.ca_certificate,
+            "kubeconfig": self.kubeconfig,
+            **({"connectGatewayKubeconfig": self.connect_gateway_kubeconfig} if cfg.fleet.enabled else {}),
+        })
+
+    def _cluster(self, name: str, args: GkeClusterArgs) -> gcp.container.Cluster:
+        """The VPC-native cluster, hardened (see policy/rules_gke.py), its default pool removed once it exists."""
+        cfg = args.config
+        return gcp.container.Cluster(
             name,
             name=cfg.name,
             project=args.project,
@@ -175,15 +216,8 @@ class GkeCluster(pulumi.ComponentResource):
                 enable_components=["SYSTEM_COMPONENTS", "WORKLOADS"]
             ),
             enable_multi_networking=args.multi_networking or None,
-            monitoring_config=gcp.container.ClusterMonitoringConfigArgs(
-                enable_components=["SYSTEM_COMPONENTS", *(["DCGM"] if args.gpu_metrics else [])],
-                managed_prometheus=gcp.container.ClusterMonitoringConfigManagedPrometheusArgs(enabled=True),
-            ),
-            master_auth=gcp.container.ClusterMasterAuthArgs(
-                client_certificate_config=gcp.container.ClusterMasterAuthClientCertificateConfigArgs(
-                    issue_client_certificate=False
-                ),
-            ),
+            monitoring_config=_monitoring(args.gpu_metrics),
+            master_auth=_master_auth(),
             enable_legacy_abac=False,
             private_cluster_config=_private_config(cfg),
             master_authorized_networks_config=_authorized_networks(cfg),
@@ -197,7 +231,11 @@ class GkeCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, protect=cfg.deletion_protection,
                                         ignore_changes=["nodeConfig"], delete_before_replace=True),
         )
-        self.system_pool = gcp.container.NodePool(
+
+    def _system_pool(self, name: str, args: GkeClusterArgs) -> gcp.container.NodePool:
+        """The small pool kube-system runs on (DNS, the CSI drivers); GPU pools are GpuNodePool's."""
+        cfg = args.config
+        return gcp.container.NodePool(
             f"{name}-system",
             project=args.project,
             cluster=self.cluster.name,
@@ -225,16 +263,10 @@ class GkeCluster(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["initialNodeCount"]),
         )
-        self.name: pulumi.Output[str] = self.cluster.name
-        self.endpoint: pulumi.Output[str] = self.cluster.endpoint
-        self.ca_certificate: pulumi.Output[str] = self.cluster.master_auth.cluster_ca_certificate
-        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
-            pulumi.Output.all(self.cluster.name, self.endpoint, self.ca_certificate).apply(
-                lambda v: kubeconfig(v[0], v[1], v[2])
-            )
-        )
-        self.connect_gateway_kubeconfig = self._connect_gateway(args) if cfg.fleet.enabled else None
-        self.provider = k8s.Provider(
+
+    def _k8s_provider(self, name: str) -> k8s.Provider:
+        """The cluster's Kubernetes provider (not named `_provider`: pulumi.Resource keeps its own provider there)."""
+        return k8s.Provider(
             f"{name}-k8s",
             # Through the gateway when the cluster is in a fleet: CI runners cannot reach a private
             # control plane (or one behind authorized networks), the gateway they can.
@@ -244,13 +276,6 @@ class GkeCluster(pulumi.ComponentResource):
             # (DNS, the CSI drivers) and `destroy` removes them before those nodes.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_pool]),
         )
-        self.register_outputs({
-            "name": self.name,
-            "endpoint": self.endpoint,
-            "caCertificate": self.ca_certificate,
-            "kubeconfig": self.kubeconfig,
-            **({"connectGatewayKubeconfig": self.connect_gateway_kubeconfig} if cfg.fleet.enabled else {}),
-        })
 
     def _connect_gateway(self, args: GkeClusterArgs) -> pulumi.Output[str]:
         """The gateway URL needs the fleet project's number and the membership GKE created for the cluster

@@ -10,7 +10,7 @@ option's nodes: `serving.nodesPerReplica`). With `serve`, a trainer's stack also
 (a `serve` workload of `serving.fromWorkload`, on a pool of its own sized by the inference plan).
 `render()` writes it with the plan, the ds_config choices and the reasons as YAML comments.
 
-Which candidate is written is decided above this layer (preview/write_stack.py): the cheapest whose config the
+Which candidate is written is decided above this layer (preview/write_stack_choice.py): the cheapest whose config the
 stack's own checks accept, so what is written previews.
 """
 

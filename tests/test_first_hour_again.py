@@ -15,7 +15,7 @@ from conftest import PROJECT_DIR, changed, config_model, config_problems, proble
 from planner import cost, cost_markdown, model_catalog
 from planner.__main__ import main as planner_main
 from planner.requests import mode_request
-from preview import summary, write_stack
+from preview import summary, write_stack, write_stack_choice
 from preview.__main__ import main as preview_main
 from preview.sections import serving
 from preview.write_stack import main as write_main
@@ -316,9 +316,9 @@ def test_the_budget_counts_training_and_its_server_and_serve_0_leaves_it_out(tmp
     alone = prices["l4"] + prices["system"] + prices["fee"] + prices["claim"]  # 0.9714
     both = alone + prices["l4"]
     budget = f"{(alone + both) / 2:.2f}"
-    with pytest.raises(write_stack.NoPlanError) as refused:
-        write_stack.choose(mode_request("finetune", model_catalog.resolve("Qwen2.5-7B")), "us-central1", "s",
-                           float(budget), serve=True)
+    with pytest.raises(write_stack_choice.NoPlanError) as refused:
+        write_stack_choice.choose(mode_request("finetune", model_catalog.resolve("Qwen2.5-7B")), "us-central1",
+                                  "s", float(budget), serve=True)
     assert (f"${both:,.2f}/h with training and its server running (--serve 0: training alone), over the budget "
             f"${float(budget):,.2f}/h") in str(refused.value)
     _, config = _written(tmp_path, "--model", "Qwen2.5-7B-Instruct", "--mode", "finetune", "--budget", budget,

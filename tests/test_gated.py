@@ -112,13 +112,13 @@ def test_the_planners_training_stack_is_checked_with_the_token_it_asks_for() -> 
     from planner import stack_writer
     from planner.model_catalog import resolve
     from planner.requests import mode_request
-    from preview import write_stack
+    from preview import write_stack_choice
 
     request = mode_request(stack_writer.TRAINING, resolve("Llama-3.1-70B"))
     candidate = stack_writer.candidates(request, "us-central1", "big", writer=stack_writer.TRAINING)[0]
     (workload,) = candidate.config["deepspeed-stack:workloads"].values()
     assert (workload["kind"], workload["finetune"]["model"]) == ("finetune", LLAMA_70B)
-    assert write_stack.gated_model(candidate) == LLAMA_70B
+    assert write_stack_choice.gated_model(candidate) == LLAMA_70B
     (name,) = candidate.config["deepspeed-stack:workloads"]
     gated = [p for p in config_problems(candidate.config) if "is gated" in p]
     assert [p.split(":")[0] for p in gated] == [f"workloads.{name}.finetune.model"]

@@ -1,4 +1,5 @@
-"""The policy pack (policy/rules.py), offline: every policy with a compliant and a violating resource.
+"""The policy pack (policy/rules.py and the rules_*.py beside it), offline: every policy with a compliant and a
+violating resource.
 
 Resources come from the preview's records (camelCase inputs, as the analyzer passes props); a violating
 one is a recorded resource with one value changed. `validate()` calls the policy the way the analyzer does.
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
 from typing import Any
 
 import msgspec
@@ -16,7 +19,7 @@ import yaml
 from conftest import PROJECT_DIR, stack_run, stacks, user_docs
 from pulumi_policy import EnforcementLevel
 
-from policy import rules
+from policy import rules, rules_support
 from preview import policy_check
 from preview.engine import Registration, RunResult
 
@@ -86,6 +89,26 @@ def test_pack_files() -> None:
             assert pins[line.split("==")[0]] == line
 
 
+# Pulumi's runner for a Python pack (`python -m pulumi.policy`) runs the pack's folder with runpy.run_path:
+# __main__.py with policy/ itself on sys.path. Isolated (-I), so the project root is not on it either.
+PACK_AS_PULUMI_RUNS_IT = """
+import importlib.util, runpy, sys
+import pulumi_policy
+assert importlib.util.find_spec("policy") is None
+pulumi_policy.PolicyPack = lambda **pack: print("\\n".join(p.name for p in pack["policies"]))
+runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+
+
+def test_the_pack_loads_as_pulumi_runs_it() -> None:
+    """There the rule modules are top-level (`rules`, `rules_gke`, ...) and no package `policy` exists: they import
+    each other that way too, and the pack gets every policy the project's `policy.rules` has."""
+    result = subprocess.run([sys.executable, "-I", "-c", PACK_AS_PULUMI_RUNS_IT, str(PROJECT_DIR / "policy")],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [p.name for p in rules.POLICIES]
+
+
 def test_only_habana_digest_is_advisory() -> None:
     advisory = [p.name for p in rules.POLICIES if p.enforcement_level == EnforcementLevel.ADVISORY]
     assert advisory == ["habana-images-by-digest"]
@@ -105,10 +128,10 @@ def test_policy_config_overrides_the_enforcement_level(dev: RunResult) -> None:
 
 def test_stack_comes_from_config_then_env_then_urn(dev: RunResult, monkeypatch: pytest.MonkeyPatch) -> None:
     args = policy_check.validation_args(dev.one(CLUSTER))
-    assert rules.stack_name(args) == "dev"
-    monkeypatch.setenv(rules.STACK_ENV, "staging")
-    assert rules.stack_name(args) == "staging"
-    assert rules.stack_name(policy_check.validation_args(dev.one(CLUSTER), {"stack": "qa"})) == "qa"
+    assert rules_support.stack_name(args) == "dev"
+    monkeypatch.setenv(rules_support.STACK_ENV, "staging")
+    assert rules_support.stack_name(args) == "staging"
+    assert rules_support.stack_name(policy_check.validation_args(dev.one(CLUSTER), {"stack": "qa"})) == "qa"
 
 
 # --- GKE -----------------------------------------------------------------------------------------
@@ -121,7 +144,7 @@ def test_private_nodes(dev: RunResult, prod: RunResult, monkeypatch: pytest.Monk
     # The dev cluster's inputs on any other stack, named by config or by the environment.
     assert check("gke-private-nodes", dev.one(CLUSTER), stack="staging") != []
     assert check("gke-private-nodes", dev.one(CLUSTER), devStacks=["sandbox"]) != []
-    monkeypatch.setenv(rules.STACK_ENV, "staging")
+    monkeypatch.setenv(rules_support.STACK_ENV, "staging")
     assert check("gke-private-nodes", dev.one(CLUSTER)) != []
 
 

@@ -399,18 +399,18 @@ def test_dataset_tokens_with_max_steps_warn_unread() -> None:
 def test_a_budget_refusal_says_what_budget_would_work(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """`make gpus MODEL=Qwen2.5-7B MODE=finetune WRITE=b BUDGET=1`: every plan is over $1/h; the cheapest the checks
     accept, 1 L4 training with its server's L4 (SERVE=1), is $1.68/h with both running (shown rounded)."""
-    from preview import write_stack as ws
+    from preview import write_stack_choice as wc
     monkeypatch.setenv("DEEPSPEED_STACK_MAKE", "1")
-    with pytest.raises(ws.NoPlanError) as err:
-        ws.choose(mode_request("finetune", resolve("Qwen2.5-7B")), "us-central1", "b", budget=1.0, serve=True)
+    with pytest.raises(wc.NoPlanError) as err:
+        wc.choose(mode_request("finetune", resolve("Qwen2.5-7B")), "us-central1", "b", budget=1.0, serve=True)
     message = str(err.value)
     assert "over the budget $1.00/h" in message
-    cheapest = ws.choose(mode_request("finetune", resolve("Qwen2.5-7B")), "us-central1", "b", serve=True)
+    cheapest = wc.choose(mode_request("finetune", resolve("Qwen2.5-7B")), "us-central1", "b", serve=True)
     # the budget is compared unrounded ($1.6802 > $1.68): the cents rounded up
     works = -(-round(cheapest.running_per_hour * 100, 6) // 1) / 100
     assert message.endswith(f"the cheapest the checks accept costs ${cheapest.running_per_hour:,.2f}/h: "
                             f"BUDGET={works:.2f} or more would write it")
-    assert ws.choose(mode_request("finetune", resolve("Qwen2.5-7B")), "us-central1", "b", serve=True,
+    assert wc.choose(mode_request("finetune", resolve("Qwen2.5-7B")), "us-central1", "b", serve=True,
                      budget=works).running_per_hour == cheapest.running_per_hour
 
 

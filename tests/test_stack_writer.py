@@ -20,6 +20,8 @@ from planner.requests import mode_request
 from planner.sizing_types import Request
 from preview import engine
 from preview import write_stack as ws
+from preview import write_stack_choice as wc
+from preview import write_stack_header as wh
 from preview.__main__ import main as preview_main
 
 GRID_MODELS = ["Llama-2-7B", "Llama-3.1-8B", "Llama-2-13B", "34B", "Llama-2-70B"]
@@ -30,11 +32,11 @@ REGION = "us-central1"
 TOKEN = {"secure": "v1:planted"}  # `pulumi config set --secret hfToken ...`, the user's step for a gated model
 
 
-def _written(model: str, mode: str, stack: str = "grid") -> tuple[ws.Choice, dict, str]:
+def _written(model: str, mode: str, stack: str = "grid") -> tuple[wc.Choice, dict, str]:
     """The written config, with the token the header asks for when the model is gated (as the user sets it)."""
     request = Request(resolve(model), "bf16", mode, 2048, 1)
-    choice = ws.choose(request, REGION, stack)
-    header = ws.header(choice, request, REGION, stack, f"make gpus MODEL={model} MODE={mode} WRITE={stack}",
+    choice = wc.choose(request, REGION, stack)
+    header = wh.header(choice, request, REGION, stack, f"make gpus MODEL={model} MODE={mode} WRITE={stack}",
                        catalog.load())
     text = stack_writer.render(choice.candidate, header)
     config = yaml_load(text)["config"]
@@ -106,7 +108,7 @@ def test_every_multi_node_plan_the_writer_makes_passes_the_stacks_checks(model: 
     refused = {}
     for c in ranked:
         config = dict(c.config)
-        if ws.gated_model(c):
+        if wc.gated_model(c):
             config["deepspeed-stack:hfToken"] = TOKEN
         (pool,) = config["deepspeed-stack:nodePools"]
         (workload,) = config["deepspeed-stack:workloads"].values()
@@ -139,11 +141,11 @@ def test_a_written_stack_previews(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_budget_skips_what_costs_more_and_says_when_nothing_fits() -> None:
     request = Request(resolve("Llama-3.1-8B"), "bf16", "inference", 2048, 1)
-    free = ws.choose(request, REGION, "b")
+    free = wc.choose(request, REGION, "b")
     assert free.gated_model == "meta-llama/Llama-3.1-8B"  # checked with the user's token
-    with pytest.raises(ws.NoPlanError, match=r"within the budget"):
-        ws.choose(request, REGION, "b", budget=free.running_per_hour - 0.01)
-    assert ws.choose(request, REGION, "b", budget=free.running_per_hour).candidate == free.candidate
+    with pytest.raises(wc.NoPlanError, match=r"within the budget"):
+        wc.choose(request, REGION, "b", budget=free.running_per_hour - 0.01)
+    assert wc.choose(request, REGION, "b", budget=free.running_per_hour).candidate == free.candidate
 
 
 def test_budget_is_compared_with_the_running_cost_not_the_floor() -> None:
@@ -153,12 +155,12 @@ def test_budget_is_compared_with_the_running_cost_not_the_floor() -> None:
     running 0.71 + 0.134 + 0.10 = $0.944/h; at rest (the GPU pool at 0 nodes) 0.134 + 0.10 = $0.234/h.
     A budget between the two holds the floor but not the run: nothing is written."""
     request = Request(resolve("Llama-3.1-8B"), "bf16", "inference", 2048, 1)
-    within = ws.choose(request, REGION, "b", budget=0.95)
+    within = wc.choose(request, REGION, "b", budget=0.95)
     assert within.candidate.option.machine_type == "g2-standard-4" and within.refused == []
     assert within.running_per_hour == pytest.approx(0.944)
     assert within.floor_per_hour == pytest.approx(0.234)
-    with pytest.raises(ws.NoPlanError, match=r"\$0\.94/h with the workload running, over the budget \$0\.90/h"):
-        ws.choose(request, REGION, "b", budget=0.90)
+    with pytest.raises(wc.NoPlanError, match=r"\$0\.94/h with the workload running, over the budget \$0\.90/h"):
+        wc.choose(request, REGION, "b", budget=0.90)
 
 
 def test_hugging_face_ids_and_placeholders() -> None:
@@ -194,8 +196,8 @@ def test_finetune_grid_writes_the_finetune_kind_and_loads(model: str) -> None:
     with that LoRA, its data, checkpoints and result in the stack's bucket; it loads through every rule `make
     preview` runs, which sizes it from its keys to the same numbers."""
     request = mode_request(stack_writer.FINETUNE, resolve(model))
-    choice = ws.choose(request, REGION, "grid", writer=stack_writer.FINETUNE)
-    header = ws.header(choice, request, REGION, "grid", f"make gpus MODEL={model} MODE=finetune WRITE=grid",
+    choice = wc.choose(request, REGION, "grid", writer=stack_writer.FINETUNE)
+    header = wh.header(choice, request, REGION, "grid", f"make gpus MODEL={model} MODE=finetune WRITE=grid",
                        catalog.load())
     text = stack_writer.render(choice.candidate, header)
     config = yaml_load(text)["config"]
