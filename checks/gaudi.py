@@ -8,7 +8,7 @@ from model import gaudi_software
 from model.problems import Problem
 from model.types import MpiJobWorkloadConfig, StackConfig, WorkloadConfig
 from recipes import finetune_hpu
-from workloads.mpijob import gaudi as gaudi_job
+from workloads.mpijob import gaudi_folders
 
 
 def versions(w: WorkloadConfig) -> tuple[str, str, str, str]:
@@ -167,15 +167,15 @@ def warn_ranks_folders(m: StackConfig) -> list[Problem]:
     for w in m.workloads.values():
         if not (isinstance(w, MpiJobWorkloadConfig) and w.runs_stack_gaudi_image and not w.launch.command):
             continue
-        folders = gaudi_job.ranks_folders(w)
-        fixes = dict.fromkeys(gaudi_job.admin_command(w, gaudi_job.relative(w, admin)) for _, admin in folders)
-        out.append(Problem(at('workloads', w.name, 'storage'), f"the ranks (uid {gaudi_job.GAUDI_RANKS_USER}) keep the "
-                   f"caches (HF_HOME {w.cache_home}) and the output ({', '.join(gaudi_job.outputs(w))}) on claim "
-                   f"{w.storage.claim_name}, making the folders they lack; confirm uid {gaudi_job.GAUDI_RANKS_USER} "
-                   f"can write there, or have the NFS server's admin run once `{'; '.join(fixes)}`, CLAIM being the "
-                   f"claim's folder there (`{gaudi_job.nfs_folder_hint(w)}`): NFS volumes take no fsGroup, and "
-                   "root_squash stops a root pod's chown. Otherwise the launcher stops at once, naming the folder "
-                   "and its owner"))
+        folders = gaudi_folders.ranks_folders(w)
+        fixes = dict.fromkeys(gaudi_folders.admin_command(w, gaudi_folders.relative(w, admin)) for _, admin in folders)
+        out.append(Problem(at('workloads', w.name, 'storage'), f"the ranks (uid {gaudi_folders.GAUDI_RANKS_USER}) "
+                   f"keep the caches (HF_HOME {w.cache_home}) and the output ({', '.join(gaudi_folders.outputs(w))}) "
+                   f"on claim {w.storage.claim_name}, making the folders they lack; confirm uid "
+                   f"{gaudi_folders.GAUDI_RANKS_USER} can write there, or have the NFS server's admin run once "
+                   f"`{'; '.join(fixes)}`, CLAIM being the claim's folder there "
+                   f"(`{gaudi_folders.nfs_folder_hint(w)}`): NFS volumes take no fsGroup, and root_squash stops a root "
+                   "pod's chown. Otherwise the launcher stops at once, naming the folder and its owner"))
     return out
 
 

@@ -17,7 +17,7 @@ from model.suggest import did_you_mean
 from model.types import StackConfig, snake
 from model.validators import bucket_name_problem, bucket_path_problem
 from planner.recovery import stack_recovery
-from workloads import recipe, vertex_job
+from workloads import recipe_rules, vertex_job
 
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -43,12 +43,12 @@ def check_vertex_machine(m: StackConfig) -> list[Problem]:
     return problems
 
 
-def _vertex_site(m: StackConfig) -> recipe.RecipeSite | None:
+def _vertex_site(m: StackConfig) -> recipe_rules.RecipeSite | None:
     """`vertex.finetune` as the recipe's rules see it (None without it)."""
     v = m.vertex
     if not v.enabled or v.finetune is None:
         return None
-    return recipe.RecipeSite(run=v.finetune, prefix=vertex_job.STACK_PREFIX, deepspeed=v.deepspeed,
+    return recipe_rules.RecipeSite(run=v.finetune, prefix=vertex_job.STACK_PREFIX, deepspeed=v.deepspeed,
                              data_where="the bucket")
 
 
@@ -58,7 +58,7 @@ def check_vertex_recipe(m: StackConfig) -> list[Problem]:
     site = _vertex_site(m)
     if site is None:
         return []
-    problems = recipe.problems(site) + recipe.path_problems(
+    problems = recipe_rules.problems(site) + recipe_rules.path_problems(
         site, site.run, bucket_path_problem,
         lambda key, path, why: Problem(key, f"the bucket path {path!r} {why} (Vertex AI shows the bucket at "
                                f"{vertex_job.VERTEX_MOUNT}/<bucket>)"))
@@ -88,7 +88,8 @@ def check_vertex_launch_with_recipe(m: StackConfig) -> list[Problem]:
     # A launcher option or --local_rank is check_vertex_launcher_args' (one problem per key).
     theirs = {at(*args_key, i) for i, arg in enumerate(v.launch.args)
               if vertex_job.launcher_arg_problem(arg.split("=", 1)[0]) is not None}
-    mine = [*recipe.check_args(site, args_key, v.launch.args), *recipe.check_args_known(args_key, v.launch.args)]
+    mine = [*recipe_rules.check_args(site, args_key, v.launch.args),
+            *recipe_rules.check_args_known(args_key, v.launch.args)]
     return [*problems, *(p for p in mine if p.path not in theirs)]
 
 

@@ -1,8 +1,8 @@
 """The `mpijob` scenario of `make e2e` (e2e/run.py): the Kubeflow MPIJob's workers as workloads/mpijob/nvidia.py
 renders them (the worker script: its own host key, sshd with StrictModes off for the operator's key Secret) reached
 by Open MPI's `mpirun` over the operator's hostfile, with the one `mpirun` line the stack renders: the Gaudi
-install-at-start launcher's setup step (workloads/mpijob/gaudi.py), as rendered, after the launcher's own hostfile
-preamble. Its SETUP (pip installs from the network, as root) is replaced by a probe of what mpirun forwards.
+install-at-start launcher's setup step (workloads/mpijob/gaudi_launcher.py), as rendered, after the launcher's own
+hostfile preamble. Its SETUP (pip installs from the network, as root) is replaced by a probe of what mpirun forwards.
 
 The stack renders no `deepspeed --launcher openmpi`: this scenario ran that, a change to the rendered script, at 25
 CPU seconds of make e2e's budget (docs/measurements.md). The launcher script as rendered, with DeepSpeed's pdsh
@@ -32,7 +32,7 @@ def gaudi_launcher_lines() -> tuple[list[str], str]:
 
     from checks import load
     from preview.engine import engine_config_from_yaml, stack_file
-    from workloads.mpijob import gaudi
+    from workloads.mpijob import gaudi_launcher
     from workloads.placement import placement
 
     with open(stack_file("gaudi"), encoding="utf-8") as handle:
@@ -43,7 +43,7 @@ def gaudi_launcher_lines() -> tuple[list[str], str]:
     engine_config, secret_keys = engine_config_from_yaml(config)
     model = load(engine_config, set(secret_keys))
     w = model.workloads[name]
-    lines = gaudi.launcher_script(w, placement(model, w), False).splitlines()
+    lines = gaudi_launcher.launcher_script(w, placement(model, w), False).splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("HOSTSFILE="))
     end = next(i for i, line in enumerate(lines) if line.startswith("printf '%s\\n' 'SendEnv"))
     mpirun = [line for line in lines if line.startswith("mpirun ")]

@@ -32,7 +32,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,74 +258,83 @@ def write_run(path: Path, facts: RunFacts, elapsed: float, step: int, world_size
         say(line)
 
 
+class ProgressEvents:
+    """What the progress callback does at the Trainer's events, in plain Python: `progress_callback` below makes it
+    a TrainerCallback, so that transformers is imported only where the ranks train."""
+
+    def __init__(self, facts: RunFacts, progress_path: Path, run_path: Path, say: Any,
+                 clock: Callable[[], float]) -> None:
+        self.facts, self.say, self.clock = facts, say, clock
+        self.progress_path, self.run_path = progress_path, run_path
+        self.began = self.last_time = 0.0
+        self.start_step = self.last_step = 0
+        self.last_tokens = self.first_tokens = 0
+        self.before = 0.0  # training seconds of earlier attempts
+        self.loss: float | None = None
+        self.last: Snapshot | None = None  # the last logging step's, whose rates the final file keeps
+        # The session's pace is measured from the end of its first step: that step carries the start's one-time
+        # costs (DeepSpeed's first step, the data loader's workers, a resume's reads), which would stretch every
+        # ETA after it (make e2e's resumed run: 14 s said at 3 steps in, 9.4 s left).
+        self.paced: tuple[int, float] | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self.began = self.last_time = self.clock()
+        self.start_step = self.last_step = state.global_step
+        self.last_tokens = self.first_tokens = state.num_input_tokens_seen
+        self.before = previous_elapsed(self.progress_path, state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+        if self.paced is None:
+            self.paced = (state.global_step, self.clock())
+        return control  # unchanged (transformers' CallbackHandler keeps what a callback returns)
+
+    def snapshot(self, state: Any, world: int) -> Snapshot:
+        now = self.clock()
+        tokens = per_second(state.num_input_tokens_seen - self.last_tokens, now - self.last_time)
+        from_step, since = ((self.paced[0], self.paced[1]) if self.paced and state.global_step > self.paced[0]
+                            else (self.start_step, self.began))
+        eta = eta_seconds(state.global_step, state.max_steps, from_step, now - since)
+        self.last_time, self.last_tokens, self.last_step = now, state.num_input_tokens_seen, state.global_step
+        return Snapshot(state.global_step, state.max_steps, self.before + now - self.began, eta, self.loss,
+                        tokens, measured_mfu(tokens, self.facts, world))
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **_: Any) -> None:
+        if logs is None or "loss" not in logs or state.global_step == self.last_step:
+            return  # an eval's or the run's summary log: no training window to measure
+        self.loss = float(logs["loss"])
+        self.last = s = self.snapshot(state, args.world_size)
+        add_rates(logs, s, args.world_size)
+        self.say(rank_line(args.process_index, s, args.world_size))
+        if state.is_world_process_zero:
+            write_status(self.progress_path, s, self.facts)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        elapsed = self.before + self.clock() - self.began
+        finished = state.global_step >= state.max_steps
+        last = self.last
+        write_status(self.progress_path, Snapshot(state.global_step, state.max_steps, elapsed,
+                                                  0.0 if finished else None, self.loss,
+                                                  last.tokens_per_second if last else None,
+                                                  last.mfu if last else None), self.facts)
+        if finished:
+            # the session's average: every token it trained over its seconds (the last window's rate is noise)
+            average = per_second(state.num_input_tokens_seen - self.first_tokens, self.clock() - self.began)
+            write_run(self.run_path, self.facts, elapsed, state.global_step, args.world_size, average, self.say)
+
+
 def progress_callback(facts: RunFacts, checkpoint_dir: str, model_dir: str, say: Any,
                       clock: Any = time.monotonic) -> Any:
     """The TrainerCallback: its on_log comes before the TensorBoard writer's (finetune.py puts it first), so the
     values it adds to the logs are recorded with the loss."""
     from transformers import TrainerCallback
 
-    progress_path, run_path = Path(checkpoint_dir) / PROGRESS_FILE, Path(model_dir) / RUN_FILE
+    class Progress(ProgressEvents, TrainerCallback):  # type: ignore[misc]
+        """ProgressEvents first: its handlers are the ones the Trainer calls, TrainerCallback's do nothing."""
 
-    class Progress(TrainerCallback):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.began = self.last_time = 0.0
-            self.start_step = self.last_step = 0
-            self.last_tokens = self.first_tokens = 0
-            self.before = 0.0  # training seconds of earlier attempts
-            self.loss: float | None = None
-            self.last: Snapshot | None = None  # the last logging step's, whose rates the final file keeps
-            # The session's pace is measured from the end of its first step: that step carries the start's one-time
-            # costs (DeepSpeed's first step, the data loader's workers, a resume's reads), which would stretch every
-            # ETA after it (make e2e's resumed run: 14 s said at 3 steps in, 9.4 s left).
-            self.paced: tuple[int, float] | None = None
-
-        def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            self.began = self.last_time = clock()
-            self.start_step = self.last_step = state.global_step
-            self.last_tokens = self.first_tokens = state.num_input_tokens_seen
-            self.before = previous_elapsed(progress_path, state.global_step)
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
-            if self.paced is None:
-                self.paced = (state.global_step, clock())
-            return control  # unchanged (transformers' CallbackHandler keeps what a callback returns)
-
-        def snapshot(self, state: Any, world: int) -> Snapshot:
-            now = clock()
-            tokens = per_second(state.num_input_tokens_seen - self.last_tokens, now - self.last_time)
-            from_step, since = ((self.paced[0], self.paced[1]) if self.paced and state.global_step > self.paced[0]
-                                else (self.start_step, self.began))
-            eta = eta_seconds(state.global_step, state.max_steps, from_step, now - since)
-            self.last_time, self.last_tokens, self.last_step = now, state.num_input_tokens_seen, state.global_step
-            return Snapshot(state.global_step, state.max_steps, self.before + now - self.began, eta, self.loss,
-                            tokens, measured_mfu(tokens, facts, world))
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-                   **_: Any) -> None:
-            if logs is None or "loss" not in logs or state.global_step == self.last_step:
-                return  # an eval's or the run's summary log: no training window to measure
-            self.loss = float(logs["loss"])
-            self.last = s = self.snapshot(state, args.world_size)
-            add_rates(logs, s, args.world_size)
-            say(rank_line(args.process_index, s, args.world_size))
-            if state.is_world_process_zero:
-                write_status(progress_path, s, facts)
-
-        def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            if not state.is_world_process_zero:
-                return
-            elapsed = self.before + clock() - self.began
-            finished = state.global_step >= state.max_steps
-            last = self.last
-            write_status(progress_path, Snapshot(state.global_step, state.max_steps, elapsed, 0.0 if finished else None,
-                                                 self.loss, last.tokens_per_second if last else None,
-                                                 last.mfu if last else None), facts)
-            if finished:
-                # the session's average: every token it trained over its seconds (the last window's rate is noise)
-                average = per_second(state.num_input_tokens_seen - self.first_tokens, clock() - self.began)
-                write_run(run_path, facts, elapsed, state.global_step, args.world_size, average, say)
-
-    return Progress()
+    return Progress(facts, Path(checkpoint_dir) / PROGRESS_FILE, Path(model_dir) / RUN_FILE, say, clock)
 
 
 def event_file_closer(writer: Any) -> Any:

@@ -18,7 +18,7 @@ from test_image import tool
 import checks
 from model import gaudi_software, storage_classes
 from preview.engine import RunResult, engine_config_from_yaml, run_program
-from workloads.mpijob import gaudi as gaudi_job
+from workloads.mpijob import gaudi_folders, gaudi_launcher
 
 JOB = "gaudi-llm-ds-ft"
 KEY = f"workloads.{JOB}"
@@ -217,20 +217,20 @@ def test_the_ranks_caches_and_output_are_in_a_folder_of_their_own(gaudi: RunResu
 
 def test_an_hfhome_of_ones_own_is_kept() -> None:
     w = model("gaudi", {f"{KEY}.hfHome": "/storage/cache/hf"}).workloads[JOB]
-    assert (w.cache_home, gaudi_job.output_dir(w)) == ("/storage/cache/hf", f"{OWN}/output/{JOB}")
+    assert (w.cache_home, gaudi_folders.output_dir(w)) == ("/storage/cache/hf", f"{OWN}/output/{JOB}")
 
 
 def test_install_at_start_runs_as_root_and_keeps_omnias_layout() -> None:
     w = model("gaudi", {f"{KEY}.gaudi.installAtStart": True}).workloads[JOB]
-    assert (w.cache_home, gaudi_job.output_dir(w)) == ("/storage/huggingface", f"/storage/output/{JOB}")
+    assert (w.cache_home, gaudi_folders.output_dir(w)) == ("/storage/huggingface", f"/storage/output/{JOB}")
 
 
 def test_the_launcher_checks_the_ranks_folders_before_anything_else(gaudi: RunResult) -> None:
     w = model("gaudi").workloads[JOB]
     # Only the final-status guard and the launcher's functions come before it (tests/test_gaudi_launcher.py).
-    guard = "\n".join(gaudi_job.final_errors(w))
+    guard = "\n".join(gaudi_launcher.final_errors(w))
     assert launcher_script(gaudi).startswith(
-        f"set -eo pipefail\n{guard}\n{gaudi_job.writable_folders_check(w)}\nHOSTSFILE=")
+        f"set -eo pipefail\n{guard}\n{gaudi_folders.writable_folders_check(w)}\nHOSTSFILE=")
 
 
 def stubs(tmp_path: Path, deny: Path) -> dict[str, str]:
@@ -254,7 +254,7 @@ def claim_check(tmp_path: Path, deny: Path, changes: dict[str, Any] | None = Non
     claim = tmp_path / "claim"
     claim.mkdir(exist_ok=True)
     w = model("gaudi", {f"{KEY}.storage.mountPath": str(claim), **(changes or {})}).workloads[JOB]
-    return subprocess.run(["/bin/bash", "-c", gaudi_job.writable_folders_check(w)], capture_output=True, text=True,
+    return subprocess.run(["/bin/bash", "-c", gaudi_folders.writable_folders_check(w)], capture_output=True, text=True,
                           check=False, env=stubs(tmp_path, deny))
 
 
@@ -289,7 +289,7 @@ def test_an_hfhome_another_run_made_stops_the_job_naming_it(tmp_path: Path) -> N
 
 def test_the_folder_check_is_shellcheck_clean(tmp_path: Path) -> None:
     script = tmp_path / "check.sh"
-    script.write_text("#!/bin/bash\n" + gaudi_job.writable_folders_check(model("gaudi").workloads[JOB]) + "\n",
+    script.write_text("#!/bin/bash\n" + gaudi_folders.writable_folders_check(model("gaudi").workloads[JOB]) + "\n",
                       encoding="utf-8")
     done = subprocess.run([tool("shellcheck"), str(script)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout

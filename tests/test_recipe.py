@@ -16,7 +16,7 @@ from conftest import DELETE, model, problems
 
 from model.problems import lines
 from workloads import finetune, vertex_job
-from workloads.mpijob import gaudi
+from workloads.mpijob import gaudi, gaudi_env, gaudi_folders, gaudi_launcher
 from workloads.placement import placement
 
 GKE_W = "workloads.tune"
@@ -97,7 +97,7 @@ def test_gaudi_renders_the_launcher_command_from_the_same_keys(on_gaudi: Any) ->
     """The Gaudi MPIJob's launcher runs finetune.py on every card through optimum-habana's gaudi_spawn.py, with the
     keys' arguments over the shared claim."""
     w = on_gaudi.workloads["gaudi-llm-ds-ft"]
-    script = gaudi.launcher_script(w, placement(on_gaudi, w), has_token=False)
+    script = gaudi_launcher.launcher_script(w, placement(on_gaudi, w), has_token=False)
     last = shlex.split(script.splitlines()[-1])
     assert last[:8] == ["run_ranks", "python", "../gaudi_spawn.py", "--hostfile=$HOSTSFILE", "--use_deepspeed",
                         "--world_size", "8", "/etc/deepspeed/finetune.py"]
@@ -125,7 +125,8 @@ def test_the_same_keys_differ_only_by_the_platform_root(gke: Any, on_gaudi: Any,
     w = on_gaudi.workloads["gaudi-llm-ds-ft"]
     platforms = {
         "gke": (finetune.script_args(gke.workloads["tune"]), "/gcs", "/etc/deepspeed", "/gcs", "tune"),
-        "gaudi": (gaudi.recipe_args(w), "/storage", "/etc/deepspeed", "/storage/deepspeed-stack", "gaudi-llm-ds-ft"),
+        "gaudi": (gaudi_launcher.recipe_args(w), "/storage", "/etc/deepspeed", "/storage/deepspeed-stack",
+                  "gaudi-llm-ds-ft"),
         "vertex": (vertex_job.recipe_argv(vertex.vertex, BUCKET)[1:], f"/gcs/{BUCKET}",
                    f"/gcs/{BUCKET}/deepspeed-stack/scripts", f"/gcs/{BUCKET}", "deepspeed-training"),
     }
@@ -144,11 +145,11 @@ def test_the_same_keys_differ_only_by_the_platform_root(gke: Any, on_gaudi: Any,
 def test_the_layout_is_the_same_everywhere(gke: Any, on_gaudi: Any) -> None:
     """CHECKPOINT_DIR and MODEL_DIR as the environment has them equal the arguments (GKE and Gaudi)."""
     w = on_gaudi.workloads["gaudi-llm-ds-ft"]
-    env = gaudi.plain_env(w, placement(on_gaudi, w))
+    env = gaudi_env.plain_env(w, placement(on_gaudi, w))
     assert (env["CHECKPOINT_DIR"], env["MODEL_DIR"]) == ("/storage/deepspeed-stack/checkpoints/gaudi-llm-ds-ft",
                                                          "/storage/deepspeed-stack/models/gaudi-llm-ds-ft")
-    assert {"CHECKPOINT_DIR", "MODEL_DIR", "FINETUNE_STACK_KEYS"} <= set(gaudi.forwarded_env(w, placement(on_gaudi, w),
-                                                                                            has_token=False))
+    assert {"CHECKPOINT_DIR", "MODEL_DIR", "FINETUNE_STACK_KEYS"} <= set(
+        gaudi_env.forwarded_env(w, placement(on_gaudi, w), has_token=False))
     assert "LLM_MODEL" not in env  # Omnia's variables are `training`'s run's
 
 
@@ -165,7 +166,7 @@ def test_gaudi_ships_the_recipe_in_the_jobs_config_map(on_gaudi: Any) -> None:
     data = gaudi.config_map_data(w, placement(on_gaudi, w), has_token=False)
     assert {"finetune.py", "finetune_data.py", "finetune_hpu.py", "ds_config.json", "chat_template.jinja"} <= set(data)
     # The ranks write only where the writable check looked.
-    check = gaudi.writable_folders_check(w)
+    check = gaudi_folders.writable_folders_check(w)
     assert "ranks_folder /storage/deepspeed-stack/checkpoints/gaudi-llm-ds-ft deepspeed-stack" in check
     assert "ranks_folder /storage/deepspeed-stack/models/gaudi-llm-ds-ft deepspeed-stack" in check
 

@@ -16,7 +16,7 @@ from planner.gaudi_run import gaudi_run
 from recipes import contract
 from workloads import pod_security, recipe
 from workloads.finetune import data_step
-from workloads.mpijob import gaudi
+from workloads.mpijob import gaudi_env
 
 # The pod that reads the claim after the run: busybox (it has the `tar` kubectl cp needs) at a release tag, as the
 # ranks' user (the files are theirs; NFS root_squash would make root nobody), hardened as the job's pods are (a
@@ -44,7 +44,7 @@ def fetch_commands(w: MpiJobWorkloadConfig) -> list[str]:
         "containers": [{"name": "fetch", "image": FETCH_IMAGE, "command": ["sleep", "3600"],
                         "securityContext": HARDENED,
                         "volumeMounts": [{"name": "claim", "mountPath": mount, "readOnly": True}]}]}}
-    model_dir = gaudi.recipe_roots(w).model_dir
+    model_dir = gaudi_env.recipe_roots(w).model_dir
     return [
         f"kubectl run -n {ns} {pod} --image={FETCH_IMAGE} --restart=Never "
         f"--overrides={shlex.quote(json.dumps(overrides, separators=(',', ':')))}",
@@ -58,7 +58,7 @@ def fetch_commands(w: MpiJobWorkloadConfig) -> list[str]:
 def summary(w: MpiJobWorkloadConfig, per_worker: int) -> dict[str, Any]:
     """The recipe's layout on the claim and what the Training section shows of the run."""
     assert w.finetune is not None
-    where = gaudi.recipe_roots(w)
+    where = gaudi_env.recipe_roots(w)
     f = w.finetune
     data = {"datasetOnClaim": where.under(f.dataset_path)} if f.dataset_path else {"datasetHub": f.dataset or ""}
     run = gaudi_run(w, per_worker)

@@ -25,7 +25,7 @@ from model.fabric import pool_local_ssds
 from model.problems import Problem
 from model.types import FinetuneWorkloadConfig, StackConfig
 from model.validators import at
-from workloads import finetune, finetune_progress, gcs_fuse, recipe
+from workloads import finetune, finetune_progress, gcs_fuse, recipe_rules
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.mpijob import check_mpijob_name, check_mpijob_storage
 from workloads.kinds.shared import changed_keys, launcher_flags, script_flag_problems
@@ -41,9 +41,9 @@ def _key(w: FinetuneWorkloadConfig, *path: str | int) -> str:
     return at("workloads", w.name, *path)
 
 
-def site(w: FinetuneWorkloadConfig) -> recipe.RecipeSite:
-    """The workload's `finetune` block for the recipe's rules (workloads/recipe.py): paths are the bucket's."""
-    return recipe.RecipeSite(run=w.finetune, prefix=("workloads", w.name), deepspeed=w.deepspeed,
+def site(w: FinetuneWorkloadConfig) -> recipe_rules.RecipeSite:
+    """The workload's `finetune` block for the recipe's rules (workloads/recipe_rules.py): paths are the bucket's."""
+    return recipe_rules.RecipeSite(run=w.finetune, prefix=("workloads", w.name), deepspeed=w.deepspeed,
                              data_where="the bucket")
 
 
@@ -57,7 +57,7 @@ def check_on_nvidia(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
 
 def check_model_and_data(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
     """A Hugging Face id or a bucket path for each of the model and the data, and the bucket mounted for a path."""
-    problems = recipe.check_model_and_data(site(w))
+    problems = recipe_rules.check_model_and_data(site(w))
     f = w.finetune
     for camel, value in (("modelPath", f.model_path), ("datasetPath", f.dataset_path)):
         if value and not w.gcs_fuse.enabled:
@@ -68,21 +68,21 @@ def check_model_and_data(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Prob
 
 
 def check_data_format(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
-    return recipe.check_data_format(site(w))
+    return recipe_rules.check_data_format(site(w))
 
 
 # The shared tables, under the names this kind's tests and the docs know.
-RECORD_FIELD_KEYS = recipe.RECORD_FIELD_KEYS
-FIELD_KEYS = recipe.FIELD_KEYS
-CHAT_FORMATS = recipe.CHAT_FORMATS
+RECORD_FIELD_KEYS = recipe_rules.RECORD_FIELD_KEYS
+FIELD_KEYS = recipe_rules.FIELD_KEYS
+CHAT_FORMATS = recipe_rules.CHAT_FORMATS
 
 
 def check_record_fields(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
-    return recipe.check_record_fields(site(w))
+    return recipe_rules.check_record_fields(site(w))
 
 
 def check_chat_template(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
-    return recipe.check_chat_template(site(w))
+    return recipe_rules.check_chat_template(site(w))
 
 
 def check_eval_split(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
@@ -90,15 +90,15 @@ def check_eval_split(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]
     f, key = w.finetune, _key(w, "finetune", "evalSplit")
     mount = ([Problem(key, f"{f.eval_split} is read from the stack's bucket through the pods' GCS FUSE mount; set "
               f"{_key(w, 'gcsFuse', 'enabled')}: true")] if w.eval_path is not None and not w.gcs_fuse.enabled else [])
-    return [*mount, *recipe.check_eval_split(site(w))]
+    return [*mount, *recipe_rules.check_eval_split(site(w))]
 
 
 def check_epochs_or_max_steps(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
-    return recipe.check_epochs_or_max_steps(site(w))
+    return recipe_rules.check_epochs_or_max_steps(site(w))
 
 
 def check_text_field_or_prompt(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
-    return recipe.check_text_field_or_prompt(site(w))
+    return recipe_rules.check_text_field_or_prompt(site(w))
 
 
 def check_model_sequence_length(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
@@ -146,7 +146,7 @@ def warn_command_replaces_finetune_keys(m: StackConfig, w: FinetuneWorkloadConfi
 
 
 def check_lora_combination(m: StackConfig, w: FinetuneWorkloadConfig) -> list[Problem]:
-    return recipe.check_lora_combination(site(w))
+    return recipe_rules.check_lora_combination(site(w))
 
 
 def _passed_flags(m: StackConfig, w: FinetuneWorkloadConfig) -> dict[str, str]:

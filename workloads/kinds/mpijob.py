@@ -20,7 +20,7 @@ from model.suggest import closest
 from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig, StackConfig, TrainingConfig, camel
 from model.types import build as build_config
 from model.validators import DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MAX, at, bucket_path_problem
-from workloads import gaudi_training, mpijob, recipe
+from workloads import gaudi_training, mpijob, recipe_rules
 from workloads.kinds.kind import Built, Kind, Platform
 from workloads.kinds.shared import (
     changed_keys,
@@ -148,9 +148,9 @@ def check_training_dataset_is_a_hub_id(m: StackConfig, w: MpiJobWorkloadConfig) 
             "storage.mountPath, with finetune.model in place of training (the recipe, finetune.py on HPU)")]
 
 
-def _recipe_site(w: MpiJobWorkloadConfig) -> recipe.RecipeSite:
+def _recipe_site(w: MpiJobWorkloadConfig) -> recipe_rules.RecipeSite:
     assert w.finetune is not None
-    return recipe.RecipeSite(run=w.finetune, prefix=("workloads", w.name), deepspeed=w.deepspeed,
+    return recipe_rules.RecipeSite(run=w.finetune, prefix=("workloads", w.name), deepspeed=w.deepspeed,
                              data_where="the claim")
 
 
@@ -179,7 +179,7 @@ def check_gaudi_recipe(m: StackConfig, w: MpiJobWorkloadConfig) -> list[Problem]
         return [Problem(at('workloads', w.name, 'launch', 'command'), "replaces the recipe's run that `finetune` "
                 "configures (finetune.py with its keys' arguments); remove launch.command or finetune")]
     site = _recipe_site(w)
-    problems = recipe.problems(site) + recipe.path_problems(
+    problems = recipe_rules.problems(site) + recipe_rules.path_problems(
         site, w.finetune, claim_path_problem,
         lambda key, path, why: Problem(key,
                                        f"{path!r} {why} (the pods see the claim at {w.storage.mount_path}; copy your "
@@ -195,8 +195,8 @@ def check_gaudi_recipe(m: StackConfig, w: MpiJobWorkloadConfig) -> list[Problem]
                                     f"(finetune.py on HPU) replaces training's optimum-habana example; {use}remove "
                                     f"training.{camel(field)}"))
     args_key = ("workloads", w.name, "launch", "args")
-    return [*problems, *recipe.check_args(site, args_key, w.launch.args),
-            *recipe.check_args_known(args_key, w.launch.args)]
+    return [*problems, *recipe_rules.check_args(site, args_key, w.launch.args),
+            *recipe_rules.check_args_known(args_key, w.launch.args)]
 
 
 def claim_path_problem(path: str) -> str | None:
@@ -231,18 +231,18 @@ def check_training_on_nvidia(m: StackConfig, w: MpiJobWorkloadConfig) -> list[Pr
 
 
 def check_gaudi_env(m: StackConfig, w: MpiJobWorkloadConfig) -> list[Problem]:
-    """`env` reaches a Gaudi job's ranks (workloads/mpijob/gaudi.py); a name the stack sets would fight it, and an
+    """`env` reaches a Gaudi job's ranks (workloads/mpijob/gaudi_env.py); a name the stack sets would fight it, and an
     NVIDIA MPIJob does not read the key."""
     if w.env and w.on_nvidia:
         return [Problem(at('workloads', w.name, 'env'), "`env` is the Gaudi MPIJob's (every rank's environment through "
                 "DeepSpeed's DS_ENV_FILE); an NVIDIA MPIJob would ignore it. Remove it")]
     return [Problem(at('workloads', w.name, 'env', name), f"set by {owner}; the stack sets {name} itself, choose "
-            "another name or change it there") for name in w.env if (owner := mpijob.gaudi.stack_env_owner(name))]
+            "another name or change it there") for name in w.env if (owner := mpijob.gaudi_env.stack_env_owner(name))]
 
 
 def check_gaudi_launch_unused(m: StackConfig, w: MpiJobWorkloadConfig) -> list[Problem]:
     """A Gaudi MPIJob without `launch.command` runs optimum-habana's `training.script` with `training.args`
-    (workloads/mpijob/gaudi.py): `launch.script` and `launch.args` would be silently ignored."""
+    (workloads/mpijob/gaudi_launcher.py): `launch.script` and `launch.args` would be silently ignored."""
     if not w.on_gaudi or w.launch.command:
         return []
     problems = []
@@ -283,7 +283,7 @@ def warn_training_under_command(m: StackConfig, w: MpiJobWorkloadConfig) -> list
 
 
 def warn_nvidia_learning_rate(m: StackConfig, w: MpiJobWorkloadConfig) -> list[Problem]:
-    # A Gaudi job passes deepspeed.learningRate as --learning_rate (workloads/mpijob/gaudi.py).
+    # A Gaudi job passes deepspeed.learningRate as --learning_rate (workloads/mpijob/gaudi_launcher.py).
     return warn_learning_rate_unused(w) if w.on_nvidia else []
 
 

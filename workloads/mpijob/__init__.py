@@ -1,13 +1,15 @@
 """The Kubeflow `kubeflow.org/v2beta1` MPIJob of a workload, rendered as a plain dict.
 
 A pure function of the typed config, so tests validate it against the operator's CRD schema and the operator's own
-admission rules without running Pulumi. Three modules:
+admission rules without running Pulumi. Its modules:
 
-- shape.py: what every MPIJob shares (names, the ConfigMap and claim, environment, pod templates, the job's spec,
-  the operator's own rules);
+- shape.py: what every MPIJob shares (names, the ConfigMap and claim, environment, the job's spec, the operator's
+  own rules), and pod_templates.py: the launcher's and workers' pod templates every path builds on;
 - nvidia.py: the stack's image on a GKE pool, `deepspeed --hostfile` over the operator's hostfile; its
   `NvidiaLaunch` + `render_spec(inputs, launch)` is the entry point for a kind built on the NVIDIA MPIJob;
-- gaudi.py: the Omnia reference on Gaudi nodes (the stack's Gaudi image, or the install-at-start opt-in).
+- gaudi.py: the Omnia reference on Gaudi nodes (the stack's Gaudi image, or the install-at-start opt-in), with
+  gaudi_env.py (its environment), gaudi_launcher.py (its commands), gaudi_folders.py (the ranks' folders on the
+  claim) and gaudi_flags.py (the `training.args` the launcher sets).
 
 Below: the workload's path by its accelerator (`path_of`, the one place it is picked), for the TrainingJob
 component and the tests.
@@ -18,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from model.types import MpiJobBaseConfig, MpiJobWorkloadConfig
-from workloads.mpijob import gaudi, nvidia
+from workloads.mpijob import gaudi, gaudi_env, nvidia
 from workloads.mpijob.gaudi import reserved_flag
 from workloads.mpijob.nvidia import NVIDIA_SSH_PORT, NvidiaLaunch, nvidia_launcher_script, nvidia_worker_script
 from workloads.mpijob.shape import (
@@ -83,10 +85,10 @@ class _Gaudi:
         return gaudi.image(self.w, gaudi_built)
 
     def plain_env(self, where: Placement) -> dict[str, str]:
-        return gaudi.plain_env(self.w, where)
+        return gaudi_env.plain_env(self.w, where)
 
     def forwarded_env(self, where: Placement, has_token: bool) -> list[str]:
-        return gaudi.forwarded_env(self.w, where, has_token)
+        return gaudi_env.forwarded_env(self.w, where, has_token)
 
     def config_map_data(self, where: Placement, has_token: bool, launch: NvidiaLaunch | None) -> dict[str, str]:
         return gaudi.config_map_data(self.w, where, has_token)

@@ -1,5 +1,6 @@
 """The Gaudi MPIJob's `training.args`: the flags of optimum-habana's run_lora_clm.py that the launcher derives from
-other keys (workloads/mpijob/gaudi.py gaudi_train_command), and those it passes itself or that it would override."""
+other keys (workloads/mpijob/gaudi_launcher.py gaudi_train_command), and those it passes itself or that it would
+override."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ from recipes.contract import EXIT_PREEMPTED, FINAL_EXIT_STATUSES
 from workloads import fabric, maintenance, pod_security, recovery
 from workloads.ds_config import runs_hf_trainer
 from workloads.mpijob import script_source
+from workloads.mpijob.pod_templates import launcher_template, worker_template
 from workloads.mpijob.shape import (
     CONFIG_DIR,
     CONFIG_VOLUME,
@@ -44,12 +45,10 @@ from workloads.mpijob.shape import (
     base_forwarded,
     ds_config_text,
     fabric_env,
-    launcher_template,
     quote_args,
     ssh_client_config,
     sshd_worker_script,
     token_names,
-    worker_template,
 )
 from workloads.mpijob.shape import render_spec as shape_spec
 from workloads.placement import Placement

@@ -1,9 +1,10 @@
 """The shape every MPIJob of the stack shares, whatever its accelerator: names, the ConfigMap and claim every pod
-mounts, the environment and how it reaches the training processes, the pod templates' common parts, the job's
-spec, and what the MPI operator itself refuses.
+mounts, the environment and how it reaches the training processes, the job's spec, and what the MPI operator
+itself refuses.
 
 The accelerator paths (nvidia.py, gaudi.py) decide what the pods run and how they are secured, and build their
-pod templates with `launcher_template` and `worker_template` below; `render_spec` puts them into the job.
+pod templates with pod_templates.py `launcher_template` and `worker_template`; `render_spec` below puts them into
+the job.
 
 How environment reaches the training processes: DeepSpeed starts them on the workers over ssh (pdsh), and sshd
 never passes its pod's environment on. The launcher's ssh client sends the variables a path names (SendEnv) and
@@ -13,19 +14,17 @@ through a file or a command line.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import shlex
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from model.types import MpiJobBaseConfig
 from workloads import fabric, gcs_fuse, kueue, recovery
-from workloads.ds_config import build_ds_config, nvme_volume
-from workloads.placement import CONFIG_DIGEST_ANNOTATION, Placement, config_digest, labels
+from workloads.ds_config import build_ds_config
+from workloads.placement import Placement, labels
 
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
@@ -58,9 +57,6 @@ CLEAN_POD_POLICIES = ("None", "Running", "All")
 
 # The pods' role, as the NetworkPolicy selects them (the operator copies template labels onto its pods).
 ROLE_LABEL = "deepspeed-stack/role"
-
-# A path's pod security: the spec in, the spec with its securityContext out.
-Secure = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class MpiJobInputs(msgspec.Struct, frozen=True):
@@ -202,128 +198,6 @@ def sshd_worker_script(send_env: list[str], sshd_config: str | None = None) -> s
 
 # Ready only once sshd listens, so WaitForWorkersReady really means "reachable".
 SSH_READINESS = {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 5}
-
-
-# --- pod templates --------------------------------------------------------------------------------
-
-def _volumes(inputs: MpiJobInputs, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    volumes: list[dict[str, Any]] = [
-        {"name": CLAIM_VOLUME, "persistentVolumeClaim": {
-            "claimName": inputs.workload.storage.claim_name, "readOnly": False}},
-        {"name": CONFIG_VOLUME, "configMap": {"name": inputs.config_map}},
-    ]
-    if inputs.gcs:
-        volumes.append(gcs_fuse.volume(inputs.gcs))
-    return [*volumes, *extra]
-
-
-def _mounts(inputs: MpiJobInputs) -> list[dict[str, Any]]:
-    mounts = [{"name": CLAIM_VOLUME, "mountPath": inputs.workload.storage.mount_path},
-              {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
-    return [*mounts, gcs_fuse.volume_mount(inputs.gcs)] if inputs.gcs else mounts
-
-
-def _container(name: str, image: str, script: str, env: list[dict[str, Any]],
-               mounts: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent",
-            "command": ["/bin/bash", "-c"], "args": [script], "env": env, "volumeMounts": mounts}
-
-
-def _template(inputs: MpiJobInputs, spec: dict[str, Any], role: str, files: dict[str, str], secure: Secure,
-              annotations: dict[str, str]) -> dict[str, Any]:
-    """A pod template; with the bucket mounted, as the Workload Identity account with the FUSE sidecar."""
-    spec = secure(spec)
-    if inputs.image_pull_secret:
-        spec["imagePullSecrets"] = [{"name": inputs.image_pull_secret}]
-    # The ConfigMap's content in the spec: a new script or ds_config.json is a new spec, hence a new run.
-    meta_annotations = {CONFIG_DIGEST_ANNOTATION: config_digest(files)}
-    # Time to save on SIGTERM (with tiered saves, and to copy that save).
-    spec["terminationGracePeriodSeconds"] = recovery.grace_seconds(inputs.workload, inputs.placement.pool)
-    if inputs.gcs is not None:
-        spec["serviceAccountName"] = inputs.gcs.service_account
-        meta_annotations.update(gcs_fuse.POD_ANNOTATIONS)
-    meta_annotations.update(annotations)
-    return {"metadata": {"annotations": meta_annotations, "labels": pod_labels(inputs.workload, role)},
-            "spec": spec}
-
-
-def launcher_template(inputs: MpiJobInputs, *, script: str, env: dict[str, str], files: dict[str, str],
-                      secure: Secure, ssh_client: bool, resources: dict[str, str] | None = None,
-                      annotations: dict[str, str] | None = None, volumes: list[dict[str, Any]] | None = None,
-                      mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The launcher's pod template: `script` (after the token's export, with a token), the claim, the ConfigMap,
-    the bucket, `ssh_client`: the ConfigMap's ssh client settings as /etc/ssh/ssh_config.d/deepspeed.conf, and a
-    path's extra `volumes` and `mounts`."""
-    w = inputs.workload
-    extra_volumes, pod_mounts = [], [*_mounts(inputs), *(mounts or [])]
-    if ssh_client:
-        extra_volumes.append({"name": SSH_CONFIG_VOLUME, "configMap": {
-            "name": inputs.config_map, "items": [{"key": SSH_CLIENT_KEY, "path": "deepspeed.conf"}]}})
-        pod_mounts.append({"name": SSH_CONFIG_VOLUME, "mountPath": "/etc/ssh/ssh_config.d", "readOnly": True})
-    if inputs.has_token:
-        # Group-readable for fsGroup: the image's user reads it, nobody else.
-        extra_volumes.append({"name": TOKEN_VOLUME, "secret": {"secretName": inputs.hf_token_secret,
-                                                               "defaultMode": 0o440}})
-        pod_mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
-        script = token_preamble() + script
-    container = _container(f"{w.name}-launcher", inputs.image, script, env_list(env), pod_mounts)
-    if resources:
-        container["resources"] = {"limits": dict(resources), "requests": dict(resources)}
-    spec: dict[str, Any] = {"containers": [container],
-                            "volumes": _volumes(inputs, [*(volumes or []), *extra_volumes])}
-    return _template(inputs, spec, "launcher", files, secure, annotations or {})
-
-
-def worker_template(inputs: MpiJobInputs, *, script: str, env: dict[str, str], files: dict[str, str],
-                    secure: Secure, probes: dict[str, dict[str, Any]], annotations: dict[str, str] | None = None,
-                    volumes: list[dict[str, Any]] | None = None,
-                    mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A worker's pod template: `script` with its accelerators, CPU and memory (requests = limits), a memory-backed
-    /dev/shm, the nvme offload's scratch, its placement on the nodes, `probes`, and on a GPU fabric the fabric's
-    NICs and sidecars."""
-    w, where = inputs.workload, inputs.placement
-    limits = where.limits()
-    pod_mounts = [*_mounts(inputs), {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *(mounts or [])]
-    nvme = nvme_volume(w.deepspeed)  # the training ranks run on the workers: offloaded states go there
-    # Workers carry no token: the training processes get it from the launcher over ssh.
-    container = _container(f"{w.name}-worker", inputs.image, script, env_list(env), pod_mounts)
-    container["resources"] = {"limits": dict(limits), "requests": dict(limits)}
-    # The ranks run here: they get the notice.
-    container["lifecycle"] = recovery.stop_ranks_hook(CONFIG_DIR, recovery.grace_seconds(w, where.pool))
-    if nvme:
-        container["volumeMounts"].append(nvme[1])
-    container.update({k: dict(v) for k, v in probes.items()})
-    spec: dict[str, Any] = {
-        "containers": [container],
-        "volumes": _volumes(inputs, [*(volumes or []), {"name": SHM_VOLUME, "emptyDir": {
-            "medium": "Memory", "sizeLimit": w.resources.shm_size}}, *([nvme[0]] if nvme else [])]),
-    }
-    if w.shares_host_ipc:
-        spec["hostIPC"] = True
-    if where.node_selector:
-        spec["nodeSelector"] = dict(where.node_selector)
-    if where.tolerations:
-        spec["tolerations"] = [dict(t) for t in where.tolerations]
-    if where.affinity:
-        spec["affinity"] = copy.deepcopy(where.affinity)
-    template = _template(inputs, spec, "worker", files, secure, annotations or {})
-    return _with_fabric(template, fabric.pod_contract(where))
-
-
-def _with_fabric(template: dict[str, Any], contract: fabric.PodContract | None) -> dict[str, Any]:
-    """A worker on a GPU fabric: its NICs, the RxDM daemon as a native sidecar, the host's NCCL plugin and
-    a /dev/shm for 8 GPUs (the NCCL variables are in the path's env already)."""
-    if contract is None:
-        return template
-    template["metadata"]["annotations"].update(contract.annotations)
-    spec = template["spec"]
-    spec["volumes"] += contract.volumes
-    spec["containers"][0]["volumeMounts"] += contract.mounts
-    if contract.sidecars:
-        spec["initContainers"] = [*spec.get("initContainers", []), *contract.sidecars]
-    if contract.shm_size:
-        next(v for v in spec["volumes"] if v["name"] == SHM_VOLUME)["emptyDir"]["sizeLimit"] = contract.shm_size
-    return template
 
 
 # --- the job --------------------------------------------------------------------------------------

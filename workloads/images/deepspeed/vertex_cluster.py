@@ -123,40 +123,26 @@ def _pool_hosts(cluster: Mapping[str, object], pool: str) -> tuple[str, ...]:
     entries = cluster.get(pool, [])
     if not isinstance(entries, list):
         raise ClusterSpecError(
-            f"CLUSTER_SPEC 'cluster.{pool}' must be a list of \"host:port\" strings, "
-            f"got {type(entries).__name__}"
+            f"CLUSTER_SPEC 'cluster.{pool}' must be a list of \"host:port\" strings, got {type(entries).__name__}"
         )
     hosts = []
     for position, entry in enumerate(entries):
         host = host_of(entry) if isinstance(entry, str) else ""
         if not host:
-            raise ClusterSpecError(
-                f"CLUSTER_SPEC 'cluster.{pool}[{position}]' must be a \"host:port\" string, got {entry!r}"
-            )
+            raise ClusterSpecError(f"CLUSTER_SPEC 'cluster.{pool}[{position}]' must be a \"host:port\" string, "
+                                   f"got {entry!r}")
         hosts.append(host)
     return tuple(hosts)
 
 
-def parse_cluster_spec(raw: str | None) -> Cluster:
-    """Parse the CLUSTER_SPEC JSON text; raises ClusterSpecError with a precise message."""
-    if raw is None or not raw.strip():
-        raise ClusterSpecError("CLUSTER_SPEC is unset or empty")
-    try:
-        spec = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ClusterSpecError(
-            f"CLUSTER_SPEC is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
-    if not isinstance(spec, dict):
-        raise ClusterSpecError(f"CLUSTER_SPEC must be a JSON object, got {type(spec).__name__}")
-
+def _cluster_pools(spec: Mapping[str, object]) -> tuple[dict[str, list[object]], tuple[str, ...], tuple[str, ...]]:
+    """The 'cluster' object (every pool a list), its primary pool's hosts and its worker pool's, no host twice."""
     cluster = spec.get("cluster")
     if cluster is None:
         raise ClusterSpecError("CLUSTER_SPEC has no 'cluster' object")
     if not isinstance(cluster, dict):
-        raise ClusterSpecError(
-            f"CLUSTER_SPEC 'cluster' must be an object of worker pools, got {type(cluster).__name__}"
-        )
+        raise ClusterSpecError(f"CLUSTER_SPEC 'cluster' must be an object of worker pools, "
+                               f"got {type(cluster).__name__}")
     if PRIMARY_POOL not in cluster:
         raise ClusterSpecError(f"CLUSTER_SPEC 'cluster' has no '{PRIMARY_POOL}' (the primary replica)")
     for pool_name, entries in cluster.items():
@@ -174,7 +160,11 @@ def parse_cluster_spec(raw: str | None) -> Cluster:
         if host in seen:
             raise ClusterSpecError(f"CLUSTER_SPEC lists host {host!r} more than once")
         seen.add(host)
+    return cluster, primary_pool, worker_pool
 
+
+def _task(spec: Mapping[str, object], cluster: Mapping[str, list[object]]) -> tuple[str, int, str]:
+    """This replica's 'task': its pool (one of 'cluster'), its index in that pool and its trial."""
     task = spec.get("task")
     if task is None:
         raise ClusterSpecError("CLUSTER_SPEC has no 'task' object")
@@ -187,23 +177,29 @@ def parse_cluster_spec(raw: str | None) -> Cluster:
         raise ClusterSpecError(f"CLUSTER_SPEC 'task.type' {task_type!r} is not a pool in 'cluster'")
     task_index = task.get("index")
     if isinstance(task_index, bool) or not isinstance(task_index, int) or task_index < 0:
-        raise ClusterSpecError(
-            f"CLUSTER_SPEC 'task.index' must be a non-negative integer, got {task_index!r}"
-        )
+        raise ClusterSpecError(f"CLUSTER_SPEC 'task.index' must be a non-negative integer, got {task_index!r}")
     pool_size = len(cluster[task_type])
     if task_index >= pool_size:
-        raise ClusterSpecError(
-            f"CLUSTER_SPEC 'task.index' {task_index} is out of range for '{task_type}' "
-            f"({pool_size} replica{'s' if pool_size != 1 else ''})"
-        )
-    trial = task.get("trial") or ""
-    return Cluster(
-        primary_pool=primary_pool,
-        worker_pool=worker_pool,
-        task_type=task_type,
-        task_index=task_index,
-        trial=str(trial),
-    )
+        raise ClusterSpecError(f"CLUSTER_SPEC 'task.index' {task_index} is out of range for '{task_type}' "
+                               f"({pool_size} replica{'s' if pool_size != 1 else ''})")
+    return task_type, task_index, str(task.get("trial") or "")
+
+
+def parse_cluster_spec(raw: str | None) -> Cluster:
+    """Parse the CLUSTER_SPEC JSON text; raises ClusterSpecError with a precise message."""
+    if raw is None or not raw.strip():
+        raise ClusterSpecError("CLUSTER_SPEC is unset or empty")
+    try:
+        spec = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ClusterSpecError(f"CLUSTER_SPEC is not valid JSON: {exc.msg} at line {exc.lineno} "
+                               f"column {exc.colno}") from None
+    if not isinstance(spec, dict):
+        raise ClusterSpecError(f"CLUSTER_SPEC must be a JSON object, got {type(spec).__name__}")
+    cluster, primary_pool, worker_pool = _cluster_pools(spec)
+    task_type, task_index, trial = _task(spec, cluster)
+    return Cluster(primary_pool=primary_pool, worker_pool=worker_pool, task_type=task_type, task_index=task_index,
+                   trial=trial)
 
 
 def _check_slots(host: str, value: object) -> int:
@@ -334,14 +330,10 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="vertex_cluster.py",
-        description="Vertex AI CLUSTER_SPEC and AIP_* helpers for multi-node DeepSpeed.",
-    )
-    parser.add_argument(
-        "--cluster-spec",
-        help="CLUSTER_SPEC JSON text (default: the CLUSTER_SPEC environment variable)",
-    )
+    parser = argparse.ArgumentParser(prog="vertex_cluster.py",
+                                     description="Vertex AI CLUSTER_SPEC and AIP_* helpers for multi-node DeepSpeed.")
+    parser.add_argument("--cluster-spec",
+                        help="CLUSTER_SPEC JSON text (default: the CLUSTER_SPEC environment variable)")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("paths", help="print export lines mapping AIP_* gs:// URIs to /gcs/ paths")
     commands.add_parser("env", help="print export lines for the mapped paths and the VERTEX_* variables")
@@ -349,14 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("hosts", help="print the DeepSpeed hosts, one per line, primary first")
     hostfile = commands.add_parser("hostfile", help="write a DeepSpeed hostfile")
     hostfile.add_argument("--slots", type=_positive_int, help="slots (GPUs) per host")
-    hostfile.add_argument(
-        "--host-slots",
-        type=_parse_host_slots,
-        action="append",
-        default=[],
-        metavar="HOST=N",
-        help="slots for one host (overrides --slots for it; repeatable)",
-    )
+    hostfile.add_argument("--host-slots", type=_parse_host_slots, action="append", default=[], metavar="HOST=N",
+                          help="slots for one host (overrides --slots for it; repeatable)")
     hostfile.add_argument("--output", "-o", help="write here instead of stdout")
     return parser
 
