@@ -217,7 +217,20 @@ def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
     fail_unless(after[min(after)] < 0.9 * fresh, f"loss after resume {after[min(after)]:.4f} vs fresh {fresh:.4f}: "
                 "looks like a fresh start")
 
-    # 3. One worker fewer: DeepSpeed's universal checkpoint re-slices ZeRO's optimizer states.
+    final_two, smaller = _smaller_world(cluster, logs, base, checkpoints, fresh)
+    return (f"preempted at step {stopped} (preStop: {pre_stop_summary(stop)}; saved on SIGTERM at step "
+            f"{state['step']}); "
+            f"resumed at {state['step']} (loss {before.get(state['step'], float('nan')):.4f} -> "
+            f"{after[min(after)]:.4f}, fresh {fresh:.4f}); {len(workers) - 1} worker resumed at "
+            f"{final_two['step']} via the universal checkpoint (loss {final_two['loss']:.4f} -> "
+            f"{smaller[min(smaller)]:.4f})")
+
+
+def _smaller_world(cluster: nshosts.Cluster, logs: Path, base: list[str], checkpoints: Path,
+                   fresh: float) -> tuple[dict[str, Any], dict[int, float]]:
+    """3. One worker fewer: DeepSpeed's universal checkpoint re-slices ZeRO's optimizer states. Returns the state
+    it resumed from and its losses."""
+    workers = cluster.hosts[1:]
     final_two = json.loads((checkpoints / "smoke_state.json").read_text())
     process, log = chart_run(cluster, logs, "recovery-3-smaller", len(workers) - 1,
                              [*base, "--steps", str(final_two["step"] + EVERY)], checkpoints)
@@ -232,9 +245,4 @@ def scenario_recovery(cluster: nshosts.Cluster, logs: Path) -> str:
                 f"smaller world: world size {result3.get('world_size')}, start step {result3.get('start_step')}")
     fail_unless(smaller[min(smaller)] < 0.9 * fresh and smaller[min(smaller)] < 1.5 * final_two["loss"],
                 f"loss after the universal resume {smaller[min(smaller)]:.4f}, before {final_two['loss']:.4f}")
-    return (f"preempted at step {stopped} (preStop: {pre_stop_summary(stop)}; saved on SIGTERM at step "
-            f"{state['step']}); "
-            f"resumed at {state['step']} (loss {before.get(state['step'], float('nan')):.4f} -> "
-            f"{after[min(after)]:.4f}, fresh {fresh:.4f}); {len(workers) - 1} worker resumed at "
-            f"{final_two['step']} via the universal checkpoint (loss {final_two['loss']:.4f} -> "
-            f"{smaller[min(smaller)]:.4f})")
+    return final_two, smaller

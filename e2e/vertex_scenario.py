@@ -113,12 +113,37 @@ def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
     AIP_TENSORBOARD_LOG_DIR. (SIGTERM to vertex_start.sh, passed on to the ranks, is tested with stand-ins in
     tests/test_vertex_entrypoint.py, and finetune.py's save on SIGTERM and resume by the finetune scenario: a second
     run here would cost make e2e's time budget 20 s.)"""
-    from workloads import vertex_job
-
     phases = Phases("vertex")
-    image_etc(cluster, image_sshd_drop_in())
     hosts = cluster.hosts[:2]
     gcs = cluster.work / "gcs"
+    command, env = _uploaded(cluster, hosts, gcs)
+    phases.end("tiny Llama, data and the uploaded recipe")
+
+    workers = len(hosts) - 1
+    for i, host in enumerate(hosts[1:]):
+        cluster.spawn(host, ["/bin/bash", "-c", command], log=logs / f"vertex-{host.name}.log",
+                      env={**env, "CLUSTER_SPEC": vertex_cluster_spec("workerpool1", i, workers)})
+    status, output = launch(cluster, hosts[0], command, logs / "vertex-primary.log",
+                            env={**env, "CLUSTER_SPEC": vertex_cluster_spec("workerpool0", 0, workers)})
+    cluster.stop_services()
+    fail_unless(status == 0, f"exit {status} (log {logs / 'vertex-primary.log'})")
+    packed, steps = _exported(output, len(hosts), gcs)
+    losses = trainer_losses(output)
+    phases.end("one epoch, exported")
+    return (f"the vertex stack's CustomJob on {len(hosts)} hosts (vertex_start.sh, CLUSTER_SPEC, /gcs): the recipe "
+            f"(finetune.py from the bucket) on the tiny Llama for one epoch of {len(vertex_text_records())} text "
+            f"documents packed into {packed['samples']} blocks of {VERTEX_SEQ_LEN} tokens ({steps} steps, loss "
+            f"{' -> '.join(f'{v:.2f}' for v in losses[:1] + losses[-1:])}): LoRA merged, model and .complete in "
+            f"models/{VERTEX_RUN}, event files in AIP_TENSORBOARD_LOG_DIR with {', '.join(EVENT_TAGS)}. Phases: "
+            f"{phases.summary()}")
+
+
+def _uploaded(cluster: nshosts.Cluster, hosts: list[nshosts.Host], gcs: Path) -> tuple[str, dict[str, str]]:
+    """The bucket as `pulumi up` leaves it (the recipe's files, the data) at /gcs on each host, the image's /app,
+    and the replicas' command and environment from the CustomJob's containerSpec."""
+    from workloads import vertex_job
+
+    image_etc(cluster, image_sshd_drop_in())
     bucket = gcs / BUCKET
     finetune_assets(bucket, harness.RUN_CACHE / "tiny-llm")
     write(bucket / BUCKET_INPUTS / VERTEX_TEXT, "".join(json.dumps(r) + "\n" for r in vertex_text_records()))
@@ -145,26 +170,22 @@ def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
     env = {**IMAGE_ENV, "PATH": f"{stand_in}:{IMAGE_ENV['PATH']}", **VERTEX_JOB_ENV,
            **vertex_aip_env(spec["baseOutputDirectory"]["outputUriPrefix"]),
            **{e["name"]: e["value"] for e in container["env"]}}
+    return command, env
+
+
+def _exported(output: str, ranks: int, gcs: Path) -> tuple[dict[str, Any], int]:
+    """The run's outputs: packed for one epoch, the merged model and its marker in models/<run>, event files with
+    tokens/s and MFU in AIP_TENSORBOARD_LOG_DIR. Returns (tokenized.json, the epoch's steps)."""
     run_dir = f"/gcs/{BUCKET}"
     model_dir = outside(f"{run_dir}/models/{VERTEX_RUN}", "/gcs", gcs)
-    phases.end("tiny Llama, data and the uploaded recipe")
-
-    workers = len(hosts) - 1
-    for i, host in enumerate(hosts[1:]):
-        cluster.spawn(host, ["/bin/bash", "-c", command], log=logs / f"vertex-{host.name}.log",
-                      env={**env, "CLUSTER_SPEC": vertex_cluster_spec("workerpool1", i, workers)})
-    status, output = launch(cluster, hosts[0], command, logs / "vertex-primary.log",
-                            env={**env, "CLUSTER_SPEC": vertex_cluster_spec("workerpool0", 0, workers)})
-    cluster.stop_services()
-    fail_unless(status == 0, f"exit {status} (log {logs / 'vertex-primary.log'})")
     (tokenized,) = outside(f"{run_dir}/checkpoints/{VERTEX_RUN}/tokenized", "/gcs", gcs).glob("*/tokenized.json")
     packed = json.loads(tokenized.read_text())
     steps = packed_steps(packed)
     fail_unless("packed: the documents end to end" in output, "the log does not say the documents were packed")
     marker = json.loads((model_dir / ".complete").read_text())
-    fail_unless(marker.get("step") == steps and marker.get("world_size") == len(hosts)
+    fail_unless(marker.get("step") == steps and marker.get("world_size") == ranks
                 and marker.get("export") == "merged", f"marker {marker}: expected one epoch ({steps} steps) "
-                f"on {len(hosts)} ranks, LoRA merged")
+                f"on {ranks} ranks, LoRA merged")
     missing = [n for n in ("model.safetensors", "config.json", "tokenizer.json") if not (model_dir / n).is_file()]
     fail_unless(not missing, f"models/{VERTEX_RUN} lacks {missing}")
     events_dir = outside(f"{run_dir}/vertex/logs", "/gcs", gcs)
@@ -173,14 +194,7 @@ def scenario_vertex(cluster: nshosts.Cluster, logs: Path) -> str:
     # The progress inputs the CustomJob gives every replica (peak, FLOPs, price): tokens/s and MFU in the events.
     tags = set(json.loads(_venv_python("-c", EVENT_TAGS_SCRIPT, str(events_dir)).strip().splitlines()[-1]))
     fail_unless(not event_problems(tags), f"{'; '.join(event_problems(tags))} (AIP_TENSORBOARD_LOG_DIR)")
-    losses = trainer_losses(output)
-    phases.end("one epoch, exported")
-    return (f"the vertex stack's CustomJob on {len(hosts)} hosts (vertex_start.sh, CLUSTER_SPEC, /gcs): the recipe "
-            f"(finetune.py from the bucket) on the tiny Llama for one epoch of {len(vertex_text_records())} text "
-            f"documents packed into {packed['samples']} blocks of {VERTEX_SEQ_LEN} tokens ({steps} steps, loss "
-            f"{' -> '.join(f'{v:.2f}' for v in losses[:1] + losses[-1:])}): LoRA merged, model and .complete in "
-            f"models/{VERTEX_RUN}, event files in AIP_TENSORBOARD_LOG_DIR with {', '.join(EVENT_TAGS)}. Phases: "
-            f"{phases.summary()}")
+    return packed, steps
 
 
 def _vertex_config(spec: dict[str, Any], workers: int) -> Any:
