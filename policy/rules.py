@@ -11,54 +11,28 @@ from __future__ import annotations
 
 from pulumi_policy import EnforcementLevel, ResourceValidationPolicy
 
-# Pulumi runs the pack with policy/ itself on sys.path, so there these files are top-level modules (__main__.py:
-# `from rules import POLICIES`); the project and its tests import the same files as the package `policy`.
-if __package__:
-    from policy.rules_gke import (
-        authorized_networks_not_open,
-        auto_repair_upgrade,
-        cos_containerd,
-        deletion_protection_on_prod,
-        no_client_certificate,
-        no_legacy_abac,
-        node_service_account,
-        private_nodes,
-        release_channel,
-        shielded_nodes,
-        workload_identity,
-    )
-    from policy.rules_support import STACK_CONFIG, Validate
-    from policy.rules_vpc import firewall_ingress_not_open, intranode_visibility, subnet_flow_logs_on_prod
-    from policy.rules_workloads import (
-        accelerator_pods_set_resources,
-        habana_images_by_digest,
-        helm_chart_version_pinned,
-        images_pinned,
-        no_plaintext_secret_env,
-    )
-else:
-    from rules_gke import (
-        authorized_networks_not_open,
-        auto_repair_upgrade,
-        cos_containerd,
-        deletion_protection_on_prod,
-        no_client_certificate,
-        no_legacy_abac,
-        node_service_account,
-        private_nodes,
-        release_channel,
-        shielded_nodes,
-        workload_identity,
-    )
-    from rules_support import STACK_CONFIG, Validate
-    from rules_vpc import firewall_ingress_not_open, intranode_visibility, subnet_flow_logs_on_prod
-    from rules_workloads import (
-        accelerator_pods_set_resources,
-        habana_images_by_digest,
-        helm_chart_version_pinned,
-        images_pinned,
-        no_plaintext_secret_env,
-    )
+from policy.rules_gke import (
+    authorized_networks_not_open,
+    auto_repair_upgrade,
+    cos_containerd,
+    deletion_protection_on_prod,
+    no_client_certificate,
+    no_legacy_abac,
+    node_service_account,
+    private_nodes,
+    release_channel,
+    shielded_nodes,
+    workload_identity,
+)
+from policy.rules_support import STACK_CONFIG, Validate
+from policy.rules_vpc import firewall_ingress_not_open, intranode_visibility, subnet_flow_logs_on_prod
+from policy.rules_workloads import (
+    accelerator_pods_set_resources,
+    habana_images_by_digest,
+    helm_chart_version_pinned,
+    images_pinned,
+    no_plaintext_secret_env,
+)
 
 
 def _policy(name: str, description: str, validate: Validate,

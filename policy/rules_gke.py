@@ -8,32 +8,17 @@ import re
 
 from pulumi_policy import ReportViolation, ResourceValidationArgs
 
-# Pulumi runs the pack with policy/ itself on sys.path, so there these files are top-level modules (__main__.py:
-# `from rules import POLICIES`); the project and its tests import the same files as the package `policy`.
-if __package__:
-    from policy.rules_support import (
-        CLUSTER,
-        NODE_POOL,
-        get,
-        hardened_node_configs,
-        is_dev,
-        is_prod,
-        node_configs,
-        props_of,
-        stack_name,
-    )
-else:
-    from rules_support import (
-        CLUSTER,
-        NODE_POOL,
-        get,
-        hardened_node_configs,
-        is_dev,
-        is_prod,
-        node_configs,
-        props_of,
-        stack_name,
-    )
+from policy.rules_support import (
+    CLUSTER,
+    NODE_POOL,
+    get,
+    hardened_node_configs,
+    is_dev,
+    is_prod,
+    node_configs,
+    props_of,
+    stack_name,
+)
 
 RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE", "EXTENDED")
 DEFAULT_COMPUTE_SA = re.compile(r"-compute@developer\.gserviceaccount\.com$")

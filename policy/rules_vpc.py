@@ -6,12 +6,7 @@ import ipaddress
 
 from pulumi_policy import ReportViolation, ResourceValidationArgs
 
-# Pulumi runs the pack with policy/ itself on sys.path, so there these files are top-level modules (__main__.py:
-# `from rules import POLICIES`); the project and its tests import the same files as the package `policy`.
-if __package__:
-    from policy.rules_support import CLUSTER, is_prod, props_of, stack_name
-else:
-    from rules_support import CLUSTER, is_prod, props_of, stack_name
+from policy.rules_support import CLUSTER, is_prod, props_of, stack_name
 
 SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
 FIREWALL = "gcp:compute/firewall:Firewall"

@@ -9,12 +9,7 @@ from typing import Any
 
 from pulumi_policy import ReportViolation, ResourceValidationArgs
 
-# Pulumi runs the pack with policy/ itself on sys.path, so there these files are top-level modules (__main__.py:
-# `from rules import POLICIES`); the project and its tests import the same files as the package `policy`.
-if __package__:
-    from policy.rules_support import UNKNOWN, get, is_dev, is_kubernetes, props_of, walk
-else:
-    from rules_support import UNKNOWN, get, is_dev, is_kubernetes, props_of, walk
+from policy.rules_support import UNKNOWN, get, is_dev, is_kubernetes, props_of, walk
 
 HELM_TYPES = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart", "kubernetes:helm.sh/v3:Chart")
 ACCELERATORS = ("nvidia.com/gpu", "habana.ai/gaudi")

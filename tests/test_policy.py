@@ -80,7 +80,7 @@ def test_pack_files() -> None:
     assert pack["runtime"]["name"] == "python"
     assert pack["runtime"]["options"]["virtualenv"] == "venv"
     main = (PROJECT_DIR / "policy" / "__main__.py").read_text(encoding="utf-8")
-    assert "from rules import POLICIES" in main and "PolicyPack(" in main
+    assert "from policy.rules import POLICIES" in main and "PolicyPack(" in main
     # The pack's own virtualenv pins what the project pins.
     pins = {line.split("==")[0]: line for line in (PROJECT_DIR / "requirements.txt").read_text().split("\n")
             if "==" in line}
@@ -101,8 +101,9 @@ runpy.run_path(sys.argv[1], run_name="__main__")
 
 
 def test_the_pack_loads_as_pulumi_runs_it() -> None:
-    """There the rule modules are top-level (`rules`, `rules_gke`, ...) and no package `policy` exists: they import
-    each other that way too, and the pack gets every policy the project's `policy.rules` has."""
+    """There the pack's folder itself is on sys.path and no package `policy` is installed: `import policy` finds
+    policy/policy.py, which makes itself the package, and the pack gets every policy the project's `policy.rules`
+    has."""
     result = subprocess.run([sys.executable, "-I", "-c", PACK_AS_PULUMI_RUNS_IT, str(PROJECT_DIR / "policy")],
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
